@@ -1,0 +1,1 @@
+"""ONNX → trainable Gluon SymbolBlock importer (a registry of per-op converters)."""

@@ -1,0 +1,173 @@
+"""Registry of ONNX op converters, versioned by opset.
+
+One small function per ONNX op (or op family) turns a node into MXNet symbols. A
+converter is registered for the opset range whose semantics it implements, so an
+op whose meaning changed between opsets (Clip, Split, Squeeze, Softmax, ...) gets one
+function per meaning, and the importer picks the one for the model's opset.
+
+Contract of a converter::
+
+    @converter("Relu", since=6)
+    def relu(node: Node, inputs: list[Tensor | None]) -> Symbol | list[Symbol]:
+        return mx.sym.relu(inputs[0].sym, name=node.name)
+
+- ``inputs[i]`` is ``None`` for an omitted optional input (empty name in ONNX).
+- ``Tensor.sym`` is the MXNet symbol of the value; ``Tensor.const`` its numpy value
+  when it is known at import time (initializers, Constant nodes, folded shape
+  subgraphs), else ``None``. Use ``Tensor.need_const(node, what)`` for inputs that
+  must be static (Reshape's shape, Slice's starts, ...).
+- ``Tensor.shape`` is the static shape when known (dimension ``None`` where unknown,
+  e.g. the free batch dimension).
+- Return one symbol, or a list with one entry per ONNX output (``None`` for outputs
+  the graph does not use is allowed).
+- Name every MXNet op after ``node.name`` (suffix helpers with ``node.sub("x")``) so
+  users can find and cut at nodes by their ONNX names.
+- Raise ``OnnxImportError`` (via ``node.unsupported(reason)``) for an attribute
+  combination that cannot be converted; never a bare assertion.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+
+from ..errors import OnnxImportError
+
+ConverterFn = Callable[..., Any]
+
+
+@dataclasses.dataclass
+class Tensor:
+    """One ONNX value during conversion."""
+
+    name: str
+    sym: Any  # mxnet.symbol.Symbol
+    const: np.ndarray | None = None
+    shape: tuple[int | None, ...] | None = None
+    dtype: np.dtype | None = None
+
+    def need_const(self, node: "Node", what: str) -> np.ndarray:
+        """The value, or a clear error when it is only known at run time."""
+        if self.const is None:
+            raise OnnxImportError(
+                f"{node.op_type} node '{node.name}': input '{self.name}' ({what}) must be known at "
+                f"import time but depends on the data. Pass input_shapes=... so shape subgraphs "
+                f"fold to constants, or simplify the model (e.g. onnxsim) before importing."
+            )
+        return self.const
+
+    @property
+    def rank(self) -> int | None:
+        if self.shape is not None:
+            return len(self.shape)
+        if self.const is not None:
+            return self.const.ndim
+        return None
+
+
+@dataclasses.dataclass
+class Node:
+    """An ONNX node with parsed attributes and the opset it is converted under."""
+
+    op_type: str
+    name: str
+    attrs: dict[str, Any]
+    opset: int
+    inputs: list[str]
+    outputs: list[str]
+    domain: str = ""
+
+    def attr(self, key: str, default: Any = None) -> Any:
+        return self.attrs.get(key, default)
+
+    def sub(self, suffix: str) -> str:
+        """Name for a helper op that belongs to this node."""
+        return f"{self.name}/{suffix}"
+
+    def unsupported(self, reason: str) -> OnnxImportError:
+        return OnnxImportError(
+            f"{self.op_type} node '{self.name}' (opset {self.opset}) cannot be converted: {reason}."
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Registration:
+    op_type: str
+    domain: str
+    since: int
+    until: int | None  # inclusive upper opset bound, None = open
+    fn: ConverterFn
+
+
+_REGISTRY: dict[tuple[str, str], list[Registration]] = {}
+
+
+def converter(op_types: str | Iterable[str], since: int = 1, until: int | None = None,
+              domain: str = "") -> Callable[[ConverterFn], ConverterFn]:
+    """Register ``fn`` for ``op_types`` at opsets ``since..until`` (inclusive)."""
+    names = [op_types] if isinstance(op_types, str) else list(op_types)
+
+    def register(fn: ConverterFn) -> ConverterFn:
+        for op in names:
+            regs = _REGISTRY.setdefault((domain, op), [])
+            for r in regs:
+                lo, hi = r.since, r.until if r.until is not None else 10**9
+                if not (until is not None and until < lo) and not (since > hi):
+                    raise RuntimeError(f"converter for {op} opsets {since}..{until} overlaps {r}")
+            regs.append(Registration(op, domain, since, until, fn))
+        return fn
+
+    return register
+
+
+def lookup(op_type: str, opset: int, domain: str = "") -> ConverterFn | None:
+    """Converter for ``op_type`` at ``opset``, or None when none is registered."""
+    domain = "" if domain == "ai.onnx" else domain
+    for r in _REGISTRY.get((domain, op_type), []):
+        if r.since <= opset and (r.until is None or opset <= r.until):
+            return r.fn
+    return None
+
+
+def registrations() -> list[Registration]:
+    """All registrations, sorted by op, for support tables."""
+    _load_ops()
+    return sorted((r for regs in _REGISTRY.values() for r in regs),
+                  key=lambda r: (r.domain, r.op_type, r.since))
+
+
+def _load_ops() -> None:
+    from . import ops  # noqa: F401  (importing registers every converter)
+
+
+def get(op_type: str, opset: int, domain: str = "") -> ConverterFn | None:
+    _load_ops()
+    return lookup(op_type, opset, domain)
+
+
+def ints(values: Sequence[Any]) -> list[int]:
+    return [int(v) for v in values]
+
+
+def parse_attrs(proto: Any) -> dict[str, Any]:
+    """ONNX AttributeProtos as plain Python values (bytes decoded, tensors as numpy)."""
+    from onnx import helper, numpy_helper
+
+    out: dict[str, Any] = {}
+    for a in proto.attribute:
+        v = helper.get_attribute_value(a)
+        if isinstance(v, bytes):
+            v = v.decode("utf-8", "replace")
+        elif isinstance(v, list) and v and isinstance(v[0], bytes):
+            v = [s.decode("utf-8", "replace") for s in v]
+        elif hasattr(v, "dims") and hasattr(v, "data_type"):
+            v = numpy_helper.to_array(v)
+        out[a.name] = v
+    return out
+
+
+def node_from_proto(proto: Any, opset: int, index: int = 0) -> Node:
+    name = proto.name or f"{proto.op_type}_{index}"
+    return Node(op_type=proto.op_type, name=name, attrs=parse_attrs(proto), opset=opset,
+                inputs=list(proto.input), outputs=list(proto.output), domain=proto.domain)

@@ -1,0 +1,85 @@
+"""Check one converter against onnxruntime on a single-node model.
+
+Independent of the graph importer: inputs named in ``consts`` become initializers in
+the ONNX model and ``Tensor``s with a known value (and a variable symbol, as weights
+are) on the MXNet side; the others are graph inputs.
+"""
+from __future__ import annotations
+
+import mxnet as mx
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import helper, numpy_helper
+
+from gluontl.onnx import registry
+from gluontl.onnx.registry import Tensor
+
+NP2ONNX = {np.dtype(k): v for k, v in {
+    "float32": onnx.TensorProto.FLOAT, "float64": onnx.TensorProto.DOUBLE,
+    "int64": onnx.TensorProto.INT64, "int32": onnx.TensorProto.INT32,
+    "bool": onnx.TensorProto.BOOL, "uint8": onnx.TensorProto.UINT8,
+    "int8": onnx.TensorProto.INT8, "float16": onnx.TensorProto.FLOAT16}.items()}
+
+
+def run_ort(op_type, inputs, attrs, consts=(), opset=17, n_outputs=1, domain=""):
+    names = list(inputs)
+    outs = [f"out{i}" for i in range(n_outputs)]
+    node = helper.make_node(op_type, [n if inputs[n] is not None else "" for n in names], outs,
+                            name=f"{op_type.lower()}_node", domain=domain, **attrs)
+    graph_inputs = [helper.make_tensor_value_info(n, NP2ONNX[a.dtype], a.shape)
+                    for n, a in inputs.items() if a is not None and n not in consts]
+    inits = [numpy_helper.from_array(a, n) for n, a in inputs.items() if a is not None and n in consts]
+    graph = helper.make_graph([node], "g", graph_inputs,
+                              [onnx.ValueInfoProto(name=o) for o in outs], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid(domain, opset)])
+    model.ir_version = min(model.ir_version, 9)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    feed = {n: a for n, a in inputs.items() if a is not None and n not in consts}
+    return model, sess.run(None, feed)
+
+
+def run_mx(model, inputs, consts=(), opset=17, grad=False):
+    proto = model.graph.node[0]
+    node = registry.node_from_proto(proto, opset)
+    fn = registry.get(node.op_type, opset, node.domain)
+    assert fn is not None, f"no converter for {node.op_type} at opset {opset}"
+    tensors = []
+    for n, a in inputs.items():
+        if a is None:
+            tensors.append(None)
+            continue
+        tensors.append(Tensor(n, mx.sym.var(n, shape=a.shape, dtype=a.dtype),
+                              const=a if n in consts else None, shape=a.shape, dtype=a.dtype))
+    out = fn(node, tensors)
+    outs = out if isinstance(out, (list, tuple)) else [out]
+    group = mx.sym.Group([o for o in outs if o is not None])
+    args = {n: mx.nd.array(a, dtype=a.dtype) for n, a in inputs.items() if a is not None}
+    used = set(group.list_arguments())
+    args = {k: v for k, v in args.items() if k in used}
+    req = {k: ("write" if grad and v.dtype == np.float32 else "null") for k, v in args.items()}
+    grads = {k: mx.nd.zeros_like(v) for k, v in args.items()}
+    exe = group.bind(mx.cpu(), args=args, args_grad=grads, grad_req=req)
+    results = [o.asnumpy() for o in exe.forward(is_train=grad)]
+    if grad:
+        exe.backward([mx.nd.ones_like(o) for o in exe.outputs])
+        return results, {k: g.asnumpy() for k, g in grads.items() if req[k] == "write"}
+    return results, {}
+
+
+def check(op_type, inputs, attrs=None, consts=(), opset=17, n_outputs=1, rtol=1e-4, atol=1e-5,
+          grad=False, domain=""):
+    """Assert the converter matches onnxruntime; with ``grad`` also that gradients flow."""
+    attrs = attrs or {}
+    model, ref = run_ort(op_type, inputs, attrs, consts, opset, n_outputs, domain)
+    got, grads = run_mx(model, inputs, consts, opset, grad)
+    assert len(got) == len([r for r in ref]), (len(got), len(ref))
+    for g, r in zip(got, ref):
+        assert g.shape == r.shape, (g.shape, r.shape)
+        np.testing.assert_allclose(g.astype(np.float64), r.astype(np.float64), rtol=rtol, atol=atol)
+    if grad:
+        assert grads, "no float input received a gradient"
+        for k, g in grads.items():
+            assert np.isfinite(g).all(), k
+        assert any(np.abs(g).sum() > 0 for g in grads.values()), "all gradients are zero"
+    return got
