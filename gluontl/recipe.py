@@ -1,0 +1,323 @@
+"""Recipe schema: the one place a YAML recipe becomes typed, validated objects.
+
+Every section is a pydantic model with ``extra="forbid"`` so a misspelt key is an error,
+not a silently ignored setting. ``load_recipe`` turns every validation problem into one
+``RecipeError`` paragraph naming the file, each bad key path and the allowed values.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import RecipeError
+
+GradReq = Literal["write", "null", "add"]
+BNMode = Literal["train", "frozen"]
+LAYER_TYPES = ("Conv", "Dense", "BatchNorm", "LayerNorm", "InstanceNorm", "GroupNorm", "Embedding",
+               "PReLU", "RNN", "Deconv")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RestoreSpec(Strict):
+    """Selective restore: copy what matches by name and shape, report the rest."""
+
+    file: str
+    prefix_map: dict[str, str] = Field(default_factory=dict,
+                                       description="model-name prefix -> file-name prefix")
+    only: list[str] = Field(default_factory=list, description="globs of model names to restore")
+    expect_missing: list[str] = Field(default_factory=list)
+    expect_unexpected: list[str] = Field(default_factory=list)
+    expect_mismatch: list[str] = Field(default_factory=list)
+
+
+class ModelSpec(Strict):
+    source: str = Field(description="zoo:NAME | symbol:PREFIX | onnx:PATH")
+    pretrained: bool = False
+    weights: str | None = None
+    restore: RestoreSpec | None = None
+    classes: int | None = Field(default=None, gt=0)
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="extra zoo constructor args")
+    epoch: int | None = Field(default=None, ge=0, description="symbol: checkpoint epoch")
+    input_shape: tuple[int, ...] = (3, 224, 224)
+    input_name: str = "data"
+
+    @field_validator("source")
+    @classmethod
+    def _scheme(cls, v: str) -> str:
+        scheme, _, rest = v.partition(":")
+        if scheme not in ("zoo", "symbol", "onnx") or not rest:
+            raise ValueError(f"'{v}' is not a model source; use zoo:NAME, symbol:PREFIX or onnx:PATH")
+        return v
+
+    @model_validator(mode="after")
+    def _weights_once(self) -> "ModelSpec":
+        if self.pretrained and (self.weights or self.restore):
+            raise ValueError("choose one of pretrained: true, weights: FILE or restore: {...}")
+        if self.weights and self.restore:
+            raise ValueError("weights: and restore: both load a file; keep one (restore reports mismatches)")
+        return self
+
+
+class HeadSpec(Strict):
+    classes: int = Field(gt=0)
+    init: Literal["xavier", "normal", "uniform", "zeros", "msra"] = "xavier"
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    hidden: list[int] = Field(default_factory=list)
+    activation: Literal["relu", "gelu", "tanh", "sigmoid"] = "relu"
+
+
+class SurgerySpec(Strict):
+    head: HeadSpec | None = None
+    cut_at: str | None = None
+    drop_last: int | None = Field(default=None, gt=0)
+    ignore: list[str] = Field(default_factory=list)
+
+
+class StageRange(Strict):
+    start: int | Literal["stem", "head"]
+    end: int | Literal["stem", "head"]
+
+
+class Rule(Strict):
+    """One rule: a selector (match/type/stage) and the settings it sets.
+
+    Settings left out keep what earlier rules decided; later rules win field by field.
+    """
+
+    match: list[str] | None = None
+    type: list[str] | None = None
+    stage: list[int | Literal["stem", "head"]] | None = None
+    grad_req: GradReq | None = None
+    lr_mult: float | None = Field(default=None, ge=0.0)
+    wd_mult: float | None = Field(default=None, ge=0.0)
+    bn: BNMode | None = None
+    optional: bool = False
+    from_epoch: int = Field(default=0, ge=0)
+    preset: str | None = None
+    until_stage: int | Literal["stem", "head"] | None = None
+    note: str | None = None
+
+    @field_validator("match", "type", mode="before")
+    @classmethod
+    def _listify(cls, v: Any) -> Any:
+        return [v] if isinstance(v, str) else v
+
+    @field_validator("stage", mode="before")
+    @classmethod
+    def _stages(cls, v: Any) -> Any:
+        if isinstance(v, (int, str)) and not isinstance(v, bool):
+            v = [v]
+        if isinstance(v, dict):  # {start: 1, end: 3}
+            r = StageRange(**v)
+            order = _stage_order(r.start), _stage_order(r.end)
+            return [_stage_name(i) for i in range(order[0], order[1] + 1)]
+        return v
+
+    @field_validator("type")
+    @classmethod
+    def _types(cls, v: list[str] | None) -> list[str] | None:
+        for t in v or []:
+            if t not in LAYER_TYPES:
+                raise ValueError(f"unknown layer type '{t}'; allowed: {', '.join(LAYER_TYPES)}")
+        return v
+
+    @model_validator(mode="after")
+    def _shape(self) -> "Rule":
+        if self.preset is not None:
+            from .rules import PRESETS
+            if self.preset not in PRESETS:
+                raise ValueError(f"unknown preset '{self.preset}'; allowed: {', '.join(PRESETS)}")
+            return self
+        if self.match is None and self.type is None and self.stage is None:
+            raise ValueError("a rule needs a selector: match, type or stage (or a preset)")
+        if all(getattr(self, k) is None for k in ("grad_req", "lr_mult", "wd_mult", "bn")):
+            raise ValueError("a rule needs at least one setting: grad_req, lr_mult, wd_mult or bn")
+        return self
+
+
+def _stage_order(s: int | str) -> int:
+    return {"stem": 0, "head": 10**6}.get(s, s) if isinstance(s, str) else int(s)
+
+
+def _stage_name(i: int) -> int | str:
+    return {0: "stem", 10**6: "head"}.get(i, i)
+
+
+class TransformSpec(Strict):
+    resize: int | None = Field(default=None, gt=0)
+    random_resized_crop: int | None = Field(default=None, gt=0)
+    center_crop: int | None = Field(default=None, gt=0)
+    flip: bool = False
+    color_jitter: float = Field(default=0.0, ge=0.0, le=1.0)
+    normalize: Literal["imagenet", "none"] | tuple[tuple[float, float, float], tuple[float, float, float]] = "imagenet"
+
+
+class DataSpec(Strict):
+    source: str = Field(description="demo:digits | folder:PATH | rec:PATH.rec | list:PATH.csv")
+    train: str = "train"
+    val: str = "val"
+    batch_size: int = Field(default=32, gt=0)
+    workers: int = Field(default=0, ge=0)
+    on_bad_image: Literal["error", "skip"] = "error"
+    train_transform: TransformSpec = TransformSpec()
+    val_transform: TransformSpec = TransformSpec()
+    classes: list[str] | None = Field(default=None, description="class folders/labels to use, in label order")
+    val_fraction: float = Field(default=0.2, gt=0.0, lt=1.0, description="demo: share held out for val")
+
+    @field_validator("classes", mode="before")
+    @classmethod
+    def _names(cls, v: Any) -> Any:
+        return [str(c) for c in v] if isinstance(v, list) else v
+
+    @field_validator("source")
+    @classmethod
+    def _scheme(cls, v: str) -> str:
+        scheme, _, rest = v.partition(":")
+        if scheme not in ("demo", "folder", "rec", "list") or not rest:
+            raise ValueError(f"'{v}' is not a data source; use demo:digits, folder:PATH, rec:PATH or list:PATH")
+        return v
+
+
+class ScheduleSpec(Strict):
+    kind: Literal["constant", "step", "multistep", "cosine", "poly"] = "constant"
+    step: int | None = Field(default=None, gt=0)
+    milestones: list[int] = Field(default_factory=list)
+    factor: float = Field(default=0.1, gt=0.0)
+    power: float = Field(default=2.0, gt=0.0)
+    warmup_epochs: float = Field(default=0.0, ge=0.0)
+    final_lr: float = Field(default=0.0, ge=0.0)
+
+
+class TrainSpec(Strict):
+    epochs: int = Field(default=5, gt=0)
+    optimizer: Literal["sgd", "nag", "adam", "adamw"] = "sgd"
+    lr: float = Field(default=0.01, gt=0.0)
+    momentum: float = Field(default=0.9, ge=0.0, lt=1.0)
+    wd: float = Field(default=1e-4, ge=0.0)
+    schedule: ScheduleSpec = ScheduleSpec()
+    clip_gradient: float | None = Field(default=None, gt=0.0)
+    accumulate: int = Field(default=1, gt=0)
+    label_smoothing: float = Field(default=0.0, ge=0.0, lt=1.0)
+    ctx: str = "cpu"
+    seed: int = 0
+    hybridize: bool = True
+    cache_features: Literal["auto", "on", "off"] = "auto"
+    log_every: int = Field(default=10, gt=0)
+    max_bad_steps: int = Field(default=10, ge=0)
+
+    @field_validator("ctx")
+    @classmethod
+    def _ctx(cls, v: str) -> str:
+        if not re.fullmatch(r"cpu(:\d+(,\d+)*)?|gpu:\d+(,\d+)*", v):
+            raise ValueError(f"'{v}' is not a context; use cpu, cpu:0,1, gpu:0 or gpu:0,1")
+        return v
+
+
+class ExportSpec(Strict):
+    formats: list[Literal["symbol", "onnx"]] = Field(default_factory=lambda: ["onnx"])
+    opset: int = Field(default=13, ge=7, le=21)
+    input_names: list[str] = Field(default_factory=lambda: ["data"])
+    output_names: list[str] = Field(default_factory=lambda: ["output"])
+    rtol: float = Field(default=1e-4, gt=0.0)
+    lean: bool = True
+
+
+class Recipe(Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    model: ModelSpec
+    surgery: SurgerySpec = SurgerySpec()
+    rules: list[Rule] = Field(default_factory=list)
+    data: DataSpec | None = None
+    train: TrainSpec = TrainSpec()
+    export: ExportSpec = ExportSpec()
+
+    def digest(self, *sections: str) -> str:
+        """Hash of the sections that decide what a run computes (for resume checks)."""
+        data = self.model_dump(mode="json", include=set(sections) or None)
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+MAX_RECIPE_BYTES = 1 << 20
+
+
+def _describe(err: dict[str, Any]) -> str:
+    loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    kind, msg = err["type"], err["msg"]
+    if kind == "extra_forbidden":
+        return f"unknown key '{loc}'"
+    if kind == "missing":
+        return f"missing required key '{loc}'"
+    msg = msg.removeprefix("Value error, ")
+    return f"'{loc}': {msg} (got {err.get('input')!r})" if "input" in err and kind != "model_type" else f"'{loc}': {msg}"
+
+
+def parse_recipe(data: Any, origin: str = "<recipe>",
+                 overrides: list[str] | None = None) -> Recipe:
+    if not isinstance(data, dict):
+        raise RecipeError(f"{origin}: a recipe must be a YAML mapping with keys name, model, "
+                          f"surgery, rules, data, train, export; got {type(data).__name__}.")
+    data = dict(data)
+    for ov in overrides or []:
+        _apply_override(data, ov, origin)
+    try:
+        return Recipe(**data)
+    except ValidationError as e:
+        problems = "; ".join(_describe(err) for err in e.errors())
+        raise RecipeError(f"{origin}: invalid recipe: {problems}. Fix these keys (see recipes/ for "
+                          f"working examples and the README's recipe reference).") from None
+    except TypeError as e:  # non-string keys at the top level
+        raise RecipeError(f"{origin}: invalid recipe: {e}.") from None
+
+
+def _apply_override(data: dict[str, Any], spec: str, origin: str) -> None:
+    """``train.epochs=3`` style overrides from the CLI; the value is parsed as YAML."""
+    key, eq, raw = spec.partition("=")
+    if not eq or not key:
+        raise RecipeError(f"{origin}: override '{spec}' must look like section.key=value, e.g. train.epochs=3.")
+    value = yaml.safe_load(raw)
+    node = data
+    parts = key.split(".")
+    for p in parts[:-1]:
+        nxt = node.get(p)
+        if nxt is None:
+            nxt = node[p] = {}
+        if not isinstance(nxt, dict):
+            raise RecipeError(f"{origin}: override '{spec}': '{p}' is not a section.")
+        node[p] = nxt = dict(nxt)
+        node = nxt
+    node[parts[-1]] = value
+
+
+class _NoAliasLoader(yaml.SafeLoader):
+    """Safe loader that refuses anchors/aliases: they enable billion-laughs bombs."""
+
+    def compose_node(self, parent, index):  # type: ignore[override]
+        if self.check_event(yaml.AliasEvent):
+            ev = self.peek_event()
+            raise yaml.YAMLError(f"aliases (*{ev.anchor}) are not allowed in recipes, line {ev.start_mark.line + 1}")
+        return super().compose_node(parent, index)
+
+
+def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
+    p = Path(path)
+    if not p.is_file():
+        raise RecipeError(f"Recipe file '{p}' does not exist. Pass an existing YAML file, e.g. "
+                          f"--recipe recipes/resnet18_freeze.yaml.")
+    if p.stat().st_size > MAX_RECIPE_BYTES:
+        raise RecipeError(f"Recipe file '{p}' is {p.stat().st_size} bytes; recipes are small YAML files (< 1 MiB).")
+    try:
+        data = yaml.load(p.read_text(encoding="utf-8"), Loader=_NoAliasLoader)
+    except UnicodeDecodeError:
+        raise RecipeError(f"Recipe file '{p}' is not UTF-8 text.") from None
+    except yaml.YAMLError as e:
+        raise RecipeError(f"Recipe file '{p}' is not valid YAML: {' '.join(str(e).split())}.") from None
+    return parse_recipe(data, origin=str(p), overrides=overrides)
