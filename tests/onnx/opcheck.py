@@ -44,22 +44,26 @@ def run_mx(model, inputs, consts=(), opset=17, grad=False):
     node = registry.node_from_proto(proto, opset)
     fn = registry.get(node.op_type, opset, node.domain)
     assert fn is not None, f"no converter for {node.op_type} at opset {opset}"
+    # ONNX bools are carried as float32 0/1 on the MXNet side (see ops/elementwise.py).
+    mx_in = {n: (a.astype(np.float32) if a is not None and a.dtype == np.bool_ else a)
+             for n, a in inputs.items()}
     tensors = []
     for n, a in inputs.items():
         if a is None:
             tensors.append(None)
             continue
-        tensors.append(Tensor(n, mx.sym.var(n, shape=a.shape, dtype=a.dtype),
+        tensors.append(Tensor(n, mx.sym.var(n, shape=a.shape, dtype=mx_in[n].dtype),
                               const=a if n in consts else None, shape=a.shape, dtype=a.dtype))
     out = fn(node, tensors)
     outs = out if isinstance(out, (list, tuple)) else [out]
     group = mx.sym.Group([o for o in outs if o is not None])
-    args = {n: mx.nd.array(a, dtype=a.dtype) for n, a in inputs.items() if a is not None}
+    args = {n: mx.nd.array(a, dtype=a.dtype) for n, a in mx_in.items() if a is not None}
+    aux = {k: args[k] for k in group.list_auxiliary_states()}  # e.g. BatchNorm running stats
     used = set(group.list_arguments())
     args = {k: v for k, v in args.items() if k in used}
     req = {k: ("write" if grad and v.dtype == np.float32 else "null") for k, v in args.items()}
-    grads = {k: mx.nd.zeros_like(v) for k, v in args.items()}
-    exe = group.bind(mx.cpu(), args=args, args_grad=grads, grad_req=req)
+    grads = {k: mx.nd.zeros_like(v) for k, v in args.items() if req[k] == "write"}
+    exe = group.bind(mx.cpu(), args=args, args_grad=grads, grad_req=req, aux_states=aux)
     results = [o.asnumpy() for o in exe.forward(is_train=grad)]
     if grad:
         exe.backward([mx.nd.ones_like(o) for o in exe.outputs])

@@ -1,7 +1,72 @@
+import mxnet as mx
 import numpy as np
-from opcheck import check
+import pytest
+from opcheck import check, run_mx, run_ort
+
+from gluontl.errors import OnnxImportError
+from gluontl.onnx import registry
+from gluontl.onnx.registry import Node, Tensor
+
+R = np.random.RandomState(0)
+X = (R.randn(2, 3, 4, 5) * 2).astype("f")
 
 
-def test_relu():
-    x = np.random.RandomState(0).randn(2, 3, 4).astype("f")
-    check("Relu", {"x": x}, grad=True)
+@pytest.mark.parametrize("op,attrs,opset", [
+    ("Relu", {}, 6), ("Relu", {}, 14), ("Sigmoid", {}, 13), ("Tanh", {}, 13),
+    ("Softplus", {}, 1), ("Softsign", {}, 1),
+    ("LeakyRelu", {}, 6), ("LeakyRelu", {"alpha": 0.3}, 16),
+    ("Elu", {}, 6), ("Elu", {"alpha": 0.5}, 6),
+    ("Selu", {}, 6), ("Selu", {"alpha": 2.0, "gamma": 3.0}, 6),
+    ("Celu", {"alpha": 2.0}, 12),
+    ("HardSigmoid", {}, 6), ("HardSigmoid", {"alpha": 0.5, "beta": 0.6}, 6),
+    ("HardSwish", {}, 14), ("Mish", {}, 18),
+    ("Gelu", {}, 20), ("Gelu", {"approximate": "tanh"}, 20),
+    ("ThresholdedRelu", {"alpha": 0.5}, 10),
+])
+def test_unary(op, attrs, opset):
+    check(op, {"x": X}, attrs, opset=opset, grad=True)
+
+
+@pytest.mark.parametrize("slope_shape", [(3, 1, 1), (1,), (5,), (4, 5), (1, 3, 1, 1)])
+def test_prelu_broadcasts_and_slope_trains(slope_shape):
+    slope = R.uniform(0.1, 0.5, slope_shape).astype("f")
+    check("PRelu", {"x": X, "slope": slope}, consts={"slope"}, opset=16, grad=True)
+    model, _ = run_ort("PRelu", {"x": X, "slope": slope}, {}, {"slope"}, 16)
+    _, grads = run_mx(model, {"x": X, "slope": slope}, {"slope"}, 16, grad=True)
+    # d sum(y) / d slope = sum of the negative inputs over the broadcast positions.
+    expect = np.minimum(X, 0)
+    axes = tuple(range(X.ndim - len(slope_shape)))
+    expect = expect.sum(axis=axes)
+    for i, d in enumerate(slope_shape):
+        if d == 1:
+            expect = expect.sum(axis=i, keepdims=True)
+    np.testing.assert_allclose(grads["slope"], expect, rtol=1e-4, atol=1e-4)
+
+
+def test_clip_attrs_and_inputs():
+    check("Clip", {"x": X}, {"min": 0.0, "max": 6.0}, opset=6, grad=True)
+    check("Clip", {"x": X}, {"max": 1.0}, opset=6, grad=True)
+    lo, hi = np.array(-1.0, "f"), np.array(2.5, "f")
+    check("Clip", {"x": X, "min": lo, "max": hi}, consts={"min", "max"}, opset=13, grad=True)
+    check("Clip", {"x": X, "min": None, "max": hi}, consts={"max"}, opset=11, grad=True)
+    # Bounds computed at run time still work (broadcast min/max).
+    check("Clip", {"x": X, "min": lo, "max": hi}, opset=13)
+
+
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
+@pytest.mark.parametrize("axis,opset", [(1, 11), (2, 11), (0, 1), (-1, 11), (1, 13), (-2, 13), (0, 13)])
+def test_softmax_family(op, axis, opset):
+    check(op, {"x": X}, {"axis": axis}, opset=opset, grad=True)
+
+
+@pytest.mark.parametrize("axis,opset", [(1, 11), (2, 11), (1, 13), (-1, 13)])
+def test_hardmax(axis, opset):
+    x = R.randint(0, 3, X.shape).astype("f")  # ties: the first maximum wins
+    check("Hardmax", {"x": x}, {"axis": axis}, opset=opset)
+
+
+def test_gelu_bad_approximation_is_clear():
+    node = Node("Gelu", "g", {"approximate": "fast"}, 20, ["x"], ["y"])
+    x = Tensor("x", mx.sym.var("x"), shape=X.shape)
+    with pytest.raises(OnnxImportError, match="'g'.*approximate"):
+        registry.get("Gelu", 20)(node, [x])
