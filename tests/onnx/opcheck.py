@@ -47,9 +47,6 @@ def run_mx(model, inputs, consts=(), opset=17, grad=False):
     # ONNX bools are carried as float32 0/1 on the MXNet side (see ops/elementwise.py).
     mx_in = {n: (a.astype(np.float32) if a is not None and a.dtype == np.bool_ else a)
              for n, a in inputs.items()}
-    # ONNX bools are carried as float32 0/1 on the MXNet side (see ops/elementwise.py).
-    mx_in = {n: (a.astype(np.float32) if a is not None and a.dtype == np.bool_ else a)
-             for n, a in inputs.items()}
     tensors = []
     for n, a in inputs.items():
         if a is None:
