@@ -1,0 +1,195 @@
+"""Export a Gluon block to MXNet symbol/params or lean ONNX, verified before it is written."""
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import mxnet as mx
+import numpy as np
+import onnx
+from mxnet.onnx.mx2onnx._export_onnx import MXNetGraph
+from onnx import helper, shape_inference, version_converter
+
+from gluontl.errors import ExportError
+from gluontl.export.files import check_target, commit, fill, staged
+from gluontl.export.lean import make_lean
+from gluontl.export.trace import TracedBlock, dummy_inputs, predict, trace_block
+from gluontl.export.verify import compare, ort_session
+
+log = logging.getLogger(__name__)
+
+# mx.onnx 1.9.1 has translation tables for opsets 12 and 13 only; newer opsets go through
+# onnx's version converter and are then verified like any other export.
+_MX_ONNX_MAX_OPSET = 13
+_PROTOBUF_LIMIT = 2**31 - 1
+
+
+def _mx_to_onnx(traced: TracedBlock, opset: int) -> onnx.ModelProto:
+    """The untouched ``mx.onnx`` conversion of the traced graph, with a free batch dimension."""
+    names = list(traced.input_shapes)
+    graph_order = [n for n in traced.symbol.list_inputs() if n in traced.input_shapes]
+    shapes = [traced.input_shapes[n] for n in graph_order]
+    mx_opset = min(opset, _MX_ONNX_MAX_OPSET)
+    try:
+        graph = MXNetGraph().create_onnx_graph_proto(
+            traced.symbol, {**traced.arg_params, **traced.aux_params}, shapes,
+            [onnx.TensorProto.FLOAT] * len(shapes), opset_version=mx_opset,
+            dynamic=True, dynamic_input_shapes=[(None, *s[1:]) for s in shapes])
+    except (AttributeError, NotImplementedError, ValueError, AssertionError, KeyError) as err:
+        raise ExportError(
+            f"mx.onnx cannot convert this model to ONNX opset {opset}: {err}. Replace the unsupported "
+            "layer, or ship the model with export_symbol instead."
+        ) from err
+    opsets = [helper.make_opsetid("", mx_opset)]
+    model = helper.make_model(graph, opset_imports=opsets, producer_name="gluontl",
+                              ir_version=helper.find_min_ir_version_for(opsets))
+    # Inputs in the block's argument order, so positional callers and the file agree.
+    by_name = {v.name: v for v in model.graph.input}
+    reordered = [by_name[n] for n in names] + [v for v in model.graph.input if v.name not in traced.input_shapes]
+    del model.graph.input[:]
+    model.graph.input.extend(reordered)
+    _set_batch_dims(model.graph, traced)
+    return model
+
+
+def _set_batch_dims(graph: onnx.GraphProto, traced: TracedBlock) -> None:
+    """Dim 0 of inputs is "batch"; an output dim is "batch" where MXNet says it follows the batch."""
+    for value in graph.input:
+        if value.name in traced.input_shapes:
+            value.type.tensor_type.shape.dim[0].dim_param = "batch"
+    one, two = traced.batched_output_shapes(1), traced.batched_output_shapes(2)
+    by_name = {v.name: v for v in graph.output}
+    ordered = [by_name[n] for n in traced.output_names]
+    del graph.output[:]
+    graph.output.extend(ordered)
+    for value, s1, s2 in zip(graph.output, one, two):
+        dims = value.type.tensor_type.shape.dim
+        for dim, a, b in zip(dims, s1, s2):
+            dim.Clear()
+            if a == b:
+                dim.dim_value = a
+            elif (a, b) == (1, 2):
+                dim.dim_param = "batch"
+
+
+def _finish(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
+    if opset > _MX_ONNX_MAX_OPSET:
+        try:
+            model = version_converter.convert_version(model, opset)
+        except Exception as err:  # the converter raises bare RuntimeErrors from C++
+            raise ExportError(f"onnx cannot convert the export to opset {opset}: {err}. Use opset 13.") from err
+    del model.graph.value_info[:]
+    try:
+        model = shape_inference.infer_shapes(model, strict_mode=True)
+        onnx.checker.check_model(model, full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as err:
+        raise ExportError(f"The exported ONNX graph is invalid ({err}); please report this model.") from err
+    return model
+
+
+def _verification_batches(traced: TracedBlock, sample: dict[str, np.ndarray] | None) -> list[tuple[str, dict[str, np.ndarray]]]:
+    batches = [(f"random batch of {b}", dummy_inputs(traced.input_shapes, b, seed=b)) for b in (1, 2)]
+    if sample is None:
+        return batches
+    if set(sample) != set(traced.input_shapes):
+        raise ExportError(f"sample has inputs {sorted(sample)} but the model takes {list(traced.input_shapes)}; key it by input name.")
+    for name, arr in sample.items():
+        if np.shape(arr)[1:] != traced.input_shapes[name][1:]:
+            raise ExportError(f"sample[{name!r}] has shape {np.shape(arr)}; expected (N, {', '.join(map(str, traced.input_shapes[name][1:]))}).")
+    rows = min(len(a) for a in sample.values())
+    for b in sorted({1, min(2, rows)}):
+        batches.append((f"sample batch of {b}", {k: np.asarray(v[:b], dtype=np.float32) for k, v in sample.items()}))
+    return batches
+
+
+def export_onnx(
+    block: mx.gluon.HybridBlock,
+    path: str | os.PathLike,
+    input_shapes: dict[str, tuple[int, ...]],
+    *,
+    opset: int = 13,
+    force: bool = False,
+    lean: bool = True,
+    verify: bool = True,
+    rtol: float = 1e-4,
+    sample: dict[str, np.ndarray] | None = None,
+    output_names: list[str] | None = None,
+) -> Path:
+    """Write ``block`` as ONNX with a free batch dimension; with ``verify``, only if onnxruntime
+    reproduces the block's predict-mode outputs within ``rtol`` on batches of 1 and 2.
+
+    ``input_shapes`` maps input names (in the block's argument order) to batch-1 shapes; the
+    names become the ONNX input names. Outputs are named ``output_names`` (default
+    ``output`` or ``output0``, ``output1``, ...).
+    """
+    path = Path(path)
+    check_target(path, force)
+    if opset < 12:
+        raise ExportError(f"opset {opset} is too old for mx.onnx; export with opset 12 or newer (13 recommended).")
+    traced = trace_block(block, input_shapes, output_names)
+    model = _mx_to_onnx(traced, opset)
+    if lean:
+        counts = make_lean(model)
+        log.info("lean ONNX: folded %(folded_batchnorm)d BatchNorm, dropped %(dropped_noops)d no-op nodes", counts)
+    model = _finish(model, opset)
+    if model.ByteSize() > _PROTOBUF_LIMIT:
+        raise ExportError(f"The model is larger than 2 GB, the ONNX protobuf limit, so {path} cannot hold it; use export_symbol.")
+    data = model.SerializeToString()
+    if verify:
+        session = ort_session(data)
+        for label, batch in _verification_batches(traced, sample):
+            report = compare(session, block, batch, rtol)
+            if not report.ok:
+                raise ExportError(
+                    f"Export to {path} was not written: onnxruntime disagrees with the MXNet block on a "
+                    f"{label} (relative error {report.max_rel:.2e} > rtol {rtol:.0e}; {report.describe()}). "
+                    "The model likely uses an op mx.onnx converts wrongly; re-run with lean=False to see "
+                    "whether the lean rewrite is at fault, or raise rtol if the difference is acceptable."
+                )
+            log.info("verified %s on %s: max rel %.2e", path, label, report.max_rel)
+    with staged(path) as tmp:
+        fill(tmp, path, lambda p: p.write_bytes(data))
+        commit(tmp, path)
+    return path
+
+
+def export_symbol(
+    block: mx.gluon.HybridBlock,
+    prefix: str | os.PathLike,
+    input_shapes: dict[str, tuple[int, ...]],
+    *,
+    epoch: int = 0,
+    force: bool = False,
+) -> tuple[Path, Path]:
+    """Write ``PREFIX-symbol.json`` and ``PREFIX-%04d.params``, the files
+    ``mx.gluon.SymbolBlock.imports(json, list(input_shapes), params)`` reloads.
+
+    The pair is reloaded from temp files and compared with the block before either is moved
+    into place, so a written pair is known to reproduce the block.
+    """
+    prefix = os.fspath(prefix)
+    json_path, params_path = Path(f"{prefix}-symbol.json"), Path(f"{prefix}-{epoch:04d}.params")
+    for target in (json_path, params_path):
+        check_target(target, force)
+    traced = trace_block(block, input_shapes)
+    params = {f"arg:{k}": v for k, v in traced.arg_params.items()}
+    params.update({f"aux:{k}": v for k, v in traced.aux_params.items()})
+    with staged(json_path) as tmp_json, staged(params_path) as tmp_params:
+        fill(tmp_json, json_path, lambda p: traced.symbol.save(os.fspath(p), remove_amp_cast=True))
+        fill(tmp_params, params_path, lambda p: mx.nd.save(os.fspath(p), params))
+        reloaded = mx.gluon.SymbolBlock.imports(os.fspath(tmp_json), list(traced.input_shapes), os.fspath(tmp_params))
+        batch = dummy_inputs(traced.input_shapes, 2, seed=2)
+        for name, got, want in zip(traced.output_names, predict(reloaded, batch), predict(block, batch)):
+            if not np.allclose(got, want, rtol=1e-5, atol=1e-6):
+                raise ExportError(
+                    f"{json_path} was not written: reloading it gives output {name!r} differing from the block "
+                    f"by up to {np.max(np.abs(got - want)):.2e}. Please report this model."
+                )
+        commit(tmp_json, json_path)
+        try:
+            commit(tmp_params, params_path)
+        except ExportError:
+            json_path.unlink(missing_ok=True)
+            raise
+    return json_path, params_path
