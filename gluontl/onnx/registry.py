@@ -37,23 +37,48 @@ from ..errors import OnnxImportError
 ConverterFn = Callable[..., Any]
 
 
-@dataclasses.dataclass
 class Tensor:
-    """One ONNX value during conversion."""
+    """One ONNX value during conversion.
 
-    name: str
-    sym: Any  # mxnet.symbol.Symbol
-    const: np.ndarray | None = None
-    shape: tuple[int | None, ...] | None = None
-    dtype: np.dtype | None = None
+    ``sym`` may be supplied lazily (``make_sym``): a value known at import time only
+    becomes a graph variable (a parameter) when a converter actually asks for its
+    symbol, so shape vectors read through ``const`` never turn into parameters.
+    """
+
+    def __init__(self, name: str, sym: Any = None, const: np.ndarray | None = None,
+                 shape: tuple[int | None, ...] | None = None, dtype: np.dtype | None = None,
+                 *, make_sym: Callable[[], Any] | None = None, why_unknown: str = "") -> None:
+        self.name = name
+        self._sym = sym
+        self._make_sym = make_sym
+        self.const = const
+        self.shape = shape
+        self.dtype = dtype
+        self.why_unknown = why_unknown
+
+    @property
+    def sym(self) -> Any:  # mxnet.symbol.Symbol
+        if self._sym is None and self._make_sym is not None:
+            self._sym = self._make_sym()
+        return self._sym
+
+    @sym.setter
+    def sym(self, value: Any) -> None:
+        self._sym = value
+
+    def __repr__(self) -> str:
+        known = "const" if self.const is not None else "runtime"
+        return f"Tensor({self.name!r}, {known}, shape={self.shape}, dtype={self.dtype})"
 
     def need_const(self, node: "Node", what: str) -> np.ndarray:
         """The value, or a clear error when it is only known at run time."""
         if self.const is None:
+            why = self.why_unknown or (
+                "depends on the data. Pass input_shapes=... so shape subgraphs fold to "
+                "constants, or simplify the model (e.g. onnxsim) before importing")
             raise OnnxImportError(
                 f"{node.op_type} node '{node.name}': input '{self.name}' ({what}) must be known at "
-                f"import time but depends on the data. Pass input_shapes=... so shape subgraphs "
-                f"fold to constants, or simplify the model (e.g. onnxsim) before importing."
+                f"import time but {why}."
             )
         return self.const
 
@@ -135,6 +160,32 @@ def registrations() -> list[Registration]:
     _load_ops()
     return sorted((r for regs in _REGISTRY.values() for r in regs),
                   key=lambda r: (r.domain, r.op_type, r.since))
+
+
+EvaluatorFn = Callable[["Node", list], list]
+_EVALUATORS: dict[tuple[str, str], EvaluatorFn] = {}
+
+
+def evaluator(op_types: str | Iterable[str], domain: str = "") -> Callable[[EvaluatorFn], EvaluatorFn]:
+    """Register a numpy evaluator used when folding ``op_types`` on known inputs.
+
+    Ops without an evaluator are folded by running onnxruntime on the single node;
+    an evaluator exists for ops that must never reach a session (Constant) or are
+    pure aliases (Identity).
+    """
+    names = [op_types] if isinstance(op_types, str) else list(op_types)
+
+    def register(fn: EvaluatorFn) -> EvaluatorFn:
+        for op in names:
+            _EVALUATORS[(domain, op)] = fn
+        return fn
+
+    return register
+
+
+def get_evaluator(op_type: str, domain: str = "") -> EvaluatorFn | None:
+    _load_ops()
+    return _EVALUATORS.get(("" if domain == "ai.onnx" else domain, op_type))
 
 
 def _load_ops() -> None:

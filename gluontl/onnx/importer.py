@@ -1,0 +1,636 @@
+"""ONNX model → trainable Gluon ``SymbolBlock``.
+
+The walk: load and validate the file, order nodes topologically, infer shapes with
+the user's ``input_shapes``, fold every node whose inputs are known at import time,
+and convert the rest with the per-op converters of :mod:`gluontl.onnx.registry`.
+Known values become graph variables only when a converter asks for their symbol, so
+shape vectors never turn into parameters while weights keep their ONNX names.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections import Counter, defaultdict
+from typing import Any, Iterable, Mapping, Sequence
+
+import mxnet as mx
+import numpy as np
+import onnx
+from onnx import external_data_helper, helper, numpy_helper
+
+from ..errors import OnnxImportError
+from . import fold
+from .registry import Node, Tensor, get, get_evaluator, node_from_proto
+
+Shape = tuple[int | None, ...]
+
+# Integer-arithmetic quantized ops: named in the unsupported-op report with advice.
+QUANTIZED_INTEGER_OPS = frozenset({"DynamicQuantizeLinear", "ConvInteger", "MatMulInteger",
+                                   "QLinearConv", "QLinearMatMul", "QLinearAdd", "QLinearMul",
+                                   "QLinearSigmoid", "QLinearLeakyRelu", "QLinearGlobalAveragePool",
+                                   "QLinearConcat", "QLinearAveragePool"})
+_MAX_ELEMENTS = 2 ** 34
+
+
+@dataclasses.dataclass(frozen=True)
+class ImportInfo:
+    """What the importer knows about the block it returned (for rules and surgery)."""
+
+    source: str
+    opset: int
+    inputs: tuple[str, ...]
+    input_shapes: dict[str, Shape]
+    outputs: tuple[str, ...]
+    constants: frozenset[str]  # non-trainable helper params (grad_req 'null')
+    node_outputs: dict[str, str]  # ONNX node/tensor name -> MXNet output name
+
+
+def import_model(model: str | os.PathLike | onnx.ModelProto,
+                 input_shapes: Mapping[str, Sequence[int | None]] | None = None,
+                 ctx: mx.Context | None = None, *, fixed_batch: bool = False) -> mx.gluon.SymbolBlock:
+    """Import an ONNX model as a SymbolBlock whose weights are Gluon parameters.
+
+    ``input_shapes`` fills unknown dimensions of graph inputs. The first dimension stays
+    free (any batch size works) unless ``fixed_batch`` pins it to the given/declared size,
+    which only models that compute values from their batch size in ways a batch-free
+    graph cannot express need.
+    """
+    proto, source = load(model)
+    return _Importer(proto, source, input_shapes or {}, fixed_batch).build(ctx or mx.cpu())
+
+
+# --------------------------------------------------------------------------- loading
+
+def load(model: str | os.PathLike | onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
+    """The ModelProto with external data loaded, and a name for messages."""
+    if isinstance(model, onnx.ModelProto):
+        for t in external_data_helper._get_all_tensors(model):
+            if external_data_helper.uses_external_data(t):
+                raise OnnxImportError(
+                    f"ONNX model object: initializer '{t.name}' keeps its data in an external file "
+                    f"that was not loaded; pass the model's file path instead so the data is "
+                    f"found next to it.")
+        return model, "<ModelProto>"
+    path = os.fspath(model)
+    proto = read_proto(path)
+    _load_external(proto, path)
+    return proto, path
+
+
+def read_proto(path: str) -> onnx.ModelProto:
+    """Parse an ONNX file without its external data; errors name the file and the problem."""
+    if not os.path.isfile(path):
+        raise OnnxImportError(f"ONNX file '{path}' does not exist (or is not a file). Check the path.")
+    try:
+        proto = onnx.load(path, load_external_data=False)
+    except Exception as e:  # protobuf DecodeError, truncated reads, ...
+        raise OnnxImportError(
+            f"'{path}' is not a readable ONNX model: the protobuf could not be parsed "
+            f"({type(e).__name__}: {str(e)[:200]}). The file may be truncated or not ONNX; "
+            f"re-export or re-download it.") from None
+    if not proto.HasField("graph") or (not proto.graph.node and not proto.graph.output):
+        raise OnnxImportError(
+            f"'{path}' parsed as protobuf but contains no ONNX graph; it is probably not an "
+            f"ONNX model (or was truncated). Re-export or re-download it.")
+    return proto
+
+
+def _load_external(proto: onnx.ModelProto, path: str) -> None:
+    base = os.path.realpath(os.path.dirname(os.path.abspath(path)))
+    for t in external_data_helper._get_all_tensors(proto):
+        if not external_data_helper.uses_external_data(t):
+            continue
+        location = external_data_helper.ExternalDataInfo(t).location
+        full = os.path.realpath(os.path.join(base, location))
+        if os.path.commonpath([base, full]) != base:
+            raise OnnxImportError(
+                f"'{path}': initializer '{t.name}' points to external data '{location}' outside "
+                f"the model's folder; refusing to read it. Move the data next to the model.")
+        if not os.path.isfile(full):
+            raise OnnxImportError(
+                f"'{path}': external data file '{location}' of initializer '{t.name}' is missing; "
+                f"copy it next to the model.")
+    try:
+        external_data_helper.load_external_data_for_model(proto, base)
+    except Exception as e:
+        raise OnnxImportError(f"'{path}': external data could not be read ({e}).") from None
+
+
+def opsets_of(proto: onnx.ModelProto, source: str) -> dict[str, int]:
+    """Opset per domain (default domain as ''), validated."""
+    opsets = {("" if o.domain == "ai.onnx" else o.domain): int(o.version) for o in proto.opset_import}
+    if "" not in opsets:
+        raise OnnxImportError(
+            f"'{source}' imports no default-domain (ai.onnx) opset, so its ops have no defined "
+            f"meaning. Re-export the model with a standard opset.")
+    newest = onnx.defs.onnx_opset_version()
+    if not 1 <= opsets[""] <= newest:
+        raise OnnxImportError(
+            f"'{source}' uses ai.onnx opset {opsets['']}, outside the range 1..{newest} this "
+            f"installation understands. Convert it (onnx.version_converter) to opset <= {newest}.")
+    return opsets
+
+
+def topological(nodes: Sequence[onnx.NodeProto], known: Iterable[str], source: str) -> list[int]:
+    """Node indices in dependency order; clear errors for dangling inputs and cycles."""
+    producer: dict[str, int] = {}
+    for i, n in enumerate(nodes):
+        for o in n.output:
+            if not o:
+                continue
+            if o in producer:
+                raise OnnxImportError(
+                    f"'{source}': tensor '{o}' is produced by two nodes ('{nodes[producer[o]].name}' "
+                    f"and '{n.name}'); ONNX graphs must assign each tensor once.")
+            producer[o] = i
+    known = set(known)
+    waiting = [0] * len(nodes)
+    users: dict[int, list[int]] = defaultdict(list)
+    for i, n in enumerate(nodes):
+        for x in {x for x in n.input if x}:
+            if x in producer:
+                waiting[i] += 1
+                users[producer[x]].append(i)
+            elif x not in known:
+                raise OnnxImportError(
+                    f"'{source}': input '{x}' of {n.op_type} node '{n.name or i}' is not a graph "
+                    f"input, an initializer or the output of any node (dangling input). The model "
+                    f"is broken; re-export it.")
+    ready = [i for i in range(len(nodes)) if waiting[i] == 0]
+    order = []
+    while ready:
+        i = ready.pop()
+        order.append(i)
+        for j in users[i]:
+            waiting[j] -= 1
+            if waiting[j] == 0:
+                ready.append(j)
+    if len(order) < len(nodes):
+        stuck = [nodes[i].name or str(i) for i in range(len(nodes)) if waiting[i]]
+        raise OnnxImportError(
+            f"'{source}': the graph has a cycle through nodes {stuck[:5]}; ONNX graphs must be "
+            f"acyclic. Re-export the model.")
+    order.sort()  # keep file order where dependencies allow (stable, readable naming)
+    return _stable_topological(order, nodes, producer)
+
+
+def _stable_topological(order: list[int], nodes, producer) -> list[int]:
+    """Depth-first order that visits nodes in file order (the graph is known acyclic)."""
+    done: set[int] = set()
+    out: list[int] = []
+    for root in order:
+        stack = [(root, False)]
+        while stack:
+            i, expanded = stack.pop()
+            if i in done:
+                continue
+            if expanded:
+                done.add(i)
+                out.append(i)
+                continue
+            stack.append((i, True))
+            stack.extend((producer[x], False) for x in reversed(nodes[i].input)
+                         if x in producer and producer[x] not in done)
+    return out
+
+
+def unsupported_report(nodes: Sequence[Node], foldable: set[str], source: str, opset: int) -> None:
+    """Raise one error listing every op without a converter (folded ops excepted)."""
+    missing: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for n in nodes:
+        if n.name in foldable and n.domain in ("", "ai.onnx"):
+            continue
+        if get(n.op_type, n.opset, n.domain) is None and get_evaluator(n.op_type, n.domain) is None:
+            missing[(n.domain or "ai.onnx", n.op_type)].append(n.name)
+    if not missing:
+        return
+    parts = []
+    for (domain, op), names in sorted(missing.items(), key=lambda kv: -len(kv[1])):
+        where = f"custom domain '{domain}'" if domain != "ai.onnx" else "ai.onnx"
+        parts.append(f"{op} ({where}, {len(names)} node{'s' * (len(names) > 1)}, e.g. "
+                     + ", ".join(f"'{x}'" for x in names[:3]) + ")")
+    advice = "Simplify or re-export the model with supported ops (see docs/onnx-support.md)"
+    if any(op in QUANTIZED_INTEGER_OPS for _, op in missing):
+        advice += ("; integer-arithmetic quantized ops are not supported: export a float model or "
+                   "a QDQ-quantized one (QuantizeLinear/DequantizeLinear), whose weights import "
+                   "as float parameters")
+    raise OnnxImportError(
+        f"'{source}' (opset {opset}) uses {len(missing)} op type{'s' * (len(missing) > 1)} gluontl "
+        f"cannot convert: " + "; ".join(parts) + f". {advice}.")
+
+
+# --------------------------------------------------------------------------- import
+
+def _np_dtype(elem_type: int) -> np.dtype | None:
+    try:
+        return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
+    except Exception:
+        return None
+
+
+def _dims(type_proto: onnx.TypeProto) -> Shape | None:
+    if not type_proto.HasField("tensor_type") or not type_proto.tensor_type.HasField("shape"):
+        return None
+    return tuple(d.dim_value if d.HasField("dim_value") else None
+                 for d in type_proto.tensor_type.shape.dim)
+
+
+class _Importer:
+    def __init__(self, proto: onnx.ModelProto, source: str, input_shapes: Mapping, fixed_batch: bool):
+        self.proto, self.source, self.fixed_batch = proto, source, fixed_batch
+        self.graph = proto.graph
+        self.opsets = opsets_of(proto, source)
+        self.opset = self.opsets[""]
+        self.inits = self._initializers()
+        self.inputs = [i for i in self.graph.input if i.name not in self.inits]
+        self.input_shapes = self._merge_shapes(input_shapes)
+        first = {n: s[0] for n, s in self.input_shapes.items() if s and s[0] is not None}
+        self.b1 = next(iter(first.values()), 1)
+        self.b2 = self.b1 if fixed_batch else self.b1 + 1
+        self.consts: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # value at b1, b2
+        self.weights: set[str] = set()
+        self.alias: dict[str, str] = {}
+        self.runtime: dict[str, Tensor] = {}
+        self.materialized: dict[str, Tensor] = {}
+        self.params: dict[str, np.ndarray] = {}
+        self.constants: set[str] = set()
+        self.producer: dict[str, tuple[Node, onnx.NodeProto]] = {}
+        self.node_syms: dict[str, Any] = {}
+        self.shape_cache: dict[tuple[str, int], tuple[int, ...] | None] = {}
+
+    # ----- inputs
+    def _initializers(self) -> dict[str, np.ndarray]:
+        declared = {i.name: _dims(i.type) for i in self.graph.input}
+        out = {}
+        for t in self.graph.initializer:
+            if any(d < 0 for d in t.dims) or int(np.prod(t.dims, dtype=np.float64)) > _MAX_ELEMENTS:
+                raise OnnxImportError(f"'{self.source}': initializer '{t.name}' has impossible "
+                                      f"dims {list(t.dims)}; the file is corrupt.")
+            try:
+                value = numpy_helper.to_array(t)
+            except Exception as e:
+                raise OnnxImportError(
+                    f"'{self.source}': initializer '{t.name}' (dims {list(t.dims)}) cannot be read: "
+                    f"its data does not match its dims/type ({str(e)[:150]}). The file is "
+                    f"corrupt or truncated.") from None
+            want = declared.get(t.name)
+            if want is not None and len(want) != value.ndim or want is not None and any(
+                    w is not None and w != v for w, v in zip(want, value.shape)):
+                raise OnnxImportError(
+                    f"'{self.source}': initializer '{t.name}' has shape {value.shape} but the graph "
+                    f"input of the same name declares {want}; the file is inconsistent.")
+            out[t.name] = value
+        return out
+
+    def _merge_shapes(self, given: Mapping) -> dict[str, Shape]:
+        names = [i.name for i in self.inputs]
+        unknown = sorted(set(given) - set(names))
+        if unknown:
+            raise OnnxImportError(
+                f"input_shapes names {unknown}, but '{self.source}' has graph inputs {names}.")
+        out = {}
+        for i in self.inputs:
+            declared = _dims(i.type)
+            if declared is not None and any(d is not None and d < 0 for d in declared):
+                raise OnnxImportError(f"'{self.source}': input '{i.name}' declares negative dims "
+                                      f"{declared}; the file is corrupt.")
+            shape = declared
+            if i.name in given:
+                want = tuple(given[i.name])
+                if any(not (d is None or isinstance(d, (int, np.integer)) and 0 < d < 2 ** 31)
+                       for d in want) or np.prod([d or 1 for d in want], dtype=np.float64) > _MAX_ELEMENTS:
+                    raise OnnxImportError(f"input_shapes['{i.name}'] = {want}: dimensions must be "
+                                          f"positive integers (or None) of sensible size.")
+                if declared is not None and len(declared) != len(want):
+                    raise OnnxImportError(
+                        f"input_shapes['{i.name}'] = {want} has rank {len(want)} but '{self.source}' "
+                        f"declares rank {len(declared)} ({declared}).")
+                if declared is not None:
+                    for k, (d, w) in enumerate(zip(declared, want)):
+                        if d is not None and w is not None and d != w and (k > 0 or self.fixed_batch):
+                            raise OnnxImportError(
+                                f"input_shapes['{i.name}'] = {want} conflicts with the declared "
+                                f"shape {declared} at dimension {k}.")
+                shape = tuple(int(w) if w is not None else d for w, d in
+                              zip(want, declared or [None] * len(want)))
+            out[i.name] = shape
+        return out
+
+    def _at(self, shape: Shape, b: int) -> tuple[int, ...] | None:
+        """The concrete input shape at batch size ``b`` (None if a dim is unknown)."""
+        if shape is None:
+            return None
+        dims = tuple((b if k == 0 else d) for k, d in enumerate(shape))
+        return None if any(d is None for d in dims) else dims
+
+    # ----- shape inference
+    def _inferred(self) -> dict[str, tuple[Shape | None, np.dtype | None]]:
+        """ONNX shape inference on a weight-free copy (batch dimension symbolic)."""
+        g = onnx.GraphProto()
+        g.node.extend(self.graph.node)
+        g.output.extend(self.graph.output)
+        for i in self.inputs:
+            shape = self.input_shapes[i.name]
+            dims = None if shape is None else [
+                ("batch" if k == 0 and not self.fixed_batch else d) for k, d in enumerate(shape)]
+            g.input.append(helper.make_tensor_value_info(i.name, i.type.tensor_type.elem_type, dims)
+                           if i.type.HasField("tensor_type") else i)
+        for t in self.graph.initializer:
+            if t.data_type != onnx.TensorProto.FLOAT or int(np.prod(t.dims)) <= 64:
+                g.initializer.append(t)
+            else:
+                g.input.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+        m = helper.make_model(g, opset_imports=self.proto.opset_import)
+        m.ir_version = self.proto.ir_version
+        try:
+            m = onnx.shape_inference.infer_shapes(m, strict_mode=False, data_prop=True)
+        except Exception:
+            return {}
+        out = {}
+        for v in list(m.graph.value_info) + list(m.graph.output) + list(m.graph.input):
+            if v.type.HasField("tensor_type"):
+                out[v.name] = (_dims(v.type), _np_dtype(v.type.tensor_type.elem_type))
+        return out
+
+    # ----- values
+    def _set_const(self, name: str, v1: np.ndarray, v2: np.ndarray | None = None) -> None:
+        v2 = v1 if v2 is None or (v2.shape == v1.shape and np.array_equal(v1, v2)) else v2
+        self.consts[name] = (v1, v2)
+
+    def _is_dependent(self, name: str) -> bool:
+        v1, v2 = self.consts[name]
+        return v1 is not v2
+
+    def tensor(self, name: str) -> Tensor:
+        name = self.alias.get(name, name)
+        if name in self.runtime:
+            return self.runtime[name]
+        if name in self.materialized:
+            return self.materialized[name]
+        v1, v2 = self.consts[name]
+        if v1 is v2:
+            t = Tensor(name, const=v1, shape=v1.shape, dtype=v1.dtype,
+                       make_sym=lambda: self._param(name, v1))
+        else:
+            t = Tensor(name, const=None, shape=self.info.get(name, (None, None))[0], dtype=v1.dtype,
+                       make_sym=lambda: self._runtime_sym(name),
+                       why_unknown=(f"its value changes with the batch size. Pass "
+                                    f"fixed_batch=True (with input_shapes) to import at one "
+                                    f"fixed batch size"))
+        self.materialized[name] = t
+        return t
+
+    def _param(self, name: str, value: np.ndarray):
+        """A graph variable holding a known value; weights trainable, the rest constants."""
+        if value.size == 0:
+            raise OnnxImportError(f"'{self.source}': tensor '{name}' is empty (a zero-size dim) and "
+                                  f"MXNet cannot hold it as a graph value.")
+        if value.ndim == 0:
+            value = value.reshape(1)
+        if value.dtype == np.bool_:  # bools travel as float32 0/1 (see ops/elementwise.py)
+            value = value.astype(np.float32)
+        self.params[name] = value
+        if name not in self.weights:
+            self.constants.add(name)
+        return mx.sym.var(name, shape=value.shape, dtype=value.dtype)
+
+    def _runtime_sym(self, name: str):
+        """Symbol computing a batch-dependent folded value at run time via its converters."""
+        node, proto = self.producer[name]
+        if proto.name not in self.node_syms:
+            self.node_syms[proto.name] = self._convert(node, proto)
+        return self.node_syms[proto.name][list(node.outputs).index(name)]
+
+    def _shape_of(self, name: str, b: int) -> tuple[int, ...] | None:
+        """Concrete shape of a value at batch size ``b`` (MXNet shape inference)."""
+        key = (name, b)
+        if key not in self.shape_cache:
+            self.shape_cache[key] = self._infer_mx(name, b)
+        return self.shape_cache[key]
+
+    def _infer_mx(self, name: str, b: int) -> tuple[int, ...] | None:
+        name = self.alias.get(name, name)
+        if name in self.consts:
+            v1, v2 = self.consts[name]
+            return (v1 if b == self.b1 else v2).shape
+        shape, _ = self.info.get(name, (None, None))
+        if shape is not None and all(d is not None for d in shape):
+            return shape
+        sym = self.runtime[name].sym
+        feed = {}
+        for a in sym.list_arguments():
+            if a in self.input_shapes:
+                s = self._at(self.input_shapes[a], b)
+                if s is None:
+                    return None
+                feed[a] = s
+        try:
+            _, out, _ = sym.infer_shape_partial(**feed)
+        except Exception:
+            return None
+        if not out or not out[0] or any(d <= 0 for d in out[0]):
+            return None
+        return tuple(int(d) for d in out[0])
+
+    # ----- nodes
+    def _foldable(self, node: Node) -> bool:
+        if node.domain not in ("", "ai.onnx") or node.op_type in fold.NONDETERMINISTIC:
+            return False
+        return all(self.alias.get(x, x) in self.consts for x in node.inputs if x)
+
+    def _fold(self, node: Node, proto: onnx.NodeProto) -> None:
+        names = [self.alias.get(x, x) if x else "" for x in node.inputs]
+        if node.op_type == "Identity" or node.op_type == "Dropout" and len(
+                [o for o in node.outputs if o]) == 1:
+            self.alias[node.outputs[0]] = names[0]
+            return
+        v1s = [self.consts[x][0] if x else None for x in names]
+        dependent = any(x and self._is_dependent(x) for x in names)
+        try:
+            if dependent:
+                session = fold.Session(proto, v1s, self.opsets)
+                r1 = session.run(v1s)
+                r2 = session.run([self.consts[x][1] if x else None for x in names])
+            else:
+                r1 = fold.evaluate(proto, node, v1s, self.opsets)
+                r2 = r1
+        except OnnxImportError:
+            raise
+        except Exception as e:
+            raise fold.fold_error(node, e) from None
+        weighty = any(x in self.weights for x in names) or (
+            node.op_type == "DequantizeLinear" and v1s[0].size > 1)
+        for o, a, b in zip(node.outputs, r1, r2):
+            if not o or a is None:
+                continue
+            self._set_const(o, np.asarray(a), np.asarray(b))
+            self.producer[o] = (node, proto)
+            if weighty and a.dtype.kind == "f" and a.size > 1:
+                self.weights.add(o)
+
+    def _fold_shape(self, node: Node, proto: onnx.NodeProto) -> bool:
+        """Shape/Size of a runtime value whose dims are known at both batch sizes."""
+        s1 = self._shape_of(node.inputs[0], self.b1)
+        s2 = self._shape_of(node.inputs[0], self.b2)
+        if s1 is None or s2 is None:
+            return False
+        if node.op_type == "Size":
+            vals = [np.array(np.prod(s, dtype=np.int64), dtype=np.int64) for s in (s1, s2)]
+        else:
+            start, end = node.attr("start", 0), node.attr("end", None)
+            vals = [np.array(s, dtype=np.int64)[start:end] for s in (s1, s2)]
+        self._set_const(node.outputs[0], *vals)
+        self.producer[node.outputs[0]] = (node, proto)
+        return True
+
+    def _inputs_for(self, node: Node) -> list[Tensor | None]:
+        tensors = [self.tensor(x) if x else None for x in node.inputs]
+        for k, x in enumerate(node.inputs):
+            x = self.alias.get(x, x)
+            if not x or x not in self.consts or not self._is_dependent(x):
+                continue
+            v1, v2 = self.consts[x]
+            data = node.inputs[0]
+            dims = (self._shape_of(data, self.b1), self._shape_of(data, self.b2)) if data else (None, None)
+            fixed = None
+            if node.op_type == "Slice" and k == 2 and node.opset >= 10:
+                axes_t = self.tensor(node.inputs[3]) if len(node.inputs) > 3 and node.inputs[3] else None
+                axes = axes_t.const if axes_t is not None else np.arange(len(v1))
+                if axes is not None and dims[1] is not None:
+                    fixed = fold.slice_free(v1, v2, axes, *dims)
+            elif dims[1] is not None or node.op_type == "Reshape":
+                fixed = fold.batch_free(node.op_type, k, v1, v2, *dims)
+            if fixed is not None:
+                tensors[k] = Tensor(x, const=fixed, shape=fixed.shape, dtype=fixed.dtype,
+                                    make_sym=lambda x=x, f=fixed: self._param(f"{x}/batch_free", f))
+        return tensors
+
+    def _convert(self, node: Node, proto: onnx.NodeProto) -> list:
+        fn = get(node.op_type, self.opsets.get(node.domain or "", self.opset), node.domain)
+        if fn is None:
+            raise OnnxImportError(
+                f"{node.op_type} node '{node.name}' in '{self.source}' computes a value at run time "
+                f"(its inputs are not all known at import) but gluontl has no converter for "
+                f"{node.op_type} at opset {node.opset}. Pass input_shapes=... so it can fold, or "
+                f"simplify the model (onnxsim).")
+        try:
+            out = fn(node, self._inputs_for(node))
+        except OnnxImportError:
+            raise
+        except Exception as e:
+            raise OnnxImportError(
+                f"{node.op_type} node '{node.name}' in '{self.source}' (opset {node.opset}) failed "
+                f"to convert: {type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}. "
+                f"This is a gluontl converter limitation; please report it with the model."
+            ) from e
+        return list(out) if isinstance(out, (list, tuple)) else [out]
+
+    def build(self, ctx: mx.Context) -> mx.gluon.SymbolBlock:
+        g = self.graph
+        for name, value in self.inits.items():
+            self._set_const(name, value)
+            if value.dtype.kind == "f" and value.size > 1:
+                self.weights.add(name)
+        order = topological(g.node, list(self.inits) + [i.name for i in self.inputs], self.source)
+        nodes = self._nodes(order)
+        self._check_supported(nodes)
+        self.info = self._inferred()
+        for i in self.inputs:
+            shape = self.input_shapes[i.name]
+            dtype = _np_dtype(i.type.tensor_type.elem_type) if i.type.HasField("tensor_type") else None
+            free = None if shape is None else tuple(
+                None if k == 0 and not self.fixed_batch else d for k, d in enumerate(shape))
+            carrier = np.float32 if dtype is None or dtype == np.bool_ else dtype
+            self.runtime[i.name] = Tensor(i.name, mx.sym.var(i.name, dtype=carrier), shape=free,
+                                          dtype=dtype)
+        for node, proto in nodes:
+            if self._foldable(node):
+                self._fold(node, proto)
+                continue
+            if node.op_type in ("Shape", "Size") and node.domain in ("", "ai.onnx") \
+                    and self._fold_shape(node, proto):
+                continue
+            syms = self._convert(node, proto)
+            self.node_syms[proto.name] = syms
+            for o, s in zip(node.outputs, syms):
+                if o and s is not None:
+                    shape, dtype = self.info.get(o, (None, None))
+                    self.runtime[o] = Tensor(o, s, shape=shape, dtype=dtype)
+        return self._block(nodes, ctx)
+
+    def _nodes(self, order: list[int]) -> list[tuple[Node, onnx.NodeProto]]:
+        """Parsed nodes with unique names (empty or repeated names get a suffix)."""
+        seen: Counter = Counter()
+        out = []
+        for i in order:
+            proto = self.graph.node[i]
+            opset = self.opsets.get("" if proto.domain == "ai.onnx" else proto.domain, self.opset)
+            node = node_from_proto(proto, opset, i)
+            base = node.name
+            seen[base] += 1
+            if seen[base] > 1:
+                node.name = f"{base}_{seen[base] - 1}"
+            if node.name != proto.name:
+                proto = onnx.NodeProto()
+                proto.CopyFrom(self.graph.node[i])
+                proto.name = node.name
+            out.append((node, proto))
+        return out
+
+    def _check_supported(self, nodes: list[tuple[Node, onnx.NodeProto]]) -> None:
+        """Report every unsupported op at once; nodes that will fold need no converter."""
+        known = set(self.inits)
+        foldable = set()
+        for node, _ in nodes:
+            ins = [x for x in node.inputs if x]
+            if node.op_type in ("Shape", "Size") or (
+                    node.op_type not in fold.NONDETERMINISTIC and all(x in known for x in ins)):
+                foldable.add(node.name)
+                known.update(o for o in node.outputs if o)
+        unsupported_report([n for n, _ in nodes], foldable, self.source, self.opset)
+
+    def _block(self, nodes, ctx: mx.Context) -> mx.gluon.SymbolBlock:
+        outs, seen = [], set()
+        for o in self.graph.output:
+            sym = self.tensor(o.name).sym
+            if sym is None:
+                raise OnnxImportError(f"'{self.source}': graph output '{o.name}' is not computed by "
+                                      f"any node.")
+            if sym.get_children() is None or sym.name in seen:
+                sym = mx.sym.identity(sym, name=f"{o.name}/output")
+            seen.add(sym.name)
+            outs.append(sym)
+        group = mx.sym.Group(outs) if len(outs) > 1 else outs[0]
+        input_syms = [self.runtime[i.name].sym for i in self.inputs]
+        block = mx.gluon.SymbolBlock(group, input_syms)
+        params = block.collect_params()
+        params.load_dict({n: mx.nd.array(v, dtype=v.dtype) for n, v in self.params.items()
+                          if n in params}, ctx=ctx)
+        for n, p in params.items():
+            if self._is_constant(n):
+                p.grad_req = "null"
+        block.gluontl_onnx = ImportInfo(
+            source=self.source, opset=self.opset, inputs=tuple(i.name for i in self.inputs),
+            input_shapes=dict(self.input_shapes), outputs=tuple(o.name for o in self.graph.output),
+            constants=frozenset(n for n in params if self._is_constant(n)),
+            node_outputs=self._node_outputs(nodes, group))
+        return block
+
+    def _is_constant(self, name: str) -> bool:
+        return name in self.constants or self.params[name].dtype.kind != "f"
+
+    def _node_outputs(self, nodes, group) -> dict[str, str]:
+        present = set(group.get_internals().list_outputs())
+        out: dict[str, str] = {}
+        tensors = {**self.materialized, **self.runtime}
+        for name, t in tensors.items():
+            if t._sym is not None:
+                o = t._sym.list_outputs()[0]
+                if o in present:
+                    out[name] = o
+        for node, _ in nodes:
+            first = next((o for o in node.outputs if o), None)
+            first = self.alias.get(first, first)
+            if first in out:
+                out[node.name] = out[first]
+        return out

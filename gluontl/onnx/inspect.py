@@ -1,0 +1,98 @@
+"""Describe an ONNX file without importing it (works for models import would refuse)."""
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections import Counter
+
+import numpy as np
+import onnx
+
+from .importer import _dims, read_proto
+from .registry import get, get_evaluator
+
+Shape = tuple[int | str | None, ...] | None
+
+
+@dataclasses.dataclass(frozen=True)
+class OpUse:
+    domain: str
+    op_type: str
+    count: int
+    supported: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class OnnxReport:
+    path: str
+    ir_version: int
+    producer: str
+    opsets: dict[str, int]
+    inputs: list[tuple[str, Shape, str]]  # name, shape (str for symbolic dims), dtype
+    outputs: list[tuple[str, Shape, str]]
+    ops: list[OpUse]
+    parameter_count: int  # elements of float weights (initializers and Constant nodes)
+    cut_points: list[tuple[str, str, str]]  # node name, op type, first output tensor
+
+    @property
+    def unsupported(self) -> list[OpUse]:
+        return [o for o in self.ops if not o.supported]
+
+
+def _value(v: onnx.ValueInfoProto) -> tuple[str, Shape, str]:
+    t = v.type.tensor_type if v.type.HasField("tensor_type") else None
+    if t is None:
+        return v.name, None, "non-tensor"
+    shape = None if not t.HasField("shape") else tuple(
+        d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim)
+    return v.name, shape, onnx.TensorProto.DataType.Name(t.elem_type).lower()
+
+
+def _float_size(t: onnx.TensorProto) -> int:
+    floats = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE,
+              onnx.TensorProto.BFLOAT16)
+    return int(np.prod(t.dims, dtype=np.int64)) if t.data_type in floats else 0
+
+
+def inspect_onnx(path: str | os.PathLike) -> OnnxReport:
+    proto = read_proto(os.fspath(path))
+    g = proto.graph
+    opsets = {(o.domain or "ai.onnx"): int(o.version) for o in proto.opset_import}
+    inits = {t.name for t in g.initializer}
+    hist = Counter((n.domain or "ai.onnx", n.op_type) for n in g.node)
+    ops = []
+    for (domain, op), count in hist.most_common():
+        d = "" if domain == "ai.onnx" else domain
+        ok = get(op, opsets.get(domain, 1), d) is not None or get_evaluator(op, d) is not None
+        ops.append(OpUse(domain, op, count, ok))
+    params = sum(_float_size(t) for t in g.initializer)
+    for n in g.node:
+        if n.op_type == "Constant":
+            params += sum(_float_size(a.t) for a in n.attribute if a.name == "value")
+    return OnnxReport(
+        path=os.fspath(path), ir_version=proto.ir_version,
+        producer=f"{proto.producer_name} {proto.producer_version}".strip(), opsets=opsets,
+        inputs=[_value(i) for i in g.input if i.name not in inits],
+        outputs=[_value(o) for o in g.output], ops=ops, parameter_count=params,
+        cut_points=[(n.name, n.op_type, n.output[0] if n.output else "") for n in g.node
+                    if n.name and n.op_type not in ("Constant", "Shape", "Gather", "Unsqueeze",
+                                                    "Concat", "Identity")])
+
+
+def format_report(report: OnnxReport, max_cut_points: int = 40) -> str:
+    """Human-readable summary for the CLI."""
+    fmt = lambda vals: "\n".join(f"  {n}  {list(s) if s is not None else '?'}  {t}" for n, s, t in vals)
+    lines = [f"ONNX model {report.path}",
+             f"producer: {report.producer or '?'}   ir_version: {report.ir_version}   opsets: "
+             + ", ".join(f"{d} {v}" for d, v in report.opsets.items()),
+             f"parameters: {report.parameter_count:,}",
+             "inputs:", fmt(report.inputs), "outputs:", fmt(report.outputs),
+             f"ops ({len(report.ops)} types, {len(report.unsupported)} unsupported):"]
+    for o in report.ops:
+        dom = "" if o.domain == "ai.onnx" else f" [{o.domain}]"
+        lines.append(f"  {o.op_type}{dom} x{o.count}{'' if o.supported else '  UNSUPPORTED'}")
+    shown = report.cut_points[:max_cut_points]
+    lines.append(f"cut points ({len(report.cut_points)} nodes"
+                 + (f", first {len(shown)} shown" if len(shown) < len(report.cut_points) else "") + "):")
+    lines += [f"  {n}  ({op} -> {out})" for n, op, out in shown]
+    return "\n".join(lines)
