@@ -1,0 +1,1 @@
+"""Fine-tuning: data loading, transforms and the training loop."""

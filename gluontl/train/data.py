@@ -1,0 +1,433 @@
+"""Datasets and loaders for every ``data.source``, with an up-front bad-image pass.
+
+A split is resolved to a list of items (file paths, or record keys of one ``.rec``) and
+integer labels, then every item is checked once before training starts (see
+``transforms.image_problem``): under ``on_bad_image: error`` the first bad file is a
+``DataError`` naming it, under ``skip`` bad files are left out and listed in a
+``BadImageReport``. This way a long run cannot die on a broken JPEG in epoch 7.
+
+Determinism: the loaders are driven by :class:`EpochSampler`, whose sample order is a pure
+function of ``(seed, epoch)`` and which hands the dataset ``(index, epoch)`` keys; random
+transforms draw from ``sample_rng(seed, epoch, index)``. So batches do not depend on the
+worker count, and resuming mid-epoch is ``set_epoch(e); skip(k)``.
+
+Single-file ``list:`` and ``rec:`` sources (no ``{split}`` in the path) are split into train
+and val by a stratified hold-out of ``data.val_fraction`` with a fixed seed, like the demo.
+"""
+from __future__ import annotations
+
+import csv
+import functools
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Iterator, Literal
+
+import numpy as np
+from mxnet import gluon, nd, recordio
+from mxnet.gluon.data.dataloader import default_batchify_fn, default_mp_batchify_fn
+from tqdm import tqdm
+
+from ..errors import DataError
+from ..recipe import DataSpec
+from .transforms import Transform, build, decode_image, image_problem, sample_rng
+
+SPLIT_SEED = 20240607  # hold-out splits must not move when the run seed changes
+_ORDER_TAG = 0x0DE4  # keeps the order stream apart from the per-sample streams
+_PROGRESS_MIN = 1000  # show a progress bar for the bad-image pass above this many items
+LastBatch = Literal["keep", "discard"]
+
+
+@dataclass
+class BadImageReport:
+    """Items left out under ``on_bad_image: skip``, as ``(path, reason)``."""
+
+    items: list[tuple[str, str]] = field(default_factory=list)
+
+    def add(self, path: str, reason: str) -> None:
+        self.items.append((path, reason))
+
+    def extend(self, other: "BadImageReport") -> None:
+        self.items.extend(other.items)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def summary(self) -> str:
+        if not self.items:
+            return "no bad images"
+        first = "; ".join(f"{p} ({r})" for p, r in self.items[:3])
+        more = f"; and {len(self.items) - 3} more" if len(self.items) > 3 else ""
+        return f"skipped {len(self.items)} bad item(s): {first}{more}"
+
+
+class ImageDataset(gluon.data.Dataset):
+    """One split: ``ds[i]`` or ``ds[(i, epoch)]`` -> ``(float32 CHW, float32 label)``.
+
+    Items are file paths, or record keys when ``rec`` names a RecordIO file (the reader is
+    reopened per process by MXNet, so forked workers do not share a file position).
+    """
+
+    def __init__(self, items: list[str] | list[int], labels: np.ndarray, class_names: list[str],
+                 transform: Transform, seed: int, bad: BadImageReport, rec: str | None = None) -> None:
+        self.items = items
+        self.labels = labels.astype(np.int64)
+        self.class_names = class_names
+        self.transform = transform
+        self.seed = seed
+        self.bad = bad
+        self.rec_path = rec
+        self._rec = _open_rec(rec) if rec else None
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, key: int | tuple[int, int]) -> tuple[np.ndarray, np.float32]:
+        index, epoch = (key, 0) if isinstance(key, (int, np.integer)) else key
+        rng = sample_rng(self.seed, epoch, index) if self.transform.random else None
+        return self.transform(self.image(index), rng), np.float32(self.labels[index])
+
+    def image(self, index: int) -> np.ndarray:
+        """The decoded HWC uint8 RGB image, before transforms."""
+        if self._rec is None:
+            return decode_image(self.items[index])
+        _, payload = recordio.unpack(self._rec.read_idx(self.items[index]))
+        return decode_image(payload, self.name(index))
+
+    def name(self, index: int) -> str:
+        """Where item ``index`` comes from: a file path or ``file.rec#key``."""
+        return f"{self.rec_path}#{self.items[index]}" if self._rec is not None else str(self.items[index])
+
+
+class EpochSampler(gluon.data.Sampler):
+    """Batch sampler of ``(index, epoch)`` keys; the order depends only on ``(seed, epoch)``.
+
+    ``set_epoch(e)`` before iterating; ``skip(k)`` makes the next iteration start at batch k
+    (resume mid-epoch). ``len()`` is the number of batches the next iteration yields.
+    """
+
+    def __init__(self, n: int, batch_size: int, *, seed: int, shuffle: bool = True,
+                 last_batch: LastBatch = "keep") -> None:
+        if last_batch not in ("keep", "discard"):
+            raise ValueError(f"last_batch must be 'keep' or 'discard', got {last_batch!r}")
+        self.n, self.batch_size, self.seed = n, batch_size, seed
+        self.shuffle, self.last_batch = shuffle, last_batch
+        self.epoch = 0
+        self._skip = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def skip(self, batches: int) -> None:
+        self._skip = batches
+
+    def order(self, epoch: int | None = None) -> np.ndarray:
+        """The sample indices of ``epoch`` (default: the current one), in visiting order."""
+        epoch = self.epoch if epoch is None else epoch
+        if not self.shuffle:
+            return np.arange(self.n)
+        return np.random.default_rng([_ORDER_TAG, self.seed % 2**64, epoch]).permutation(self.n)
+
+    def batches_per_epoch(self) -> int:
+        full, rest = divmod(self.n, self.batch_size)
+        return full + (1 if rest and self.last_batch == "keep" else 0)
+
+    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+        order, start, epoch = self.order(), self._skip, self.epoch
+        self._skip = 0
+        for b in range(start, self.batches_per_epoch()):
+            yield [(int(i), epoch) for i in order[b * self.batch_size:(b + 1) * self.batch_size]]
+
+    def __len__(self) -> int:
+        return max(0, self.batches_per_epoch() - self._skip)
+
+
+@dataclass
+class Loaders:
+    """What the training loop needs; a loader not asked for is None."""
+
+    train: gluon.data.DataLoader | None
+    val: gluon.data.DataLoader | None
+    class_names: list[str]
+    num_classes: int
+    train_size: int
+    val_size: int
+    bad: BadImageReport
+    train_sampler: EpochSampler | None = None
+    val_sampler: EpochSampler | None = None
+
+
+def load_split(spec: DataSpec, split: str, *, train: bool = False, seed: int = 0) -> ImageDataset:
+    """The dataset of split ``split``, checked for bad images.
+
+    ``train=True`` applies ``train_transform`` with its random steps (seeded by ``seed``);
+    otherwise ``val_transform``, deterministically (evaluate, predict).
+    """
+    transform = build(spec.train_transform, True) if train else build(spec.val_transform, False)
+    scheme, _, rest = spec.source.partition(":")
+    if scheme == "demo":
+        from .demo import demo_folder
+        return _folder(demo_folder(rest, spec.val_fraction), split, spec, transform, seed)
+    if scheme == "folder":
+        return _folder(Path(rest).expanduser(), split, spec, transform, seed)
+    if scheme == "list":
+        return _listfile(rest, split, spec, transform, seed)
+    return _recfile(rest, split, spec, transform, seed)
+
+
+def make_loaders(spec: DataSpec, *, seed: int, shuffle_train: bool = True,
+                 last_batch: LastBatch = "discard",
+                 which: Iterable[Literal["train", "val"]] = ("train", "val")) -> Loaders:
+    """Train/val loaders; train drops its last partial batch by default (BatchNorm-friendly)."""
+    which = set(which)
+    sets = {w: load_split(spec, getattr(spec, w), train=(w == "train"), seed=seed) for w in which}
+    class_names = max((ds.class_names for ds in sets.values()), key=len)
+    bad = BadImageReport()
+    loaders: dict[str, gluon.data.DataLoader | None] = {"train": None, "val": None}
+    samplers: dict[str, EpochSampler | None] = {"train": None, "val": None}
+    for w, ds in sets.items():
+        ds.class_names = class_names
+        bad.extend(ds.bad)
+        is_train = w == "train"
+        sampler = EpochSampler(len(ds), spec.batch_size, seed=seed, shuffle=is_train and shuffle_train,
+                               last_batch=last_batch if is_train else "keep")
+        if len(sampler) == 0:
+            raise DataError(f"The {w} split '{getattr(spec, w)}' of {spec.source} has {len(ds)} usable "
+                            f"images, fewer than data.batch_size {spec.batch_size}, so an epoch would "
+                            f"have no batches. Lower data.batch_size or add images.")
+        batchify = functools.partial(_batchify, shared=spec.workers > 0, split=getattr(spec, w))
+        loaders[w] = gluon.data.DataLoader(ds, batch_sampler=sampler, batchify_fn=batchify,
+                                           num_workers=spec.workers, thread_pool=False)
+        samplers[w] = sampler
+    return Loaders(train=loaders["train"], val=loaders["val"], class_names=class_names,
+                   num_classes=len(class_names),
+                   train_size=len(sets["train"]) if "train" in sets else 0,
+                   val_size=len(sets["val"]) if "val" in sets else 0, bad=bad,
+                   train_sampler=samplers["train"], val_sampler=samplers["val"])
+
+
+def stratified_holdout(labels: np.ndarray, val_fraction: float, seed: int = SPLIT_SEED) -> np.ndarray:
+    """Boolean mask of the val items: ``round(val_fraction * n_c)`` per class, at least one left
+    for training; depends only on the labels, the fraction and ``seed``."""
+    rng = np.random.default_rng(seed)
+    mask = np.zeros(len(labels), bool)
+    for c in np.unique(labels):
+        idx = np.flatnonzero(labels == c)
+        n_val = min(round(val_fraction * len(idx)), len(idx) - 1)
+        mask[rng.permutation(idx)[:n_val]] = True
+    return mask
+
+
+# ---------------------------------------------------------------- batching
+
+def _batchify(samples: list[tuple[np.ndarray, np.float32]], shared: bool, split: str) -> list[nd.NDArray]:
+    """MXNet's batchify, after checking shapes so a missing resize is a clear error."""
+    shapes = {s[0].shape for s in samples}
+    if len(shapes) > 1:
+        raise DataError(f"Images of split '{split}' come out of the transforms with different sizes "
+                        f"({', '.join(map(str, sorted(shapes)))}), so they cannot form a batch. Set "
+                        f"resize, center_crop or random_resized_crop in the data transform.")
+    return (default_mp_batchify_fn if shared else default_batchify_fn)(samples)
+
+
+# ---------------------------------------------------------------- checking
+
+def _check(names: list[str], problem, spec: DataSpec, what: str) -> tuple[np.ndarray, BadImageReport]:
+    """Run ``problem(i)`` over every item; keep-mask plus the report (or raise under ``error``)."""
+    keep = np.ones(len(names), bool)
+    bad = BadImageReport()
+    for i in tqdm(range(len(names)), desc=f"checking {what}", unit="img", leave=False,
+                  disable=len(names) < _PROGRESS_MIN):
+        reason = problem(i)
+        if reason is None:
+            continue
+        if spec.on_bad_image == "error":
+            raise DataError(f"Bad image '{names[i]}' in {what}: {reason}. Replace or delete it, or "
+                            f"set data.on_bad_image: skip to leave bad images out (they are reported).")
+        keep[i] = False
+        bad.add(names[i], reason)
+    return keep, bad
+
+
+def _require_classes(labels: np.ndarray, class_names: list[str], where: list[str], spec: DataSpec,
+                     what: str, bad: BadImageReport) -> None:
+    """A class with no usable item is an error (or a report line under ``skip``)."""
+    empty = [i for i in range(len(class_names)) if not np.any(labels == i)]
+    if not empty:
+        return
+    if spec.on_bad_image == "error":
+        raise DataError(f"{what}: class(es) {', '.join(where[i] for i in empty)} have no usable images. "
+                        f"Add images, drop them from data.classes, or set data.on_bad_image: skip.")
+    for i in empty:
+        bad.add(where[i], "class has no usable images")
+
+
+def _finish(items: list, labels: np.ndarray, names: list[str], problem, class_names: list[str],
+            class_where: list[str], spec: DataSpec, what: str, transform: Transform, seed: int,
+            rec: str | None = None) -> ImageDataset:
+    keep, bad = _check(names, problem, spec, what)
+    labels = labels[keep]
+    _require_classes(labels, class_names, class_where, spec, what, bad)
+    if len(labels) == 0:
+        raise DataError(f"{what} has no usable images. Check data.source and the split names "
+                        f"data.train / data.val.")
+    return ImageDataset([it for it, k in zip(items, keep) if k], labels, class_names, transform,
+                        seed, bad, rec)
+
+
+def _file_problem(path: Path) -> str | None:
+    return image_problem(path) if path.is_file() else "file does not exist"
+
+
+# ---------------------------------------------------------------- folder:
+
+def _class_dirs(d: Path) -> list[str]:
+    return sorted(p.name for p in d.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def _folder(root: Path, split: str, spec: DataSpec, transform: Transform, seed: int) -> ImageDataset:
+    split_dir = root / split
+    if not split_dir.is_dir():
+        have = _class_dirs(root) if root.is_dir() else []
+        raise DataError(f"Image folder '{split_dir}' does not exist. A folder source needs "
+                        f"PATH/<split>/<class>/<images>; folders found under '{root}': "
+                        f"{', '.join(have) or 'none'}. Fix data.source or data.{_role(spec, split)}.")
+    present = _class_dirs(split_dir)
+    if spec.classes is not None:
+        classes = spec.classes
+        missing = [c for c in classes if c not in present]
+        if missing:
+            raise DataError(f"data.classes names {', '.join(missing)}, which are not class folders of "
+                            f"'{split_dir}'. Valid class folder names: {', '.join(present) or 'none'}.")
+    else:
+        train_dir = root / spec.train
+        classes = _class_dirs(train_dir) if train_dir.is_dir() else present
+        extra = sorted(set(present) - set(classes))
+        if extra:
+            raise DataError(f"'{split_dir}' has class folders {', '.join(extra)} that '{train_dir}' lacks, "
+                            f"so they have no label. Add them to the train split or list the classes "
+                            f"to use in data.classes.")
+    paths: list[Path] = []
+    labels: list[int] = []
+    for label, c in enumerate(classes):
+        files = sorted(p for p in (split_dir / c).rglob("*")
+                       if p.is_file() and not any(s.startswith(".") for s in p.relative_to(split_dir).parts))
+        paths += files
+        labels += [label] * len(files)
+    return _finish([str(p) for p in paths], np.array(labels, np.int64), [str(p) for p in paths],
+                   lambda i: _file_problem(paths[i]), list(classes), [str(split_dir / c) for c in classes],
+                   spec, f"'{split_dir}'", transform, seed)
+
+
+def _role(spec: DataSpec, split: str) -> str:
+    return "train" if split == spec.train else "val"
+
+
+# ---------------------------------------------------------------- list: and rec:
+
+def _split_file(path: str, split: str, spec: DataSpec, ext: str) -> tuple[Path, bool]:
+    """The file for ``split`` and whether it holds all splits (then hold out val_fraction)."""
+    if "{split}" in path:
+        return Path(path.replace("{split}", split)).expanduser(), False
+    p = Path(path).expanduser()
+    if p.is_dir():
+        return p / f"{split}{ext}", False
+    if split not in (spec.train, spec.val):
+        raise DataError(f"'{p}' is a single file holding train and val ({spec.train}/{spec.val}); it has "
+                        f"no split '{split}'. Put {{split}} in the path to use one file per split.")
+    return p, True
+
+
+def _label_map(spec: DataSpec, labels: Iterable[int]) -> tuple[dict[int, int], list[str]]:
+    """Raw integer label -> training label, and class names; ``data.classes`` picks and orders."""
+    if spec.classes is None:
+        top = max(labels, default=-1)
+        return {i: i for i in range(top + 1)}, [str(i) for i in range(top + 1)]
+    bad = [c for c in spec.classes if not c.lstrip("-").isdigit()]
+    if bad:
+        raise DataError(f"data.classes {bad} are not integer labels; for list: and rec: sources list "
+                        f"the integer labels to use, in label order, e.g. classes: [5, 6, 7].")
+    return {int(c): i for i, c in enumerate(spec.classes)}, list(spec.classes)
+
+
+def _select(raw: np.ndarray, whole: bool, split: str, spec: DataSpec) -> tuple[np.ndarray, dict[int, int], list[str]]:
+    """Rows of this split whose label is in use, plus the label map."""
+    mapping, names = _label_map(spec, raw.tolist())
+    rows = np.array([int(r) in mapping for r in raw], bool)
+    if whole:
+        val = np.zeros(len(raw), bool)
+        val[rows] = stratified_holdout(raw[rows], spec.val_fraction)
+        rows &= val if split == spec.val else ~val
+    return np.flatnonzero(rows), mapping, names
+
+
+def _listfile(path: str, split: str, spec: DataSpec, transform: Transform, seed: int) -> ImageDataset:
+    f, whole = _split_file(path, split, spec, ".csv")
+    if not f.is_file():
+        raise DataError(f"List file '{f}' does not exist. A list source is a CSV of path,label lines "
+                        f"(paths relative to the list's folder); put {{split}} in the path for one file "
+                        f"per split.")
+    paths, raw = [], []
+    with open(f, newline="", encoding="utf-8") as fh:
+        for line_no, row in enumerate(csv.reader(fh), 1):
+            if not row or not "".join(row).strip() or row[0].lstrip().startswith("#"):
+                continue
+            if line_no == 1 and [c.strip().lower() for c in row] == ["path", "label"]:
+                continue
+            if len(row) != 2:
+                raise DataError(f"{f}, line {line_no}: expected 'path,label', got {len(row)} field(s). "
+                                f"Quote paths that contain commas.")
+            label = row[1].strip()
+            if not label.lstrip("-").isdigit():
+                raise DataError(f"{f}, line {line_no}: label '{label}' is not an integer. Labels are "
+                                f"class indices 0, 1, 2, ...")
+            if int(label) < 0:
+                raise DataError(f"{f}, line {line_no}: label {label} is out of range; labels are class "
+                                f"indices >= 0.")
+            p = Path(row[0].strip()).expanduser()
+            paths.append(p if p.is_absolute() else f.parent / p)
+            raw.append(int(label))
+    rows, mapping, names = _select(np.array(raw, np.int64), whole, split, spec)
+    chosen = [paths[r] for r in rows]
+    return _finish([str(p) for p in chosen], np.array([mapping[raw[r]] for r in rows], np.int64),
+                   [str(p) for p in chosen], lambda i: _file_problem(chosen[i]), names,
+                   [f"label {c} in {f}" for c in names], spec, f"split '{split}' of list '{f}'",
+                   transform, seed)
+
+
+def _open_rec(rec: str) -> recordio.MXIndexedRecordIO:
+    idx = os.path.splitext(rec)[0] + ".idx"
+    if not os.path.isfile(rec) or not os.path.isfile(idx):
+        raise DataError(f"RecordIO file '{rec}' needs its index '{idx}' next to it; "
+                        f"{'the index' if os.path.isfile(rec) else 'the .rec'} is missing. Pack images "
+                        f"with MXNet's im2rec.py (it writes both) or fix data.source.")
+    try:
+        return recordio.MXIndexedRecordIO(idx, rec, "r")
+    except Exception as e:
+        raise DataError(f"Cannot open RecordIO '{rec}' with index '{idx}': {e}. Re-create the index "
+                        f"with im2rec.py.") from None
+
+
+def _recfile(path: str, split: str, spec: DataSpec, transform: Transform, seed: int) -> ImageDataset:
+    f, whole = _split_file(path, split, spec, ".rec")
+    reader = _open_rec(str(f))
+    keys, raw, problems = list(reader.keys), [], []
+    for key in keys:
+        try:
+            header, payload = recordio.unpack(reader.read_idx(key))
+        except Exception as e:
+            raise DataError(f"{f}: record {key} cannot be read ({e}); the file or its index is "
+                            f"corrupt. Re-pack it with im2rec.py.") from None
+        label = np.atleast_1d(np.asarray(header.label, np.float64))
+        if label.size != 1 or label[0] != round(label[0]) or label[0] < 0:
+            raise DataError(f"{f}: record {key} has label {label.tolist()}; labels must be one integer "
+                            f"class index >= 0.")
+        raw.append(int(label[0]))
+        problems.append(image_problem(payload))
+    reader.close()
+    rows, mapping, names = _select(np.array(raw, np.int64), whole, split, spec)
+    chosen = [keys[r] for r in rows]
+    return _finish(chosen, np.array([mapping[raw[r]] for r in rows], np.int64),
+                   [f"{f}#{k}" for k in chosen], lambda i: problems[rows[i]], names,
+                   [f"label {c} in {f}" for c in names], spec, f"split '{split}' of '{f}'",
+                   transform, seed, rec=str(f))
