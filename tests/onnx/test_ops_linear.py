@@ -1,0 +1,103 @@
+import mxnet as mx
+import numpy as np
+import pytest
+from opcheck import check, run_ort
+
+from gluontl.errors import OnnxImportError
+from gluontl.onnx import registry
+from gluontl.onnx.registry import Node, Tensor
+
+R = np.random.RandomState(0)
+
+
+def f(*shape):
+    return R.randn(*shape).astype("f")
+
+
+def _convert(op, inputs, attrs, consts, opset):
+    model, _ = run_ort(op, inputs, attrs, consts, opset)
+    node = registry.node_from_proto(model.graph.node[0], opset)
+    tensors = [Tensor(n, mx.sym.var(n), const=a if n in consts else None, shape=a.shape)
+               for n, a in inputs.items() if a is not None]
+    return registry.get(op, opset)(node, tensors)
+
+
+@pytest.mark.parametrize("attrs,c_shape,opset", [
+    ({"transB": 1}, (6,), 13),
+    ({}, (6,), 9),
+    ({"transA": 1, "transB": 1, "alpha": 0.5, "beta": 2.0}, (4, 6), 13),
+    ({"alpha": 2.0}, (1, 6), 11),
+    ({"beta": 0.5}, (4, 1), 11),
+    ({"transB": 1}, None, 11),
+])
+def test_gemm(attrs, c_shape, opset):
+    a = f(3, 4) if attrs.get("transA") else f(4, 3)
+    b = f(6, 3) if attrs.get("transB") else f(3, 6)
+    inputs = {"a": a, "b": b, "c": None if c_shape is None else f(*c_shape)}
+    check("Gemm", inputs, attrs, consts={"b", "c"}, opset=opset, grad=True)
+
+
+def test_gemm_dense_layer_is_one_fully_connected():
+    inputs = {"a": f(4, 3), "w": f(6, 3), "b": f(6)}
+    sym = _convert("Gemm", inputs, {"transB": 1}, {"w", "b"}, 13)
+    ops = [n["op"] for n in __import__("json").loads(sym.tojson())["nodes"] if n["op"] != "null"]
+    assert ops == ["FullyConnected"] and sym.name == "gemm_node"
+    assert sym.list_arguments() == ["a", "w", "b"]
+
+
+def test_gemm_runtime_weight():
+    check("Gemm", {"a": f(4, 3), "b": f(3, 5), "c": f(5)}, {"alpha": 0.5}, opset=13, grad=True)
+
+
+@pytest.mark.parametrize("a_shape,b_shape,consts", [
+    ((4, 3), (3, 5), {"b"}),
+    ((2, 7, 3), (3, 5), {"b"}),          # dense layer over a sequence
+    ((2, 7, 3), (2, 3, 5), set()),      # batch matmul
+    ((2, 2, 7, 3), (2, 2, 3, 5), set()),
+    ((2, 1, 7, 3), (3, 3, 5), set()),   # batch broadcasting both ways
+    ((7, 3), (2, 3, 5), set()),
+    ((3,), (3, 5), {"b"}),
+    ((2, 7, 3), (3,), set()),
+    ((4, 3), (3, 5), set()),
+])
+def test_matmul(a_shape, b_shape, consts):
+    check("MatMul", {"a": f(*a_shape), "b": f(*b_shape)}, consts=consts, opset=13, grad=True)
+
+
+def test_matmul_constant_weight_is_fully_connected():
+    sym = _convert("MatMul", {"a": f(2, 7, 3), "w": f(3, 5)}, {}, {"w"}, 13)
+    ops = {n["op"] for n in __import__("json").loads(sym.tojson())["nodes"]}
+    assert "FullyConnected" in ops and "batch_dot" not in ops
+
+
+@pytest.mark.parametrize("eq,shapes", [
+    ("bij,bjk->bik", [(2, 3, 4), (2, 4, 5)]),
+    ("bhid,bhjd->bhij", [(2, 3, 4, 6), (2, 3, 5, 6)]),
+    ("ij,jk->ik", [(3, 4), (4, 5)]),
+    ("ij,jk", [(3, 4), (4, 5)]),
+    ("ij->ji", [(3, 4)]),
+    ("bij->bj", [(2, 3, 4)]),
+    ("...ij,...jk->...ik", [(2, 3, 4), (2, 4, 5)]),
+    ("bi,bj->bij", [(2, 3), (2, 4)]),
+    ("ijk,ikl,ilm->ijm", [(2, 3, 4), (2, 4, 5), (2, 5, 3)]),
+    ("bnd,dh->bhn", [(2, 3, 4), (4, 5)]),
+])
+def test_einsum(eq, shapes):
+    inputs = {f"x{i}": f(*s) for i, s in enumerate(shapes)}
+    check("Einsum", inputs, {"equation": eq}, opset=12, grad=True)
+
+
+def test_einsum_diagonal_is_clear_error():
+    with pytest.raises(OnnxImportError, match="einsum_node.*diagonal"):
+        _convert("Einsum", {"x": f(3, 3)}, {"equation": "ii->i"}, set(), 12)
+
+
+def test_einsum_with_free_batch_size():
+    a, b = f(2, 3, 4, 6), f(2, 3, 5, 6)
+    model, _ = run_ort("Einsum", {"a": a, "b": b}, {"equation": "bhid,bhjd->bhij"}, set(), 12)
+    node = registry.node_from_proto(model.graph.node[0], 12)
+    tensors = [Tensor("a", mx.sym.var("a"), shape=(None, 3, 4, 6)),
+               Tensor("b", mx.sym.var("b"), shape=(None, 3, 5, 6))]
+    sym = registry.get("Einsum", 12)(node, tensors)
+    got = sym.eval(a=mx.nd.array(a), b=mx.nd.array(b))[0].asnumpy()
+    np.testing.assert_allclose(got, np.einsum("bhid,bhjd->bhij", a, b), rtol=1e-5, atol=1e-5)
