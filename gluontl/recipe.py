@@ -28,9 +28,12 @@ class Strict(BaseModel):
 
 
 class RestoreSpec(Strict):
-    """Selective restore: copy what matches by name and shape, report the rest."""
+    """How ``weights`` (or the pretrained file) is restored: what to take, what may not fit.
 
-    file: str
+    Anything missing, unexpected or shape-mismatched that no ``expect_*`` glob covers is
+    an error, so a typo in a prefix map cannot silently leave a backbone random.
+    """
+
     prefix_map: dict[str, str] = Field(default_factory=dict,
                                        description="model-name prefix -> file-name prefix")
     only: list[str] = Field(default_factory=list, description="globs of model names to restore")
@@ -43,8 +46,7 @@ class ModelSpec(Strict):
     source: str = Field(description="zoo:NAME | symbol:PREFIX | onnx:PATH")
     pretrained: bool = False
     weights: str | None = None
-    restore: RestoreSpec | None = None
-    classes: int | None = Field(default=None, gt=0)
+    restore: RestoreSpec = RestoreSpec()
     kwargs: dict[str, Any] = Field(default_factory=dict, description="extra zoo constructor args")
     epoch: int | None = Field(default=None, ge=0, description="symbol: checkpoint epoch")
     input_shape: tuple[int, ...] = (3, 224, 224)
@@ -60,10 +62,10 @@ class ModelSpec(Strict):
 
     @model_validator(mode="after")
     def _weights_once(self) -> "ModelSpec":
-        if self.pretrained and (self.weights or self.restore):
-            raise ValueError("choose one of pretrained: true, weights: FILE or restore: {...}")
-        if self.weights and self.restore:
-            raise ValueError("weights: and restore: both load a file; keep one (restore reports mismatches)")
+        if self.pretrained and self.weights:
+            raise ValueError("choose one of pretrained: true (zoo download) or weights: FILE")
+        if self.pretrained and not self.source.startswith("zoo:"):
+            raise ValueError("pretrained: true is for zoo: sources; use weights: FILE for others")
         return self
 
 

@@ -1,0 +1,315 @@
+"""Rule engine: ordered rules → a Plan (one row per parameter) → applied to a block.
+
+Precedence (documented, mmengine-style): rules are read top to bottom; each rule sets only
+the fields it names, for every parameter its selector matches; a later rule overrides an
+earlier one field by field. Defaults before any rule: ``grad_req=write``, ``lr_mult=1``,
+``wd_mult=1``, ``bn=train``. A BatchNorm layer has one mode: the last rule that set ``bn``
+on any of its parameters decides it. The Plan records, per field, which rule decided.
+
+Selectors combine with AND: ``match`` (globs on structural names; a list is OR),
+``type`` (layer type), ``stage`` (from the stage map). Running mean/var are auxiliary
+states: they take no grad_req/lr/wd; whether they move is the layer's ``bn`` mode.
+"""
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import json
+from typing import Any, Iterable
+
+import mxnet as mx
+import numpy as np
+from mxnet.gluon import HybridBlock, Parameter, SymbolBlock
+
+from .errors import RuleError
+from .naming import Layer, ParamEntry, named_params
+from .recipe import Rule
+from .stages import HEAD, STEM, Stage, stage_map
+
+FIELDS = ("grad_req", "lr_mult", "wd_mult", "bn")
+DEFAULTS: dict[str, Any] = {"grad_req": "write", "lr_mult": 1.0, "wd_mult": 1.0, "bn": "train"}
+
+
+def _preset_head_only(rule: Rule) -> list[Rule]:
+    return [Rule(match=["*"], grad_req="null", bn="frozen", note="freeze everything"),
+            Rule(stage=[HEAD], grad_req="write", note="train the head")]
+
+
+def _preset_until_stage(rule: Rule) -> list[Rule]:
+    if rule.until_stage is None:
+        raise RuleError("preset freeze_until_stage needs until_stage: N (stem, 1, 2, …).")
+    last = 0 if rule.until_stage == STEM else int(rule.until_stage) if rule.until_stage != HEAD else 99
+    stages: list[int | str] = [STEM] + list(range(1, last + 1))
+    return [Rule(stage=stages, grad_req="null", bn="frozen", note=f"freeze stem..{rule.until_stage}")]
+
+
+def _preset_freeze_bn(rule: Rule) -> list[Rule]:
+    return [Rule(type=["BatchNorm"], grad_req="null", bn="frozen", note="freeze every BatchNorm")]
+
+
+PRESETS = {"freeze_all_but_head": _preset_head_only, "freeze_until_stage": _preset_until_stage,
+           "freeze_bn": _preset_freeze_bn}
+
+
+@dataclasses.dataclass
+class PlannedRule:
+    """A rule as the plan numbers it: recipe index (1-based) plus sub-index for presets."""
+
+    label: str
+    rule: Rule
+
+
+def expand(rules: Iterable[Rule]) -> list[PlannedRule]:
+    out = []
+    for i, r in enumerate(rules, 1):
+        if r.preset:
+            for j, sub in enumerate(PRESETS[r.preset](r), 1):
+                sub = sub.model_copy(update={"from_epoch": r.from_epoch, "optional": r.optional})
+                out.append(PlannedRule(f"{i}.{j}", sub))
+        else:
+            out.append(PlannedRule(str(i), r))
+    return out
+
+
+@dataclasses.dataclass
+class Row:
+    name: str
+    global_name: str
+    shape: tuple[int, ...]
+    size: int
+    layer: str | None
+    layer_type: str | None
+    stage: Stage | None
+    aux: bool
+    grad_req: str
+    lr_mult: float
+    wd_mult: float
+    bn: str | None  # None for parameters of non-BatchNorm layers
+    decided_by: dict[str, str]  # field → rule label, "default" when no rule set it
+
+    @property
+    def trainable(self) -> bool:
+        return not self.aux and self.grad_req != "null"
+
+
+@dataclasses.dataclass
+class Plan:
+    rows: list[Row]
+    rules: list[PlannedRule]
+    epoch: int
+    notes: list[str]
+
+    def by_name(self) -> dict[str, Row]:
+        return {r.name: r for r in self.rows}
+
+    def totals(self) -> dict[str, int]:
+        t = sum(r.size for r in self.rows if r.trainable)
+        f = sum(r.size for r in self.rows) - t
+        return {"params": len(self.rows), "trainable": t, "frozen": f, "trainable_bytes": 4 * t,
+                "frozen_bytes": 4 * f}
+
+    def to_json(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "totals": self.totals(), "notes": self.notes,
+                "rules": [{"label": r.label, **r.rule.model_dump(exclude_defaults=True)} for r in self.rules],
+                "params": [dataclasses.asdict(r) for r in self.rows]}
+
+    def settings(self) -> dict[str, tuple]:
+        """What apply() would set — for comparing plans across epochs."""
+        return {r.name: (r.grad_req, r.lr_mult, r.wd_mult, r.bn) for r in self.rows}
+
+
+def _selects(rule: Rule, e: ParamEntry, stage: Stage | None) -> bool:
+    if rule.match is not None and not any(fnmatch.fnmatchcase(e.name, g) for g in rule.match):
+        return False
+    if rule.type is not None and (e.layer is None or e.layer.type not in rule.type):
+        return False
+    if rule.stage is not None and stage not in rule.stage:
+        return False
+    return True
+
+
+def _is_aux(e: ParamEntry) -> bool:
+    """Auxiliary states (BN running mean/var) are updated by the op, never by the optimizer."""
+    owner = e.layer.owner if e.layer is not None else None
+    if owner is not None:
+        return e.param.name in owner._cached_graph[1].list_auxiliary_states()
+    return not e.param._differentiable
+
+
+def make_plan(block: HybridBlock, rules: Iterable[Rule], *, epoch: int | None = None,
+              input_shape: tuple[int, ...] | None = None) -> Plan:
+    """Decide every parameter's settings; ``epoch`` keeps only rules active by then.
+
+    ``epoch=None`` checks all rules (gradual-unfreezing rules included) for matches but
+    plans epoch 0.
+    """
+    planned = expand(rules)
+    entries = named_params(block)
+    needs_stages = any(p.rule.stage is not None for p in planned)
+    stages: dict[str, Stage] = {}
+    if needs_stages:
+        if input_shape is None:
+            raise RuleError("stage selectors need the model's input shape (model.input_shape).")
+        stages = stage_map(block, input_shape)
+    values = {n: dict(DEFAULTS) for n in entries}
+    decided = {n: {f: "default" for f in FIELDS} for n in entries}
+    bn_rank: dict[int, tuple[int, str, str]] = {}  # id(layer) → (order, value, label)
+    errors = []
+    for order, pr in enumerate(planned):
+        hits = [e for e in entries.values() if _selects(pr.rule, e, stages.get(e.name))]
+        if not hits:
+            if not pr.rule.optional:
+                errors.append(_no_match(pr, entries, stages))
+            continue
+        if pr.rule.bn is not None and not any(e.layer and e.layer.type == "BatchNorm" for e in hits):
+            kinds = sorted({(e.layer.type or "other") if e.layer else "other" for e in hits})
+            errors.append(f"rule {pr.label} sets bn: {pr.rule.bn} but matches no BatchNorm layer "
+                          f"(it matches {len(hits)} parameters of {', '.join(kinds)} layers); bn applies "
+                          f"only to BatchNorm — add type: BatchNorm or fix match")
+            continue
+        if epoch is not None and pr.rule.from_epoch > epoch:
+            continue
+        for e in hits:
+            for f in ("grad_req", "lr_mult", "wd_mult"):
+                v = getattr(pr.rule, f)
+                if v is not None:
+                    values[e.name][f] = v
+                    decided[e.name][f] = pr.label
+            if pr.rule.bn is not None and e.layer is not None and e.layer.type == "BatchNorm":
+                bn_rank[id(e.layer)] = (order, pr.rule.bn, pr.label)
+    if errors:
+        raise RuleError("The rules do not fit this model: " + "; ".join(errors) +
+                        ". Mark a rule optional: true if matching nothing is intended; "
+                        "`gluontl inspect` lists every parameter name.")
+    rows = []
+    for n, e in entries.items():
+        aux = _is_aux(e)
+        v, d = values[n], decided[n]
+        bn = None
+        if e.layer is not None and e.layer.type == "BatchNorm":
+            _, bn, label = bn_rank.get(id(e.layer), (-1, DEFAULTS["bn"], "default"))
+            d["bn"] = label
+        else:
+            d["bn"] = "-"
+        if aux:
+            d.update(grad_req="aux", lr_mult="aux", wd_mult="aux")
+        rows.append(Row(name=n, global_name=e.param.name, shape=tuple(e.param.shape),
+                        size=int(np.prod(e.param.shape)) if e.param.shape else 0,
+                        layer=e.layer.name if e.layer else None, layer_type=e.layer.type if e.layer else None,
+                        stage=stages.get(n), aux=aux,
+                        grad_req="null" if aux else v["grad_req"], lr_mult=v["lr_mult"], wd_mult=v["wd_mult"],
+                        bn=bn, decided_by=d))
+    plan = Plan(rows=rows, rules=planned, epoch=epoch or 0, notes=[])
+    plan.notes = _notes(plan, entries)
+    return plan
+
+
+def _no_match(pr: PlannedRule, entries: dict[str, ParamEntry], stages: dict[str, Stage]) -> str:
+    r = pr.rule
+    parts = []
+    if r.match is not None:
+        parts.append(f"match {r.match}")
+    if r.type is not None:
+        present = sorted({e.layer.type for e in entries.values() if e.layer and e.layer.type})
+        parts.append(f"type {r.type} (this model has {', '.join(present) or 'no typed layers'})")
+    if r.stage is not None:
+        parts.append(f"stage {r.stage} (this model has {', '.join(map(str, dict.fromkeys(stages.values())))})")
+    example = ", ".join(list(entries)[:3])
+    return f"rule {pr.label} ({' and '.join(parts)}) matches no parameter (names look like: {example})"
+
+
+def _notes(plan: Plan, entries: dict[str, ParamEntry]) -> list[str]:
+    """Warn where MXNet will not do what the plan seems to say."""
+    notes = []
+    any_trainable_before = False
+    warned = set()
+    for row in plan.rows:
+        if row.bn == "train" and row.layer not in warned and row.layer_type == "BatchNorm":
+            layer_rows = [r for r in plan.rows if r.layer == row.layer]
+            if not any_trainable_before and not any(r.trainable for r in layer_rows):
+                warned.add(row.layer)
+        any_trainable_before |= row.trainable
+    if warned:
+        notes.append(f"{len(warned)} BatchNorm layer(s) are in bn: train but neither they nor anything "
+                     f"before them trains (e.g. {sorted(warned)[0]}): MXNet updates running statistics "
+                     f"during backward on CPU, so their statistics will not move. Use bn: frozen to say "
+                     f"so, or let the layer's gamma/beta train.")
+    return notes
+
+
+def apply_plan(block: HybridBlock, plan: Plan) -> None:
+    """Set grad_req/lr_mult/wd_mult on each Parameter and BN modes on layers.
+
+    Drops cached graphs so the next forward is traced again: a hybridized block keeps the
+    grad_req and use_global_stats it was traced with otherwise.
+    """
+    entries = named_params(block)
+    bn_layers: dict[int, tuple[Layer, bool]] = {}
+    for row in plan.rows:
+        e = entries[row.name]
+        if not row.aux:
+            e.param.grad_req = row.grad_req
+            e.param.lr_mult = row.lr_mult
+            e.param.wd_mult = row.wd_mult
+        if row.bn is not None and e.layer is not None:
+            bn_layers[id(e.layer)] = (e.layer, row.bn == "frozen")
+    graph_frozen: dict[int, tuple[SymbolBlock, dict[str, bool]]] = {}
+    for layer, frozen in bn_layers.values():
+        if layer.block is not None:
+            layer.block._kwargs["use_global_stats"] = frozen
+        elif layer.owner is not None:
+            graph_frozen.setdefault(id(layer.owner), (layer.owner, {}))[1][layer.node] = frozen
+    for owner, modes in graph_frozen.values():
+        _set_graph_bn(owner, modes)
+    _clear_cached(block)
+
+
+def _set_graph_bn(owner: SymbolBlock, modes: dict[str, bool]) -> None:
+    inputs, out = owner._cached_graph
+    graph = json.loads(out.tojson())
+    for node in graph["nodes"]:
+        if node["name"] in modes:
+            node.setdefault("attrs", {})["use_global_stats"] = str(modes[node["name"]])
+    new_out = mx.sym.load_json(json.dumps(graph))
+    owner._cached_graph = (inputs, new_out)
+
+
+def _clear_cached(block: HybridBlock) -> None:
+    block._clear_cached_op()
+    for child in block._children.values():
+        _clear_cached(child)
+
+
+def trainable_params(block: HybridBlock) -> dict[str, Parameter]:
+    """Parameters the Trainer should own: only those that receive gradients."""
+    return {n: e.param for n, e in named_params(block).items() if e.param.grad_req != "null"}
+
+
+def format_plan(plan: Plan) -> str:
+    """Human-readable table: every parameter, its settings and the rule that decided each."""
+    head = ("name", "mxnet name", "shape", "count", "stage", "grad_req", "lr", "wd", "bn", "rules g/lr/wd/bn")
+    lines = []
+    for r in plan.rows:
+        d = r.decided_by
+        lines.append((r.name, r.global_name, "x".join(map(str, r.shape)), f"{r.size:,}",
+                      "" if r.stage is None else str(r.stage), "aux" if r.aux else r.grad_req,
+                      "" if r.aux else f"{r.lr_mult:g}", "" if r.aux else f"{r.wd_mult:g}", r.bn or "",
+                      f"{d['grad_req']}/{d['lr_mult']}/{d['wd_mult']}/{d['bn']}"))
+    widths = [max(len(h), *(len(l[i]) for l in lines)) if lines else len(h) for i, h in enumerate(head)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    out = [f"rules (epoch {plan.epoch}):"]
+    out += [f"  {p.label}: {_rule_text(p.rule)}" for p in plan.rules]
+    out += ["", fmt.format(*head), fmt.format(*("-" * w for w in widths))]
+    out += [fmt.format(*l) for l in lines]
+    t = plan.totals()
+    out.append("")
+    out.append(f"{t['params']} parameters: trainable {t['trainable']:,} ({t['trainable_bytes'] / 2**20:.1f} MiB), "
+               f"frozen {t['frozen']:,} ({t['frozen_bytes'] / 2**20:.1f} MiB)")
+    out += [f"note: {n}" for n in plan.notes]
+    return "\n".join(out)
+
+
+def _rule_text(r: Rule) -> str:
+    d = r.model_dump(exclude_defaults=True, exclude={"note"})
+    text = ", ".join(f"{k}={v}" for k, v in d.items())
+    return text + (f"  # {r.note}" if r.note else "")

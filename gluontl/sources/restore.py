@@ -1,0 +1,129 @@
+"""Selective restore: load a params file where names and shapes match, report the rest.
+
+The TF Object Detection API's ``fine_tune_checkpoint`` idea: a pretrained file rarely
+fits the new model exactly (new head, renamed prefix), so we restore what fits and make
+every other name an explicit, reviewable decision instead of a warning in a log.
+"""
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+from pathlib import Path
+
+import mxnet as mx
+import numpy as np
+from mxnet.gluon import HybridBlock
+
+from ..errors import ModelSourceError, RestoreError
+from ..naming import named_params
+
+
+@dataclasses.dataclass
+class RestoreReport:
+    file: str
+    restored: list[str] = dataclasses.field(default_factory=list)
+    missing: list[str] = dataclasses.field(default_factory=list)  # in model, not in file
+    unexpected: list[str] = dataclasses.field(default_factory=list)  # in file, not used by model
+    mismatched: list[tuple[str, tuple, tuple]] = dataclasses.field(default_factory=list)  # name, model, file
+
+    def not_restored(self) -> list[str]:
+        return self.missing + [m[0] for m in self.mismatched]
+
+    def summary(self) -> str:
+        return (f"restored {len(self.restored)} from {self.file}; missing {len(self.missing)}, "
+                f"unexpected {len(self.unexpected)}, shape mismatch {len(self.mismatched)}")
+
+    def lines(self) -> list[str]:
+        out = [self.summary()]
+        out += [f"  missing in file: {n}" for n in self.missing]
+        out += [f"  unexpected in file: {n}" for n in self.unexpected]
+        out += [f"  shape mismatch: {n} model {m} file {f}" for n, m, f in self.mismatched]
+        return out
+
+    def check(self, expect_missing=(), expect_unexpected=(), expect_mismatch=()) -> None:
+        """Raise unless every gap is covered by an expectation glob."""
+        def uncovered(names, globs):
+            return [n for n in names if not any(fnmatch.fnmatchcase(n, g) for g in globs)]
+
+        problems = []
+        if bad := uncovered(self.missing, expect_missing):
+            problems.append(f"missing in the file: {_few(bad)} (declare with expect_missing)")
+        if bad := uncovered(self.unexpected, expect_unexpected):
+            problems.append(f"in the file but not in the model: {_few(bad)} (declare with expect_unexpected, "
+                            f"or map names with prefix_map)")
+        mism = {n: (m, f) for n, m, f in self.mismatched}
+        if bad := uncovered(list(mism), expect_mismatch):
+            shown = ", ".join(f"{n} model {mism[n][0]} file {mism[n][1]}" for n in bad[:5])
+            problems.append(f"shape mismatch: {shown}{' …' if len(bad) > 5 else ''} (a new head? declare "
+                            f"with expect_mismatch, e.g. ['{bad[0].rsplit('.', 1)[0]}.*'])")
+        if problems:
+            raise RestoreError(f"Restoring '{self.file}' left names the recipe did not expect — "
+                               + "; ".join(problems) + ". Add the globs under model.restore in the recipe "
+                               "if these are intended; otherwise the file does not belong to this model.")
+
+
+def _few(names: list[str], k: int = 6) -> str:
+    return ", ".join(names[:k]) + (f" … ({len(names)} in all)" if len(names) > k else "")
+
+
+def read_params_file(path: str | Path) -> dict[str, mx.nd.NDArray]:
+    """A ``.params`` file as {name: array}; ``arg:``/``aux:`` prefixes of exported files stripped."""
+    p = Path(path)
+    if not p.is_file():
+        raise ModelSourceError(f"Weights file '{p}' does not exist. Check model.weights in the recipe "
+                               f"(relative paths are resolved from the working directory).")
+    try:
+        loaded = mx.nd.load(str(p))
+    except Exception as e:  # MXNetError for truncated or foreign files
+        raise ModelSourceError(f"Weights file '{p}' is not a readable MXNet .params file "
+                               f"({str(e).splitlines()[0][:200]}). Re-save it with save_parameters.") from None
+    if not isinstance(loaded, dict):
+        raise ModelSourceError(f"Weights file '{p}' holds an unnamed list of arrays; gluontl needs named "
+                               f"parameters (save with net.save_parameters or HybridBlock.export).")
+    return {k.split(":", 1)[1] if k[:4] in ("arg:", "aux:") else k: v for k, v in loaded.items()}
+
+
+def restore(block: HybridBlock, path: str | Path, *, prefix_map: dict[str, str] | None = None,
+            only: list[str] | None = None) -> RestoreReport:
+    """Copy matching arrays from ``path`` into ``block`` (which must have concrete shapes).
+
+    ``prefix_map`` maps a model-name prefix to the file-name prefix it is stored under
+    (``{"backbone.": "features."}``); ``only`` restricts restoring to model names matching
+    these globs (the rest count as missing-by-choice and are not reported).
+    """
+    arrays = read_params_file(path)
+    entries = named_params(block)
+    report = RestoreReport(file=str(path))
+    keys = {}
+    for name, e in entries.items():
+        key = _file_key(name, prefix_map or {})
+        if key not in arrays and e.param.name in arrays:  # files written by export() use global names
+            key = e.param.name
+        keys[name] = key
+    report.unexpected = sorted(set(arrays) - set(keys.values()))
+    for name, e in entries.items():
+        if only and not any(fnmatch.fnmatchcase(name, g) for g in only):
+            continue
+        key = keys[name]
+        if key not in arrays:
+            report.missing.append(name)
+            continue
+        src = arrays[key]
+        if tuple(e.param.shape) != tuple(src.shape):
+            report.mismatched.append((name, tuple(e.param.shape), tuple(src.shape)))
+            continue
+        e.param.set_data(src.astype(e.param.dtype, copy=False))
+        report.restored.append(name)
+    return report
+
+
+def _file_key(name: str, prefix_map: dict[str, str]) -> str:
+    for model_prefix in sorted(prefix_map, key=len, reverse=True):
+        if name.startswith(model_prefix):
+            return prefix_map[model_prefix] + name[len(model_prefix):]
+    return name
+
+
+def snapshot(block: HybridBlock) -> dict[str, np.ndarray]:
+    """Copies of every parameter by structural name — the before/after of freezing checks."""
+    return {n: e.param.data().asnumpy().copy() for n, e in named_params(block).items()}

@@ -1,0 +1,111 @@
+"""Stage maps: which stage (stem, 1..N, head) each parameter belongs to.
+
+Like timm's ``group_matcher`` or detectron2's ``FREEZE_AT``, but derived from the network
+itself instead of a hand-written table per family: a stage is a run of layers at the
+same output stride. We run one forward pass, record each unit's output resolution, and
+number strides 4, 8, 16, 32, … as stages 1, 2, 3, 4, …; units at stride ≤ 2 form the
+stem, units whose output is no longer a feature map form the head. This works for every
+zoo CNN (ResNet v1/v1b/v2, MobileNet v1/v2/v3, VGG, DenseNet, …) and for imported graphs.
+"""
+from __future__ import annotations
+
+import math
+
+import mxnet as mx
+from mxnet.gluon import HybridBlock, SymbolBlock, nn
+
+from .errors import RuleError
+from .naming import graph_nodes, named_params
+
+STEM, HEAD = "stem", "head"
+Stage = int | str
+
+
+def _units(net: HybridBlock) -> list[tuple[str, HybridBlock]]:
+    """Top-level children, with plain Sequential containers opened one level."""
+    out = []
+    for name, child in net._children.items():
+        if isinstance(child, (nn.HybridSequential, nn.Sequential)) and len(child._children) > 1:
+            out += [(f"{name}.{k}", c) for k, c in child._children.items()]
+        else:
+            out.append((name, child))
+    return out
+
+
+def _stage_of(shape: tuple[int, ...], in_hw: int, seen_spatial: bool) -> Stage:
+    if len(shape) != 4 or (shape[2] == 1 and shape[3] == 1 and seen_spatial):
+        return HEAD
+    stride = max(1, round(in_hw / max(shape[2], 1)))
+    return STEM if stride <= 2 else int(round(math.log2(stride))) - 1
+
+
+def stage_map(net: HybridBlock, input_shape: tuple[int, ...]) -> dict[str, Stage]:
+    """Structural parameter name → stage, from one batch-1 forward pass at ``input_shape``."""
+    if len(input_shape) != 3:
+        raise RuleError(f"stage selectors need an image model (input C,H,W); this model's input shape "
+                        f"is {input_shape}. Select by match: or type: instead.")
+    if isinstance(net, SymbolBlock):
+        return _graph_stage_map(net, input_shape)
+    # Probe at ≥ 224² so small training inputs (32² digits) do not shrink stage 4 to 1×1.
+    input_shape = (input_shape[0], max(input_shape[1], 224), max(input_shape[2], 224))
+    shapes: dict[str, tuple[int, ...]] = {}
+    hooks = []
+    for name, unit in _units(net):
+        def record(block, inputs, output, name=name):
+            out = output[0] if isinstance(output, (list, tuple)) else output
+            shapes[name] = tuple(out.shape)
+        hooks.append(unit.register_forward_hook(record))
+    active = net._active
+    net.hybridize(False)
+    try:
+        with mx.autograd.predict_mode():
+            net(mx.nd.zeros((1, *input_shape), ctx=next(iter(net.collect_params().values())).list_ctx()[0]))
+    finally:
+        for h in hooks:
+            h.detach()
+        if active:
+            net.hybridize(True)
+    stages: dict[str, Stage] = {}
+    seen_spatial = False
+    last: Stage = STEM
+    for name, _unit in _units(net):
+        shape = shapes.get(name)
+        if shape is not None:
+            st = _stage_of(shape, input_shape[1], seen_spatial)
+            seen_spatial |= len(shape) == 4 and shape[2] > 1
+            last = st if st == HEAD or last == HEAD else max(st, last, key=_order)
+        prefix = name + "."
+        for pname in named_params(net):
+            if pname.startswith(prefix):
+                stages[pname] = last
+    return stages
+
+
+def _graph_stage_map(net: SymbolBlock, input_shape: tuple[int, ...]) -> dict[str, Stage]:
+    sym = net._cached_graph[1]
+    inputs = [s.name for s in net._cached_graph[0]]
+    internals = sym.get_internals()
+    _, out_shapes, _ = internals.infer_shape_partial(**{inputs[0]: (1, *input_shape)})
+    shape_of = dict(zip(internals.list_outputs(), out_shapes))
+    stages: dict[str, Stage] = {}
+    entries = named_params(net)
+    seen_spatial = False
+    last: Stage = STEM
+    for node in graph_nodes(net):
+        if node["op"] == "null":
+            continue
+        shape = shape_of.get(f"{node['name']}_output") or ()
+        if shape and all(d > 0 for d in shape):
+            st = _stage_of(tuple(shape), input_shape[1], seen_spatial)
+            seen_spatial |= len(shape) == 4 and shape[2] > 1
+            last = st if st == HEAD or last == HEAD else max(st, last, key=_order)
+        for e in entries.values():
+            if e.layer is not None and e.layer.node == node["name"]:
+                stages.setdefault(e.name, last)
+    for name in entries:
+        stages.setdefault(name, last)
+    return stages
+
+
+def _order(s: Stage) -> int:
+    return 0 if s == STEM else 10**6 if s == HEAD else int(s)
