@@ -1,0 +1,199 @@
+"""Shape manipulation: Reshape, Flatten, Transpose, (Un)Squeeze, Shape, Size, Expand,
+Tile, ConstantOfShape, Range, DepthToSpace, SpaceToDepth.
+
+Shape vectors arrive as import-time constants; the converters emit MXNet's
+shape-free forms (``reshape`` codes 0/-1, ``broadcast_to`` with 0 = keep) so an
+unknown batch dimension stays free.
+"""
+from __future__ import annotations
+
+import mxnet as mx
+import numpy as np
+
+from ..registry import converter, ints
+from .elementwise import expand_to_rank, mx_dtype
+
+
+def need_rank(node, t) -> int:
+    """Rank of ``t``, which negative axes and default permutations depend on."""
+    if t.rank is None:
+        raise node.unsupported(f"the rank of input '{t.name}' is unknown at import time; "
+                               f"pass input_shapes=... when importing")
+    return t.rank
+
+
+def norm_axes(node, axes, rank: int) -> list[int]:
+    """ONNX axes (negative counts from the end) as sorted-preserving non-negative ints."""
+    out = []
+    for a in ints(np.atleast_1d(axes)):
+        if not -rank <= a < rank:
+            raise node.unsupported(f"axis {a} is out of range for rank {rank}")
+        out.append(a % rank)
+    return out
+
+
+def axes_arg(node, inputs, index: int, since: int):
+    """The ``axes`` of an op that moved them from an attribute to input ``index`` at
+    opset ``since``; None when absent."""
+    if node.opset < since:
+        return node.attr("axes")
+    t = inputs[index] if len(inputs) > index else None
+    if t is None:
+        return None
+    return ints(t.need_const(node, "axes").reshape(-1))
+
+
+def static_dims(t) -> list[int | None]:
+    return list(t.shape) if t.shape is not None else list(t.const.shape)
+
+
+@converter("Reshape", since=5)
+def reshape(node, inputs):
+    shape = ints(inputs[1].need_const(node, "target shape").reshape(-1))
+    if node.attr("allowzero", 0) and 0 in shape:
+        raise node.unsupported("allowzero=1 with a 0 in the shape makes an empty tensor, "
+                               "which MXNet cannot hold")
+    # ONNX 0 (copy the dim at this position) and -1 (infer) mean the same in MXNet.
+    return mx.sym.reshape(inputs[0].sym, shape=tuple(shape), name=node.name)
+
+
+@converter("Flatten", since=1)
+def flatten(node, inputs):
+    x = inputs[0]
+    axis = node.attr("axis", 1)
+    if axis < 0:
+        axis += need_rank(node, x)
+    if axis == 1:
+        return mx.sym.flatten(x.sym, name=node.name)
+    # collapse the tail into one dim, then the head (from the right, so no dim is fixed)
+    tail = mx.sym.reshape(x.sym, shape=(0,) * axis + (-1,), name=node.sub("tail"))
+    return mx.sym.reshape(tail, shape=(-1, 0), reverse=True, name=node.name)
+
+
+@converter("Transpose", since=1)
+def transpose(node, inputs):
+    perm = node.attr("perm")
+    if perm is None:
+        perm = list(range(need_rank(node, inputs[0])))[::-1]
+    return mx.sym.transpose(inputs[0].sym, axes=tuple(perm), name=node.name)
+
+
+@converter("Squeeze", since=1)
+def squeeze(node, inputs):
+    axes = axes_arg(node, inputs, 1, since=13)
+    if axes is None:  # all unit dims, decided at run time like ONNX
+        return mx.sym.squeeze(inputs[0].sym, name=node.name)
+    axes = norm_axes(node, axes, need_rank(node, inputs[0]))
+    return mx.sym.squeeze(inputs[0].sym, axis=tuple(axes), name=node.name)
+
+
+@converter("Unsqueeze", since=1)
+def unsqueeze(node, inputs):
+    axes = axes_arg(node, inputs, 1, since=13)
+    if axes is None:
+        raise node.unsupported("no axes given")
+    x = inputs[0]
+    out_rank = need_rank(node, x) + len(axes)
+    axes = sorted(norm_axes(node, axes, out_rank))
+    sym = x.sym
+    for i, a in enumerate(axes):
+        sym = mx.sym.expand_dims(sym, axis=a, name=node.name if i == len(axes) - 1
+                                 else node.sub(f"ax{a}"))
+    return sym
+
+
+@converter("Shape", since=1)
+def shape(node, inputs):
+    x = inputs[0]
+    out = mx.sym.shape_array(x.sym, name=node.sub("all") if _shape_sliced(node) else node.name)
+    if not _shape_sliced(node):
+        return out
+    rank = need_rank(node, x)
+    start, end = node.attr("start", 0), node.attr("end", rank)
+    start, end = (min(max(v + rank if v < 0 else v, 0), rank) for v in (start, end))
+    if end <= start:
+        raise node.unsupported("the requested shape slice is empty")
+    return mx.sym.slice_axis(out, axis=0, begin=start, end=end, name=node.name)
+
+
+def _shape_sliced(node) -> bool:
+    return node.opset >= 15 and ("start" in node.attrs or "end" in node.attrs)
+
+
+@converter("Size", since=1)
+def size(node, inputs):
+    """Returns shape (1,): MXNet has no 0-d tensors."""
+    return mx.sym.size_array(inputs[0].sym, name=node.name)
+
+
+@converter("Expand", since=8)
+def expand(node, inputs):
+    x = inputs[0]
+    target = ints(inputs[1].need_const(node, "target shape").reshape(-1))
+    rank = need_rank(node, x)
+    n = max(rank, len(target))
+    dims = [1] * (n - rank) + static_dims(x)
+    target = [1] * (n - len(target)) + target
+    sym = expand_to_rank(x.sym, rank, n, node.sub("ax"))
+    # 0 keeps the input dim: right when the target is 1 (ONNX broadcasts both ways)
+    # or equal to it, and keeps a free batch dim free
+    spec = tuple(0 if t == 1 or t == d else t for t, d in zip(target, dims))
+    if all(s == 0 for s in spec):
+        return mx.sym.identity(sym, name=node.name)
+    return mx.sym.broadcast_to(sym, shape=spec, name=node.name)
+
+
+@converter("Tile", since=6)
+def tile(node, inputs):
+    """One axis at a time: MXNet's tile broadcasts over 2*rank dims internally and
+    fails beyond its 5-dim limit when several axes repeat."""
+    reps = ints(inputs[1].need_const(node, "repeats").reshape(-1))
+    sym = inputs[0].sym
+    axes = [i for i, r in enumerate(reps) if r != 1]
+    if not axes:
+        return mx.sym.identity(sym, name=node.name)
+    for a in axes:
+        one = [1] * len(reps)
+        one[a] = reps[a]
+        sym = mx.sym.tile(sym, reps=tuple(one), name=node.name if a == axes[-1]
+                          else node.sub(f"ax{a}"))
+    return sym
+
+
+@converter("ConstantOfShape", since=9)
+def constant_of_shape(node, inputs):
+    shape = tuple(ints(inputs[0].need_const(node, "output shape").reshape(-1)))
+    value = node.attr("value")
+    value = np.zeros(1, np.float32) if value is None else np.asarray(value).reshape(-1)
+    if 0 in shape or not shape:
+        raise node.unsupported(f"output shape {shape} is empty or 0-d, which MXNet cannot hold")
+    dtype = mx_dtype(value.dtype)
+    return mx.sym.full(shape=shape, val=float(value[0]), dtype=dtype.name, name=node.name)
+
+
+@converter("Range", since=11)
+def range_(node, inputs):
+    start, limit, delta = (t.need_const(node, what).reshape(()).item()
+                           for t, what in zip(inputs, ("start", "limit", "delta")))
+    dtype = mx_dtype(inputs[0].dtype or np.float32)
+    return mx.sym.arange(start=start, stop=limit, step=delta, dtype=dtype.name, name=node.name)
+
+
+@converter("DepthToSpace", since=1)
+def depth_to_space(node, inputs):
+    b = node.attr("blocksize")
+    x = inputs[0].sym
+    if node.attr("mode", "DCR") == "DCR":
+        return mx.sym.depth_to_space(x, block_size=b, name=node.name)
+    # CRD: channels split as (C', b, b) instead of (b, b, C')
+    split = mx.sym.reshape(x, shape=(0, -4, -1, b * b, 0, 0), name=node.sub("split_c"))
+    split = mx.sym.reshape(split, shape=(0, 0, -4, b, b, 0, 0), name=node.sub("split_b"))
+    moved = mx.sym.transpose(split, axes=(0, 1, 4, 2, 5, 3), name=node.sub("move"))
+    return mx.sym.reshape(moved, shape=(0, 0, -3, -3), name=node.name)
+
+
+@converter("SpaceToDepth", since=1)
+def space_to_depth(node, inputs):
+    return mx.sym.space_to_depth(inputs[0].sym, block_size=node.attr("blocksize"),
+                                 name=node.name)
+
