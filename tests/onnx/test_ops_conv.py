@@ -1,0 +1,63 @@
+import mxnet as mx
+import numpy as np
+import pytest
+from opcheck import check, run_ort
+
+from gluontl.errors import OnnxImportError
+from gluontl.onnx import registry
+from gluontl.onnx.registry import Tensor
+
+R = np.random.RandomState(0)
+
+
+def f(*shape):
+    return R.randn(*shape).astype("f")
+
+
+@pytest.mark.parametrize("x_shape,w_shape,attrs", [
+    ((2, 3, 9, 8), (4, 3, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ((2, 3, 9, 8), (4, 3, 3, 3), {"strides": [2, 2], "pads": [0, 1, 2, 1]}),          # asymmetric
+    ((2, 4, 9, 8), (4, 1, 3, 3), {"group": 4, "dilations": [2, 1], "pads": [2, 1, 2, 1]}),  # depthwise
+    ((2, 4, 9, 8), (6, 2, 3, 2), {"group": 2, "strides": [1, 2]}),
+    ((2, 3, 9, 8), (4, 3, 3, 3), {"auto_pad": "SAME_UPPER", "strides": [2, 2]}),
+    ((2, 3, 9, 8), (4, 3, 4, 4), {"auto_pad": "SAME_LOWER", "strides": [2, 3]}),
+    ((2, 3, 9, 8), (4, 3, 3, 3), {"auto_pad": "VALID", "strides": [2, 2]}),
+    ((2, 3, 11), (5, 3, 3), {"pads": [2, 0], "strides": [2]}),                       # 1-D asymmetric
+    ((1, 2, 5, 6, 7), (3, 2, 3, 3, 3), {"pads": [1, 0, 1, 1, 1, 0], "dilations": [1, 2, 1]}),  # 3-D
+])
+@pytest.mark.parametrize("bias", [True, False])
+def test_conv(x_shape, w_shape, attrs, bias):
+    inputs = {"x": f(*x_shape), "w": f(*w_shape), "b": f(w_shape[0]) if bias else None}
+    check("Conv", inputs, attrs, consts={"w", "b"}, opset=11, grad=True, rtol=1e-4, atol=1e-4)
+
+
+def test_conv_opset1_and_runtime_weights():
+    check("Conv", {"x": f(1, 2, 6, 6), "w": f(3, 2, 3, 3)}, {"kernel_shape": [3, 3]}, opset=1, grad=True,
+          atol=1e-4)
+
+
+@pytest.mark.parametrize("x_shape,w_shape,attrs", [
+    ((2, 3, 4, 5), (3, 4, 3, 3), {"strides": [2, 2]}),
+    ((2, 3, 4, 5), (3, 4, 3, 3), {"strides": [2, 2], "pads": [1, 0, 1, 2], "output_padding": [1, 1]}),
+    ((2, 4, 4, 5), (4, 3, 3, 3), {"group": 2, "dilations": [2, 1]}),
+    ((2, 3, 4, 5), (3, 4, 3, 3), {"strides": [3, 2], "output_shape": [12, 10]}),
+    ((2, 3, 4, 5), (3, 4, 3, 3), {"strides": [2, 2], "output_shape": [8, 8]}),
+    ((2, 3, 4, 5), (3, 4, 3, 3), {"strides": [2, 2], "auto_pad": "SAME_UPPER"}),
+    ((2, 3, 4, 5), (3, 4, 4, 3), {"strides": [2, 2], "auto_pad": "SAME_LOWER"}),
+    ((2, 3, 7), (3, 2, 3), {"strides": [2], "pads": [1, 1]}),
+    ((1, 2, 3, 4, 3), (2, 2, 3, 3, 2), {"strides": [2, 1, 2]}),
+])
+@pytest.mark.parametrize("bias", [True, False])
+def test_conv_transpose(x_shape, w_shape, attrs, bias):
+    group = attrs.get("group", 1)
+    inputs = {"x": f(*x_shape), "w": f(*w_shape), "b": f(w_shape[1] * group) if bias else None}
+    check("ConvTranspose", inputs, attrs, consts={"w", "b"}, opset=11, grad=True, rtol=1e-4, atol=1e-4)
+
+
+def test_conv_same_padding_needs_static_shape():
+    model, _ = run_ort("Conv", {"x": f(1, 2, 6, 6), "w": f(3, 2, 3, 3)}, {"auto_pad": "SAME_UPPER"}, {"w"}, 11)
+    node = registry.node_from_proto(model.graph.node[0], 11)
+    x = Tensor("x", mx.sym.var("x"), shape=(None, 2, None, None))
+    w = Tensor("w", mx.sym.var("w"), shape=(3, 2, 3, 3))
+    with pytest.raises(OnnxImportError, match="conv_node.*input_shapes"):
+        registry.get("Conv", 11)(node, [x, w, None])
