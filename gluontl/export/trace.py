@@ -111,7 +111,7 @@ def trace_block(
     # A real forward pass finishes deferred parameter initialisation and proves the shapes fit.
     try:
         predict(block, dummy_inputs(input_shapes, 1, seed=0))
-    except mx.base.MXNetError as err:
+    except (mx.base.MXNetError, ValueError) as err:
         raise ExportError(
             f"The block failed on inputs of shape {input_shapes}: {str(err).splitlines()[0]}. "
             "Check input_shapes (names in the block's argument order, batch-1 shapes) and that all "

@@ -1,0 +1,259 @@
+"""Export tests: every file written is run in onnxruntime (or reloaded in MXNet) and compared
+with the block's predict-mode outputs; failure paths must leave no file behind."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import gluoncv
+import mxnet as mx
+import numpy as np
+import onnx
+import pytest
+from mxnet.gluon import nn
+from mxnet.gluon.model_zoo import vision
+from onnx import numpy_helper
+
+from gluontl.errors import ExportError
+from gluontl.export import export_onnx, export_symbol, verify_onnx
+
+SHAPE = (1, 3, 64, 64)
+
+
+def _randomize_batchnorm(net: mx.gluon.Block, seed: int, stats: bool = True) -> None:
+    """Give BN layers non-trivial affine terms (and statistics), so folding them is really tested."""
+    rng = np.random.RandomState(seed)
+    for name, param in net.collect_params().items():
+        if name.endswith("beta") or (stats and name.endswith(("running_mean", "moving_mean"))):
+            param.set_data(mx.nd.array(rng.normal(0, 0.1, param.shape)))
+        elif name.endswith("gamma") or (stats and name.endswith(("running_var", "moving_var"))):
+            param.set_data(mx.nd.array(rng.uniform(0.5, 1.5, param.shape)))
+
+
+def _calibrate_batchnorm(net: mx.gluon.Block, shape: tuple[int, ...], seed: int) -> None:
+    """Set running statistics to real batch statistics (one train-mode step, momentum 0;
+    MXNet updates them in the backward pass).
+
+    Random statistics on a deep random net let BN shifts drown the input signal (outputs
+    become input-independent, so a wrong weight would go unnoticed); real ones keep it.
+    """
+    bns = [b for b in _walk(net) if isinstance(b, nn.BatchNorm)]
+    for bn in bns:
+        bn._kwargs["momentum"] = 0.0
+    with mx.autograd.record(train_mode=True):
+        out = net(mx.nd.array(np.random.RandomState(seed).uniform(-1, 1, (16, *shape[1:]))))
+    out.backward()
+    for bn in bns:
+        bn._kwargs["momentum"] = 0.9
+
+
+def _walk(block: mx.gluon.Block):
+    yield block
+    for child in block._children.values():
+        yield from _walk(child)
+
+
+def _batches(shapes: dict[str, tuple[int, ...]], seed: int) -> list[dict[str, np.ndarray]]:
+    rng = np.random.RandomState(seed)
+    return [{k: rng.uniform(-1, 1, (b, *s[1:])).astype(np.float32) for k, s in shapes.items()} for b in (1, 2)]
+
+
+def _zoo(name: str) -> mx.gluon.HybridBlock:
+    if name == "resnet18_v1b":
+        net = gluoncv.model_zoo.get_model("resnet18_v1b", classes=10, pretrained=False)
+    else:
+        net = vision.get_model(name, classes=10)
+    net.initialize(mx.init.Xavier())
+    net(mx.nd.zeros(SHAPE))
+    _randomize_batchnorm(net, seed=len(name), stats=False)
+    _calibrate_batchnorm(net, SHAPE, seed=len(name))
+    net.hybridize()
+    return net
+
+
+@pytest.fixture(scope="module", params=["resnet18_v1", "mobilenetv2_1.0", "resnet18_v1b"])
+def zoo_export(request, tmp_path_factory) -> tuple[mx.gluon.HybridBlock, Path]:
+    net = _zoo(request.param)
+    path = export_onnx(net, tmp_path_factory.mktemp(request.param) / "model.onnx", {"data": SHAPE})
+    return net, path
+
+
+def test_zoo_lean_export_matches_mxnet(zoo_export):
+    net, path = zoo_export
+    for batch in _batches({"data": SHAPE}, seed=7):
+        report = verify_onnx(net, path, batch)
+        assert report.ok and report.max_rel <= 1e-4, report.describe()
+        assert report.outputs[0].shape == (len(batch["data"]), 10)
+    # The outputs must depend on the input, or agreement would prove little.
+    out = net(mx.nd.array(batch["data"])).asnumpy()
+    assert np.abs(out[0] - out[1]).max() > 0.05 * np.abs(out).max()
+
+
+def test_zoo_lean_file_structure(zoo_export):
+    _, path = zoo_export
+    model = onnx.load(path)
+    onnx.checker.check_model(model, full_check=True)
+    assert [i.name for i in model.graph.input] == ["data"]  # no weight graph-inputs
+    assert len(model.graph.initializer) > 10
+    ops = {n.op_type for n in model.graph.node}
+    assert "BatchNormalization" not in ops and "Identity" not in ops and "Dropout" not in ops
+    assert model.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
+    out_dims = model.graph.output[0].type.tensor_type.shape.dim
+    assert (out_dims[0].dim_param, out_dims[1].dim_value) == ("batch", 10)
+    assert {o.domain: o.version for o in model.opset_import}[""] == 13
+
+
+def test_lean_differs_from_raw_only_in_structure(tmp_path):
+    net = _zoo("resnet18_v1")
+    raw = onnx.load(export_onnx(net, tmp_path / "raw.onnx", {"data": SHAPE}, lean=False))
+    lean_path = export_onnx(net, tmp_path / "lean.onnx", {"data": SHAPE})
+    raw_ops = [n.op_type for n in raw.graph.node]
+    assert raw_ops.count("BatchNormalization") == 20 and len(raw.graph.input) > 50
+    for batch in _batches({"data": SHAPE}, seed=3):
+        assert verify_onnx(net, tmp_path / "raw.onnx", batch).max_rel <= 1e-4
+        assert verify_onnx(net, lean_path, batch).max_rel <= 1e-4
+
+
+def test_corrupted_weight_is_caught(zoo_export, tmp_path):
+    net, path = zoo_export
+    model = onnx.load(path)
+    first_conv = next(n for n in model.graph.node if n.op_type == "Conv")
+    init = next(t for t in model.graph.initializer if t.name == first_conv.input[1])
+    weights = numpy_helper.to_array(init).copy()
+    idx = np.unravel_index(np.argmax(np.abs(weights)), weights.shape)
+    weights[idx] = -weights[idx]
+    init.CopyFrom(numpy_helper.from_array(weights, init.name))
+    onnx.save(model, tmp_path / "bad.onnx")
+    batch = _batches({"data": SHAPE}, seed=11)[1]
+    assert verify_onnx(net, path, batch).ok
+    report = verify_onnx(net, tmp_path / "bad.onnx", batch)
+    assert not report.ok and report.max_rel > 1e-4 and report.max_abs > 0
+
+
+SB_SHAPES = {"meta": (1, 4), "img": (1, 3, 8, 8)}
+
+
+def _two_headed_symbol_block() -> mx.gluon.SymbolBlock:
+    """Inputs named img/meta (positional order meta, img), outputs from two branches."""
+    img, meta = mx.sym.var("img"), mx.sym.var("meta")
+    x = mx.sym.Convolution(img, kernel=(3, 3), num_filter=6, pad=(1, 1), name="c1")
+    x = mx.sym.BatchNorm(x, fix_gamma=False, name="bn1")
+    x = mx.sym.Activation(x, act_type="relu")
+    x = mx.sym.Pooling(x, global_pool=True, pool_type="avg", kernel=(1, 1))
+    x = mx.sym.concat(mx.sym.flatten(x), meta, dim=1)
+    logits = mx.sym.FullyConnected(x, num_hidden=5, name="fc_logits")
+    aux = mx.sym.sigmoid(mx.sym.FullyConnected(meta, num_hidden=3, name="fc_aux"))
+    block = mx.gluon.SymbolBlock(mx.sym.Group([logits, aux]), [meta, img])
+    block.initialize(mx.init.Normal(0.5))
+    block(mx.nd.zeros(SB_SHAPES["meta"]), mx.nd.zeros(SB_SHAPES["img"]))
+    _randomize_batchnorm(block, seed=5)
+    return block
+
+
+
+
+def test_symbol_block_named_inputs_two_outputs(tmp_path):
+    block = _two_headed_symbol_block()
+    path = export_onnx(block, tmp_path / "sb.onnx", SB_SHAPES, output_names=["logits", "aux"])
+    model = onnx.load(path)
+    assert [i.name for i in model.graph.input] == ["meta", "img"]
+    assert [o.name for o in model.graph.output] == ["logits", "aux"]
+    assert "BatchNormalization" not in {n.op_type for n in model.graph.node}
+    for batch in _batches(SB_SHAPES, seed=1):
+        report = verify_onnx(block, path, batch)
+        assert report.ok, report.describe()
+        assert [o.shape for o in report.outputs] == [(len(batch["img"]), 5), (len(batch["img"]), 3)]
+
+
+def test_symbol_block_symbol_round_trip(tmp_path):
+    block = _two_headed_symbol_block()
+    json_path, params_path = export_symbol(block, tmp_path / "sb", SB_SHAPES, epoch=3)
+    assert params_path.name == "sb-0003.params" and json_path.name == "sb-symbol.json"
+    reloaded = mx.gluon.SymbolBlock.imports(str(json_path), ["meta", "img"], str(params_path))
+    args = [mx.nd.array(v) for v in _batches(SB_SHAPES, seed=2)[1].values()]
+    for got, want in zip(reloaded(*args), block(*args)):
+        np.testing.assert_allclose(got.asnumpy(), want.asnumpy(), rtol=1e-6, atol=1e-7)
+
+
+def test_zoo_symbol_round_trip(tmp_path):
+    net = _zoo("resnet18_v1")
+    json_path, params_path = export_symbol(net, tmp_path / "r18", {"data": SHAPE})
+    reloaded = mx.gluon.SymbolBlock.imports(str(json_path), ["data"], str(params_path))
+    x = mx.nd.array(_batches({"data": SHAPE}, seed=4)[1]["data"])
+    np.testing.assert_allclose(reloaded(x).asnumpy(), net(x).asnumpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_fixed_gamma_and_unfoldable_batchnorm(tmp_path):
+    """fix_gamma BN ignores its stored gamma in MXNet, so the export must too; a BN with no
+    Conv in front cannot be folded and must survive as an inference-mode BatchNormalization."""
+    net = nn.HybridSequential()
+    net.add(nn.BatchNorm(scale=False, center=False), nn.Conv2D(4, 3), nn.BatchNorm(scale=False),
+            nn.Activation("relu"), nn.Dense(3))
+    net.initialize()
+    net(mx.nd.zeros((1, 2, 6, 6)))
+    _randomize_batchnorm(net, seed=9)
+    for bn in (net[0], net[2]):
+        bn.gamma.set_data(mx.nd.full(bn.gamma.shape, 3.0))
+    path = export_onnx(net, tmp_path / "bn.onnx", {"data": (1, 2, 6, 6)})
+    ops = [n.op_type for n in onnx.load(path).graph.node]
+    assert ops.count("BatchNormalization") == 1 and ops[0] == "BatchNormalization"
+    for batch in _batches({"data": (1, 2, 6, 6)}, seed=6):
+        assert verify_onnx(net, path, batch).max_rel <= 1e-4
+
+
+def test_frozen_batchnorm_exports_same_graph(tmp_path):
+    net = _zoo("resnet18_v1")
+    unfrozen = onnx.load(export_onnx(net, tmp_path / "a.onnx", {"data": SHAPE}))
+    for block in _walk(net):
+        if isinstance(block, nn.BatchNorm):
+            block._kwargs["use_global_stats"] = True
+    net.collect_params().setattr("grad_req", "null")
+    frozen = onnx.load(export_onnx(net, tmp_path / "b.onnx", {"data": SHAPE}))
+    assert frozen.graph.SerializeToString() == unfrozen.graph.SerializeToString()
+
+
+def test_refuses_overwrite_without_force(tmp_path):
+    block = _two_headed_symbol_block()
+    path = export_onnx(block, tmp_path / "m.onnx", SB_SHAPES)
+    before = path.read_bytes()
+    path.write_bytes(b"not onnx")
+    with pytest.raises(ExportError, match=r"m\.onnx already exists.*force"):
+        export_onnx(block, path, SB_SHAPES)
+    assert path.read_bytes() == b"not onnx"
+    with pytest.raises(ExportError, match="force"):
+        export_symbol(block, tmp_path / "m", SB_SHAPES) and export_symbol(block, tmp_path / "m", SB_SHAPES)
+    export_onnx(block, path, SB_SHAPES, force=True)
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m-0000.params", "m-symbol.json", "m.onnx"]
+
+
+def test_unwritable_destination_leaves_nothing(tmp_path):
+    block = _two_headed_symbol_block()
+    (tmp_path / "file.txt").write_text("x")
+    with pytest.raises(ExportError, match=r"file\.txt.*not a directory"):
+        export_onnx(block, tmp_path / "file.txt" / "out.onnx", SB_SHAPES)
+    with pytest.raises(ExportError, match=r"file\.txt.*not a directory"):
+        export_symbol(block, tmp_path / "file.txt" / "out", SB_SHAPES)
+    # /proc is a directory nobody, not even root, can create files in: fails at write time.
+    with pytest.raises(ExportError, match=r"/proc/gluontl-out\.onnx"):
+        export_onnx(block, "/proc/gluontl-out.onnx", SB_SHAPES)
+    assert [p.name for p in tmp_path.iterdir()] == ["file.txt"]
+
+
+def test_failed_verification_writes_nothing(tmp_path):
+    net = _zoo("mobilenetv2_1.0")
+    with pytest.raises(ExportError, match=r"m\.onnx was not written.*relative error"):
+        export_onnx(net, tmp_path / "m.onnx", {"data": SHAPE}, rtol=1e-15)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bad_input_names_and_sample(tmp_path):
+    block = _two_headed_symbol_block()
+    with pytest.raises(ExportError, match="batch-1 shape"):
+        export_onnx(block, tmp_path / "a.onnx", {"meta": (4,), "img": (1, 3, 8, 8)})
+    with pytest.raises(ExportError, match="output_names"):
+        export_onnx(block, tmp_path / "a.onnx", SB_SHAPES, output_names=["only_one"])
+    with pytest.raises(ExportError, match=r"sample\['img'\] has shape"):
+        export_onnx(block, tmp_path / "a.onnx", SB_SHAPES,
+                    sample={"meta": np.zeros((2, 4)), "img": np.zeros((2, 3, 9, 9))})
+    assert list(tmp_path.iterdir()) == []
