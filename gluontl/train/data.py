@@ -263,11 +263,12 @@ def _require_classes(labels: np.ndarray, class_names: list[str], where: list[str
 
 
 def _finish(items: list, labels: np.ndarray, names: list[str], problem, class_names: list[str],
-            class_where: list[str], spec: DataSpec, what: str, transform: Transform, seed: int,
+            class_where: list[str] | None, spec: DataSpec, what: str, transform: Transform, seed: int,
             rec: str | None = None) -> ImageDataset:
     keep, bad = _check(names, problem, spec, what)
     labels = labels[keep]
-    _require_classes(labels, class_names, class_where, spec, what, bad)
+    if class_where is not None:  # classes were declared (folders, data.classes), not inferred
+        _require_classes(labels, class_names, class_where, spec, what, bad)
     if len(labels) == 0:
         raise DataError(f"{what} has no usable images. Check data.source and the split names "
                         f"data.train / data.val.")
@@ -350,6 +351,11 @@ def _label_map(spec: DataSpec, labels: Iterable[int]) -> tuple[dict[int, int], l
     return {int(c): i for i, c in enumerate(spec.classes)}, list(spec.classes)
 
 
+def _declared(spec: DataSpec, names: list[str], f: Path) -> list[str] | None:
+    """Where each class is expected, when data.classes declares them; inferred labels may be absent."""
+    return [f"label {c} in {f}" for c in names] if spec.classes is not None else None
+
+
 def _select(raw: np.ndarray, whole: bool, split: str, spec: DataSpec) -> tuple[np.ndarray, dict[int, int], list[str]]:
     """Rows of this split whose label is in use, plus the label map."""
     mapping, names = _label_map(spec, raw.tolist())
@@ -391,7 +397,7 @@ def _listfile(path: str, split: str, spec: DataSpec, transform: Transform, seed:
     chosen = [paths[r] for r in rows]
     return _finish([str(p) for p in chosen], np.array([mapping[raw[r]] for r in rows], np.int64),
                    [str(p) for p in chosen], lambda i: _file_problem(chosen[i]), names,
-                   [f"label {c} in {f}" for c in names], spec, f"split '{split}' of list '{f}'",
+                   _declared(spec, names, f), spec, f"split '{split}' of list '{f}'",
                    transform, seed)
 
 
@@ -429,5 +435,5 @@ def _recfile(path: str, split: str, spec: DataSpec, transform: Transform, seed: 
     chosen = [keys[r] for r in rows]
     return _finish(chosen, np.array([mapping[raw[r]] for r in rows], np.int64),
                    [f"{f}#{k}" for k in chosen], lambda i: problems[rows[i]], names,
-                   [f"label {c} in {f}" for c in names], spec, f"split '{split}' of '{f}'",
+                   _declared(spec, names, f), spec, f"split '{split}' of '{f}'",
                    transform, seed, rec=str(f))

@@ -1,0 +1,359 @@
+"""Datasets, bad-image policy, transforms and deterministic loading."""
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import cv2
+import mxnet as mx
+import numpy as np
+import pytest
+from PIL import Image
+
+from gluontl.errors import DataError
+from gluontl.recipe import DataSpec, TransformSpec
+from gluontl.train.data import EpochSampler, load_split, make_loaders, stratified_holdout
+from gluontl.train.transforms import IMAGENET_MEAN, IMAGENET_STD, build, load_image, sample_rng
+
+RAW = TransformSpec(normalize="none")
+
+
+def _rgb(seed: int, h: int = 12, w: int = 16) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8)
+
+
+def _png(path: Path, rgb: np.ndarray) -> np.ndarray:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(rgb).save(path, format="PNG")
+    return rgb
+
+
+def _tree(root: Path, classes: dict[str, int], split: str = "train", seed: int = 0) -> dict[str, np.ndarray]:
+    """``root/split/<class>/<i>.png`` with random pixels; returns path -> pixels."""
+    out = {}
+    for ci, (c, n) in enumerate(classes.items()):
+        for i in range(n):
+            p = root / split / c / f"{i:02d}.png"
+            out[str(p)] = _png(p, _rgb(seed * 1000 + ci * 100 + i))
+    return out
+
+
+def _batches(loader) -> list[tuple[np.ndarray, np.ndarray]]:
+    return [(x.asnumpy(), y.asnumpy()) for x, y in loader]
+
+
+def _same(a, b) -> bool:
+    return len(a) == len(b) and all((xa == xb).all() and (ya == yb).all() for (xa, ya), (xb, yb) in zip(a, b))
+
+
+# ---------------------------------------------------------------- folder:
+
+def test_folder_class_subset_sets_label_order_and_reads_exact_pixels(tmp_path):
+    pixels = _tree(tmp_path, {"cat": 3, "dog": 2, "eel": 4})
+    ds = load_split(DataSpec(source=f"folder:{tmp_path}", classes=["eel", "cat"], val_transform=RAW), "train")
+    assert ds.class_names == ["eel", "cat"] and len(ds) == 7
+    assert [int(v) for v in ds.labels] == [0, 0, 0, 0, 1, 1, 1]
+    for i in range(len(ds)):
+        assert Path(ds.name(i)).parent.name == ds.class_names[ds.labels[i]]
+        assert (ds.image(i) == pixels[ds.name(i)]).all()
+        x, y = ds[i]
+        assert x.dtype == np.float32 and x.shape == (3, 12, 16) and y == ds.labels[i]
+        assert np.allclose(x * 255, pixels[ds.name(i)].transpose(2, 0, 1), atol=1e-3)
+
+
+def test_folder_default_classes_are_sorted_and_val_uses_train_labels(tmp_path):
+    _tree(tmp_path, {"b": 1, "a": 1, "c": 1})
+    _tree(tmp_path, {"c": 2, "a": 1}, split="val")
+    spec = DataSpec(source=f"folder:{tmp_path}", on_bad_image="skip")
+    assert load_split(spec, "train").class_names == ["a", "b", "c"]
+    val = load_split(spec, "val")
+    assert val.class_names == ["a", "b", "c"] and sorted(val.labels.tolist()) == [0, 2, 2]
+    assert [p for p, _ in val.bad.items] == [str(tmp_path / "val" / "b")]  # no val folder for b
+    with pytest.raises(DataError, match=r"val/b.*no usable images"):
+        load_split(DataSpec(source=f"folder:{tmp_path}"), "val")
+
+
+def test_folder_errors_name_the_problem(tmp_path):
+    _tree(tmp_path, {"cat": 1, "dog": 1})
+    with pytest.raises(DataError, match=r"bird.*Valid class folder names: cat, dog"):
+        load_split(DataSpec(source=f"folder:{tmp_path}", classes=["cat", "bird"]), "train")
+    with pytest.raises(DataError, match=r"val' does not exist.*found under.*train"):
+        load_split(DataSpec(source=f"folder:{tmp_path}"), "val")
+    _tree(tmp_path, {"cat": 1, "dog": 1, "fox": 1}, split="val")
+    with pytest.raises(DataError, match=r"class folders fox"):
+        load_split(DataSpec(source=f"folder:{tmp_path}"), "val")
+
+
+def test_empty_class_folder_errors_or_is_reported(tmp_path):
+    _tree(tmp_path, {"cat": 2})
+    (tmp_path / "train" / "dog").mkdir()
+    with pytest.raises(DataError, match=r"train/dog have no usable images"):
+        load_split(DataSpec(source=f"folder:{tmp_path}"), "train")
+    ds = load_split(DataSpec(source=f"folder:{tmp_path}", on_bad_image="skip"), "train")
+    assert ds.class_names == ["cat", "dog"] and len(ds) == 2
+    assert ds.bad.items == [(str(tmp_path / "train" / "dog"), "class has no usable images")]
+
+
+# ---------------------------------------------------------------- bad images and modes
+
+def _bad_files(d: Path) -> dict[str, Path]:
+    d.mkdir(parents=True, exist_ok=True)
+    jpeg = io.BytesIO()
+    Image.fromarray(_rgb(1, 64, 64)).save(jpeg, format="JPEG")
+    files = {
+        "zero": (d / "zero.jpg", b""),
+        "corrupt": (d / "corrupt.jpg", np.random.default_rng(0).bytes(500)),
+        "text": (d / "notes.txt", b"not an image\n"),
+        "truncated": (d / "cut.jpg", jpeg.getvalue()[: len(jpeg.getvalue()) // 2]),
+    }
+    for path, data in files.values():
+        path.write_bytes(data)
+    return {k: p for k, (p, _) in files.items()}
+
+
+@pytest.mark.parametrize("kind", ["zero", "corrupt", "text", "truncated"])
+def test_bad_file_under_error_policy_names_the_path(tmp_path, kind):
+    _tree(tmp_path, {"a": 2})
+    bad = _bad_files(tmp_path / "x")[kind]
+    bad.rename(tmp_path / "train" / "a" / bad.name)
+    with pytest.raises(DataError, match=rf"Bad image '.*train/a/{bad.name}'.*on_bad_image: skip"):
+        load_split(DataSpec(source=f"folder:{tmp_path}"), "train")
+    with pytest.raises(DataError, match=bad.name):
+        load_image(tmp_path / "train" / "a" / bad.name)
+
+
+def test_bad_files_under_skip_policy_are_excluded_and_reported(tmp_path):
+    pixels = _tree(tmp_path, {"a": 2, "b": 1})
+    bad = _bad_files(tmp_path / "train" / "b")
+    spec = DataSpec(source=f"folder:{tmp_path}", on_bad_image="skip", batch_size=3, val_transform=RAW)
+    ds = load_split(spec, "train")
+    assert sorted(ds.items) == sorted(pixels)
+    reasons = dict(ds.bad.items)
+    assert sorted(reasons) == sorted(str(p) for p in bad.values())
+    assert reasons[str(bad["zero"])] == "empty file (0 bytes)"
+    assert reasons[str(bad["text"])].startswith("not an image")
+    assert reasons[str(bad["truncated"])].startswith("corrupt or truncated")
+    loaders = make_loaders(spec, seed=0, which=["train"])
+    assert loaders.train_size == 3 and len(loaders.bad) == 4 and loaders.val is None
+    assert loaders.bad.summary().startswith("skipped 4 bad item(s): ") and "and 1 more" in loaders.bad.summary()
+    (x, y), = _batches(loaders.train)
+    assert sorted(y.tolist()) == [0, 0, 1]
+
+
+def test_other_modes_become_rgb_uint8(tmp_path):
+    d = tmp_path / "modes"
+    d.mkdir()
+    gray = np.array([[0, 50], [128, 255]], np.uint8)
+    Image.fromarray(gray, "L").save(d / "gray.png")
+    sixteen = np.array([[0, 257 * 100], [65535, 1000]], np.uint16)
+    cv2.imwrite(str(d / "deep.png"), sixteen)
+    assert Image.open(d / "deep.png").mode.startswith("I")
+    Image.new("CMYK", (2, 1)).save(d / "cmyk.tif")
+    cmyk = Image.open(d / "cmyk.tif")
+    cmyk.putpixel((0, 0), (255, 0, 0, 0))  # cyan
+    cmyk.putpixel((1, 0), (0, 0, 0, 255))  # black
+    cmyk.save(d / "cmyk.tif")
+    rgba = np.dstack([_rgb(3, 2, 2), np.full((2, 2), 7, np.uint8)])
+    Image.fromarray(rgba, "RGBA").save(d / "rgba.png")
+    pal = Image.new("P", (2, 1))
+    pal.putpalette([10, 20, 30, 200, 100, 0] + [0] * 762)
+    pal.putpixel((1, 0), 1)
+    pal.save(d / "pal.png")
+
+    expect = {
+        "gray.png": np.repeat(gray[:, :, None], 3, 2),
+        "deep.png": np.repeat(np.array([[0, 100], [255, 4]], np.uint8)[:, :, None], 3, 2),
+        "cmyk.tif": np.array([[[0, 255, 255], [0, 0, 0]]], np.uint8),
+        "rgba.png": rgba[..., :3],
+        "pal.png": np.array([[[10, 20, 30], [200, 100, 0]]], np.uint8),
+    }
+    for name, want in expect.items():
+        got = load_image(d / name)
+        assert got.dtype == np.uint8 and got.shape == want.shape, name
+        assert (got == want).all(), name
+
+
+# ---------------------------------------------------------------- rec: and list:
+
+def _pack(rec: Path, images: list[np.ndarray], labels: list[float], payloads: dict[int, bytes] | None = None) -> None:
+    writer = mx.recordio.MXIndexedRecordIO(str(rec.with_suffix(".idx")), str(rec), "w")
+    for i, (img, label) in enumerate(zip(images, labels)):
+        header = mx.recordio.IRHeader(0, label, i, 0)
+        if payloads and i in payloads:
+            writer.write_idx(i, mx.recordio.pack(header, payloads[i]))
+        else:  # cv2 encodes BGR arrays, so the file holds the true RGB colours
+            writer.write_idx(i, mx.recordio.pack_img(header, img[:, :, ::-1], quality=3, img_fmt=".png"))
+    writer.close()
+
+
+def test_recordio_round_trip_reads_exact_pixels_and_labels(tmp_path):
+    images = [_rgb(i, 10, 14) for i in range(6)]
+    labels = [2, 0, 1, 2, 1, 0]
+    _pack(tmp_path / "train.rec", images, labels)
+    spec = DataSpec(source=f"rec:{tmp_path}", batch_size=6, val_transform=RAW, train_transform=RAW)
+    ds = load_split(spec, "train")
+    assert ds.class_names == ["0", "1", "2"] and ds.labels.tolist() == labels
+    for i in range(6):
+        assert (ds.image(i) == images[i]).all() and ds.name(i) == f"{tmp_path / 'train.rec'}#{i}"
+    loaders = make_loaders(spec, seed=0, shuffle_train=False, which=["train"])
+    (x, y), = _batches(loaders.train)
+    assert y.tolist() == labels
+    assert np.allclose(x * 255, np.stack(images).transpose(0, 3, 1, 2), atol=1e-3)
+
+    picked = load_split(DataSpec(source=f"rec:{tmp_path}/{{split}}.rec", classes=["2", "1"]), "train")
+    assert picked.class_names == ["2", "1"] and picked.labels.tolist() == [0, 1, 0, 1]
+    assert picked.items == [0, 2, 3, 4]
+
+
+def test_recordio_bad_record_and_bad_label(tmp_path):
+    images = [_rgb(i, 8, 8) for i in range(4)]
+    _pack(tmp_path / "train.rec", images, [0, 1, 0, 1], payloads={2: b"garbage bytes"})
+    with pytest.raises(DataError, match=r"train.rec#2"):
+        load_split(DataSpec(source=f"rec:{tmp_path / 'train.rec'}"), "train")
+    ds = load_split(DataSpec(source=f"rec:{tmp_path}", on_bad_image="skip"), "train")
+    assert ds.items == [0, 1, 3] and ds.bad.items[0][0].endswith("train.rec#2")
+    _pack(tmp_path / "val.rec", images, [0, 1.5, 0, 1])
+    with pytest.raises(DataError, match=r"val.rec: record 1 has label \[1.5\]"):
+        load_split(DataSpec(source=f"rec:{tmp_path}"), "val")
+    (tmp_path / "val.idx").unlink()
+    with pytest.raises(DataError, match=r"needs its index"):
+        load_split(DataSpec(source=f"rec:{tmp_path}"), "val")
+
+
+def test_list_file_resolves_relative_paths_and_labels(tmp_path):
+    imgs = {n: _png(tmp_path / "imgs" / f"{n}.png", _rgb(ord(n))) for n in "abcd"}
+    lists = tmp_path / "lists"
+    lists.mkdir()
+    (lists / "train.csv").write_text(
+        f"path,label\n../imgs/a.png,1\n\n# a comment\n{tmp_path / 'imgs' / 'b.png'},0\n../imgs/c.png,3\n")
+    ds = load_split(DataSpec(source=f"list:{lists}/{{split}}.csv"), "train")
+    assert ds.class_names == ["0", "1", "2", "3"] and ds.labels.tolist() == [1, 0, 3]
+    assert (ds.image(0) == imgs["a"]).all() and (ds.image(2) == imgs["c"]).all()
+    sub = load_split(DataSpec(source=f"list:{lists}/{{split}}.csv", classes=[3, 1], on_bad_image="skip"), "train")
+    assert sub.class_names == ["3", "1"] and sub.labels.tolist() == [1, 0]
+
+    (lists / "val.csv").write_text("../imgs/a.png,0\n../imgs/b.png,cat\n")
+    with pytest.raises(DataError, match=r"val.csv, line 2: label 'cat' is not an integer"):
+        load_split(DataSpec(source=f"list:{lists}/{{split}}.csv"), "val")
+    (lists / "val.csv").write_text("../imgs/a.png,0\n../imgs/d.png,-1\n")
+    with pytest.raises(DataError, match=r"val.csv, line 2: label -1 is out of range"):
+        load_split(DataSpec(source=f"list:{lists}/{{split}}.csv"), "val")
+    (lists / "val.csv").write_text("../imgs/a.png,0\n../imgs/missing.png,0\n")
+    with pytest.raises(DataError, match=r"missing.png'.*file does not exist"):
+        load_split(DataSpec(source=f"list:{lists}/{{split}}.csv"), "val")
+
+
+def test_single_list_file_is_split_by_val_fraction(tmp_path):
+    rows = []
+    for i in range(20):
+        _png(tmp_path / f"{i}.png", _rgb(i, 4, 4))
+        rows.append(f"{i}.png,{i % 2}")
+    (tmp_path / "all.csv").write_text("\n".join(rows))
+    spec = DataSpec(source=f"list:{tmp_path / 'all.csv'}", val_fraction=0.3)
+    train, val = load_split(spec, "train"), load_split(spec, "val")
+    assert len(val) == 6 and len(train) == 14 and not set(train.items) & set(val.items)
+    assert sorted(val.labels.tolist()) == [0, 0, 0, 1, 1, 1]
+    mask = stratified_holdout(np.arange(20) % 2, 0.3)
+    assert sorted(val.items) == sorted(str(tmp_path / f"{i}.png") for i in np.flatnonzero(mask))
+
+
+# ---------------------------------------------------------------- transforms
+
+def test_transform_geometry_and_normalisation():
+    img = _rgb(5, 40, 60)
+    out = build(TransformSpec(resize=20), train=False)(img)
+    assert out.shape == (3, 20, 20)
+    ref = cv2.resize(img, (30, 20), interpolation=cv2.INTER_AREA)[:, 5:25]
+    assert np.allclose(out, ((ref / 255.0 - IMAGENET_MEAN) / IMAGENET_STD).transpose(2, 0, 1), atol=1e-5)
+    crop = build(TransformSpec(center_crop=10, normalize=((0.5, 0.5, 0.5), (0.25, 0.25, 0.25))), False)(img)
+    assert np.allclose(crop, ((img[15:25, 25:35] / 255.0 - 0.5) / 0.25).transpose(2, 0, 1), atol=1e-5)
+    assert build(TransformSpec(random_resized_crop=16), False)(img).shape == (3, 16, 16)
+
+
+def test_random_transforms_follow_the_sample_rng():
+    img = _rgb(6, 30, 30)
+    t = build(TransformSpec(random_resized_crop=24, flip=True, color_jitter=0.4, normalize="none"), True)
+    a, b = t(img, sample_rng(1, 0, 5)), t(img, sample_rng(1, 0, 5))
+    assert (a == b).all() and a.shape == (3, 24, 24) and 0 <= a.min() and a.max() <= 1
+    assert not np.array_equal(a, t(img, sample_rng(1, 1, 5)))
+    assert not np.array_equal(a, t(img, sample_rng(2, 0, 5)))
+    with pytest.raises(ValueError, match="sample_rng"):
+        t(img)
+    flip = build(TransformSpec(flip=True, normalize="none"), True)
+    plain = img.transpose(2, 0, 1) / 255.0
+    outs = [flip(img, sample_rng(0, 0, i)) for i in range(16)]
+    mirrored = [np.allclose(o, plain[:, :, ::-1]) for o in outs]
+    assert all(m or np.allclose(o, plain) for o, m in zip(outs, mirrored)) and 0 < sum(mirrored) < 16
+
+
+def test_mixed_sizes_without_resize_is_a_data_error(tmp_path):
+    _png(tmp_path / "train" / "a" / "0.png", _rgb(0, 8, 8))
+    _png(tmp_path / "train" / "a" / "1.png", _rgb(1, 9, 8))
+    loaders = make_loaders(DataSpec(source=f"folder:{tmp_path}", batch_size=2), seed=0, which=["train"])
+    with pytest.raises(DataError, match=r"different sizes.*resize"):
+        _batches(loaders.train)
+    with pytest.raises(DataError, match=r"fewer than data.batch_size 3"):
+        make_loaders(DataSpec(source=f"folder:{tmp_path}", batch_size=3), seed=0, which=["train"])
+
+
+# ---------------------------------------------------------------- determinism
+
+@pytest.fixture(scope="module")
+def digits_like(tmp_path_factory) -> str:
+    root = tmp_path_factory.mktemp("det")
+    _tree(root, {"a": 9, "b": 8, "c": 7})
+    _tree(root, {"a": 3, "b": 3, "c": 3}, split="val", seed=1)
+    return f"folder:{root}"
+
+
+def _spec(source: str, workers: int = 0) -> DataSpec:
+    aug = TransformSpec(random_resized_crop=10, flip=True, color_jitter=0.3)
+    return DataSpec(source=source, batch_size=5, workers=workers, train_transform=aug)
+
+
+def test_same_seed_same_batches_other_seed_other_batches(digits_like):
+    a, b, c = (make_loaders(_spec(digits_like), seed=s, which=["train"]) for s in (7, 7, 8))
+    assert len(a.train) == 4  # 24 images, last partial batch dropped
+    for epoch in (0, 1):
+        for lo in (a, b, c):
+            lo.train_sampler.set_epoch(epoch)
+        ea, eb, ec = _batches(a.train), _batches(b.train), _batches(c.train)
+        assert _same(ea, eb) and not _same(ea, ec)
+    a.train_sampler.set_epoch(0)
+    e0 = _batches(a.train)
+    assert not _same(e0, ea)  # a new epoch reshuffles and redraws augmentations
+    order = a.train_sampler.order(0)
+    assert sorted(order.tolist()) == list(range(24))
+    assert [float(v) for v in np.concatenate([y for _, y in e0])] == \
+        [float(a.train._dataset.labels[i]) for i in order[:20]]
+
+
+def test_skip_resumes_with_the_tail_of_the_epoch(digits_like):
+    full = make_loaders(_spec(digits_like), seed=3, which=["train"])
+    full.train_sampler.set_epoch(2)
+    want = _batches(full.train)
+    resumed = make_loaders(_spec(digits_like), seed=3, which=["train"])
+    resumed.train_sampler.set_epoch(2)
+    resumed.train_sampler.skip(3)
+    assert len(resumed.train) == 1
+    assert _same(_batches(resumed.train), want[3:])
+    assert len(resumed.train) == 4  # the skip applies to one iteration only
+
+
+def test_two_workers_give_the_same_batches_as_none(digits_like):
+    base = make_loaders(_spec(digits_like), seed=5)
+    multi = make_loaders(_spec(digits_like, workers=2), seed=5)
+    for lo in (base, multi):
+        lo.train_sampler.set_epoch(1)
+    assert _same(_batches(base.train), _batches(multi.train))
+    assert base.val is not None and _same(_batches(base.val), _batches(multi.val))
+
+
+def test_epoch_sampler_keep_and_discard():
+    keep = EpochSampler(7, 3, seed=0, shuffle=False, last_batch="keep")
+    assert [[i for i, _ in b] for b in keep] == [[0, 1, 2], [3, 4, 5], [6]]
+    discard = EpochSampler(7, 3, seed=0, last_batch="discard")
+    discard.set_epoch(4)
+    got = list(discard)
+    assert len(got) == 2 and all(e == 4 for b in got for _, e in b)
+    assert [i for b in got for i, _ in b] == discard.order(4)[:6].tolist()
