@@ -1,0 +1,107 @@
+import numpy as np
+import pytest
+from opcheck import check
+
+from gluontl.errors import OnnxImportError
+
+R = np.random.RandomState(2)
+X = R.randn(3, 4, 5).astype(np.float32)
+BIG = np.iinfo(np.int64).max
+
+
+def i64(*v):
+    return np.array(v, np.int64)
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_concat(axis):
+    b = R.randn(3, 4, 5).astype(np.float32)
+    check("Concat", {"a": X, "b": b, "c": X * 2}, {"axis": axis}, grad=True)
+
+
+def test_split_forms():
+    x = R.randn(2, 7).astype(np.float32)
+    check("Split", {"x": x}, {"axis": 1, "split": [3, 4]}, opset=11, n_outputs=2, grad=True)
+    check("Split", {"x": x, "s": i64(2, 2, 3)}, {"axis": -1}, consts={"s"}, opset=13,
+          n_outputs=3, grad=True)
+    check("Split", {"x": x.T.copy()}, opset=13, n_outputs=7, grad=True)  # equal parts
+    # opset 18 num_outputs with an uneven last part: 7 -> 3, 3, 1
+    check("Split", {"x": x}, {"axis": 1, "num_outputs": 3}, opset=18, n_outputs=3, grad=True)
+    check("Split", {"x": x}, {"axis": 0, "num_outputs": 2}, opset=18, n_outputs=2, grad=True)
+
+
+@pytest.mark.parametrize("starts,ends,axes,steps", [
+    ((1,), (3,), (1,), None),
+    ((0, -3), (BIG, -1), (0, 2), None),
+    ((-1,), (-BIG,), (1,), (-1,)),           # reverse the whole axis
+    ((4, 0), (0, BIG), (2, 0), (-2, 2)),
+    ((-100,), (2,), (-1,), None),            # clamped start
+    ((1, 1, 1), (3, 3, 4), None, (1, 1, 2)),
+])
+def test_slice_input_form(starts, ends, axes, steps):
+    ins = {"x": X, "s": i64(*starts), "e": i64(*ends)}
+    if axes is not None or steps is not None:
+        ins["a"] = i64(*(axes if axes is not None else range(len(starts))))
+    if steps is not None:
+        ins["t"] = i64(*steps)
+    check("Slice", ins, consts=set(ins) - {"x"}, opset=13, grad=True)
+
+
+def test_slice_attr_form_and_empty_error():
+    check("Slice", {"x": X}, {"starts": [0, 1], "ends": [2, 1000], "axes": [0, 2]}, opset=9,
+          grad=True)
+    with pytest.raises(OnnxImportError, match="empty"):
+        check("Slice", {"x": X}, {"starts": [3], "ends": [1], "axes": [1]}, opset=9)
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_gather(axis):
+    idx = np.array([[0, -1], [2, 1]], np.int64)
+    check("Gather", {"x": X, "i": idx}, {"axis": axis}, grad=True)           # runtime indices
+    check("Gather", {"x": X, "i": idx}, {"axis": axis}, consts={"i"}, grad=True)
+    check("Gather", {"x": X, "i": np.array(-2, np.int64)}, {"axis": axis}, consts={"i"},
+          grad=True)                                                         # scalar: a slice
+    check("Gather", {"x": X, "i": i64(1, 2)}, {"axis": axis}, consts={"i"}, grad=True)
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2])
+def test_gather_elements(axis):
+    idx_shape = list(X.shape)
+    idx_shape[axis] = 2
+    idx = R.randint(-X.shape[axis], X.shape[axis], size=idx_shape).astype(np.int64)
+    check("GatherElements", {"x": X, "i": idx}, {"axis": axis}, grad=True)
+
+
+def test_gather_nd():
+    idx = np.array([[[0, -1], [2, 3]], [[1, 0], [-3, 2]]], np.int64)
+    check("GatherND", {"x": X, "i": idx}, grad=True)
+    check("GatherND", {"x": X, "i": np.array([[1], [-1]], np.int64)}, grad=True)
+    check("GatherND", {"x": X, "i": np.array([[1, 2], [0, 4], [2, 0]], np.int64)},
+          {"batch_dims": 1}, grad=True)
+
+
+@pytest.mark.parametrize("mode", ["constant", "reflect", "edge", "wrap"])
+def test_pad_generic(mode):
+    pads = i64(1, 0, 2, 0, 2, 1)
+    ins = {"x": X, "p": pads}
+    if mode == "constant":
+        ins["v"] = np.array(1.5, np.float32)
+    check("Pad", ins, {"mode": mode}, consts={"p", "v"}, opset=19 if mode == "wrap" else 13,
+          grad=True)
+
+
+@pytest.mark.parametrize("mode", ["constant", "reflect", "edge"])
+def test_pad_nchw_fast_path_and_attr_form(mode):
+    x = R.randn(2, 3, 4, 5).astype(np.float32)
+    check("Pad", {"x": x, "p": i64(0, 0, 1, 2, 0, 0, 2, 1)}, {"mode": mode}, consts={"p"},
+          opset=13, grad=True)
+    check("Pad", {"x": x}, {"mode": mode, "pads": [0, 0, 1, 2, 0, 0, 2, 1], "value": 0.5},
+          opset=2, grad=True)
+
+
+def test_pad_negative_and_axes():
+    check("Pad", {"x": X, "p": i64(-1, 2, 0, 0, -2, 1)}, consts={"p"}, opset=13, grad=True)
+    check("Pad", {"x": X, "p": i64(1, 2), "v": np.array(0.0, np.float32), "a": i64(-1)},
+          {"mode": "edge"}, consts={"p", "v", "a"}, opset=18, grad=True)
+    check("Pad", {"x": np.arange(12, dtype=np.int64).reshape(3, 4), "p": i64(1, 2, 1, 0)},
+          {"mode": "reflect"}, consts={"p"}, opset=13)
