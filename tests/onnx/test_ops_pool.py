@@ -1,0 +1,68 @@
+import numpy as np
+import pytest
+from opcheck import check, run_ort
+
+from gluontl.errors import OnnxImportError
+
+R = np.random.RandomState(0)
+X2 = R.randn(2, 3, 9, 8).astype("f")
+
+CASES = [
+    ({"kernel_shape": [3, 3], "strides": [2, 2]}, 12),
+    ({"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}, 7),
+    ({"kernel_shape": [3, 2], "strides": [2, 2], "pads": [0, 1, 2, 0]}, 12),      # asymmetric
+    ({"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1}, 12),
+    ({"kernel_shape": [2, 2], "strides": [2, 2], "pads": [1, 1, 1, 1], "ceil_mode": 1}, 12),  # last window dropped
+    ({"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 0, 0, 1], "ceil_mode": 1}, 12),
+    ({"kernel_shape": [3, 3], "auto_pad": "SAME_UPPER", "strides": [2, 2]}, 12),
+    ({"kernel_shape": [2, 4], "auto_pad": "SAME_LOWER", "strides": [2, 3]}, 12),
+]
+
+
+@pytest.mark.parametrize("attrs,opset", CASES + [
+    ({"kernel_shape": [2, 2], "dilations": [2, 3], "pads": [1, 1, 0, 1]}, 12),
+    ({"kernel_shape": [3, 3], "storage_order": 1}, 8),
+])
+def test_max_pool(attrs, opset):
+    check("MaxPool", {"x": X2}, attrs, opset=opset, grad=True)
+
+
+@pytest.mark.parametrize("attrs,opset", CASES + [
+    ({"kernel_shape": [2, 2], "dilations": [2, 3], "pads": [1, 1, 0, 1]}, 19),
+])
+@pytest.mark.parametrize("include_pad", [0, 1])
+def test_average_pool(attrs, opset, include_pad):
+    attrs = dict(attrs, count_include_pad=include_pad)
+    check("AveragePool", {"x": X2}, attrs, opset=max(opset, 7), grad=True)
+
+
+@pytest.mark.parametrize("op", ["MaxPool", "AveragePool"])
+@pytest.mark.parametrize("x_shape,attrs", [
+    ((2, 3, 11), {"kernel_shape": [3], "strides": [2], "pads": [2, 0]}),
+    ((1, 2, 6, 7, 5), {"kernel_shape": [2, 3, 2], "strides": [2, 1, 2], "pads": [1, 1, 0, 1, 1, 0]}),
+])
+def test_pool_1d_3d(op, x_shape, attrs):
+    check(op, {"x": R.randn(*x_shape).astype("f")}, attrs, opset=12, grad=True)
+
+
+@pytest.mark.parametrize("attrs", [
+    {"kernel_shape": [3, 3], "p": 2},
+    {"kernel_shape": [2, 3], "p": 1, "strides": [2, 1], "pads": [1, 0, 0, 1]},
+    {"kernel_shape": [2, 2], "p": 3, "dilations": [2, 2]},
+])
+def test_lp_pool(attrs):
+    check("LpPool", {"x": X2}, attrs, opset=18, grad=True, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("op,attrs", [("GlobalAveragePool", {}), ("GlobalMaxPool", {}),
+                                      ("GlobalLpPool", {"p": 2}), ("GlobalLpPool", {"p": 3})])
+@pytest.mark.parametrize("shape", [(2, 3, 9, 8), (2, 3, 7)])
+def test_global_pool(op, attrs, shape):
+    check(op, {"x": R.randn(*shape).astype("f")}, attrs, opset=2, grad=True, rtol=1e-4, atol=1e-5)
+
+
+def test_max_pool_indices_output_is_clear_error():
+    from opcheck import run_mx
+    model, _ = run_ort("MaxPool", {"x": X2}, {"kernel_shape": [2, 2]}, opset=12, n_outputs=2)
+    with pytest.raises(OnnxImportError, match="maxpool_node.*Indices"):
+        run_mx(model, {"x": X2}, opset=12)
