@@ -156,6 +156,12 @@ class Loaders:
     train_sampler: EpochSampler | None = None
     val_sampler: EpochSampler | None = None
 
+    def train_epoch(self, epoch: int, skip_batches: int = 0) -> gluon.data.DataLoader:
+        """The train loader set to ``epoch``, starting at batch ``skip_batches`` (resume)."""
+        self.train_sampler.set_epoch(epoch)
+        self.train_sampler.skip(skip_batches)
+        return self.train
+
 
 def load_split(spec: DataSpec, split: str, *, train: bool = False, seed: int = 0) -> ImageDataset:
     """The dataset of split ``split``, checked for bad images.

@@ -42,6 +42,7 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 _LUMA = np.array([0.299, 0.587, 0.114], np.float32)
 _SIXTEEN_BIT = ("I;16", "I;16B", "I;16L", "I;16N", "I")
+_SAMPLE_TAG = 0x5A3E  # keeps per-sample streams apart from the loader's order stream
 
 
 # ---------------------------------------------------------------- image files
@@ -112,7 +113,7 @@ def _open(source: str | Path | bytes | BinaryIO) -> Image.Image:
 
 def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
     """The generator for one sample's random transforms: a pure function of its identity."""
-    return np.random.default_rng([seed, epoch, index])
+    return np.random.default_rng([_SAMPLE_TAG, seed % 2**64, epoch, index])
 
 
 class Transform:
