@@ -458,7 +458,8 @@ class _Importer:
             raise
         except Exception as e:
             raise fold.fold_error(node, e) from None
-        weighty = any(x in self.weights for x in names) or (
+        # Paddle keeps weights in Constant nodes; DequantizeLinear turns int8 weights to float.
+        weighty = node.op_type == "Constant" or any(x in self.weights for x in names) or (
             node.op_type == "DequantizeLinear" and v1s[0].size > 1)
         for o, a, b in zip(node.outputs, r1, r2):
             if not o or a is None:
@@ -531,6 +532,9 @@ class _Importer:
             self._set_const(name, value)
             if value.dtype.kind == "f" and value.size > 1:
                 self.weights.add(name)
+        for n in g.node:  # quantization scales are metadata, never weights
+            if n.op_type in ("QuantizeLinear", "DequantizeLinear"):
+                self.weights.difference_update(n.input[1:])
         order = topological(g.node, list(self.inits) + [i.name for i in self.inputs], self.source)
         nodes = self._nodes(order)
         self._check_supported(nodes)

@@ -1,0 +1,320 @@
+"""Importer core on tiny graphs: folding, batch freedom, parameters, errors, QDQ."""
+from __future__ import annotations
+
+import json
+import os
+
+import mxnet as mx
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import helper, numpy_helper
+
+from gluontl.errors import OnnxImportError
+from gluontl.onnx import import_model
+
+F = onnx.TensorProto.FLOAT
+RNG = np.random.RandomState(0)
+
+
+# ----------------------------------------------------------------- helpers (shared)
+
+def make_model(nodes, inputs, outputs, inits=(), opset=17, extra_opsets=()):
+    """``inputs``/``outputs``: (name, dims), dims None when unknown; ``inits``: name -> array."""
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info(n, F, d) for n, d in inputs],
+        [helper.make_tensor_value_info(n, F, d) for n, d in outputs],
+        [numpy_helper.from_array(np.asarray(a), n) for n, a in dict(inits).items()])
+    ids = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, v) for d, v in extra_opsets]
+    model = helper.make_model(graph, opset_imports=ids)
+    model.ir_version = 8
+    return model
+
+
+def ort_run(model, feeds):
+    data = model if isinstance(model, (str, bytes)) else model.SerializeToString()
+    return ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def mx_run(block, feeds):
+    out = block(*[mx.nd.array(v, dtype=v.dtype) for v in feeds.values()])
+    return [o.asnumpy() for o in (out if isinstance(out, (list, tuple)) else [out])]
+
+
+def rel_err(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-12))
+
+
+def assert_matches_ort(model, block, feeds, tol=1e-5):
+    got, ref = mx_run(block, feeds), ort_run(model, feeds)
+    assert len(got) == len(ref)
+    for g, r in zip(got, ref):
+        assert g.shape == r.shape, (g.shape, r.shape)
+        assert rel_err(g, r) <= tol, rel_err(g, r)
+
+
+def graph_ops(block):
+    nodes = json.loads(block._cached_graph[1].tojson())["nodes"]
+    return [n["op"] for n in nodes if n["op"] != "null"]
+
+
+def node(op, ins, outs, name=None, **attrs):
+    return helper.make_node(op, ins, outs, name=name or outs[0], **attrs)
+
+
+def const(name, value):
+    return node("Constant", [], [name], value=numpy_helper.from_array(np.asarray(value)))
+
+
+# ----------------------------------------------------------------- folding / batch
+
+def flatten_by_shape_model():
+    """PyTorch-style flatten: Reshape(x, Concat(Unsqueeze(Gather(Shape(x), 0)), [-1]))."""
+    nodes = [node("Relu", ["x"], ["r"]), node("Shape", ["r"], ["s"]), const("zero", np.int64(0)),
+             node("Gather", ["s", "zero"], ["b"], axis=0), node("Unsqueeze", ["b", "ax"], ["bu"]),
+             node("Concat", ["bu", "m1"], ["shp"], axis=0), node("Reshape", ["r", "shp"], ["y"])]
+    return make_model(nodes, [("x", ["N", 3, 4])], [("y", None)],
+                      {"ax": np.array([0], np.int64), "m1": np.array([-1], np.int64)})
+
+
+def test_shape_chain_folds_and_batch_stays_free():
+    model = flatten_by_shape_model()
+    block = import_model(model)
+    for b in (1, 2, 5):
+        assert_matches_ort(model, block, {"x": RNG.randn(b, 3, 4).astype("f")})
+    ops = graph_ops(block)
+    assert "shape_array" not in ops and "take" not in ops and "Concat" not in ops, ops
+    assert list(block.collect_params()) == [], "folded shape vectors must not become parameters"
+
+
+def test_batch_folded_into_channels_uses_minus_one():
+    # Reshape(x, [N*3, 4]) computed from Shape: the batch entry is not a copy of x's dim 0.
+    nodes = [node("Shape", ["x"], ["s"]), node("Slice", ["s", "z", "o"], ["n"]),
+             node("Mul", ["n", "three"], ["n3"]), node("Concat", ["n3", "four"], ["shp"], axis=0),
+             node("Reshape", ["x", "shp"], ["y"])]
+    model = make_model(nodes, [("x", ["N", 3, 4])], [("y", None)],
+                       {"z": np.array([0], np.int64), "o": np.array([1], np.int64),
+                        "three": np.array([3], np.int64), "four": np.array([4], np.int64)})
+    block = import_model(model)
+    for b in (1, 3):
+        assert_matches_ort(model, block, {"x": RNG.randn(b, 3, 4).astype("f")})
+
+
+def test_batch_dependent_float_is_computed_at_run_time():
+    # y = x * float(batch size): the folded value differs per batch, so it runs as graph ops.
+    nodes = [node("Shape", ["x"], ["s"]), node("Slice", ["s", "z", "o"], ["n"]),
+             node("Cast", ["n"], ["nf"], to=F), node("Mul", ["x", "nf"], ["y"])]
+    model = make_model(nodes, [("x", ["N", 2])], [("y", None)],
+                       {"z": np.array([0], np.int64), "o": np.array([1], np.int64)})
+    block = import_model(model)
+    for b in (1, 3):
+        assert_matches_ort(model, block, {"x": RNG.randn(b, 2).astype("f")})
+
+
+def test_batch_dependent_static_input_is_refused_unless_batch_fixed():
+    # Expand (N, 1) to (N, N): no batch-free shape vector expresses the second N.
+    nodes = [node("Shape", ["x"], ["s"]), node("Slice", ["s", "z", "o"], ["n"]),
+             node("Concat", ["n", "n"], ["nn"], axis=0),
+             node("Expand", ["x", "nn"], ["y"], name="expand_2n")]
+    model = make_model(nodes, [("x", ["N", 1])], [("y", None)],
+                       {"z": np.array([0], np.int64), "o": np.array([1], np.int64)})
+    with pytest.raises(OnnxImportError, match="expand_2n.*batch size.*fixed_batch=True"):
+        import_model(model)
+    fixed = import_model(model, input_shapes={"x": (3, 1)}, fixed_batch=True)
+    assert_matches_ort(model, fixed, {"x": RNG.randn(3, 1).astype("f")})
+
+
+def test_input_shapes_fill_symbolic_dims_for_folding():
+    # Reshape to (N, H*W) where H, W are symbolic in the file: folds once input_shapes gives them.
+    nodes = [node("Shape", ["x"], ["s"]), node("Slice", ["s", "one", "three"], ["hw"]),
+             node("ReduceProd", ["hw"], ["p"], keepdims=1), node("Concat", ["m1", "p"], ["shp"], axis=0),
+             node("Reshape", ["x", "shp"], ["y"])]
+    model = make_model(nodes, [("x", ["N", "H", "W"])], [("y", None)],
+                       {"one": np.array([1], np.int64), "three": np.array([3], np.int64),
+                        "m1": np.array([-1], np.int64)})
+    block = import_model(model, input_shapes={"x": (None, 4, 5)})
+    assert "shape_array" not in graph_ops(block)
+    for b in (1, 2):
+        assert_matches_ort(model, block, {"x": RNG.randn(b, 4, 5).astype("f")})
+    assert block.gluontl_onnx.input_shapes == {"x": (None, 4, 5)}
+
+
+def test_node_order_is_not_trusted():
+    model = flatten_by_shape_model()
+    shuffled = list(model.graph.node)[::-1]
+    del model.graph.node[:]
+    model.graph.node.extend(shuffled)
+    block = import_model(model)
+    assert_matches_ort(flatten_by_shape_model(), block, {"x": RNG.randn(2, 3, 4).astype("f")})
+
+
+# ----------------------------------------------------------------- parameters
+
+def weights_model():
+    w = RNG.randn(4, 3, 3, 3).astype("f")
+    scale = RNG.rand(1, 4, 1, 1).astype("f") + 0.5  # Paddle-style weight in a Constant node
+    nodes = [node("Conv", ["x", "conv1.weight", "conv1.bias"], ["c"], pads=[1, 1, 1, 1]),
+             const("channel_scale", scale), node("Mul", ["c", "channel_scale"], ["m"]),
+             const("eps", np.float32(0.5)), node("Add", ["m", "eps"], ["a"]),
+             node("Relu", ["a"], ["y"])]
+    return make_model(nodes, [("x", ["N", 3, 6, 6])], [("y", None)],
+                      {"conv1.weight": w, "conv1.bias": RNG.randn(4).astype("f")})
+
+
+def test_weights_become_named_params_and_scalars_constants():
+    model = weights_model()
+    block = import_model(model)
+    params = block.collect_params()
+    info = block.gluontl_onnx
+    trainable = {n for n, p in params.items() if p.grad_req == "write"}
+    assert trainable == {"conv1.weight", "conv1.bias", "channel_scale"}
+    assert set(params) - trainable == set(info.constants) <= {"eps"}  # a scalar is never a weight
+    np.testing.assert_array_equal(params["conv1.weight"].data().asnumpy(),
+                                  numpy_helper.to_array(model.graph.initializer[0]))
+    for b in (1, 2):
+        assert_matches_ort(model, block, {"x": RNG.randn(b, 3, 6, 6).astype("f")})
+
+
+def test_training_step_changes_only_trainable_params():
+    block = import_model(weights_model())
+    params = block.collect_params()
+    before = {n: p.data().asnumpy().copy() for n, p in params.items()}
+    trainer = mx.gluon.Trainer({n: p for n, p in params.items() if p.grad_req != "null"}, "sgd",
+                               {"learning_rate": 0.1})
+    x = mx.nd.array(RNG.randn(2, 3, 6, 6))
+    with mx.autograd.record():
+        loss = block(x).sum()
+    loss.backward()
+    trainer.step(2)
+    for n, p in params.items():
+        changed = not np.array_equal(before[n], p.data().asnumpy())
+        assert changed == (p.grad_req == "write"), n
+
+
+def test_node_outputs_allow_cutting_at_a_node():
+    model = weights_model()
+    block = import_model(model)
+    out_name = block.gluontl_onnx.node_outputs["m"]  # the Mul node (named after its output)
+    assert block.gluontl_onnx.node_outputs["c"] == block.gluontl_onnx.node_outputs["c"]
+    cut = block._cached_graph[1].get_internals()[out_name]
+    sub = mx.gluon.SymbolBlock(cut, [mx.sym.var("x")], params=block.collect_params())
+    x = RNG.randn(1, 3, 6, 6).astype("f")
+    inter = onnx.helper.make_tensor_value_info("m", F, None)
+    model.graph.output.append(inter)
+    ref = ort_run(model, {"x": x})[1]
+    np.testing.assert_allclose(sub(mx.nd.array(x)).asnumpy(), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_identity_shares_the_weight_and_outputs_can_be_constants():
+    w = RNG.randn(3, 3).astype("f")
+    nodes = [node("Identity", ["w"], ["w2"]), node("MatMul", ["x", "w"], ["a"]),
+             node("MatMul", ["a", "w2"], ["y"]), node("Dropout", ["y"], ["yd"]),
+             const("k", np.arange(3, dtype=np.float32))]
+    model = make_model(nodes, [("x", ["N", 3])], [("yd", None), ("k", None)], {"w": w})
+    block = import_model(model)
+    assert set(block.collect_params()) == {"w", "k"}
+    assert_matches_ort(model, block, {"x": RNG.randn(2, 3).astype("f")})
+
+
+# ----------------------------------------------------------------- errors
+
+def test_unsupported_ops_reported_all_at_once():
+    nodes = [node("Relu", ["x"], ["a"]), node("FancyOp", ["a"], ["b"], domain="com.acme"),
+             node("FancyOp", ["b"], ["c"], name="fancy2", domain="com.acme"),
+             node("NonMaxSuppression", ["c", "c"], ["d"]), node("QLinearSigmoid", ["d"], ["y"])]
+    model = make_model(nodes, [("x", [1, 4])], [("y", None)], extra_opsets=[("com.acme", 1)])
+    with pytest.raises(OnnxImportError) as e:
+        import_model(model)
+    msg = str(e.value)
+    for part in ("FancyOp (custom domain 'com.acme', 2 nodes", "'fancy2'", "NonMaxSuppression",
+                 "QLinearSigmoid", "opset 17", "QDQ"):
+        assert part in msg, msg
+
+
+def test_data_dependent_shape_names_the_node():
+    nodes = [node("Cast", ["x"], ["xi"], to=onnx.TensorProto.INT64),
+             node("Reshape", ["x", "xi"], ["y"], name="bad_reshape")]
+    model = make_model(nodes, [("x", [2])], [("y", None)])
+    with pytest.raises(OnnxImportError, match="bad_reshape"):
+        import_model(model)
+
+
+@pytest.mark.parametrize("problem", ["missing", "garbage", "truncated", "cycle", "dangling",
+                                     "init_mismatch", "negative_dim", "escaping_external",
+                                     "bad_input_shapes", "no_default_opset"])
+def test_malformed_inputs_raise_import_error(tmp_path, problem):
+    path = tmp_path / "m.onnx"
+    model = weights_model()
+    if problem == "garbage":
+        path.write_bytes(b"\x00\xffnot a protobuf at all" * 50)
+    elif problem == "truncated":
+        data = model.SerializeToString()
+        path.write_bytes(data[: len(data) // 2])
+    elif problem == "cycle":
+        model = make_model([node("Relu", ["x", ], ["a"]), node("Add", ["a", "c"], ["b"]),
+                            node("Relu", ["b"], ["c"])], [("x", [1])], [("b", None)])
+    elif problem == "dangling":
+        model.graph.node[2].input[0] = "nowhere"
+    elif problem == "init_mismatch":
+        model.graph.input.append(helper.make_tensor_value_info("conv1.bias", F, [7]))
+    elif problem == "negative_dim":
+        model.graph.input[0].type.tensor_type.shape.dim[1].dim_value = -3
+    elif problem == "escaping_external":
+        onnx.external_data_helper.convert_model_to_external_data(
+            model, all_tensors_to_one_file=True, location="../outside.bin", size_threshold=0)
+    elif problem == "no_default_opset":
+        model.opset_import[0].domain = "com.other"
+    if problem not in ("missing", "garbage", "truncated"):
+        path.write_bytes(model.SerializeToString())
+    kwargs = {"input_shapes": {"x": (1, 3, 0, 6)}} if problem == "bad_input_shapes" else {}
+    with pytest.raises(OnnxImportError) as e:
+        import_model(str(path), **kwargs)
+    if problem != "bad_input_shapes":
+        assert "m.onnx" in str(e.value)
+    if problem in ("cycle", "dangling"):
+        assert problem in str(e.value) or "cycle" in str(e.value)
+
+
+def test_external_data_next_to_model_loads(tmp_path):
+    model = weights_model()
+    inline = model.SerializeToString()
+    onnx.save(model, str(tmp_path / "m.onnx"), save_as_external_data=True,
+              all_tensors_to_one_file=True, location="m.data", size_threshold=0)
+    assert os.path.getsize(tmp_path / "m.data") > 0
+    block = import_model(str(tmp_path / "m.onnx"))
+    assert block.gluontl_onnx.source == str(tmp_path / "m.onnx")
+    assert_matches_ort(inline, block, {"x": RNG.randn(1, 3, 6, 6).astype("f")})
+
+
+# ----------------------------------------------------------------- quantization
+
+def qdq_model():
+    w = RNG.randn(4, 3).astype("f")
+    scale = np.float32(np.abs(w).max() / 127)
+    wq = np.clip(np.round(w / scale), -127, 127).astype(np.int8)
+    nodes = [node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
+             node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"]),
+             node("DequantizeLinear", ["fc.weight_quantized", "ws"], ["fc.weight_dq"]),
+             node("Gemm", ["xd", "fc.weight_dq"], ["y"], transB=1)]
+    return make_model(nodes, [("x", ["N", 3])], [("y", None)],
+                      {"xs": np.float32(0.02), "xz": np.uint8(128), "ws": scale,
+                       "fc.weight_quantized": wq})
+
+
+def test_qdq_weights_become_float_params_and_activations_fake_quantize():
+    model = qdq_model()
+    block = import_model(model)
+    params = block.collect_params()
+    assert [n for n, p in params.items() if p.grad_req == "write"] == ["fc.weight_dq"]
+    assert params["fc.weight_dq"].dtype == np.float32
+    x = (RNG.randn(6, 3) * 0.5).astype("f")
+    x[0, :2] = [0.01, 0.03]  # exact halves of the 0.02 step: ONNX rounds to even
+    assert_matches_ort(model, block, {"x": x}, tol=1e-6)
+    xa = mx.nd.array(x)
+    xa.attach_grad()
+    with mx.autograd.record():
+        loss = block(xa).sum()
+    loss.backward()
+    assert np.abs(xa.grad.asnumpy()).sum() > 0, "fake quantization must pass gradients"
