@@ -111,3 +111,10 @@ def named_params(block: HybridBlock) -> dict[str, ParamEntry]:
     """Every parameter once, under the structural name users write, in definition order."""
     return {e.name: e for e in _walk(block, "", set())}
 
+
+
+def shape_of(p: Parameter) -> tuple[int, ...]:
+    """The parameter's shape; SymbolBlock.imports leaves ``Parameter.shape`` None after loading."""
+    if p._data is not None:
+        return tuple(p._data[0].shape)
+    return tuple(p.shape or ())

@@ -22,7 +22,7 @@ import numpy as np
 from mxnet.gluon import HybridBlock, Parameter, SymbolBlock
 
 from .errors import RuleError
-from .naming import Layer, ParamEntry, named_params
+from .naming import Layer, ParamEntry, named_params, shape_of
 from .recipe import Rule
 from .stages import HEAD, STEM, Stage, stage_map
 
@@ -147,10 +147,14 @@ def make_plan(block: HybridBlock, rules: Iterable[Rule], *, epoch: int | None = 
     entries = named_params(block)
     needs_stages = any(p.rule.stage is not None for p in planned)
     stages: dict[str, Stage] = {}
-    if needs_stages:
-        if input_shape is None:
-            raise RuleError("stage selectors need the model's input shape (model.input_shape).")
-        stages = stage_map(block, input_shape)
+    if needs_stages and input_shape is None:
+        raise RuleError("stage selectors need the model's input shape (model.input_shape).")
+    if input_shape is not None:
+        try:
+            stages = stage_map(block, input_shape)
+        except RuleError:
+            if needs_stages:
+                raise
     values = {n: dict(DEFAULTS) for n in entries}
     decided = {n: {f: "default" for f in FIELDS} for n in entries}
     bn_rank: dict[int, tuple[int, str, str]] = {}  # id(layer) → (order, value, label)
@@ -193,8 +197,8 @@ def make_plan(block: HybridBlock, rules: Iterable[Rule], *, epoch: int | None = 
             d["bn"] = "-"
         if aux:
             d.update(grad_req="aux", lr_mult="aux", wd_mult="aux")
-        rows.append(Row(name=n, global_name=e.param.name, shape=tuple(e.param.shape),
-                        size=int(np.prod(e.param.shape)) if e.param.shape else 0,
+        shape = shape_of(e.param)
+        rows.append(Row(name=n, global_name=e.param.name, shape=shape, size=int(np.prod(shape)),
                         layer=e.layer.name if e.layer else None, layer_type=e.layer.type if e.layer else None,
                         stage=stages.get(n), aux=aux,
                         grad_req="null" if aux else v["grad_req"], lr_mult=v["lr_mult"], wd_mult=v["wd_mult"],

@@ -35,7 +35,7 @@ def _zoo(name: str, classes: int | None, kwargs: dict[str, Any], pretrained: boo
         close = difflib.get_close_matches(key, names, n=5)
         raise ModelSourceError(
             f"'{name}' is not a Gluon or GluonCV model-zoo name. Close matches: {', '.join(close) or 'none'}. "
-            f"`gluontl inspect --zoo` lists all {len(names)} names.")
+            f"`gluontl zoo` lists all {len(names)} names.")
     args = dict(kwargs)
     if classes is not None:
         args["classes"] = classes
@@ -45,8 +45,8 @@ def _zoo(name: str, classes: int | None, kwargs: dict[str, Any], pretrained: boo
         net = get_model(key, pretrained=pretrained, ctx=ctx, **args)
     except (OSError, ConnectionError) as e:
         raise ModelSourceError(
-            f"Downloading pretrained weights for '{name}' failed ({type(e).__name__}: {e}). gluontl has no "
-            f"network here: put the zoo's .params file in the zoo cache (~/.mxnet/models) or set "
+            f"Downloading pretrained weights for '{name}' failed ({type(e).__name__}: {str(e)[:160]}). Without "
+            f"network access, put the zoo's .params file in the zoo cache (~/.mxnet/models) or set "
             f"model.weights to a local file instead of pretrained: true.") from None
     except TypeError as e:
         raise ModelSourceError(f"zoo model '{name}' does not accept these arguments: {e}. "

@@ -15,7 +15,7 @@ import numpy as np
 from mxnet.gluon import HybridBlock
 
 from ..errors import ModelSourceError, RestoreError
-from ..naming import named_params
+from ..naming import named_params, shape_of
 
 
 @dataclasses.dataclass
@@ -109,8 +109,8 @@ def restore(block: HybridBlock, path: str | Path, *, prefix_map: dict[str, str] 
             report.missing.append(name)
             continue
         src = arrays[key]
-        if tuple(e.param.shape) != tuple(src.shape):
-            report.mismatched.append((name, tuple(e.param.shape), tuple(src.shape)))
+        if shape_of(e.param) != tuple(src.shape):
+            report.mismatched.append((name, shape_of(e.param), tuple(src.shape)))
             continue
         e.param.set_data(src.astype(e.param.dtype, copy=False))
         report.restored.append(name)

@@ -1,0 +1,97 @@
+"""Command line: thin typer layer over the API; user errors become exit code 2 and one paragraph."""
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from .errors import GluontlError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="gluontl: parameter-granular fine-tuning for MXNet Gluon.")
+
+RecipeOpt = typer.Option(..., "--recipe", "-r", help="YAML recipe (see recipes/)")
+SetOpt = typer.Option(None, "--set", help="override a recipe key, e.g. --set train.epochs=3")
+
+
+@app.command()
+def plan(recipe: Path = RecipeOpt, set_: Optional[List[str]] = SetOpt,
+         as_json: bool = typer.Option(False, "--json", help="print the plan as JSON")) -> None:
+    """Show every parameter's training settings and the rule that decided each."""
+    from .pipeline import prepare
+    from .recipe import load_recipe
+    from .rules import format_plan
+
+    r = load_recipe(recipe, set_)
+    prep = prepare(r, apply=False)
+    if as_json:
+        out = prep.plan.to_json()
+        out["restore"] = prep.restore.lines() if prep.restore else []
+        typer.echo(json.dumps(out, indent=1))
+        return
+    if prep.restore:
+        typer.echo("\n".join(prep.restore.lines()))
+    typer.echo(format_plan(prep.plan))
+
+
+@app.command()
+def inspect(model: str = typer.Argument(..., help="zoo:NAME, symbol:PREFIX or onnx:PATH"),
+            input_shape: str = typer.Option("3,224,224", help="C,H,W (no batch) to resolve shapes"),
+            classes: Optional[int] = typer.Option(None, help="zoo: rebuild the classifier for N classes"),
+            as_json: bool = typer.Option(False, "--json")) -> None:
+    """List a model's parameters with structural names, shapes, layer types and stages."""
+    from .recipe import ModelSpec
+    from .rules import format_plan, make_plan
+    from .sources import build_model
+
+    try:
+        shape = tuple(int(x) for x in input_shape.split(","))
+    except ValueError:
+        raise GluontlError(f"--input-shape '{input_shape}' must be comma-separated integers, e.g. 3,224,224.")
+    if model.startswith("onnx:"):
+        from .onnx import format_report, inspect_onnx
+
+        typer.echo(format_report(inspect_onnx(model[5:])))
+        return
+    block, _ = build_model(ModelSpec(source=model, input_shape=shape), classes=classes)
+    p = make_plan(block, [], input_shape=shape)
+    if as_json:
+        typer.echo(json.dumps(p.to_json()["params"], indent=1))
+    else:
+        typer.echo(format_plan(p))
+
+
+@app.command()
+def zoo(contains: str = typer.Argument("", help="only names containing this text")) -> None:
+    """List the model-zoo names usable as zoo:NAME (GluonCV's zoo, which includes Gluon's)."""
+    from .sources import zoo_names
+
+    typer.echo("\n".join(n for n in zoo_names() if contains.lower() in n))
+
+
+def main() -> None:
+    try:
+        app(standalone_mode=False)
+    except GluontlError as e:
+        _fail_plain(e)
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+    except Exception as e:  # click usage errors
+        import click
+
+        if isinstance(e, click.exceptions.ClickException):
+            e.show()
+            sys.exit(2)
+        if isinstance(e, click.exceptions.Abort):
+            sys.exit(130)
+        raise
+
+
+def _fail_plain(err: GluontlError) -> None:
+    msg = " ".join(str(err).split())
+    print("error: " + textwrap.fill(msg, width=100, subsequent_indent="       "), file=sys.stderr)
+    sys.exit(err.exit_code)

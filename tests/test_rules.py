@@ -1,0 +1,200 @@
+"""The plan decides exactly what trains; apply() makes MXNet do exactly that."""
+import mxnet as mx
+import numpy as np
+import pytest
+from gluoncv.model_zoo import get_model
+from helpers import batch, sgd_step, snapshot
+
+from gluontl.errors import RuleError
+from gluontl.recipe import Rule
+from gluontl.rules import apply_plan, make_plan, trainable_params
+
+SHAPE = (3, 32, 32)
+
+
+def zoo(name, classes=5):
+    net = get_model(name, classes=classes)
+    net.initialize(mx.init.Xavier())
+    net(mx.nd.zeros((1, *SHAPE)))
+    return net
+
+
+RECIPES = {
+    "head_only": [Rule(preset="freeze_all_but_head")],
+    "last_stage": [Rule(preset="freeze_all_but_head"), Rule(stage=[4], grad_req="write", bn="train", lr_mult=0.1)],
+    "by_type": [Rule(type=["BatchNorm"], grad_req="null", bn="frozen"), Rule(match=["*conv*", "features.0.*"],
+                                                                            grad_req="null", optional=True)],
+}
+
+
+@pytest.mark.parametrize("model", ["resnet18_v1", "resnet18_v1b"])
+@pytest.mark.parametrize("recipe", sorted(RECIPES))
+@pytest.mark.parametrize("hybrid", [False, True])
+def test_step_changes_exactly_planned_params(model, recipe, hybrid):
+    net = zoo(model)
+    plan = make_plan(net, RECIPES[recipe], input_shape=SHAPE)
+    apply_plan(net, plan)
+    if hybrid:
+        net.hybridize(static_alloc=True, static_shape=True)
+    before = snapshot(net)
+    x, y = batch()
+    sgd_step(net, x, y, steps=2)
+    after = snapshot(net)
+    rows = plan.by_name()
+    assert set(trainable_params(net)) == {n for n, r in rows.items() if r.trainable}
+    for name, row in rows.items():
+        changed = not np.array_equal(before[name], after[name])
+        if row.aux:
+            assert changed == (row.bn == "train" and _upstream_trains(plan, name)), name
+        else:
+            assert changed == row.trainable, name
+    assert any(r.trainable for r in rows.values()) and any(not r.trainable for r in rows.values())
+
+
+def _upstream_trains(plan, name):
+    for r in plan.rows:
+        if r.trainable:
+            return True
+        if r.name == name:
+            return False
+    return False
+
+
+def test_grad_req_add_accumulates_sum_of_two_backwards():
+    net = zoo("resnet18_v1")
+    apply_plan(net, make_plan(net, [Rule(match=["*"], grad_req="add"), Rule(type=["BatchNorm"], bn="frozen")],
+                              input_shape=SHAPE))
+    loss_fn = mx.gluon.loss.SoftmaxCrossEntropyLoss()
+    (x1, y1), (x2, y2) = batch(seed=1), batch(seed=2)
+    grads = []
+    for x, y in ((x1, y1), (x2, y2)):
+        for p in net.collect_params().values():
+            if p.grad_req != "null":
+                p.zero_grad()
+        with mx.autograd.record():
+            loss_fn(net(x), y).backward()
+        grads.append({k: p.grad().asnumpy().copy() for k, p in trainable_params(net).items()})
+    for p in net.collect_params().values():
+        if p.grad_req != "null":
+            p.zero_grad()
+    for x, y in ((x1, y1), (x2, y2)):
+        with mx.autograd.record():
+            loss_fn(net(x), y).backward()
+    for k, p in trainable_params(net).items():
+        np.testing.assert_allclose(p.grad().asnumpy(), grads[0][k] + grads[1][k], rtol=1e-4, atol=1e-6)
+
+
+def test_lr_mult_scales_the_update():
+    x, y = batch()
+    deltas = {}
+    for mult in (1.0, 0.1):
+        mx.random.seed(0)
+        net = zoo("resnet18_v1")
+        apply_plan(net, make_plan(net, [Rule(preset="freeze_all_but_head"),
+                                        Rule(match=["output.*"], lr_mult=mult)], input_shape=SHAPE))
+        before = snapshot(net)["output.weight"]
+        sgd_step(net, x, y)
+        deltas[mult] = snapshot(net)["output.weight"] - before
+    np.testing.assert_allclose(deltas[0.1], deltas[1.0] * 0.1, rtol=1e-4, atol=1e-8)
+    assert np.abs(deltas[1.0]).max() > 0
+
+
+@pytest.mark.parametrize("hybrid", [False, True])
+def test_bn_frozen_keeps_statistics_and_uses_them(hybrid):
+    net = zoo("resnet18_v1")
+    # Everything trains (so backward reaches every BN) but BN statistics are frozen.
+    apply_plan(net, make_plan(net, [Rule(type=["BatchNorm"], bn="frozen")], input_shape=SHAPE))
+    if hybrid:
+        net.hybridize(static_alloc=True, static_shape=True)
+    bn_stats = [n for n in snapshot(net) if n.endswith(("running_mean", "running_var"))]
+    before = snapshot(net)
+    x, y = batch()
+    sgd_step(net, x, y, steps=2)
+    after = snapshot(net)
+    for n in bn_stats:
+        assert np.array_equal(before[n], after[n]), n
+    with mx.autograd.record(train_mode=True):
+        train_out = net(x)
+    with mx.autograd.predict_mode():
+        infer_out = net(x)
+    # batch statistics would differ by orders of magnitude; kernels differ by rounding only
+    np.testing.assert_allclose(train_out.asnumpy(), infer_out.asnumpy(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("hybrid", [False, True])
+def test_bn_train_moves_statistics_of_trainable_bn(hybrid):
+    net = zoo("resnet18_v1")
+    apply_plan(net, make_plan(net, [], input_shape=SHAPE))
+    if hybrid:
+        net.hybridize(static_alloc=True, static_shape=True)
+    before = snapshot(net)
+    x, y = batch()
+    sgd_step(net, x, y)
+    after = snapshot(net)
+    stats = [n for n in before if n.endswith(("running_mean", "running_var"))]
+    assert all(not np.array_equal(before[n], after[n]) for n in stats)
+
+
+def test_rules_changed_after_hybridized_forward_take_effect():
+    net = zoo("resnet18_v1")
+    net.hybridize(static_alloc=True, static_shape=True)
+    apply_plan(net, make_plan(net, [Rule(preset="freeze_all_but_head")], input_shape=SHAPE))
+    x, y = batch()
+    sgd_step(net, x, y)  # traced with the backbone frozen
+    apply_plan(net, make_plan(net, [Rule(match=["features.*"], grad_req="null", bn="frozen"),
+                                    Rule(match=["features.7.*"], grad_req="write", bn="train")],
+                              input_shape=SHAPE))
+    before = snapshot(net)
+    sgd_step(net, x, y)
+    after = snapshot(net)
+    assert not np.array_equal(before["features.7.1.body.0.weight"], after["features.7.1.body.0.weight"])
+    assert not np.array_equal(before["features.7.1.body.1.running_mean"], after["features.7.1.body.1.running_mean"])
+    assert np.array_equal(before["features.0.weight"], after["features.0.weight"])
+    # and back: freezing stage 4 again stops it from moving, statistics included
+    apply_plan(net, make_plan(net, [Rule(preset="freeze_all_but_head")], input_shape=SHAPE))
+    before = snapshot(net)
+    sgd_step(net, x, y)
+    after = snapshot(net)
+    assert np.array_equal(before["features.7.1.body.0.weight"], after["features.7.1.body.0.weight"])
+    assert np.array_equal(before["features.7.1.body.1.running_var"], after["features.7.1.body.1.running_var"])
+    assert not np.array_equal(before["output.weight"], after["output.weight"])
+
+
+def test_later_rules_override_field_by_field_and_plan_names_the_rule():
+    net = zoo("resnet18_v1")
+    plan = make_plan(net, [Rule(match=["*"], grad_req="null", lr_mult=0.5),
+                           Rule(match=["features.7.*"], grad_req="write"),
+                           Rule(match=["*.weight"], wd_mult=0.0)], input_shape=SHAPE)
+    row = plan.by_name()["features.7.0.body.0.weight"]
+    assert (row.grad_req, row.lr_mult, row.wd_mult) == ("write", 0.5, 0.0)
+    assert row.decided_by == {"grad_req": "2", "lr_mult": "1", "wd_mult": "3", "bn": "-"}
+    gamma = plan.by_name()["features.1.gamma"]
+    assert (gamma.grad_req, gamma.wd_mult, gamma.decided_by["wd_mult"]) == ("null", 1.0, "default")
+
+
+def test_stage_map_and_presets_on_two_families():
+    for name, stage4, head in (("resnet18_v1", "features.7.0.body.0.weight", "output.weight"),
+                               ("resnet18_v1b", "layer4.0.conv1.weight", "fc.weight")):
+        net = zoo(name)
+        plan = make_plan(net, [Rule(preset="freeze_until_stage", until_stage=3)], input_shape=SHAPE)
+        rows = plan.by_name()
+        assert rows[stage4].stage == 4 and rows[stage4].trainable
+        assert rows[head].stage == "head" and rows[head].trainable
+        assert all(not r.trainable for r in rows.values() if r.stage in ("stem", 1, 2, 3))
+        assert [r.label for r in plan.rules] == ["1.1"]
+
+
+def test_errors_rule_matching_nothing_and_bn_on_conv():
+    net = zoo("resnet18_v1")
+    with pytest.raises(RuleError, match=r"rule 1 .*layer4\.\*.*matches no parameter"):
+        make_plan(net, [Rule(match=["layer4.*"], grad_req="null")], input_shape=SHAPE)
+    with pytest.raises(RuleError, match=r"rule 1 sets bn: frozen but matches no BatchNorm"):
+        make_plan(net, [Rule(type=["Conv"], bn="frozen")], input_shape=SHAPE)
+    plan = make_plan(net, [Rule(match=["layer4.*"], grad_req="null", optional=True)], input_shape=SHAPE)
+    assert all(r.grad_req == "write" for r in plan.rows if not r.aux)
+
+
+def test_plan_notes_bn_train_that_cannot_move():
+    net = zoo("resnet18_v1")
+    plan = make_plan(net, [Rule(match=["features.*"], grad_req="null")], input_shape=SHAPE)
+    assert any("will not move" in n for n in plan.notes)
