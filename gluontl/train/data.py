@@ -11,6 +11,10 @@ function of ``(seed, epoch)`` and which hands the dataset ``(index, epoch)`` key
 transforms draw from ``sample_rng(seed, epoch, index)``. So batches do not depend on the
 worker count, and resuming mid-epoch is ``set_epoch(e); skip(k)``.
 
+Folder sources ignore hidden files and folders (``.DS_Store``, ``.ipynb_checkpoints``) and
+read class folders recursively. Labels come out as float32 (MXNet's convention, what
+``SoftmaxCrossEntropyLoss`` and the metrics take); images as float32 CHW.
+
 Single-file ``list:`` and ``rec:`` sources (no ``{split}`` in the path) are split into train
 and val by a stratified hold-out of ``data.val_fraction`` with a fixed seed, like the demo.
 """

@@ -89,8 +89,8 @@ def decode_image(source: str | Path | bytes, name: str | None = None) -> np.ndar
             return np.array(im.convert("RGB") if im.mode != "RGB" else im, np.uint8)
     except Exception as e:
         where = name or str(source)
-        raise DataError(f"Cannot read image '{where}': {e}. Replace or delete the file, or set "
-                        f"data.on_bad_image: skip to leave unreadable images out.") from None
+        raise DataError(f"Cannot read image '{where}': {e}. Replace or delete the file (datasets are "
+                        f"checked when loaded, so a file failing later was changed or removed since).") from None
 
 
 def load_image(path: str | Path) -> np.ndarray:

@@ -9,6 +9,8 @@ import cv2
 import mxnet as mx
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from PIL import Image
 
 from gluontl.errors import DataError
@@ -142,8 +144,8 @@ def test_bad_files_under_skip_policy_are_excluded_and_reported(tmp_path):
 
 
 def test_other_modes_become_rgb_uint8(tmp_path):
-    d = tmp_path / "modes"
-    d.mkdir()
+    d = tmp_path / "modes" / "x"
+    d.mkdir(parents=True)
     gray = np.array([[0, 50], [128, 255]], np.uint8)
     Image.fromarray(gray, "L").save(d / "gray.png")
     sixteen = np.array([[0, 257 * 100], [65535, 1000]], np.uint16)
@@ -176,6 +178,9 @@ def test_other_modes_become_rgb_uint8(tmp_path):
         got = load_image(d / name)
         assert got.dtype == np.uint8 and got.shape == want.shape, name
         assert (got == want).all(), name
+    for policy in ("error", "skip"):  # odd modes are good images under either policy
+        ds = load_split(DataSpec(source=f"folder:{tmp_path}", train="modes", on_bad_image=policy), "modes")
+        assert len(ds) == len(expect) and len(ds.bad) == 0 and ds.class_names == ["x"]
 
 
 # ---------------------------------------------------------------- rec: and list:
@@ -362,3 +367,14 @@ def test_epoch_sampler_keep_and_discard():
     got = list(discard)
     assert len(got) == 2 and all(e == 4 for b in got for _, e in b)
     assert [i for b in got for i, _ in b] == discard.order(4)[:6].tolist()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 4), min_size=1, max_size=60), st.floats(0.05, 0.95))
+def test_stratified_holdout_takes_the_fraction_of_every_class(labels, fraction):
+    labels = np.array(labels)
+    mask = stratified_holdout(labels, fraction)
+    assert (mask == stratified_holdout(labels.copy(), fraction)).all()
+    for c in np.unique(labels):
+        n = int(np.sum(labels == c))
+        assert int(np.sum(mask[labels == c])) == min(round(fraction * n), n - 1)
