@@ -1,0 +1,116 @@
+import mxnet as mx
+import numpy as np
+import pytest
+from opcheck import check, run_ort
+
+from gluontl.errors import OnnxImportError
+from gluontl.onnx import registry
+from gluontl.onnx.registry import Tensor
+
+R = np.random.RandomState(0)
+
+
+def f(*shape):
+    return R.randn(*shape).astype("f")
+
+
+def _bn_inputs(shape):
+    c = shape[1]
+    return {"x": f(*shape), "scale": f(c), "bias": f(c), "mean": f(c), "var": R.uniform(0.5, 2, c).astype("f")}
+
+
+def _convert(op, inputs, attrs, opset, consts=(), n_outputs=1):
+    model, ref = run_ort(op, inputs, attrs, consts, opset, n_outputs)
+    node = registry.node_from_proto(model.graph.node[0], opset)
+    tensors = [None if a is None else Tensor(n, mx.sym.var(n), const=a if n in consts else None, shape=a.shape)
+               for n, a in inputs.items()]
+    return registry.get(op, opset)(node, tensors), ref
+
+
+@pytest.mark.parametrize("shape,attrs,opset", [
+    ((2, 3, 5, 4), {}, 15), ((2, 3, 5, 4), {"epsilon": 1e-2, "momentum": 0.7}, 9),
+    ((4, 3), {}, 14), ((2, 3, 7), {"epsilon": 1e-6}, 7), ((2, 3, 2, 3, 2), {}, 15),
+])
+def test_batch_norm_inference(shape, attrs, opset):
+    check("BatchNormalization", _bn_inputs(shape), attrs, consts={"scale", "bias", "mean", "var"},
+          opset=opset, rtol=1e-4, atol=1e-4)
+
+
+def test_batch_norm_running_stats_are_aux_states_with_onnx_momentum():
+    inputs = _bn_inputs((4, 3, 5, 5))
+    sym, _ = _convert("BatchNormalization", inputs, {"momentum": 0.8}, 15, consts={"scale", "bias", "mean", "var"})
+    assert sym.list_auxiliary_states() == ["mean", "var"]
+    assert sym.list_arguments() == ["x", "scale", "bias"]
+    args = {k: mx.nd.array(inputs[k]) for k in sym.list_arguments()}
+    grads = {k: mx.nd.zeros_like(v) for k, v in args.items()}
+    aux = {k: mx.nd.array(inputs[k]) for k in ("mean", "var")}
+    exe = sym.bind(mx.cpu(), args=args, args_grad=grads, aux_states=aux)
+    y = exe.forward(is_train=True)[0].asnumpy()
+    x = inputs["x"]
+    bm, bv = x.mean(axis=(0, 2, 3)), x.var(axis=(0, 2, 3))
+    expect = (x - bm[:, None, None]) / np.sqrt(bv[:, None, None] + 1e-5) * inputs["scale"][:, None, None] \
+        + inputs["bias"][:, None, None]
+    np.testing.assert_allclose(y, expect, rtol=1e-4, atol=1e-4)  # trains on batch statistics
+    np.testing.assert_allclose(exe.aux_dict["mean"].asnumpy(), 0.8 * inputs["mean"] + 0.2 * bm, rtol=1e-5,
+                               atol=1e-6)
+    exe.backward([mx.nd.array(R.randn(*y.shape))])
+    for k, g in grads.items():
+        g = g.asnumpy()
+        assert np.isfinite(g).all() and np.abs(g).sum() > 0, k
+
+
+def test_batch_norm_with_computed_statistics():
+    inputs = _bn_inputs((2, 3, 4, 4))
+    model, ref = run_ort("BatchNormalization", inputs, {}, (), 15)
+    node = registry.node_from_proto(model.graph.node[0], 15)
+    tensors = [Tensor(n, mx.sym.var(n) * 1.0 if n in ("mean", "var") else mx.sym.var(n), shape=a.shape)
+               for n, a in inputs.items()]
+    sym = registry.get("BatchNormalization", 15)(node, tensors)
+    got = sym.eval(**{k: mx.nd.array(v) for k, v in inputs.items()})[0].asnumpy()
+    np.testing.assert_allclose(got, ref[0], rtol=1e-4, atol=1e-4)
+
+
+def test_batch_norm_training_outputs_are_clear_error():
+    with pytest.raises(OnnxImportError, match="batchnormalization_node.*inference mode"):
+        _convert("BatchNormalization", _bn_inputs((2, 3, 4)), {"training_mode": 1}, 15, n_outputs=3)
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 5, 4), (2, 3, 7)])
+def test_instance_norm(shape):
+    check("InstanceNormalization", {"x": f(*shape), "s": f(3), "b": f(3)}, {"epsilon": 1e-3}, consts={"s", "b"},
+          opset=6, grad=True, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("shape,axis", [((2, 5, 6), -1), ((2, 5, 6), 1), ((2, 3, 4, 5), -2), ((4, 6), 0)])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_layer_norm(shape, axis, with_bias):
+    norm_shape = shape[axis:]
+    inputs = {"x": f(*shape), "s": f(*norm_shape), "b": f(*norm_shape) if with_bias else None}
+    check("LayerNormalization", inputs, {"axis": axis, "epsilon": 1e-3}, consts={"s", "b"}, opset=17,
+          grad=True, rtol=1e-4, atol=1e-4)
+
+
+def test_layer_norm_mean_and_inv_std_outputs():
+    inputs = {"x": f(2, 3, 4), "s": f(3, 4), "b": f(3, 4)}
+    check("LayerNormalization", inputs, {"axis": 1}, consts={"s", "b"}, opset=17, n_outputs=3, grad=True,
+          rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("opset", [18, 21])
+def test_group_norm(opset):
+    groups, c = 2, 6
+    n_params = groups if opset == 18 else c
+    inputs = {"x": f(2, c, 4, 3), "s": f(n_params), "b": f(n_params)}
+    check("GroupNormalization", inputs, {"num_groups": groups, "epsilon": 1e-3}, consts={"s", "b"}, opset=opset,
+          grad=True, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("p,axis", [(2, -1), (1, 1), (2, 0)])
+def test_lp_normalization(p, axis):
+    check("LpNormalization", {"x": f(3, 4, 5)}, {"p": p, "axis": axis}, opset=1, grad=True, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape,size", [((2, 7, 4, 3), 3), ((2, 7, 4, 3), 4), ((2, 7, 5), 5)])
+def test_lrn(shape, size):
+    check("LRN", {"x": f(*shape)}, {"size": size, "alpha": 1e-2, "beta": 0.6, "bias": 2.0}, opset=13,
+          grad=True, rtol=1e-4, atol=1e-5)
