@@ -1,0 +1,126 @@
+"""Reductions: Reduce*, ArgMax/ArgMin, CumSum, TopK.
+
+A reduction to a scalar with keepdims=0 yields shape (1,) (MXNet has no 0-d tensors).
+MXNet returns indices as float32; they are cast to int64 like ONNX.
+"""
+from __future__ import annotations
+
+import mxnet as mx
+
+from ..registry import converter
+from .shape import axes_arg, need_rank, norm_axes
+
+_I = mx.sym._internal
+
+# opset at which ``axes`` moved from an attribute to an input
+_AXES_INPUT = {"ReduceSum": 13}
+
+
+def _reduce_axes(node, inputs):
+    """Normalised axes, None for all axes, or "noop" for the identity."""
+    axes = axes_arg(node, inputs, 1, since=_AXES_INPUT.get(node.op_type, 18))
+    if not axes:
+        if node.attr("noop_with_empty_axes", 0) and node.opset >= _AXES_INPUT.get(node.op_type, 18):
+            return "noop"
+        return None
+    rank = inputs[0].rank
+    if rank is None:
+        if min(axes) < 0:
+            raise node.unsupported("negative axes on an input of unknown rank")
+        return tuple(axes)
+    return tuple(norm_axes(node, axes, rank))
+
+
+def _sum(x, axis, keep, name):
+    return mx.sym.sum(x, axis=axis, keepdims=keep, name=name)
+
+
+def _log_sum_exp(node, x, axis, keep):
+    """Stable: max + log(sum(exp(x - max)))."""
+    peak = mx.sym.max(x, axis=axis, keepdims=True, name=node.sub("max"))
+    shifted = mx.sym.exp(mx.sym.broadcast_sub(x, mx.sym.BlockGrad(peak, name=node.sub("stop")),
+                                              name=node.sub("shift")), name=node.sub("exp"))
+    total = mx.sym.log(_sum(shifted, axis, keep, node.sub("sum")), name=node.sub("log"))
+    peak = peak if keep else mx.sym.max(x, axis=axis, keepdims=False, name=node.sub("max_flat"))
+    return mx.sym.broadcast_add(total, mx.sym.BlockGrad(peak, name=node.sub("peak")),
+                                name=node.name)
+
+
+_REDUCE = {
+    "ReduceSum": lambda n, x, a, k: _sum(x, a, k, n.name),
+    "ReduceMean": lambda n, x, a, k: mx.sym.mean(x, axis=a, keepdims=k, name=n.name),
+    "ReduceMax": lambda n, x, a, k: mx.sym.max(x, axis=a, keepdims=k, name=n.name),
+    "ReduceMin": lambda n, x, a, k: mx.sym.min(x, axis=a, keepdims=k, name=n.name),
+    "ReduceProd": lambda n, x, a, k: mx.sym.prod(x, axis=a, keepdims=k, name=n.name),
+    "ReduceL1": lambda n, x, a, k: _sum(mx.sym.abs(x, name=n.sub("abs")), a, k, n.name),
+    "ReduceL2": lambda n, x, a, k: mx.sym.sqrt(
+        _sum(mx.sym.square(x, name=n.sub("sq")), a, k, n.sub("sum")), name=n.name),
+    "ReduceSumSquare": lambda n, x, a, k: _sum(mx.sym.square(x, name=n.sub("sq")), a, k,
+                                               n.name),
+    "ReduceLogSum": lambda n, x, a, k: mx.sym.log(_sum(x, a, k, n.sub("sum")), name=n.name),
+    "ReduceLogSumExp": _log_sum_exp,
+}
+
+
+@converter(list(_REDUCE), since=1)
+def reduce(node, inputs):
+    axes = _reduce_axes(node, inputs)
+    x = inputs[0].sym
+    if axes == "noop":  # onnxruntime still applies the elementwise part of these two
+        fn = {"ReduceLogSum": mx.sym.log, "ReduceSumSquare": mx.sym.square}.get(node.op_type,
+                                                                               mx.sym.identity)
+        return fn(x, name=node.name)
+    return _REDUCE[node.op_type](node, x, axes, bool(node.attr("keepdims", 1)))
+
+
+@converter(["ArgMax", "ArgMin"], since=1)
+def arg_extreme(node, inputs):
+    x = inputs[0]
+    axis, keep = node.attr("axis", 0), bool(node.attr("keepdims", 1))
+    if axis < 0:
+        axis += need_rank(node, x)
+    op = mx.sym.argmax if node.op_type == "ArgMax" else mx.sym.argmin
+    if node.opset >= 12 and node.attr("select_last_index", 0):
+        # last extreme = first extreme of the reversed axis, counted from the end
+        rev = mx.sym.reverse(x.sym, axis=axis, name=node.sub("rev"))
+        idx = op(rev, axis=axis, keepdims=keep, name=node.sub("arg"))
+        dim = mx.sym.slice_axis(mx.sym.shape_array(x.sym, name=node.sub("shape")), axis=0,
+                                begin=axis, end=axis + 1,
+                                name=node.sub("dim"))
+        last = _I._minus_scalar(mx.sym.Cast(dim, dtype="float32", name=node.sub("dimf")),
+                                scalar=1.0, name=node.sub("last"))
+        idx = mx.sym.broadcast_sub(last, idx, name=node.sub("flip"))
+    else:
+        idx = op(x.sym, axis=axis, keepdims=keep, name=node.sub("arg"))
+    return mx.sym.Cast(idx, dtype="int64", name=node.name)
+
+
+@converter("CumSum", since=11)
+def cumsum(node, inputs):
+    x = inputs[0]
+    axis = norm_axes(node, inputs[1].need_const(node, "axis"), need_rank(node, x))[0]
+    sym = x.sym
+    reverse = node.attr("reverse", 0)
+    if reverse:
+        sym = mx.sym.reverse(sym, axis=axis, name=node.sub("rev_in"))
+    total = mx.sym.cumsum(sym, axis=axis, name=node.sub("cumsum") if reverse or
+                          node.attr("exclusive", 0) else node.name)
+    if node.attr("exclusive", 0):  # shift by one: drop each element's own term
+        total = mx.sym.elemwise_sub(total, sym, name=node.sub("excl") if reverse else node.name)
+    if reverse:
+        total = mx.sym.reverse(total, axis=axis, name=node.name)
+    return total
+
+
+@converter("TopK", since=1)
+def topk(node, inputs):
+    x = inputs[0]
+    if node.opset < 10:
+        k = node.attr("k")
+    else:
+        k = int(inputs[1].need_const(node, "k").reshape(-1)[0])
+    largest = node.attr("largest", 1) if node.opset >= 11 else 1
+    values, idx = mx.sym.topk(x.sym, axis=node.attr("axis", -1), k=k, ret_typ="both",
+                              is_ascend=not largest, name=node.sub("topk"))
+    return [mx.sym.identity(values, name=node.name),
+            mx.sym.Cast(idx, dtype="int64", name=node.sub("indices"))]

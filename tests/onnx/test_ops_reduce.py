@@ -1,0 +1,65 @@
+import numpy as np
+import pytest
+from opcheck import check, run_mx, run_ort
+
+R = np.random.RandomState(3)
+X = R.uniform(0.5, 2.0, (2, 3, 4)).astype(np.float32)
+OPS = ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1",
+       "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare"]
+
+
+def i64(*v):
+    return np.array(v, np.int64)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_reduce_attr_form(op):
+    for axes, keep in [([1], 1), ([0, -1], 0), (None, 1)]:
+        attrs = {"keepdims": keep} if axes is None else {"axes": axes, "keepdims": keep}
+        check(op, {"x": X}, attrs, opset=11, grad=True, rtol=1e-4, atol=1e-4)
+    # all axes without keepdims is 0-d in ONNX and shape (1,) in MXNet
+    model, ref = run_ort(op, {"x": X}, {"keepdims": 0}, opset=11)
+    got, _ = run_mx(model, {"x": X}, opset=11)
+    assert ref[0].shape == () and got[0].shape == (1,)
+    np.testing.assert_allclose(got[0][0], ref[0], rtol=1e-4)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_reduce_input_form(op):
+    opset = 13 if op == "ReduceSum" else 18
+    check(op, {"x": X, "a": i64(-2)}, {"keepdims": 0}, consts={"a"}, opset=opset, grad=True,
+          rtol=1e-4, atol=1e-4)
+    check(op, {"x": X}, {"keepdims": 1}, opset=opset, grad=True, rtol=1e-4, atol=1e-4)
+    # noop_with_empty_axes: no axes means identity rather than "all axes"
+    check(op, {"x": X}, {"noop_with_empty_axes": 1}, opset=opset, grad=True)
+
+
+def test_log_sum_exp_is_stable():
+    x = np.array([[1000.0, 1000.0], [-1000.0, 0.0]], np.float32)
+    check("ReduceLogSumExp", {"x": x}, {"axes": [1]}, opset=13, grad=True)
+
+
+@pytest.mark.parametrize("op", ["ArgMax", "ArgMin"])
+def test_arg_extreme(op):
+    x = np.array([[1, 3, 3, 0], [2, 0, 0, 2], [5, 5, 5, 5]], np.float32)
+    for axis in (0, 1, -1):
+        for keep in (0, 1):
+            for last in (0, 1):
+                check(op, {"x": x}, {"axis": axis, "keepdims": keep, "select_last_index": last},
+                      opset=13)
+
+
+@pytest.mark.parametrize("exclusive,reverse", [(0, 0), (1, 0), (0, 1), (1, 1)])
+def test_cumsum(exclusive, reverse):
+    x = R.randn(3, 5).astype(np.float32)
+    for axis in (1, -2):
+        check("CumSum", {"x": x, "a": np.array(axis, np.int64)},
+              {"exclusive": exclusive, "reverse": reverse}, consts={"a"}, grad=True)
+
+
+@pytest.mark.parametrize("largest", [1, 0])
+def test_topk(largest):
+    x = R.permutation(24).reshape(2, 3, 4).astype(np.float32)
+    check("TopK", {"x": x, "k": i64(2)}, {"axis": 1, "largest": largest}, consts={"k"},
+          n_outputs=2, opset=11, grad=True)
+    check("TopK", {"x": x}, {"k": 3}, n_outputs=2, opset=9)
