@@ -189,8 +189,8 @@ def make_loaders(spec: DataSpec, *, seed: int, shuffle_train: bool = True,
                  last_batch: LastBatch = "discard",
                  which: Iterable[Literal["train", "val"]] = ("train", "val")) -> Loaders:
     """Train/val loaders; train drops its last partial batch by default (BatchNorm-friendly)."""
-    which = set(which)
-    sets = {w: load_split(spec, getattr(spec, w), train=(w == "train"), seed=seed) for w in which}
+    sets = {w: load_split(spec, getattr(spec, w), train=(w == "train"), seed=seed)
+            for w in dict.fromkeys(which)}
     class_names = max((ds.class_names for ds in sets.values()), key=len)
     bad = BadImageReport()
     loaders: dict[str, gluon.data.DataLoader | None] = {"train": None, "val": None}
