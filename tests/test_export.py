@@ -128,6 +128,9 @@ def test_corrupted_weight_is_caught(zoo_export, tmp_path):
     assert verify_onnx(net, path, batch).ok
     report = verify_onnx(net, tmp_path / "bad.onnx", batch)
     assert not report.ok and report.max_rel > 1e-4 and report.max_abs > 0
+    (tmp_path / "cut.onnx").write_bytes(path.read_bytes()[:1000])
+    with pytest.raises(ExportError, match=r"cut\.onnx"):
+        verify_onnx(net, tmp_path / "cut.onnx", batch)
 
 
 SB_SHAPES = {"meta": (1, 4), "img": (1, 3, 8, 8)}
@@ -256,4 +259,46 @@ def test_bad_input_names_and_sample(tmp_path):
     with pytest.raises(ExportError, match=r"sample\['img'\] has shape"):
         export_onnx(block, tmp_path / "a.onnx", SB_SHAPES,
                     sample={"meta": np.zeros((2, 4)), "img": np.zeros((2, 3, 9, 9))})
+    assert list(tmp_path.iterdir()) == []
+
+
+class _TwoInputs(mx.gluon.HybridBlock):
+    """Plain Gluon block: two inputs, BN after Dense (a Gemm fold), one output passing an input through."""
+
+    def __init__(self):
+        super().__init__()
+        with self.name_scope():
+            self.fc = nn.Dense(3)
+            self.bn = nn.BatchNorm()
+
+    def hybrid_forward(self, F, a, b):
+        return self.bn(self.fc(a)) * b, a
+
+
+@pytest.mark.parametrize("opset", [13, 17])
+def test_plain_block_two_inputs_gemm_fold(tmp_path, opset):
+    net = _TwoInputs()
+    net.initialize()
+    net.hybridize()
+    net(mx.nd.zeros((1, 5)), mx.nd.zeros((1, 3)))
+    _randomize_batchnorm(net, seed=2)
+    shapes = {"a": (1, 5), "b": (1, 3)}
+    path = export_onnx(net, tmp_path / "two.onnx", shapes, opset=opset, output_names=["y", "a_out"])
+    model = onnx.load(path)
+    assert {o.domain: o.version for o in model.opset_import}[""] == opset
+    # BN folded into the Gemm; the pass-through output keeps its Identity (it cannot be renamed away).
+    assert [n.op_type for n in model.graph.node] == ["Flatten", "Gemm", "Mul", "Identity"]
+    assert [o.name for o in model.graph.output] == ["y", "a_out"]
+    for batch in _batches(shapes, seed=8):
+        assert verify_onnx(net, path, batch).max_rel <= 1e-4
+
+
+class _Softsign(mx.gluon.HybridBlock):
+    def hybrid_forward(self, F, x):
+        return F.softsign(x)
+
+
+def test_unsupported_op_is_a_clear_error(tmp_path):
+    with pytest.raises(ExportError, match="softsign"):
+        export_onnx(_Softsign(), tmp_path / "s.onnx", {"data": (1, 4)})
     assert list(tmp_path.iterdir()) == []

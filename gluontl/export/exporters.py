@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from pathlib import Path
 
 import mxnet as mx
@@ -36,7 +37,7 @@ def _mx_to_onnx(traced: TracedBlock, opset: int) -> onnx.ModelProto:
             traced.symbol, {**traced.arg_params, **traced.aux_params}, shapes,
             [onnx.TensorProto.FLOAT] * len(shapes), opset_version=mx_opset,
             dynamic=True, dynamic_input_shapes=[(None, *s[1:]) for s in shapes])
-    except (AttributeError, NotImplementedError, ValueError, AssertionError, KeyError) as err:
+    except (AttributeError, NotImplementedError, ValueError, AssertionError, KeyError, mx.base.MXNetError) as err:
         raise ExportError(
             f"mx.onnx cannot convert this model to ONNX opset {opset}: {err}. Replace the unsupported "
             "layer, or ship the model with export_symbol instead."
@@ -79,6 +80,7 @@ def _finish(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
             model = version_converter.convert_version(model, opset)
         except Exception as err:  # the converter raises bare RuntimeErrors from C++
             raise ExportError(f"onnx cannot convert the export to opset {opset}: {err}. Use opset 13.") from err
+        model.ir_version = helper.find_min_ir_version_for(list(model.opset_import))
     del model.graph.value_info[:]
     try:
         model = shape_inference.infer_shapes(model, strict_mode=True)
@@ -178,7 +180,9 @@ def export_symbol(
     with staged(json_path) as tmp_json, staged(params_path) as tmp_params:
         fill(tmp_json, json_path, lambda p: traced.symbol.save(os.fspath(p), remove_amp_cast=True))
         fill(tmp_params, params_path, lambda p: mx.nd.save(os.fspath(p), params))
-        reloaded = mx.gluon.SymbolBlock.imports(os.fspath(tmp_json), list(traced.input_shapes), os.fspath(tmp_params))
+        with warnings.catch_warnings():  # imports() warns that input dtypes are unknown; they are float32
+            warnings.simplefilter("ignore", UserWarning)
+            reloaded = mx.gluon.SymbolBlock.imports(os.fspath(tmp_json), list(traced.input_shapes), os.fspath(tmp_params))
         batch = dummy_inputs(traced.input_shapes, 2, seed=2)
         for name, got, want in zip(traced.output_names, predict(reloaded, batch), predict(block, batch)):
             if not np.allclose(got, want, rtol=1e-5, atol=1e-6):

@@ -55,7 +55,7 @@ def drop_noop_nodes(graph: onnx.GraphProto) -> int:
     return removed
 
 
-def _fold_target(graph: onnx.GraphProto, bn: onnx.NodeProto, producers: dict, consumers: Counter,
+def _fold_target(bn: onnx.NodeProto, producers: dict, consumers: Counter,
                  inits: dict[str, onnx.TensorProto], outputs: set[str]) -> onnx.NodeProto | None:
     """The Conv/Gemm whose only consumer is ``bn`` and whose weights are constants, if any."""
     if len(bn.output) != 1 or any(a.name == "training_mode" and a.i for a in bn.attribute):
@@ -105,7 +105,7 @@ def fold_batchnorm(graph: onnx.GraphProto) -> int:
     for bn in [n for n in graph.node if n.op_type == "BatchNormalization"]:
         producers = {o: n for n in graph.node for o in n.output}
         consumers = Counter(i for n in graph.node for i in n.input) + Counter(outputs)
-        prev = _fold_target(graph, bn, producers, consumers, inits, outputs)
+        prev = _fold_target(bn, producers, consumers, inits, outputs)
         if prev is None:
             continue
         eps = next((a.f for a in bn.attribute if a.name == "epsilon"), 1e-5)

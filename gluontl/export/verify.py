@@ -51,7 +51,7 @@ def compare(session: ort.InferenceSession, block: mx.gluon.HybridBlock, inputs: 
             f"The ONNX file takes inputs {file_inputs} but {sorted(inputs)} were given; "
             "pass one array per file input, keyed by its name."
         )
-    ordered = {name: np.asarray(inputs[name]) for name in file_inputs}
+    ordered = {name: np.asarray(inputs[name], dtype=np.float32) for name in file_inputs}
     got = session.run(None, ordered)
     want = predict(block, ordered)
     names = [o.name for o in session.get_outputs()]
