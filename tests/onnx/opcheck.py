@@ -22,7 +22,8 @@ NP2ONNX = {np.dtype(k): v for k, v in {
     "int8": onnx.TensorProto.INT8, "float16": onnx.TensorProto.FLOAT16}.items()}
 
 
-def run_ort(op_type, inputs, attrs, consts=(), opset=17, n_outputs=1, domain=""):
+def make_model(op_type, inputs, attrs, consts=(), opset=17, n_outputs=1, domain=""):
+    """The single-node ONNX model that ``run_ort`` runs (for other oracles, e.g. onnx.reference)."""
     names = list(inputs)
     outs = [f"out{i}" for i in range(n_outputs)]
     node = helper.make_node(op_type, [n if inputs[n] is not None else "" for n in names], outs,
@@ -34,6 +35,11 @@ def run_ort(op_type, inputs, attrs, consts=(), opset=17, n_outputs=1, domain="")
                               [onnx.ValueInfoProto(name=o) for o in outs], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid(domain, opset)])
     model.ir_version = min(model.ir_version, 9)
+    return model
+
+
+def run_ort(op_type, inputs, attrs, consts=(), opset=17, n_outputs=1, domain=""):
+    model = make_model(op_type, inputs, attrs, consts, opset, n_outputs, domain)
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     feed = {n: a for n, a in inputs.items() if a is not None and n not in consts}
     return model, sess.run(None, feed)

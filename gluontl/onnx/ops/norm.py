@@ -145,7 +145,9 @@ def lrn(node, inputs):
     # (N, C, ...) -> (N, 1, C, rest): sum squares over a channel window [c - lo, c + hi].
     lo, hi = (size - 1) // 2, size - 1 - (size - 1) // 2
     sq = mx.sym.square(x.sym, name=node.sub("sq"))
-    img = mx.sym.reshape(sq, shape=(0, 1, 0, -1), name=node.sub("img"))
+    img = mx.sym.expand_dims(sq, axis=1, name=node.sub("img"))
+    if x.rank > 3:
+        img = mx.sym.reshape(img, shape=(0, 0, 0, -1), name=node.sub("img_flat"))
     img = mx.sym.pad(img, mode="constant", pad_width=(0, 0, 0, 0, lo, hi, 0, 0), name=node.sub("pad"))
     total = mx.sym.Pooling(img, kernel=(size, 1), pool_type="sum", pooling_convention="valid",
                            name=node.sub("sum"))
