@@ -188,18 +188,20 @@ def test_zoo_symbol_round_trip(tmp_path):
 
 def test_fixed_gamma_and_unfoldable_batchnorm(tmp_path):
     """fix_gamma BN ignores its stored gamma in MXNet, so the export must too; a BN with no
-    Conv in front cannot be folded and must survive as an inference-mode BatchNormalization."""
+    Conv in front cannot be folded and must survive as an inference-mode BatchNormalization;
+    predict-mode Dropout is a no-op and must disappear."""
     net = nn.HybridSequential()
     net.add(nn.BatchNorm(scale=False, center=False), nn.Conv2D(4, 3), nn.BatchNorm(scale=False),
-            nn.Activation("relu"), nn.Dense(3))
+            nn.Activation("relu"), nn.Dropout(0.5), nn.Dense(3))
     net.initialize()
+    net.hybridize()  # imperative BN would reset a fixed gamma to 1 in place; hybridized BN keeps 3
     net(mx.nd.zeros((1, 2, 6, 6)))
     _randomize_batchnorm(net, seed=9)
     for bn in (net[0], net[2]):
         bn.gamma.set_data(mx.nd.full(bn.gamma.shape, 3.0))
     path = export_onnx(net, tmp_path / "bn.onnx", {"data": (1, 2, 6, 6)})
     ops = [n.op_type for n in onnx.load(path).graph.node]
-    assert ops.count("BatchNormalization") == 1 and ops[0] == "BatchNormalization"
+    assert ops == ["BatchNormalization", "Conv", "Relu", "Flatten", "Gemm"]  # Dropout gone, one BN folded
     for batch in _batches({"data": (1, 2, 6, 6)}, seed=6):
         assert verify_onnx(net, path, batch).max_rel <= 1e-4
 
@@ -259,7 +261,13 @@ def test_bad_input_names_and_sample(tmp_path):
     with pytest.raises(ExportError, match=r"sample\['img'\] has shape"):
         export_onnx(block, tmp_path / "a.onnx", SB_SHAPES,
                     sample={"meta": np.zeros((2, 4)), "img": np.zeros((2, 3, 9, 9))})
-    assert list(tmp_path.iterdir()) == []
+    # A sample is verified on too: one whose outputs are NaN cannot be verified, so nothing is written.
+    bad = {"meta": np.full((3, 4), np.nan), "img": np.zeros((3, 3, 8, 8))}
+    with pytest.raises(ExportError, match="sample batch of 1"):
+        export_onnx(block, tmp_path / "a.onnx", SB_SHAPES, sample=bad)
+    good = {"meta": np.ones((3, 4)), "img": np.zeros((3, 3, 8, 8))}
+    assert export_onnx(block, tmp_path / "a.onnx", SB_SHAPES, sample=good).is_file()
+    assert [p.name for p in tmp_path.iterdir()] == ["a.onnx"]
 
 
 class _TwoInputs(mx.gluon.HybridBlock):

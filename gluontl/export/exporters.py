@@ -39,7 +39,7 @@ def _mx_to_onnx(traced: TracedBlock, opset: int) -> onnx.ModelProto:
             dynamic=True, dynamic_input_shapes=[(None, *s[1:]) for s in shapes])
     except (AttributeError, NotImplementedError, ValueError, AssertionError, KeyError, mx.base.MXNetError) as err:
         raise ExportError(
-            f"mx.onnx cannot convert this model to ONNX opset {opset}: {err}. Replace the unsupported "
+            f"mx.onnx cannot convert this model to ONNX opset {opset}: {str(err).rstrip('.')}. Replace the unsupported "
             "layer, or ship the model with export_symbol instead."
         ) from err
     opsets = [helper.make_opsetid("", mx_opset)]
@@ -100,6 +100,8 @@ def _verification_batches(traced: TracedBlock, sample: dict[str, np.ndarray] | N
         if np.shape(arr)[1:] != traced.input_shapes[name][1:]:
             raise ExportError(f"sample[{name!r}] has shape {np.shape(arr)}; expected (N, {', '.join(map(str, traced.input_shapes[name][1:]))}).")
     rows = min(len(a) for a in sample.values())
+    if rows == 0:
+        raise ExportError("sample has no rows; pass at least one example per input, or sample=None.")
     for b in sorted({1, min(2, rows)}):
         batches.append((f"sample batch of {b}", {k: np.asarray(v[:b], dtype=np.float32) for k, v in sample.items()}))
     return batches
