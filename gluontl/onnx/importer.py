@@ -50,10 +50,10 @@ def import_model(model: str | os.PathLike | onnx.ModelProto,
                  ctx: mx.Context | None = None, *, fixed_batch: bool = False) -> mx.gluon.SymbolBlock:
     """Import an ONNX model as a SymbolBlock whose weights are Gluon parameters.
 
-    ``input_shapes`` fills unknown dimensions of graph inputs. The first dimension stays
-    free (any batch size works) unless ``fixed_batch`` pins it to the given/declared size,
-    which only models that compute values from their batch size in ways a batch-free
-    graph cannot express need.
+    ``input_shapes`` fills unknown dimensions of graph inputs. A first dimension the file
+    leaves symbolic stays free (any batch size works, as in onnxruntime) unless
+    ``fixed_batch`` pins it to the size in ``input_shapes``; only models that compute
+    values from their batch size in ways a batch-free graph cannot express need that.
     """
     proto, source = load(model)
     return _Importer(proto, source, input_shapes or {}, fixed_batch).build(ctx or mx.cpu())
@@ -243,10 +243,18 @@ class _Importer:
         self.opset = self.opsets[""]
         self.inits = self._initializers()
         self.inputs = [i for i in self.graph.input if i.name not in self.inits]
+        if not self.inputs:
+            raise OnnxImportError(
+                f"'{source}' has no graph inputs (its outputs are constants), so there is nothing "
+                f"to run or train; a Gluon block needs at least one input.")
         self.input_shapes = self._merge_shapes(input_shapes)
-        first = {n: s[0] for n, s in self.input_shapes.items() if s and s[0] is not None}
-        self.b1 = next(iter(first.values()), 1)
-        self.b2 = self.b1 if fixed_batch else self.b1 + 1
+        # The batch dimension is free where the file leaves dim 0 symbolic (as onnxruntime
+        # does); a declared size stays fixed, as do all dims under ``fixed_batch``.
+        self.batched = set() if fixed_batch else {
+            i.name for i in self.inputs if (_dims(i.type) or (1,))[:1] == (None,)}
+        first = [self.input_shapes[n][0] for n in self.batched if self.input_shapes[n][0]]
+        self.b1 = first[0] if first else 1
+        self.b2 = self.b1 + 1 if self.batched else self.b1
         self.consts: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # value at b1, b2
         self.weights: set[str] = set()
         self.alias: dict[str, str] = {}
@@ -307,7 +315,7 @@ class _Importer:
                         f"declares rank {len(declared)} ({declared}).")
                 if declared is not None:
                     for k, (d, w) in enumerate(zip(declared, want)):
-                        if d is not None and w is not None and d != w and (k > 0 or self.fixed_batch):
+                        if d is not None and w is not None and d != w:
                             raise OnnxImportError(
                                 f"input_shapes['{i.name}'] = {want} conflicts with the declared "
                                 f"shape {declared} at dimension {k}.")
@@ -316,11 +324,12 @@ class _Importer:
             out[i.name] = shape
         return out
 
-    def _at(self, shape: Shape, b: int) -> tuple[int, ...] | None:
-        """The concrete input shape at batch size ``b`` (None if a dim is unknown)."""
+    def _at(self, name: str, b: int) -> tuple[int, ...] | None:
+        """The concrete shape of input ``name`` at batch size ``b`` (None if a dim is unknown)."""
+        shape = self.input_shapes[name]
         if shape is None:
             return None
-        dims = tuple((b if k == 0 else d) for k, d in enumerate(shape))
+        dims = tuple((b if k == 0 and name in self.batched else d) for k, d in enumerate(shape))
         return None if any(d is None for d in dims) else dims
 
     # ----- shape inference
@@ -332,7 +341,7 @@ class _Importer:
         for i in self.inputs:
             shape = self.input_shapes[i.name]
             dims = None if shape is None else [
-                ("batch" if k == 0 and not self.fixed_batch else d) for k, d in enumerate(shape)]
+                ("batch" if k == 0 and i.name in self.batched else d) for k, d in enumerate(shape)]
             g.input.append(helper.make_tensor_value_info(i.name, i.type.tensor_type.elem_type, dims)
                            if i.type.HasField("tensor_type") else i)
         for t in self.graph.initializer:
@@ -420,7 +429,7 @@ class _Importer:
         feed = {}
         for a in sym.list_arguments():
             if a in self.input_shapes:
-                s = self._at(self.input_shapes[a], b)
+                s = self._at(a, b)
                 if s is None:
                     return None
                 feed[a] = s
@@ -433,24 +442,36 @@ class _Importer:
         return tuple(int(d) for d in out[0])
 
     # ----- nodes
-    def _foldable(self, node: Node) -> bool:
+    def _known_inputs(self, node: Node) -> list[tuple[np.ndarray, np.ndarray] | None] | None:
+        """Input values at both batch sizes, or None when one is only known at run time."""
         if node.domain not in ("", "ai.onnx") or node.op_type in fold.NONDETERMINISTIC:
-            return False
-        return all(self.alias.get(x, x) in self.consts for x in node.inputs if x)
+            return None
+        out = []
+        for k, x in enumerate(node.inputs):
+            x = self.alias.get(x, x)
+            if not x:
+                out.append(None)
+            elif x in self.consts:
+                out.append(self.consts[x])
+            elif node.op_type == "CastLike" and k == 1 and self.tensor(x).dtype is not None:
+                typed = np.zeros((0,), self.tensor(x).dtype)  # only its type matters
+                out.append((typed, typed))
+            else:
+                return None
+        return out
 
-    def _fold(self, node: Node, proto: onnx.NodeProto) -> None:
+    def _fold(self, node: Node, proto: onnx.NodeProto, known: list) -> None:
         names = [self.alias.get(x, x) if x else "" for x in node.inputs]
         if node.op_type == "Identity" or node.op_type == "Dropout" and len(
                 [o for o in node.outputs if o]) == 1:
             self.alias[node.outputs[0]] = names[0]
             return
-        v1s = [self.consts[x][0] if x else None for x in names]
-        dependent = any(x and self._is_dependent(x) for x in names)
+        v1s = [k[0] if k else None for k in known]
         try:
-            if dependent:
+            if any(k and k[0] is not k[1] for k in known):  # batch-dependent: evaluate twice
                 session = fold.Session(proto, v1s, self.opsets)
                 r1 = session.run(v1s)
-                r2 = session.run([self.consts[x][1] if x else None for x in names])
+                r2 = session.run([k[1] if k else None for k in known])
             else:
                 r1 = fold.evaluate(proto, node, v1s, self.opsets)
                 r2 = r1
@@ -543,13 +564,14 @@ class _Importer:
             shape = self.input_shapes[i.name]
             dtype = _np_dtype(i.type.tensor_type.elem_type) if i.type.HasField("tensor_type") else None
             free = None if shape is None else tuple(
-                None if k == 0 and not self.fixed_batch else d for k, d in enumerate(shape))
+                None if k == 0 and i.name in self.batched else d for k, d in enumerate(shape))
             carrier = np.float32 if dtype is None or dtype == np.bool_ else dtype
             self.runtime[i.name] = Tensor(i.name, mx.sym.var(i.name, dtype=carrier), shape=free,
                                           dtype=dtype)
         for node, proto in nodes:
-            if self._foldable(node):
-                self._fold(node, proto)
+            known = self._known_inputs(node)
+            if known is not None:
+                self._fold(node, proto, known)
                 continue
             if node.op_type in ("Shape", "Size") and node.domain in ("", "ai.onnx") \
                     and self._fold_shape(node, proto):
