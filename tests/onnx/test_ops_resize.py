@@ -1,0 +1,119 @@
+import json
+
+import mxnet as mx
+import numpy as np
+import pytest
+from opcheck import check
+
+from gluontl.errors import OnnxImportError
+from gluontl.onnx import registry
+from gluontl.onnx.registry import Node, Tensor
+
+R = np.random.RandomState(4)
+X = R.randn(2, 3, 5, 6).astype(np.float32)
+EMPTY = np.zeros(0, np.float32)
+
+
+def f32(*v):
+    return np.array(v, np.float32)
+
+
+def resize(attrs, scales=None, sizes=None, x=X, opset=13, grad=True, roi=EMPTY, **kw):
+    ins = {"x": x, "roi": roi, "scales": EMPTY if scales is None else f32(*scales)}
+    if sizes is not None:
+        ins["sizes"] = np.array(sizes, np.int64)
+    return check("Resize", ins, attrs, consts=set(ins) - {"x"}, opset=opset, grad=grad, **kw)
+
+
+@pytest.mark.parametrize("ctm", ["asymmetric", "half_pixel", "pytorch_half_pixel",
+                                 "align_corners"])
+@pytest.mark.parametrize("nearest_mode", ["floor", "round_prefer_floor", "round_prefer_ceil",
+                                          "ceil"])
+def test_nearest_modes(ctm, nearest_mode):
+    attrs = {"mode": "nearest", "coordinate_transformation_mode": ctm,
+             "nearest_mode": nearest_mode}
+    resize(attrs, scales=(1, 1, 2, 2))
+    resize(attrs, scales=(1, 1, 0.6, 1.5), grad=False)
+    resize(attrs, sizes=(2, 3, 7, 4), grad=False)
+
+
+@pytest.mark.parametrize("mode", ["linear", "cubic"])
+@pytest.mark.parametrize("ctm", ["asymmetric", "half_pixel", "pytorch_half_pixel",
+                                 "align_corners"])
+def test_linear_and_cubic(mode, ctm):
+    attrs = {"mode": mode, "coordinate_transformation_mode": ctm}
+    resize(attrs, scales=(1, 1, 2, 2), rtol=1e-4, atol=1e-4)
+    resize(attrs, scales=(1, 1, 0.6, 1.7), rtol=1e-4, atol=1e-4)
+    resize(attrs, sizes=(2, 3, 9, 1), rtol=1e-4, atol=1e-4)
+
+
+def test_cubic_options_and_opset18_axes():
+    resize({"mode": "cubic", "cubic_coeff_a": -0.5, "exclude_outside": 1},
+           scales=(1, 1, 0.8, 1.6), rtol=1e-4, atol=1e-4)
+    x3 = R.randn(2, 4, 7).astype(np.float32)
+    check("Resize", {"x": x3, "roi": None, "scales": f32(2.5)}, {"mode": "linear", "axes": [-1]},
+          consts={"scales"}, opset=18, grad=True, rtol=1e-4, atol=1e-4)
+    check("Resize", {"x": X, "roi": None, "scales": None, "sizes": np.array([8, 3], np.int64)},
+          {"mode": "linear", "axes": [2, 3], "keep_aspect_ratio_policy": "not_larger"},
+          consts={"sizes"}, opset=18, grad=True, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["linear", "cubic"])
+def test_antialias_downsampling(mode):
+    check("Resize", {"x": X, "roi": EMPTY, "scales": f32(1, 1, 0.5, 0.6)},
+          {"mode": mode, "antialias": 1}, consts={"roi", "scales"}, opset=18, grad=True,
+          rtol=1e-4, atol=1e-4)
+
+
+def test_tf_crop_and_resize_extrapolates():
+    resize({"mode": "linear", "coordinate_transformation_mode": "tf_crop_and_resize",
+            "extrapolation_value": 2.5}, sizes=(2, 3, 4, 4),
+           roi=f32(0, 0, -0.2, 0.3, 1, 1, 0.8, 1.4), rtol=1e-4, atol=1e-4)
+
+
+def test_legacy_forms():
+    for opset in (7, 9):
+        for mode in ("nearest", "linear"):
+            scales = (1, 1, 2, 3)
+            if opset == 7:
+                check("Upsample", {"x": X}, {"mode": mode, "scales": list(map(float, scales))},
+                      opset=7, grad=True)
+            else:
+                check("Upsample", {"x": X, "s": f32(*scales)}, {"mode": mode}, consts={"s"},
+                      opset=9, grad=True)
+    # Resize-10: asymmetric; onnxruntime rounds nearest down when upsampling, up when not
+    for scales in [(1, 1, 2, 2), (1, 1, 0.6, 1.5)]:
+        for mode in ("nearest", "linear"):
+            check("Resize", {"x": X, "s": f32(*scales)}, {"mode": mode}, consts={"s"},
+                  opset=10, grad=True)
+
+
+def _ops(sym):
+    return [n["op"] for n in json.loads(sym.tojson())["nodes"] if n["op"] != "null"]
+
+
+def _convert(attrs, scales, shape, opset=13):
+    node = Node("Resize", "up", attrs, opset, ["x", "roi", "scales"], ["y"])
+    ins = [Tensor("x", mx.sym.var("x"), shape=shape, dtype=np.float32),
+           Tensor("roi", None, const=EMPTY, shape=(0,)),
+           Tensor("scales", None, const=f32(*scales), shape=(4,))]
+    return registry.get("Resize", opset)(node, ins)
+
+
+def test_yolo_upsampling_is_one_op_with_free_dims():
+    """Nearest x2 (asymmetric or half_pixel) is MXNet UpSampling, even with unknown N/H/W."""
+    for ctm in ("asymmetric", "half_pixel"):
+        sym = _convert({"mode": "nearest", "coordinate_transformation_mode": ctm,
+                        "nearest_mode": "floor" if ctm == "asymmetric" else "round_prefer_floor"},
+                       (1, 1, 2, 2), (None, 8, None, None))
+        assert _ops(sym) == ["UpSampling"]
+        out = sym.eval(x=mx.nd.array(X))[0].asnumpy()
+        np.testing.assert_array_equal(out, X.repeat(2, axis=2).repeat(2, axis=3))
+    bilinear = _convert({"mode": "linear", "coordinate_transformation_mode": "half_pixel"},
+                        (1, 1, 2, 2), (2, 3, 5, 6))
+    assert _ops(bilinear) == ["_contrib_BilinearResize2D"]
+
+
+def test_unknown_size_for_non_integer_resize_is_a_clear_error():
+    with pytest.raises(OnnxImportError, match="'up'.*axis 2.*unknown"):
+        _convert({"mode": "linear"}, (1, 1, 1.5, 1.5), (None, 3, None, None))
