@@ -118,3 +118,22 @@ def test_cast_to_string_is_unsupported():
     from gluontl.errors import OnnxImportError
     with pytest.raises(OnnxImportError, match="STRING"):
         check("Cast", {"x": f32(2)}, {"to": 8})
+
+
+def test_rank0_runtime_value_broadcasts_like_a_scalar():
+    """A rank-0 run-time value travels as shape (1,); Where must align it as a scalar,
+    not as the last axis."""
+    import mxnet as mx
+
+    from gluontl.onnx import registry
+    from gluontl.onnx.registry import Node, Tensor
+
+    c = np.array([[True], [False]])
+    x, y = f32(2, 1, 3), np.float32(-4.0)
+    node = Node("Where", "w", {}, 17, ["c", "x", "y"], ["o"])
+    ins = [Tensor("c", mx.sym.var("c"), shape=c.shape, dtype=np.bool_),
+           Tensor("x", mx.sym.var("x"), shape=x.shape, dtype=np.float32),
+           Tensor("y", mx.sym.var("y"), shape=(), dtype=np.float32)]
+    out = registry.get("Where", 17)(node, ins).eval(
+        c=mx.nd.array(c.astype(np.float32)), x=mx.nd.array(x), y=mx.nd.array([y]))[0]
+    np.testing.assert_array_equal(out.asnumpy(), np.where(c, x, y))

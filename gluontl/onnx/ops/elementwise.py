@@ -50,7 +50,10 @@ def renamed(node, suffix: str):
 
 
 def expand_to_rank(sym, rank: int, target: int, name: str):
-    """Prepend unit axes (numpy broadcasting) so ``sym`` has rank ``target``."""
+    """Prepend unit axes (numpy broadcasting) so ``sym`` has rank ``target``. A rank-0
+    value travels as shape (1,) and is reshaped instead."""
+    if rank == 0 and target > 0:
+        return mx.sym.reshape(sym, shape=(1,) * target, name=f"{name}0")
     for i in range(target - rank):
         sym = mx.sym.expand_dims(sym, axis=0, name=f"{name}{i}")
     return sym
