@@ -97,3 +97,18 @@ def test_depth_to_space(mode):
 def test_space_to_depth():
     check("SpaceToDepth", {"x": R.randn(2, 3, 4, 6).astype(np.float32)}, {"blocksize": 2},
           grad=True)
+
+
+def test_rank0_values_carried_as_shape_1():
+    """Unsqueeze of a rank-0 run-time value (shape (1,) in MXNet) adds exactly the
+    requested axes; Reshape to a scalar yields shape (1,)."""
+    node = Node("Unsqueeze", "u", {}, 13, ["x", "a"], ["y"])
+    ins = [Tensor("x", mx.sym.var("x"), shape=(), dtype=np.float32),
+           Tensor("a", None, const=i64(0, 1), shape=(2,))]
+    out = registry.get("Unsqueeze", 13)(node, ins).eval(x=mx.nd.array([3.0]))[0]
+    assert out.shape == (1, 1) and out.asnumpy()[0, 0] == 3.0
+    node = Node("Reshape", "r", {}, 13, ["x", "s"], ["y"])
+    ins = [Tensor("x", mx.sym.var("x"), shape=(1, 1), dtype=np.float32),
+           Tensor("s", None, const=np.zeros(0, np.int64), shape=(0,))]
+    out = registry.get("Reshape", 13)(node, ins).eval(x=mx.nd.array([[5.0]]))[0]
+    assert out.shape == (1,) and out.asnumpy()[0] == 5.0

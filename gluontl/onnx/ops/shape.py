@@ -53,8 +53,9 @@ def reshape(node, inputs):
     if node.attr("allowzero", 0) and 0 in shape:
         raise node.unsupported("allowzero=1 with a 0 in the shape makes an empty tensor, "
                                "which MXNet cannot hold")
-    # ONNX 0 (copy the dim at this position) and -1 (infer) mean the same in MXNet.
-    return mx.sym.reshape(inputs[0].sym, shape=tuple(shape), name=node.name)
+    # ONNX 0 (copy the dim at this position) and -1 (infer) mean the same in MXNet;
+    # a rank-0 result is carried as shape (1,)
+    return mx.sym.reshape(inputs[0].sym, shape=tuple(shape) or (1,), name=node.name)
 
 
 @converter("Flatten", since=1)
@@ -95,6 +96,8 @@ def unsqueeze(node, inputs):
     x = inputs[0]
     out_rank = need_rank(node, x) + len(axes)
     axes = sorted(norm_axes(node, axes, out_rank))
+    if x.rank == 0:  # carried as shape (1,)
+        return mx.sym.reshape(x.sym, shape=(1,) * out_rank, name=node.name)
     sym = x.sym
     for i, a in enumerate(axes):
         sym = mx.sym.expand_dims(sym, axis=a, name=node.name if i == len(axes) - 1
