@@ -76,8 +76,10 @@ def test_gather_nd():
     idx = np.array([[[0, -1], [2, 3]], [[1, 0], [-3, 2]]], np.int64)
     check("GatherND", {"x": X, "i": idx}, grad=True)
     check("GatherND", {"x": X, "i": np.array([[1], [-1]], np.int64)}, grad=True)
-    check("GatherND", {"x": X, "i": np.array([[1, 2], [0, 4], [2, 0]], np.int64)},
+    check("GatherND", {"x": X, "i": np.array([[1, -1], [0, 4], [-1, 0]], np.int64)},
           {"batch_dims": 1}, grad=True)
+    check("GatherND", {"x": X, "i": np.array([[-2], [0], [3]], np.int64)},
+          {"batch_dims": 1}, consts={"i"}, grad=True)
 
 
 @pytest.mark.parametrize("mode", ["constant", "reflect", "edge", "wrap"])

@@ -30,7 +30,6 @@ def concat(node, inputs):
 
 def _split_sizes(node, inputs, dim):
     """Explicit split sizes, or None for equal parts."""
-    n = len(node.outputs)
     if node.opset < 13:
         split = node.attr("split")
     else:
@@ -50,8 +49,8 @@ def _split_sizes(node, inputs, dim):
 def split(node, inputs):
     x = inputs[0]
     axis = node.attr("axis", 0)
-    rank = need_rank(node, x) if axis < 0 or x.shape is not None else None
-    axis = axis % rank if rank else axis
+    if axis < 0:
+        axis += need_rank(node, x)
     dim = x.shape[axis] if x.shape is not None else None
     sizes = _split_sizes(node, inputs, dim)
     n = len(node.outputs) if sizes is None else len(sizes)
@@ -119,15 +118,11 @@ def _opt_ints(node, inputs, index, what):
     return None if t is None else ints(t.need_const(node, what).reshape(-1))
 
 
-def _fix_negative(node, idx, data, axes, tag):
-    """``idx + dim`` where ``idx < 0``; ``axes`` are the data axes the last index axis
-    (or the whole index, for one axis) addresses."""
-    dims = mx.sym.shape_array(data.sym, name=node.sub(f"{tag}_shape"))
-    if axes != list(range(len(axes))) and len(axes) == 1:
-        dims = mx.sym.slice_axis(dims, axis=0, begin=axes[0], end=axes[0] + 1,
-                                 name=node.sub(f"{tag}_dim"))
-    else:
-        dims = mx.sym.slice_axis(dims, axis=0, begin=0, end=len(axes), name=node.sub(f"{tag}_dim"))
+def _fix_negative(node, idx, data, first: int, count: int, tag: str):
+    """``idx + dim`` where ``idx < 0``; the last index axis (or the whole index, when
+    ``count`` is 1) addresses data axes ``first .. first + count - 1``."""
+    dims = mx.sym.slice_axis(mx.sym.shape_array(data.sym, name=node.sub(f"{tag}_shape")),
+                             axis=0, begin=first, end=first + count, name=node.sub(f"{tag}_dim"))
     neg = _I._lesser_scalar(idx, scalar=0.0, name=node.sub(f"{tag}_neg"))
     shift = mx.sym.broadcast_mul(neg, dims, name=node.sub(f"{tag}_shift"))
     return mx.sym.broadcast_add(idx, shift, name=node.sub(f"{tag}_fixed"))
@@ -181,7 +176,7 @@ def gather_elements(node, inputs):
     axis = node.attr("axis", 0) % rank
     index = mx.sym.Cast(idx.sym, dtype="int64", name=node.sub("index"))
     if _maybe_negative(idx):
-        index = _fix_negative(node, index, data, [axis], "index")
+        index = _fix_negative(node, index, data, axis, 1, "index")
     coords = _coords(node, index, rank, range(rank), "pos")
     coords[axis] = index
     stacked = mx.sym.stack(*coords, axis=0, name=node.sub("coords"))
@@ -198,7 +193,7 @@ def gather_nd(node, inputs):
         raise node.unsupported("the length of the last indices axis is unknown")
     index = mx.sym.Cast(idx.sym, dtype="int64", name=node.sub("index"))
     if _maybe_negative(idx):
-        index = _fix_negative(node, index, data, list(range(b, b + k)), "index")
+        index = _fix_negative(node, index, data, b, k, "index")
     if b:
         head = mx.sym.slice_axis(index, axis=-1, begin=0, end=1, name=node.sub("head"))
         batch = _coords(node, head, irank, range(b), "batch")
