@@ -231,7 +231,8 @@ def _np_dtype(elem_type: int) -> np.dtype | None:
 def _dims(type_proto: onnx.TypeProto) -> Shape | None:
     if not type_proto.HasField("tensor_type") or not type_proto.tensor_type.HasField("shape"):
         return None
-    return tuple(d.dim_value if d.HasField("dim_value") else None
+    # Paddle writes -1 for a dynamic dim: unknown, like a dim_param.
+    return tuple(d.dim_value if d.HasField("dim_value") and d.dim_value != -1 else None
                  for d in type_proto.tensor_type.shape.dim)
 
 
@@ -417,6 +418,13 @@ class _Importer:
             self.shape_cache[key] = self._infer_mx(name, b)
         return self.shape_cache[key]
 
+    def _free_shape(self, name: str) -> Shape | None:
+        """Shape from MXNet inference at both batch sizes; batch-dependent dims are None."""
+        s1, s2 = self._shape_of(name, self.b1), self._shape_of(name, self.b2)
+        if s1 is None or s2 is None or len(s1) != len(s2):
+            return None
+        return tuple(a if a == b else None for a, b in zip(s1, s2))
+
     def _infer_mx(self, name: str, b: int) -> tuple[int, ...] | None:
         name = self.alias.get(name, name)
         if name in self.consts:
@@ -581,7 +589,8 @@ class _Importer:
             for o, s in zip(node.outputs, syms):
                 if o and s is not None:
                     shape, dtype = self.info.get(o, (None, None))
-                    self.runtime[o] = Tensor(o, s, shape=shape, dtype=dtype)
+                    self.runtime[o] = Tensor(o, s, shape=shape, dtype=dtype,
+                                             make_shape=lambda o=o: self._free_shape(o))
         return self._block(nodes, ctx)
 
     def _nodes(self, order: list[int]) -> list[tuple[Node, onnx.NodeProto]]:

@@ -43,16 +43,19 @@ class Tensor:
     ``sym`` may be supplied lazily (``make_sym``): a value known at import time only
     becomes a graph variable (a parameter) when a converter actually asks for its
     symbol, so shape vectors read through ``const`` never turn into parameters.
+    ``shape`` may be lazy too (``make_shape``) when ONNX shape inference left it unknown.
     """
 
     def __init__(self, name: str, sym: Any = None, const: np.ndarray | None = None,
                  shape: tuple[int | None, ...] | None = None, dtype: np.dtype | None = None,
-                 *, make_sym: Callable[[], Any] | None = None, why_unknown: str = "") -> None:
+                 *, make_sym: Callable[[], Any] | None = None,
+                 make_shape: Callable[[], Any] | None = None, why_unknown: str = "") -> None:
         self.name = name
         self._sym = sym
         self._make_sym = make_sym
+        self._shape = shape
+        self._make_shape = make_shape
         self.const = const
-        self.shape = shape
         self.dtype = dtype
         self.why_unknown = why_unknown
 
@@ -65,6 +68,17 @@ class Tensor:
     @sym.setter
     def sym(self, value: Any) -> None:
         self._sym = value
+
+    @property
+    def shape(self) -> tuple[int | None, ...] | None:
+        """Static shape; the importer may work it out only when a converter asks."""
+        if self._shape is None and self._make_shape is not None:
+            self._shape, self._make_shape = self._make_shape(), None
+        return self._shape
+
+    @shape.setter
+    def shape(self, value: tuple[int | None, ...] | None) -> None:
+        self._shape = value
 
     def __repr__(self) -> str:
         known = "const" if self.const is not None else "runtime"
