@@ -310,3 +310,13 @@ def test_unsupported_op_is_a_clear_error(tmp_path):
     with pytest.raises(ExportError, match="softsign"):
         export_onnx(_Softsign(), tmp_path / "s.onnx", {"data": (1, 4)})
     assert list(tmp_path.iterdir()) == []
+
+
+def test_default_output_name_avoids_existing_node_name(tmp_path):
+    data = mx.sym.var("x")
+    block = mx.gluon.SymbolBlock(mx.sym.FullyConnected(data, num_hidden=2, name="output"), [data])
+    block.initialize()
+    path = export_onnx(block, tmp_path / "o.onnx", {"x": (1, 3)})
+    assert [o.name for o in onnx.load(path).graph.output] == ["_output"]
+    with pytest.raises(ExportError, match="output_names"):
+        export_onnx(block, tmp_path / "p.onnx", {"x": (1, 3)}, output_names=["output"])

@@ -96,6 +96,17 @@ def _fixed_gamma_names(sym: mx.sym.Symbol) -> set[str]:
     return names
 
 
+def _default_output_names(count: int, taken: set[str]) -> list[str]:
+    """``output`` (or ``output0``, ``output1``...), ``_``-prefixed until no model name clashes:
+    ONNX-imported graphs often already have a node called ``output``."""
+    stem = "output"
+    while True:
+        names = [stem] if count == 1 else [f"{stem}{i}" for i in range(count)]
+        if not taken & set(names):
+            return names
+        stem = "_" + stem
+
+
 def trace_block(
     block: mx.gluon.HybridBlock,
     input_shapes: dict[str, tuple[int, ...]],
@@ -125,15 +136,16 @@ def trace_block(
             "its forward must only use F.* operators (no NumPy, .shape or .asnumpy()) to be exportable."
         ) from err
 
+    taken = {n.rsplit("_output", 1)[0] for n in mx.sym.Group(outputs).get_internals().list_outputs()}
+    taken |= set(input_shapes)
     if output_names is None:
-        output_names = ["output"] if len(outputs) == 1 else [f"output{i}" for i in range(len(outputs))]
+        output_names = _default_output_names(len(outputs), taken)
     output_names = [str(n) for n in output_names]
     if len(output_names) != len(outputs) or len(set(output_names)) != len(output_names):
         raise ExportError(
             f"output_names {output_names} must be {len(outputs)} distinct names, one per block output."
         )
-    internal = {n.rsplit("_output", 1)[0] for n in mx.sym.Group(outputs).get_internals().list_outputs()}
-    clashes = sorted(set(output_names) & (internal | set(input_shapes)))
+    clashes = sorted(set(output_names) & taken)
     if clashes:
         raise ExportError(
             f"output_names {clashes} already name an input, layer or parameter of the model; "
