@@ -1,7 +1,7 @@
 import mxnet as mx
 import numpy as np
 import pytest
-from opcheck import check, run_mx, run_ort
+from opcheck import check, make_model, run_mx, run_ort
 
 from gluontl.errors import OnnxImportError
 from gluontl.onnx import registry
@@ -70,3 +70,16 @@ def test_gelu_bad_approximation_is_clear():
     x = Tensor("x", mx.sym.var("x"), shape=X.shape)
     with pytest.raises(OnnxImportError, match="'g'.*approximate"):
         registry.get("Gelu", 20)(node, [x])
+
+
+@pytest.mark.parametrize("x_shape,slope_shape", [((2, 3, 4), (3,)), ((2, 3, 4, 5), (1,))])
+def test_prelu_before_opset7_is_per_channel(x_shape, slope_shape):
+    # (3,) against (2, 3, 4) would not even broadcast under opset-7 rules; onnxruntime has no
+    # PRelu-6 kernel, so the spec by hand is the oracle.
+    x, slope = R.randn(*x_shape).astype("f"), R.uniform(0.1, 0.5, slope_shape).astype("f")
+    inputs = {"x": x, "slope": slope}
+    got, grads = run_mx(make_model("PRelu", inputs, {}, {"slope"}, 6), inputs, {"slope"}, 6, grad=True)
+    per_channel = slope.reshape((-1,) + (1,) * (x.ndim - 2))
+    np.testing.assert_allclose(got[0], np.where(x > 0, x, per_channel * x), rtol=1e-6)
+    expect = np.minimum(x, 0).sum(axis=tuple(i for i in range(x.ndim) if i != 1))
+    np.testing.assert_allclose(grads["slope"], expect if slope.size > 1 else expect.sum(keepdims=True), rtol=1e-4)

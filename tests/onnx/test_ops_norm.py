@@ -70,9 +70,10 @@ def test_batch_norm_with_computed_statistics():
     np.testing.assert_allclose(got, ref[0], rtol=1e-4, atol=1e-4)
 
 
-def test_batch_norm_training_outputs_are_clear_error():
+def test_batch_norm_legacy_training_outputs_are_clear_error():
     with pytest.raises(OnnxImportError, match="batchnormalization_node.*inference mode"):
-        _convert("BatchNormalization", _bn_inputs((2, 3, 4)), {"training_mode": 1}, 15, n_outputs=3)
+        run_mx(make_model("BatchNormalization", _bn_inputs((2, 3, 4)), {"is_test": 0}, opset=6, n_outputs=5),
+               _bn_inputs((2, 3, 4)), opset=6)
 
 
 @pytest.mark.parametrize("shape", [(2, 3, 5, 4), (2, 3, 7)])
@@ -137,3 +138,9 @@ def test_lrn_even_window_and_other_ranks(shape, size):
     got, grads = run_mx(make_model("LRN", {"x": x}, dict(LRN_ATTRS, size=size), (), 13), {"x": x}, (), 13, grad=True)
     np.testing.assert_allclose(got[0], _lrn_by_hand(x, size, **LRN_ATTRS), rtol=1e-5, atol=1e-6)
     assert np.isfinite(grads["x"]).all() and np.abs(grads["x"]).sum() > 0
+
+
+def test_batch_norm_training_mode_uses_batch_statistics():
+    inputs = _bn_inputs((2, 3, 4, 5))
+    check("BatchNormalization", inputs, {"training_mode": 1, "momentum": 0.7}, consts={"scale", "bias"},
+          opset=15, n_outputs=3, grad=True, rtol=1e-5, atol=1e-5)

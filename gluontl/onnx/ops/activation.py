@@ -114,7 +114,14 @@ def _prelu_channels(rank, slope_shape):
     return None
 
 
-@converter("PRelu", since=1)
+@converter("PRelu", since=1, until=6)
+def prelu_per_channel(node, inputs):
+    """Before opset 7 the slope is one value per channel (axis 1) or a single shared one."""
+    gamma = mx.sym.reshape(inputs[1].sym, shape=(-1,), name=node.sub("slope"))
+    return mx.sym.LeakyReLU(inputs[0].sym, gamma=gamma, act_type="prelu", name=node.name)
+
+
+@converter("PRelu", since=7)
 def prelu(node, inputs):
     """Per-channel or shared slopes use the fused prelu kernel; other broadcasts are composed.
 

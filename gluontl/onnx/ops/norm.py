@@ -29,6 +29,8 @@ def batch_norm(node, inputs):
     x, scale, bias, mean, var = inputs[:5]
     eps = float(node.attr("epsilon", 1e-5))
     momentum = float(node.attr("momentum", 0.9))
+    if node.attr("training_mode", 0):
+        return _batch_norm_training(node, x, scale, bias, mean, var, eps, momentum)
     if any(_wants(node, i) for i in range(1, 5)):
         raise node.unsupported("the running/saved mean and variance outputs (training-mode export) are not "
                                "supported; re-export the model in inference mode")
@@ -46,6 +48,32 @@ def batch_norm(node, inputs):
     shift = mx.sym.elemwise_sub(bias.sym, mx.sym.elemwise_mul(mean.sym, gain), name=node.sub("shift"))
     y = mx.sym.broadcast_mul(x.sym, _channel_view(node, gain, x.rank, "gain_c"), name=node.sub("scaled"))
     return mx.sym.broadcast_add(y, _channel_view(node, shift, x.rank, "shift_c"), name=node.name)
+
+
+def _batch_norm_training(node, x, scale, bias, mean, var, eps, momentum):
+    """training_mode=1 (opset 14+): batch statistics always, plus the updated running stats.
+
+    Spelled out because that is what the graph computes in every mode; such a layer has no
+    running statistics of its own for MXNet to keep.
+    """
+    if x.rank is None:
+        raise node.unsupported("the input rank is unknown; pass input_shapes=...")
+    axes = (0,) + tuple(range(2, x.rank))
+    view = lambda sym, tag: _channel_view(node, sym, x.rank, tag)
+    batch_mean = mx.sym.mean(x.sym, axis=axes, name=node.sub("batch_mean"))
+    centered = mx.sym.broadcast_sub(x.sym, view(batch_mean, "mean_c"), name=node.sub("centered"))
+    batch_var = mx.sym.mean(mx.sym.square(centered), axis=axes, name=node.sub("batch_var"))
+    inv = mx.sym.rsqrt(mx.sym._internal._plus_scalar(batch_var, scalar=eps), name=node.sub("inv_std"))
+    gain = mx.sym.elemwise_mul(inv, scale.sym, name=node.sub("gain"))
+    y = mx.sym.broadcast_add(mx.sym.broadcast_mul(centered, view(gain, "gain_c")), view(bias.sym, "bias_c"),
+                             name=node.name)
+
+    def running(old, new, tag):
+        return mx.sym.elemwise_add(mx.sym._internal._mul_scalar(old, scalar=momentum),
+                                   mx.sym._internal._mul_scalar(new, scalar=1.0 - momentum), name=node.sub(tag))
+
+    return [y, running(mean.sym, batch_mean, "running_mean") if _wants(node, 1) else None,
+            running(var.sym, batch_var, "running_var") if _wants(node, 2) else None]
 
 
 @converter("InstanceNormalization", since=1)
