@@ -1,0 +1,154 @@
+"""Whole models: Gluon zoo exports, the onnx package's light models, PaddleOCR (rapidocr).
+
+Gluon models get random weights and randomized BatchNorm statistics (no downloads),
+are exported with dynamic batch by ``mx.onnx.export_model`` and imported back.
+"""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import mxnet as mx
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from gluontl.onnx import import_model
+from test_importer import graph_ops, ort_run, rel_err
+
+SIZE = 64  # spatial input size: small keeps the file fast, global pooling makes it valid
+
+
+def _export(name: str, folder: Path) -> Path:
+    net = mx.gluon.model_zoo.vision.get_model(name)
+    net.initialize(mx.init.Xavier(), ctx=mx.cpu())
+    net(mx.nd.zeros((1, 3, SIZE, SIZE)))
+    rng = np.random.RandomState(0)
+    for key, p in net.collect_params().items():
+        if key.endswith(("running_mean", "beta")):
+            p.set_data(mx.nd.array(rng.uniform(-0.2, 0.2, p.shape)))
+        elif key.endswith(("running_var", "gamma")):
+            p.set_data(mx.nd.array(rng.uniform(0.5, 1.5, p.shape)))
+    net.hybridize()
+    net(mx.nd.zeros((1, 3, SIZE, SIZE)))
+    net.export(str(folder / name))
+    out = folder / f"{name}.onnx"
+    mx.onnx.export_model(str(folder / f"{name}-symbol.json"), str(folder / f"{name}-0000.params"),
+                         [(1, 3, SIZE, SIZE)], np.float32, str(out), dynamic=True,
+                         dynamic_input_shapes=[(None, 3, SIZE, SIZE)])
+    return out
+
+
+@pytest.fixture(scope="module", params=["resnet18_v1", "mobilenetv2_1.0"])
+def zoo(request, tmp_path_factory):
+    path = _export(request.param, tmp_path_factory.mktemp(request.param))
+    return path, onnx.load(str(path))
+
+
+def test_zoo_model_matches_onnxruntime_at_batch_1_and_2(zoo):
+    path, model = zoo
+    block = import_model(str(path))
+    name = block.gluontl_onnx.inputs[0]
+    for b in (1, 2):
+        x = np.random.RandomState(b).randn(b, 3, SIZE, SIZE).astype("f")
+        got = block(mx.nd.array(x)).asnumpy()
+        ref = ort_run(str(path), {name: x})[0]
+        assert got.shape == ref.shape and rel_err(got, ref) <= 1e-4, rel_err(got, ref)
+    assert not {"shape_array", "size_array"} & set(graph_ops(block)), "shape ops must fold"
+
+
+def test_zoo_model_hybridized_equals_imperative(zoo):
+    path, _ = zoo
+    x = mx.nd.array(np.random.RandomState(0).randn(2, 3, SIZE, SIZE))
+    plain = import_model(str(path))
+    hybrid = import_model(str(path))
+    hybrid.hybridize(static_alloc=True, static_shape=True)
+    np.testing.assert_allclose(hybrid(x).asnumpy(), plain(x).asnumpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_zoo_model_params_aux_states_and_one_sgd_step(zoo):
+    path, model = zoo
+    block = import_model(str(path))
+    params = block.collect_params()
+    graph = block._cached_graph[1]
+    aux = set(graph.list_auxiliary_states())
+    stats = {n for n in params if n.endswith(("running_mean", "running_var"))}
+    assert stats and stats == aux, "BN running statistics must be MXNet auxiliary states"
+    inits = {t.name for t in model.graph.initializer}
+    assert set(params) <= inits, "parameters keep their ONNX initializer names"
+    # Freeze the first conv like a user rule would; everything else with 'write' must move.
+    first = next(n for n in params if n.endswith("weight") and params[n].grad_req == "write")
+    params[first].grad_req = "null"
+    before = {n: p.data().asnumpy().copy() for n, p in params.items()}
+    trainer = mx.gluon.Trainer({n: p for n, p in params.items() if p.grad_req == "write"}, "sgd",
+                               {"learning_rate": 0.1})
+    x = mx.nd.array(np.random.RandomState(0).randn(2, 3, SIZE, SIZE))
+    with mx.autograd.record():
+        loss = block(x).square().sum()
+    loss.backward()
+    trainer.step(2)
+    for n, p in params.items():
+        changed = not np.array_equal(before[n], p.data().asnumpy())
+        if n in aux:
+            continue  # running statistics follow the batch in training mode, by design
+        assert changed == (p.grad_req == "write"), n
+
+
+# ------------------------------------------------------------------ onnx light models
+
+LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
+LIGHT_EXPECTED_FAILURES: dict[str, str] = {}
+
+
+def _light_params():
+    for p in sorted(LIGHT.glob("light_*.onnx")):
+        marks = [pytest.mark.xfail(reason=LIGHT_EXPECTED_FAILURES[p.stem], strict=False)] \
+            if p.stem in LIGHT_EXPECTED_FAILURES else []
+        yield pytest.param(p, id=p.stem, marks=marks)
+
+
+@pytest.mark.parametrize("path", list(_light_params()))
+def test_light_model_matches_stored_output(path):
+    """Input as the onnx backend runner makes it: arange(n)/n in the declared shape."""
+    model = onnx.load(str(path))
+    inits = {t.name for t in model.graph.initializer}
+    (inp,) = [i for i in model.graph.input if i.name not in inits]
+    shape = tuple(d.dim_value or 1 for d in inp.type.tensor_type.shape.dim)
+    x = (np.arange(np.prod(shape)).reshape(shape) / np.prod(shape)).astype(np.float32)
+    t = onnx.TensorProto()
+    t.ParseFromString((LIGHT / f"{path.stem}_output_0.pb").read_bytes())
+    expected = numpy_helper.to_array(t)
+    got = import_model(str(path))(mx.nd.array(x)).asnumpy()
+    np.testing.assert_allclose(got, expected, rtol=2e-3, atol=1e-5)
+
+
+# ------------------------------------------------------------------ PaddleOCR (rapidocr)
+
+def _rapidocr_models() -> Path | None:
+    spec = importlib.util.find_spec("rapidocr_onnxruntime")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0]) / "models"
+
+
+OCR = [("ch_ppocr_mobile_v2.0_cls_infer.onnx", (3, 48, 192)),
+       ("ch_PP-OCRv4_det_infer.onnx", (3, 96, 64)),
+       ("ch_PP-OCRv4_rec_infer.onnx", (3, 48, 160))]
+
+
+@pytest.mark.skipif(_rapidocr_models() is None,
+                    reason="pip install --no-deps rapidocr-onnxruntime==1.4.4 provides the models")
+@pytest.mark.parametrize("fname,chw", OCR, ids=[f.split("_infer")[0] for f, _ in OCR])
+def test_paddleocr_model_matches_onnxruntime(fname, chw):
+    path = _rapidocr_models() / fname
+    block = import_model(str(path), input_shapes={"x": (None, *chw)})
+    params = block.collect_params()
+    assert sum(p.grad_req == "write" for p in params.values()) > 50
+    assert any(n.startswith("conv") for n in params), "Paddle weight names are kept"
+    for b in (1, 2):
+        x = np.random.RandomState(b).randn(b, *chw).astype("f")
+        got = block(mx.nd.array(x)).asnumpy()
+        ref = ort_run(str(path), {"x": x})[0]
+        assert got.shape == ref.shape
+        np.testing.assert_allclose(got, ref, rtol=1e-3, atol=1e-5)
