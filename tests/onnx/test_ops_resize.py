@@ -117,3 +117,14 @@ def test_yolo_upsampling_is_one_op_with_free_dims():
 def test_unknown_size_for_non_integer_resize_is_a_clear_error():
     with pytest.raises(OnnxImportError, match="'up'.*axis 2.*unknown"):
         _convert({"mode": "linear"}, (1, 1, 1.5, 1.5), (None, 3, None, None))
+
+
+def test_size_zero_keeps_a_free_axis():
+    """The importer writes 0 for sizes entries that follow the free batch dimension."""
+    node = Node("Resize", "up", {"mode": "nearest"}, 13, ["x", "", "", "sizes"], ["y"])
+    ins = [Tensor("x", mx.sym.var("x"), shape=(None, 3, 5, 6), dtype=np.float32), None, None,
+           Tensor("sizes", None, const=np.array([0, 3, 10, 12], np.int64), shape=(4,))]
+    sym = registry.get("Resize", 13)(node, ins)
+    for n in (1, 2):
+        out = sym.eval(x=mx.nd.array(X[:n]))[0].asnumpy()
+        np.testing.assert_array_equal(out, X[:n].repeat(2, axis=2).repeat(2, axis=3))

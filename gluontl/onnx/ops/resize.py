@@ -313,17 +313,21 @@ def resize(node, inputs):
 
 
 def _plan_sizes(node, axes, dims, sizes) -> list[_Axis]:
+    """Axes for target ``sizes``. A size of 0 (never valid in ONNX) keeps the axis: the
+    importer writes it for entries that follow the free batch dimension."""
     if len(sizes) != len(axes):
         raise node.unsupported(f"{len(sizes)} sizes for {len(axes)} axes")
-    if any(dims[a] is None for a in axes):
+    resized = [(a, m) for a, m in zip(axes, sizes) if m != 0]
+    if any(dims[a] is None for a, _ in resized):
         raise node.unsupported("target sizes need the input sizes of the resized axes; "
                                "pass input_shapes=...")
     policy = node.attr("keep_aspect_ratio_policy", "stretch")
-    ratios = [m / dims[a] for a, m in zip(axes, sizes)]
+    ratios = [m / dims[a] for a, m in resized]
     if policy != "stretch":
         if policy not in ("not_larger", "not_smaller"):
             raise node.unsupported(f"keep_aspect_ratio_policy '{policy}' is unknown")
         r = min(ratios) if policy == "not_larger" else max(ratios)
-        ratios = [r] * len(axes)
-        sizes = [int(r * dims[a] + 0.5) for a in axes]
-    return [_Axis(a, dims[a], m, r) for a, m, r in zip(axes, sizes, ratios)]
+        ratios = [r] * len(resized)
+        resized = [(a, int(r * dims[a] + 0.5)) for a, _ in resized]
+    plan = {a: _Axis(a, dims[a], m, r) for (a, m), r in zip(resized, ratios)}
+    return [plan.get(a, _Axis(a, dims[a], dims[a], 1.0)) for a in axes]
