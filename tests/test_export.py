@@ -136,16 +136,18 @@ def test_corrupted_weight_is_caught(zoo_export, tmp_path):
 SB_SHAPES = {"meta": (1, 4), "img": (1, 3, 8, 8)}
 
 
-def _two_headed_symbol_block() -> mx.gluon.SymbolBlock:
+def _two_headed_symbol_block(frozen_bn: bool = False) -> mx.gluon.SymbolBlock:
     """Inputs named img/meta (positional order meta, img), outputs from two branches."""
-    img, meta = mx.sym.var("img"), mx.sym.var("meta")
-    x = mx.sym.Convolution(img, kernel=(3, 3), num_filter=6, pad=(1, 1), name="c1")
-    x = mx.sym.BatchNorm(x, fix_gamma=False, name="bn1")
-    x = mx.sym.Activation(x, act_type="relu")
-    x = mx.sym.Pooling(x, global_pool=True, pool_type="avg", kernel=(1, 1))
-    x = mx.sym.concat(mx.sym.flatten(x), meta, dim=1)
-    logits = mx.sym.FullyConnected(x, num_hidden=5, name="fc_logits")
-    aux = mx.sym.sigmoid(mx.sym.FullyConnected(meta, num_hidden=3, name="fc_aux"))
+    mx.random.seed(0)
+    with mx.name.NameManager():  # same auto-generated op names on every call
+        img, meta = mx.sym.var("img"), mx.sym.var("meta")
+        x = mx.sym.Convolution(img, kernel=(3, 3), num_filter=6, pad=(1, 1), name="c1")
+        x = mx.sym.BatchNorm(x, fix_gamma=False, use_global_stats=frozen_bn, name="bn1")
+        x = mx.sym.Activation(x, act_type="relu")
+        x = mx.sym.Pooling(x, global_pool=True, pool_type="avg", kernel=(1, 1))
+        x = mx.sym.concat(mx.sym.flatten(x), meta, dim=1)
+        logits = mx.sym.FullyConnected(x, num_hidden=5, name="fc_logits")
+        aux = mx.sym.sigmoid(mx.sym.FullyConnected(meta, num_hidden=3, name="fc_aux"))
     block = mx.gluon.SymbolBlock(mx.sym.Group([logits, aux]), [meta, img])
     block.initialize(mx.init.Normal(0.5))
     block(mx.nd.zeros(SB_SHAPES["meta"]), mx.nd.zeros(SB_SHAPES["img"]))
@@ -214,6 +216,15 @@ def test_frozen_batchnorm_exports_same_graph(tmp_path):
             block._kwargs["use_global_stats"] = True
     net.collect_params().setattr("grad_req", "null")
     frozen = onnx.load(export_onnx(net, tmp_path / "b.onnx", {"data": SHAPE}))
+    assert frozen.graph.SerializeToString() == unfrozen.graph.SerializeToString()
+
+
+def test_frozen_symbol_block_batchnorm_exports_same_graph(tmp_path):
+    frozen_block = _two_headed_symbol_block(frozen_bn=True)
+    frozen_block.collect_params().setattr("grad_req", "null")
+    assert '"use_global_stats": "True"' in frozen_block(mx.sym.var("meta"), mx.sym.var("img"))[0].tojson()
+    unfrozen = onnx.load(export_onnx(_two_headed_symbol_block(), tmp_path / "a.onnx", SB_SHAPES))
+    frozen = onnx.load(export_onnx(frozen_block, tmp_path / "b.onnx", SB_SHAPES))
     assert frozen.graph.SerializeToString() == unfrozen.graph.SerializeToString()
 
 
