@@ -27,6 +27,9 @@ def plan(recipe: Path = RecipeOpt, set_: Optional[List[str]] = SetOpt,
     from .rules import format_plan
 
     r = load_recipe(recipe, set_)
+    pending = r.model.weights and r.model.weights_from and not Path(r.model.weights).is_file()
+    if pending:  # planning must not cost a pretraining run
+        r = r.model_copy(update={"model": r.model.model_copy(update={"weights": None})})
     prep = prepare(r, apply=False)
     if as_json:
         out = prep.plan.to_json()
@@ -36,6 +39,25 @@ def plan(recipe: Path = RecipeOpt, set_: Optional[List[str]] = SetOpt,
     if prep.restore:
         typer.echo("\n".join(prep.restore.lines()))
     typer.echo(format_plan(prep.plan))
+    if pending:
+        typer.echo(f"note: weights not made yet; `gluontl finetune` makes them first with {r.model.weights_from}")
+
+
+@app.command()
+def finetune(recipe: Path = RecipeOpt, set_: Optional[List[str]] = SetOpt,
+             resume: Optional[Path] = typer.Option(None, help="continue this run folder (runs/NAME)"),
+             runs: Path = typer.Option(Path("runs"), help="where run folders are created"),
+             quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bars (CI, logs)")) -> None:
+    """Fine-tune per the recipe: plan, train, checkpoint, log metrics to runs/NAME."""
+    from .recipe import load_recipe
+    from .train.loop import finetune as run
+
+    if resume is not None and not (resume / "recipe.yaml").is_file():
+        raise GluontlError(f"--resume {resume}: not a run folder (no recipe.yaml). Pass runs/NAME of an earlier run.")
+    r = load_recipe(resume / "recipe.yaml" if resume is not None and recipe is None else recipe, set_)
+    result = run(r, runs_root=runs, resume=resume, quiet=quiet)
+    if result.stopped_early:
+        typer.echo(f"stopped; resume with: gluontl finetune --recipe {recipe} --resume {result.run_dir}")
 
 
 @app.command()

@@ -46,6 +46,8 @@ class ModelSpec(Strict):
     source: str = Field(description="zoo:NAME | symbol:PREFIX | onnx:PATH")
     pretrained: bool = False
     weights: str | None = None
+    weights_from: str | None = Field(default=None, description="recipe whose best params become `weights` "
+                                     "when that file does not exist yet (a local pretraining step)")
     restore: RestoreSpec = RestoreSpec()
     kwargs: dict[str, Any] = Field(default_factory=dict, description="extra zoo constructor args")
     epoch: int | None = Field(default=None, ge=0, description="symbol: checkpoint epoch")

@@ -1,0 +1,45 @@
+"""Atomic file writes for checkpoints and run files: a reader (or a resume after kill -9)
+sees the old file or the new one, never half of one."""
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+from .errors import GluontlError
+
+
+def atomic_write(path: str | Path, write: Callable[[Path], None],
+                 error: type[GluontlError] = GluontlError) -> Path:
+    """``write(tmp)`` into a temp file beside ``path``, fsync it, rename it over ``path``."""
+    path = Path(path)
+    try:
+        fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as e:
+        raise error(f"Cannot write '{path}': {e.strerror}. Check that {path.parent} exists, is writable "
+                    f"and has free space; the previous file (if any) is untouched.") from None
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        write(tmp)
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        dfd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError as e:
+        raise error(f"Cannot write '{path}': {e.strerror}. Check free space and permissions of "
+                    f"{path.parent}; the previous file (if any) is untouched.") from None
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+    return path
+
+
+def write_text(path: str | Path, text: str, error: type[GluontlError] = GluontlError) -> Path:
+    return atomic_write(path, lambda p: p.write_text(text, encoding="utf-8"), error)

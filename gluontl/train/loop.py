@@ -1,0 +1,359 @@
+"""The fine-tuning loop: hybridized block, Trainer over trainable parameters only.
+
+Determinism is designed in, not hoped for: data order and augmentation come from
+(seed, epoch, index), the lr from the global step, and MXNet's RNG is reseeded every
+step, so a resumed run continues exactly where an uninterrupted one would be.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import signal
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import mxnet as mx
+import numpy as np
+import yaml
+from mxnet import autograd, gluon
+
+from ..atomic import write_text
+from ..errors import TrainError
+from ..pipeline import prepare
+from ..recipe import Recipe
+from ..rules import Plan, apply_plan, format_plan, make_plan, trainable_params
+from . import checkpoint
+from .data import make_loaders
+from .schedule import lr_at
+
+
+def parse_ctx(spec: str) -> list[mx.Context]:
+    kind, _, ids = spec.partition(":")
+    make = mx.gpu if kind == "gpu" else mx.cpu
+    ctxs = [make(int(i)) for i in ids.split(",")] if ids else [make(0)]
+    if kind == "gpu" and mx.context.num_gpus() < len(ctxs):
+        raise TrainError(f"train.ctx '{spec}' asks for {len(ctxs)} GPU(s) but MXNet sees "
+                         f"{mx.context.num_gpus()} (CPU-only mxnet wheel?). Use ctx: cpu, or install mxnet-cuXXX.")
+    return ctxs
+
+
+def seed_all(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    mx.random.seed(seed % 2**31)
+
+
+@dataclasses.dataclass
+class RunResult:
+    run_dir: Path
+    metrics: list[dict[str, Any]]
+    best: dict[str, Any] | None
+    stopped_early: bool = False
+
+    @property
+    def last_epoch(self) -> dict[str, Any] | None:
+        epochs = [m for m in self.metrics if "epoch" in m]
+        return epochs[-1] if epochs else None
+
+
+class _Stop:
+    """SIGINT/SIGTERM set a flag; the loop checkpoints at the next step boundary and exits."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> "_Stop":
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._old[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread
+                pass
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        self.requested = True
+
+    def __exit__(self, *exc) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+def _new_run_dir(root: Path, name: str) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    path, n = root / name, 1
+    while path.exists():
+        n += 1
+        path = root / f"{name}-{n}"
+    path.mkdir()
+    (path / "checkpoints").mkdir()
+    return path
+
+
+def _make_trainer(net, recipe: Recipe) -> gluon.Trainer:
+    t = recipe.train
+    params = trainable_params(net)
+    if not params:
+        raise TrainError("No parameter trains under these rules: every grad_req is null. "
+                         "Add a rule with grad_req: write (e.g. stage: head).")
+    opt: dict[str, Any] = {"learning_rate": t.lr, "wd": t.wd}
+    if t.optimizer in ("sgd", "nag"):
+        opt["momentum"] = t.momentum
+    if t.clip_gradient:
+        opt["clip_gradient"] = t.clip_gradient
+    return gluon.Trainer(list(params.values()), t.optimizer, opt)
+
+
+def _set_accumulation(net, k: int) -> None:
+    """With k > 1 every trainable parameter accumulates (grad_req add) and is zeroed after each update."""
+    if k > 1:
+        for p in trainable_params(net).values():
+            p.grad_req = "add"
+
+
+class MetricsLog:
+    def __init__(self, path: Path, keep: list[dict[str, Any]] | None = None) -> None:
+        self.path = path
+        self.rows: list[dict[str, Any]] = list(keep or [])
+
+    def write(self, row: dict[str, Any]) -> None:
+        self.rows.append(row)
+        with open(self.path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(row) + "\n")
+
+    def truncate_to(self, global_step: int) -> None:
+        """On resume, drop rows logged after the checkpoint: they will be produced again."""
+        keep = [r for r in self.rows if r.get("step", -1) <= global_step]
+        self.rows = keep
+        text = "".join(json.dumps(r) + "\n" for r in keep)
+        write_text(self.path, text, TrainError)
+
+
+def _read_metrics(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            break  # a torn last line from kill -9
+    return rows
+
+
+def evaluate_loader(net, loader, ctxs, num_classes: int, loss_fn) -> dict[str, Any]:
+    """Loss, top-1/top-5 and the confusion matrix over a loader, in inference mode."""
+    total_loss, n = 0.0, 0
+    conf = np.zeros((num_classes, num_classes), dtype=np.int64)
+    top5_hits = 0
+    for x, y in loader:
+        xs = gluon.utils.split_and_load(x, ctxs, even_split=False)
+        ys = gluon.utils.split_and_load(y, ctxs, even_split=False)
+        for xi, yi in zip(xs, ys):
+            out = net(xi)
+            total_loss += float(loss_fn(out, yi).sum().asscalar())
+            scores = out.asnumpy()
+            labels = yi.asnumpy().astype(np.int64)
+            pred = scores.argmax(axis=1)
+            np.add.at(conf, (labels, pred), 1)
+            k = min(5, num_classes)
+            top = np.argsort(-scores, axis=1)[:, :k]
+            top5_hits += int((top == labels[:, None]).any(axis=1).sum())
+            n += len(labels)
+    n = max(n, 1)
+    out = {"val_loss": total_loss / n, "val_top1": float(np.trace(conf)) / n, "confusion": conf}
+    if num_classes > 5:
+        out["val_top5"] = top5_hits / n
+    return out
+
+
+def _loss_fn(recipe: Recipe, num_classes: int) -> Callable:
+    eps = recipe.train.label_smoothing
+    if eps == 0:
+        return gluon.loss.SoftmaxCrossEntropyLoss()
+    ce = gluon.loss.SoftmaxCrossEntropyLoss(sparse_label=False)
+
+    def smoothed(out, label):
+        target = mx.nd.one_hot(label, num_classes) * (1 - eps) + eps / num_classes
+        return ce(out, target.as_in_context(out.context))
+
+    return smoothed
+
+
+def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Path | None = None,
+             quiet: bool = False, stop_after_steps: int | None = None) -> RunResult:
+    """Fine-tune per the recipe into a run folder; ``resume`` continues a run folder.
+
+    ``stop_after_steps`` stops (with a checkpoint) after that many optimizer steps in
+    this call — what SIGINT does, made testable.
+    """
+    if recipe.data is None:
+        raise TrainError("The recipe has no data: section; finetune needs training data "
+                         "(e.g. data: {source: demo:digits}).")
+    from .weights import ensure_weights
+
+    ensure_weights(recipe, quiet=quiet)
+    t = recipe.train
+    seed_all(t.seed)
+    ctxs = parse_ctx(t.ctx)
+    prep = prepare(recipe, ctx=ctxs[0])
+    net = prep.block
+    if len(ctxs) > 1:
+        net.collect_params().reset_ctx(ctxs)
+    loaders = make_loaders(recipe.data, seed=t.seed)
+    head = recipe.surgery.head
+    if head is not None and head.classes != loaders.num_classes:
+        raise TrainError(f"surgery.head.classes is {head.classes} but the data has {loaders.num_classes} "
+                         f"classes ({', '.join(loaders.class_names[:10])}). Make them equal.")
+    if resume is not None:
+        run_dir = Path(resume)
+        meta = checkpoint.load(run_dir / "checkpoints", "last")
+        if meta.get("recipe_digest") != recipe.digest("model", "surgery", "rules", "data", "train"):
+            raise TrainError(f"Cannot resume {run_dir}: the recipe differs from the one the run started with "
+                             f"(compare with {run_dir / 'recipe.yaml'}); resume with that recipe.")
+    else:
+        run_dir = _new_run_dir(Path(runs_root), recipe.name)
+        write_text(run_dir / "recipe.yaml", yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False))
+        meta = None
+    log = MetricsLog(run_dir / "metrics.jsonl", _read_metrics(run_dir / "metrics.jsonl"))
+    loss_fn = _loss_fn(recipe, loaders.num_classes)
+    steps_per_epoch = max(1, loaders.train_sampler.batches_per_epoch() // t.accumulate)
+
+    plan = prep.plan
+    start_epoch, skip, global_step = 0, 0, 0
+    best = None
+    if meta is not None:
+        start_epoch, skip, global_step = meta["epoch"], meta["batch_in_epoch"], meta["global_step"]
+        best = meta.get("best")
+        plan = make_plan(net, recipe.rules, epoch=start_epoch, input_shape=recipe.model.input_shape)
+        apply_plan(net, plan)
+    _write_plan(run_dir, plan)
+    _set_accumulation(net, t.accumulate)
+    trainer = _make_trainer(net, recipe)
+    if meta is not None:
+        checkpoint.restore_into(run_dir / "checkpoints", "last", net, trainer, ctxs[0])
+        log.truncate_to(global_step)
+    if t.hybridize:
+        net.hybridize(static_alloc=True, static_shape=True)
+
+    state = {"recipe_digest": recipe.digest("model", "surgery", "rules", "data", "train")}
+    stopped = False
+    steps_this_call = 0
+    bad_steps = 0
+    with _Stop() as stop:
+        for epoch in range(start_epoch, t.epochs):
+            new_plan = make_plan(net, recipe.rules, epoch=epoch, input_shape=recipe.model.input_shape)
+            if new_plan.settings() != plan.settings():
+                changed = [n for n, s in new_plan.settings().items() if plan.settings()[n] != s]
+                _say(quiet, f"epoch {epoch}: rules changed {len(changed)} parameters (e.g. {changed[0]}); "
+                            f"rebuilding the trainer and the cached graph")
+                plan = new_plan
+                apply_plan(net, plan)
+                _set_accumulation(net, t.accumulate)
+                _write_plan(run_dir, plan)
+                trainer = _make_trainer(net, recipe)
+            t0 = time.perf_counter()
+            loader = loaders.train_epoch(epoch, skip_batches=skip)
+            bar = _bar(loader, epoch, t.epochs, quiet, initial=skip)
+            run_loss, run_n, pending = 0.0, 0, 0
+            for i, (x, y) in enumerate(bar, start=skip):
+                mx.random.seed((t.seed * 1_000_003 + epoch * 10_007 + i) % 2**31)
+                lr = lr_at(t.schedule, t.lr, global_step, steps_per_epoch, t.epochs)
+                trainer.set_learning_rate(lr)
+                tick = time.perf_counter()
+                xs = gluon.utils.split_and_load(x, ctxs, even_split=False)
+                ys = gluon.utils.split_and_load(y, ctxs, even_split=False)
+                with autograd.record():
+                    losses = [loss_fn(net(xi), yi) for xi, yi in zip(xs, ys)]
+                autograd.backward(losses)
+                batch_loss = sum(float(l.sum().asscalar()) for l in losses)
+                pending += x.shape[0]
+                if not np.isfinite(batch_loss):
+                    bad_steps += 1
+                    _zero_grads(net)
+                    pending = 0
+                    if bad_steps > t.max_bad_steps:
+                        raise TrainError(f"Loss was NaN/Inf in {bad_steps} steps (epoch {epoch}); the last good "
+                                         f"checkpoint is in {run_dir / 'checkpoints'}. Lower train.lr or set "
+                                         f"train.clip_gradient.")
+                    continue
+                if (i + 1) % t.accumulate == 0 or i + 1 == len(loader) + skip:
+                    trainer.step(pending)
+                    _zero_grads(net, only_add=True)
+                    pending = 0
+                    global_step += 1
+                    steps_this_call += 1
+                run_loss += batch_loss
+                run_n += x.shape[0]
+                ips = x.shape[0] / max(time.perf_counter() - tick, 1e-9)
+                if hasattr(bar, "set_postfix"):
+                    bar.set_postfix(loss=f"{run_loss / run_n:.4f}", lr=f"{lr:.3g}", img_s=f"{ips:.0f}")
+                if global_step % t.log_every == 0 and pending == 0:
+                    log.write({"step": global_step, "epoch_f": epoch + (i + 1) / (len(loader) + skip),
+                               "loss": batch_loss / x.shape[0], "lr": lr, "img_per_s": ips})
+                if stop.requested or (stop_after_steps is not None and steps_this_call >= stop_after_steps):
+                    if pending == 0:
+                        checkpoint.save(run_dir / "checkpoints", "last", net, trainer,
+                                        dict(state, epoch=epoch, batch_in_epoch=i + 1, global_step=global_step,
+                                             best=best))
+                        stopped = True
+                        break
+            if stopped:
+                break
+            skip = 0
+            with autograd.predict_mode():
+                val = evaluate_loader(net, loaders.val, ctxs, loaders.num_classes, loss_fn)
+            row = {"step": global_step, "epoch": epoch + 1, "train_loss": run_loss / max(run_n, 1),
+                   **{k: v for k, v in val.items() if k != "confusion"},
+                   "seconds": time.perf_counter() - t0}
+            log.write(row)
+            _say(quiet, "epoch {epoch}/{n}: train_loss {train_loss:.4f} val_loss {val_loss:.4f} "
+                        "val_top1 {val_top1:.4f} ({seconds:.1f}s)".format(n=t.epochs, **row))
+            if best is None or row["val_top1"] > best["val_top1"]:
+                best = {"epoch": epoch + 1, "val_top1": row["val_top1"], "val_loss": row["val_loss"]}
+                checkpoint.save(run_dir / "checkpoints", "best", net, trainer,
+                                dict(state, epoch=epoch + 1, batch_in_epoch=0, global_step=global_step, best=best))
+            checkpoint.save(run_dir / "checkpoints", "last", net, trainer,
+                            dict(state, epoch=epoch + 1, batch_in_epoch=0, global_step=global_step, best=best))
+    result = RunResult(run_dir, log.rows, best, stopped_early=stopped)
+    if not stopped:
+        summary = {"run_dir": str(run_dir), "best": best, "last": result.last_epoch,
+                   "restore": prep.restore.summary() if prep.restore else None, "bad_images": loaders.bad.summary(),
+                   "bad_steps": bad_steps, "trainable": plan.totals()["trainable"]}
+        write_text(run_dir / "summary.json", json.dumps(summary, indent=1), TrainError)
+        _say(quiet, f"done: best val_top1 {best['val_top1']:.4f} at epoch {best['epoch']}; run folder {run_dir}")
+        if len(loaders.bad):
+            _say(quiet, loaders.bad.summary())
+    return result
+
+
+def _zero_grads(net, only_add: bool = False) -> None:
+    for p in trainable_params(net).values():
+        if not only_add or p.grad_req == "add":
+            p.zero_grad()
+
+
+def _write_plan(run_dir: Path, plan: Plan) -> None:
+    write_text(run_dir / "plan.txt", format_plan(plan) + "\n", TrainError)
+    write_text(run_dir / "plan.json", json.dumps(plan.to_json(), indent=1), TrainError)
+
+
+def _say(quiet: bool, msg: str) -> None:
+    if not quiet:
+        from tqdm import tqdm
+
+        tqdm.write(msg)
+
+
+def _bar(loader, epoch: int, epochs: int, quiet: bool, initial: int):
+    if quiet:
+        return loader
+    from tqdm import tqdm
+
+    return tqdm(loader, total=len(loader) + initial, initial=initial, desc=f"epoch {epoch + 1}/{epochs}",
+                leave=False, dynamic_ncols=True)
+
+
+__all__ = ["finetune", "RunResult", "evaluate_loader", "parse_ctx"]

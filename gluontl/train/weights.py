@@ -1,0 +1,35 @@
+"""Weights produced by another recipe: the local stand-in for a zoo download.
+
+``model.weights_from: recipes/digits_pretrain.yaml`` says how ``model.weights`` is made
+when it does not exist yet: run that recipe once, keep its best parameters at the
+``weights`` path, and reuse the file from then on.
+"""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from ..atomic import atomic_write
+from ..errors import RecipeError, TrainError
+from ..recipe import Recipe, load_recipe
+
+
+def ensure_weights(recipe: Recipe, *, quiet: bool = False, depth: int = 0) -> None:
+    spec = recipe.model
+    if not spec.weights or Path(spec.weights).is_file() or not spec.weights_from:
+        return
+    if depth > 3:
+        raise RecipeError(f"model.weights_from chain is deeper than 3 recipes at '{spec.weights_from}'; "
+                          f"is it circular?")
+    source = load_recipe(spec.weights_from)
+    from .loop import finetune
+
+    if not quiet:
+        print(f"'{spec.weights}' does not exist yet: making it with {spec.weights_from} (one time)")
+    ensure_weights(source, quiet=quiet, depth=depth + 1)
+    result = finetune(source, runs_root=Path(spec.weights).parent / "runs", quiet=quiet)
+    best = result.run_dir / "checkpoints" / "best.params"
+    if not best.is_file():
+        raise TrainError(f"{spec.weights_from} finished without a best checkpoint in {result.run_dir}.")
+    Path(spec.weights).parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(spec.weights, lambda tmp: shutil.copyfile(best, tmp), TrainError)

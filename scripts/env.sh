@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Creates (once) and activates the project venv from the repo's own files.
+# Re-installs when setup.cfg changes. Sourced by scripts/demo.sh, scripts/test.sh and .ci/run.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="${GLUONTL_VENV:-$root/.venv}"
+py="${PYTHON:-python3.11}"
+command -v "$py" >/dev/null 2>&1 || py=python3
+stamp="$venv/.gluontl-setup-$(sha256sum "$root/setup.cfg" "$root/pyproject.toml" | sha256sum | cut -c1-16)"
+if [ ! -f "$stamp" ]; then
+  echo "setting up $venv (one time; a few minutes) ..." >&2
+  "$py" -m venv "$venv"
+  "$venv/bin/python" -m pip install -q --upgrade pip
+  "$venv/bin/python" -m pip install -q -e "$root[test]"
+  rm -f "$venv"/.gluontl-setup-*
+  touch "$stamp"
+fi
+export PATH="$venv/bin:$PATH"
+cd "$root"
