@@ -177,7 +177,7 @@ def clip_inputs(node, inputs):
         out = mx.sym.clip(out, a_min=bounds[0], a_max=bounds[1], name=node.sub("static"))
     for k, (which, sym) in enumerate(dynamic):
         op = mx.sym.broadcast_maximum if which == 0 else mx.sym.broadcast_minimum
-        out = op(out, sym, name=node.name if k == len(dynamic) - 1 else node.sub("min"))
+        out = op(out, sym, name=node.name if k == len(dynamic) - 1 else node.sub(f"bound{k}"))
     return out
 
 

@@ -40,7 +40,7 @@ def gemm(node, inputs):
         n = b_shape[0] if trans_b else b_shape[1]
         w = b.sym if trans_b else mx.sym.transpose(b.sym, name=node.sub("Wt"))
         if c is not None and alpha == 1.0 and beta == 1.0 and c_shape is not None and \
-                int(np.prod(c_shape)) == n and (len(c_shape) == 1 or c_shape[-1] == n):
+                len(c_shape) >= 1 and int(np.prod(c_shape)) == n and c_shape[-1] == n:
             bias = c.sym if len(c_shape) == 1 else mx.sym.reshape(c.sym, shape=(-1,), name=node.sub("bias"))
             return mx.sym.FullyConnected(x, weight=w, bias=bias, num_hidden=n, name=node.name)
         out = mx.sym.FullyConnected(x, weight=w, no_bias=True, num_hidden=n, name=mm_name)
@@ -161,8 +161,7 @@ def _contract(node, a, a_term, b, b_term, keep, sizes, tag):
                                "pass input_shapes=... when importing")
     m, k, n = (int(np.prod([sizes[c] for c in part])) for part in (a_only, contr, b_only))
     a_t = _transpose(node, a, a_term, batch + a_only + contr, f"a{tag}")
-    a3 = mx.sym.reshape(a_t, shape=(-1, m, k),
-                        name=node.sub(f"a3{tag}"))
+    a3 = mx.sym.reshape(a_t, shape=(-1, m, k), name=node.sub(f"a3{tag}"))
     b3 = mx.sym.reshape(_transpose(node, b, b_term, batch + contr + b_only, f"b{tag}"), shape=(-1, k, n),
                         name=node.sub(f"b3{tag}"))
     out = mx.sym.batch_dot(a3, b3, name=node.sub(f"bdot{tag}"))

@@ -126,6 +126,13 @@ class _Unrolled:
     def gates(self, sym, n, t, tag):
         return mx.sym.split(sym, num_outputs=n, axis=1, name=self.name(tag, t))
 
+    def peephole(self, gate, k, cell):
+        """Gate pre-activation plus P[k] * cell (P is ONNX-ordered i, o, f)."""
+        if self.p is None:
+            return gate
+        pk = mx.sym.slice_axis(self.p, axis=0, begin=k * self.hidden, end=(k + 1) * self.hidden)
+        return mx.sym.elemwise_add(gate, mx.sym.broadcast_mul(cell, pk))
+
     def step(self, xw, h, c, t):
         hid, mul, add = self.hidden, mx.sym.broadcast_mul, mx.sym.elemwise_add
         if self.kind == "RNN":
@@ -133,13 +140,10 @@ class _Unrolled:
         if self.kind == "LSTM":
             pre = add(xw, self.fc(h, self.r, self.rb, 4 * hid, self.name("hr", t)))
             gi, go, gf, gc = self.gates(pre, 4, t, "g")
-            peep = (lambda k, s: add(gi if k == 0 else gf if k == 2 else go,
-                                     mul(s, mx.sym.slice_axis(self.p, axis=0, begin=k * hid, end=(k + 1) * hid)))) \
-                if self.p is not None else (lambda k, s: gi if k == 0 else gf if k == 2 else go)
-            i = self.act(0, peep(0, c), t, "i")
-            f = mx.sym.ones_like(i) - i if self.input_forget else self.act(0, peep(2, c), t, "f")
+            i = self.act(0, self.peephole(gi, 0, c), t, "i")
+            f = 1 - i if self.input_forget else self.act(0, self.peephole(gf, 2, c), t, "f")
             c_new = add(mul(f, c), mul(i, self.act(1, gc, t, "c")))
-            o = self.act(0, peep(1, c_new), t, "o")
+            o = self.act(0, self.peephole(go, 1, c_new), t, "o")
             return mul(o, _ACTS[self.acts[2]](c_new, self.name("hc", t))), c_new
         xz, xr, xh = self.gates(xw, 3, t, "x")
         if self.lbr:
