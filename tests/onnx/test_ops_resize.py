@@ -88,6 +88,13 @@ def test_legacy_forms():
                   opset=10, grad=True)
 
 
+def test_integer_input_takes_the_general_path():
+    x = np.arange(2 * 3 * 4, dtype=np.int32).reshape(1, 2, 3, 4)
+    resize({"mode": "nearest", "coordinate_transformation_mode": "asymmetric"},
+           scales=(1, 1, 2, 2), x=x, grad=False)
+    resize({"mode": "nearest"}, scales=(1, 1, 0.7, 1.3), x=x, grad=False)
+
+
 def _ops(sym):
     return [n["op"] for n in json.loads(sym.tojson())["nodes"] if n["op"] != "null"]
 

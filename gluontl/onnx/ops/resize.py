@@ -208,7 +208,7 @@ def _resize(node, x, axes: list[_Axis], spec: _Spec):
     if not axes:
         return mx.sym.identity(x.sym, name=node.name)
     factor = _fast_upsampling(axes, spec, rank)
-    if factor:
+    if factor and np.dtype(dtype).kind == "f":  # UpSampling has no integer kernels
         return mx.sym.UpSampling(x.sym, scale=factor, sample_type="nearest", num_args=1,
                                  name=node.name)
     corners = _fast_bilinear(axes, spec, rank)
