@@ -22,7 +22,7 @@ from .shape import need_rank, norm_axes
 _MODES = {"nearest", "linear", "cubic"}
 _CTMS = {"half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric",
          "half_pixel_symmetric", "tf_crop_and_resize"}
-_NEAREST = {"round_prefer_floor", "round_prefer_ceil", "floor", "ceil", "simple"}
+_NEAREST = {"round_prefer_floor", "round_prefer_ceil", "floor", "ceil"}
 
 
 @dataclasses.dataclass
@@ -204,7 +204,8 @@ def _fast_bilinear(axes: list[_Axis], spec: _Spec, rank: int) -> bool | None:
 def _resize(node, x, axes: list[_Axis], spec: _Spec):
     rank = need_rank(node, x)
     dtype = np.dtype(x.dtype or np.float32).name
-    axes = [a for a in axes if not (a.m == a.n and a.scale == 1 and spec.ctm != "tf_crop_and_resize")]
+    axes = [a for a in axes
+            if not (a.m == a.n and a.scale == 1 and spec.ctm != "tf_crop_and_resize")]
     if not axes:
         return mx.sym.identity(x.sym, name=node.name)
     factor = _fast_upsampling(axes, spec, rank)
@@ -285,7 +286,7 @@ def resize(node, inputs):
                  node.attr("nearest_mode", "round_prefer_floor"),
                  float(node.attr("cubic_coeff_a", -0.75)), bool(node.attr("exclude_outside", 0)),
                  float(node.attr("extrapolation_value", 0.0)), bool(node.attr("antialias", 0)))
-    if spec.mode not in _MODES or spec.ctm not in _CTMS or spec.nearest not in _NEAREST - {"simple"}:
+    if spec.mode not in _MODES or spec.ctm not in _CTMS or spec.nearest not in _NEAREST:
         raise node.unsupported(f"mode '{spec.mode}' / coordinate_transformation_mode "
                                f"'{spec.ctm}' / nearest_mode '{spec.nearest}' is unknown")
     if spec.antialias and spec.mode == "nearest":
