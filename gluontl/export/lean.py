@@ -3,7 +3,7 @@
 ``mx.onnx`` lists every weight as a graph input as well as an initializer, which tells
 onnxruntime the weights may be overridden at run time, so it cannot constant-fold them.
 These passes make weights initializer-only, fold inference-mode BatchNormalization into
-the Conv/Gemm that feeds it (exact math in float64), and drop Identity/Dropout nodes.
+the Conv/Gemm that feeds it (exact math in float64), and drop nodes that compute nothing.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections import Counter
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper, numpy_helper, shape_inference
 
 
 def weights_to_initializers(graph: onnx.GraphProto) -> None:
@@ -28,20 +28,39 @@ def _rename_tensor(graph: onnx.GraphProto, old: str, new: str) -> None:
         node.output[:] = [new if n == old else n for n in node.output]
 
 
-def drop_noop_nodes(graph: onnx.GraphProto) -> int:
-    """Remove Identity and inference-mode Dropout nodes; returns how many were removed.
+def _ranks(model: onnx.ModelProto) -> dict[str, int]:
+    """Tensor ranks from ONNX shape inference (tensors it cannot infer are left out)."""
+    inferred = shape_inference.infer_shapes(model).graph
+    return {v.name: len(v.type.tensor_type.shape.dim)
+            for v in (*inferred.input, *inferred.value_info, *inferred.output)
+            if v.type.tensor_type.HasField("shape")}
+
+
+def _is_noop(node: onnx.NodeProto, ranks: dict[str, int]) -> bool:
+    if node.op_type == "Identity":
+        return True
+    if node.op_type == "Dropout":  # inference mode, unless the mask or training_mode is wired
+        return len(node.input) <= 2 and (len(node.output) < 2 or not node.output[1])
+    if node.op_type == "Flatten":  # (N, C) -> (N, C), as mx.onnx emits before every Gemm
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
+        return axis == 1 and ranks.get(node.input[0]) == 2
+    return False
+
+
+def drop_noop_nodes(model: onnx.ModelProto) -> int:
+    """Remove Identity, inference-mode Dropout and rank-2 Flatten; returns how many.
 
     A no-op whose output is a graph output survives only when its input is itself an
     input, initializer or another output (the name cannot then be moved upstream).
     """
+    ranks = _ranks(model)
+    graph = model.graph
     outputs = {o.name for o in graph.output}
     fixed = outputs | {i.name for i in graph.input} | {t.name for t in graph.initializer}
     removed = 0
     for node in list(graph.node):
-        if node.op_type not in ("Identity", "Dropout"):
+        if not _is_noop(node, ranks):
             continue
-        if node.op_type == "Dropout" and (len(node.output) > 1 and node.output[1] or len(node.input) > 2):
-            continue  # mask requested or training_mode wired in: not a no-op
         src, dst = node.input[0], node.output[0]
         if dst in outputs:
             if src in fixed:
@@ -152,7 +171,7 @@ def make_lean(model: onnx.ModelProto) -> dict[str, int]:
     """Apply all passes in place; returns counts for logging."""
     graph = model.graph
     weights_to_initializers(graph)
-    noops = drop_noop_nodes(graph)
+    noops = drop_noop_nodes(model)
     folded = fold_batchnorm(graph)
     prune_initializers(graph)
     return {"folded_batchnorm": folded, "dropped_noops": noops}
