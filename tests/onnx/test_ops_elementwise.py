@@ -1,5 +1,7 @@
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from opcheck import check
 
 R = np.random.RandomState(0)
@@ -137,3 +139,19 @@ def test_rank0_runtime_value_broadcasts_like_a_scalar():
     out = registry.get("Where", 17)(node, ins).eval(
         c=mx.nd.array(c.astype(np.float32)), x=mx.nd.array(x), y=mx.nd.array([y]))[0]
     np.testing.assert_array_equal(out.asnumpy(), np.where(c, x, y))
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.data())
+def test_broadcasting_matches_onnxruntime_on_random_shapes(data):
+    """Numpy broadcasting of any compatible shapes, for a broadcasting op and for Where
+    (which MXNet does not broadcast itself)."""
+    out = data.draw(st.lists(st.integers(1, 3), min_size=1, max_size=4))
+
+    def operand():
+        rank = data.draw(st.integers(1, len(out)))
+        return tuple(d if data.draw(st.booleans()) else 1 for d in out[len(out) - rank:])
+
+    a, b, c = (R.randn(*operand()).astype(np.float32) for _ in range(3))
+    check("Sub", {"a": a, "b": b})
+    check("Where", {"c": c > 0, "a": a, "b": b})

@@ -1,5 +1,7 @@
 import numpy as np
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 from opcheck import check
 
 from gluontl.errors import OnnxImportError
@@ -107,3 +109,19 @@ def test_pad_negative_and_axes():
           {"mode": "edge"}, consts={"p", "v", "a"}, opset=18, grad=True)
     check("Pad", {"x": np.arange(12, dtype=np.int64).reshape(3, 4), "p": i64(1, 2, 1, 0)},
           {"mode": "reflect"}, consts={"p"}, opset=13)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.data())
+def test_slice_matches_onnxruntime_on_random_bounds(data):
+    """Any in-range or clamped start/end/step combination (empty results excluded)."""
+    n_axes = data.draw(st.integers(1, 3))
+    axes = data.draw(st.permutations(range(3)))[:n_axes]
+    bound = st.one_of(st.integers(-7, 7), st.sampled_from([BIG, -BIG]))
+    starts = [data.draw(bound) for _ in axes]
+    ends = [data.draw(bound) for _ in axes]
+    steps = [data.draw(st.sampled_from([-3, -2, -1, 1, 2, 3])) for _ in axes]
+    for a, s, e, t in zip(axes, starts, ends, steps):
+        assume(len(range(X.shape[a])[slice(max(min(s, 99), -99), max(min(e, 99), -99), t)]))
+    ins = {"x": X, "s": i64(*starts), "e": i64(*ends), "a": i64(*axes), "t": i64(*steps)}
+    check("Slice", ins, consts={"s", "e", "a", "t"}, opset=13)
