@@ -9,6 +9,7 @@ shape vectors never turn into parameters while weights keep their ONNX names.
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import os
 from collections import Counter, defaultdict
 from typing import Any, Iterable, Mapping, Sequence
@@ -156,42 +157,22 @@ def topological(nodes: Sequence[onnx.NodeProto], known: Iterable[str], source: s
                     f"'{source}': input '{x}' of {n.op_type} node '{n.name or i}' is not a graph "
                     f"input, an initializer or the output of any node (dangling input). The model "
                     f"is broken; re-export it.")
-    ready = [i for i in range(len(nodes)) if waiting[i] == 0]
+    ready = [i for i in range(len(nodes)) if waiting[i] == 0]  # a heap: file order when free
+    heapq.heapify(ready)
     order = []
     while ready:
-        i = ready.pop()
+        i = heapq.heappop(ready)
         order.append(i)
         for j in users[i]:
             waiting[j] -= 1
             if waiting[j] == 0:
-                ready.append(j)
+                heapq.heappush(ready, j)
     if len(order) < len(nodes):
         stuck = [nodes[i].name or str(i) for i in range(len(nodes)) if waiting[i]]
         raise OnnxImportError(
             f"'{source}': the graph has a cycle through nodes {stuck[:5]}; ONNX graphs must be "
             f"acyclic. Re-export the model.")
-    order.sort()  # keep file order where dependencies allow (stable, readable naming)
-    return _stable_topological(order, nodes, producer)
-
-
-def _stable_topological(order: list[int], nodes, producer) -> list[int]:
-    """Depth-first order that visits nodes in file order (the graph is known acyclic)."""
-    done: set[int] = set()
-    out: list[int] = []
-    for root in order:
-        stack = [(root, False)]
-        while stack:
-            i, expanded = stack.pop()
-            if i in done:
-                continue
-            if expanded:
-                done.add(i)
-                out.append(i)
-                continue
-            stack.append((i, True))
-            stack.extend((producer[x], False) for x in reversed(nodes[i].input)
-                         if x in producer and producer[x] not in done)
-    return out
+    return order
 
 
 def unsupported_report(nodes: Sequence[Node], foldable: set[str], source: str, opset: int) -> None:
@@ -384,9 +365,9 @@ class _Importer:
         else:
             t = Tensor(name, const=None, shape=self.info.get(name, (None, None))[0], dtype=v1.dtype,
                        make_sym=lambda: self._runtime_sym(name),
-                       why_unknown=(f"its value changes with the batch size. Pass "
-                                    f"fixed_batch=True (with input_shapes) to import at one "
-                                    f"fixed batch size"))
+                       why_unknown=("its value changes with the batch size. Pass "
+                                    "fixed_batch=True (with input_shapes) to import at one "
+                                    "fixed batch size"))
         self.materialized[name] = t
         return t
 

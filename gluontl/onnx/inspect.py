@@ -8,7 +8,7 @@ from collections import Counter
 import numpy as np
 import onnx
 
-from .importer import _dims, read_proto
+from .importer import read_proto
 from .registry import get, get_evaluator
 
 Shape = tuple[int | str | None, ...] | None
