@@ -250,9 +250,11 @@ def test_unwritable_destination_leaves_nothing(tmp_path):
         export_onnx(block, tmp_path / "file.txt" / "out.onnx", SB_SHAPES)
     with pytest.raises(ExportError, match=r"file\.txt.*not a directory"):
         export_symbol(block, tmp_path / "file.txt" / "out", SB_SHAPES)
-    # /proc is a directory nobody, not even root, can create files in: fails at write time.
-    with pytest.raises(ExportError, match=r"/proc/gluontl-out\.onnx"):
+    # /proc is a directory nobody, not even root, can create files in.
+    with pytest.raises(ExportError, match=r"Cannot write /proc/gluontl-out\.onnx: creating a file in /proc failed"):
         export_onnx(block, "/proc/gluontl-out.onnx", SB_SHAPES)
+    with pytest.raises(ExportError, match="is a directory"):
+        export_onnx(block, tmp_path, SB_SHAPES, force=True)
     assert [p.name for p in tmp_path.iterdir()] == ["file.txt"]
 
 

@@ -12,8 +12,19 @@ import mxnet as mx
 from gluontl.errors import ExportError
 
 
+def _cannot_create(path: Path, err: OSError) -> ExportError:
+    return ExportError(
+        f"Cannot write {path}: creating a file in {path.parent} failed ({err.strerror}). "
+        "Choose a writable output folder."
+    )
+
+
 def check_target(path: Path, force: bool) -> None:
-    """Fail before any work if ``path`` exists (without ``force``) or its folder is unusable."""
+    """Fail before any work if ``path`` exists (without ``force``) or its folder is unusable.
+
+    Writability is probed by creating a file: permission bits do not stop root, and
+    read-only or virtual filesystems only show up when a write is attempted.
+    """
     if path.exists() and not force:
         raise ExportError(f"{path} already exists; refusing to overwrite it. Pass force=True (--force) to replace it.")
     if path.is_dir():
@@ -23,6 +34,11 @@ def check_target(path: Path, force: bool) -> None:
             f"Cannot write {path}: its folder {path.parent} does not exist or is not a directory. "
             "Create the folder or choose another output path."
         )
+    try:
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".probe"):
+            pass
+    except OSError as err:
+        raise _cannot_create(path, err) from err
 
 
 @contextlib.contextmanager
@@ -34,7 +50,7 @@ def staged(path: Path) -> Iterator[Path]:
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     except OSError as err:
-        raise ExportError(f"Cannot write {path}: {err.strerror}. Choose a writable output folder.") from err
+        raise _cannot_create(path, err) from err
     os.close(fd)
     try:
         yield Path(tmp)

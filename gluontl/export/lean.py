@@ -74,7 +74,7 @@ def drop_noop_nodes(model: onnx.ModelProto) -> int:
     return removed
 
 
-def _fold_target(bn: onnx.NodeProto, producers: dict, consumers: Counter,
+def _fold_target(bn: onnx.NodeProto, producers: dict[str, onnx.NodeProto], consumers: Counter,
                  inits: dict[str, onnx.TensorProto], outputs: set[str]) -> onnx.NodeProto | None:
     """The Conv/Gemm whose only consumer is ``bn`` and whose weights are constants, if any."""
     if len(bn.output) != 1 or any(a.name == "training_mode" and a.i for a in bn.attribute):
