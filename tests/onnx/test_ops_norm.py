@@ -46,7 +46,9 @@ def test_batch_norm_running_stats_are_aux_states_with_onnx_momentum():
     aux = {k: mx.nd.array(inputs[k]) for k in ("mean", "var")}
     exe = sym.bind(mx.cpu(), args=args, args_grad=grads, aux_states=aux)
     y = exe.forward(is_train=True)[0].asnumpy()
-    exe.backward([mx.nd.array(R.randn(*y.shape))])  # MXNet updates running stats in backward
+    # oneDNN updates running stats in backward, asynchronously: reading them needs waitall.
+    exe.backward([mx.nd.array(R.randn(*y.shape))])
+    mx.nd.waitall()
     x = inputs["x"]
     bm, bv = x.mean(axis=(0, 2, 3)), x.var(axis=(0, 2, 3))
     expect = (x - bm[:, None, None]) / np.sqrt(bv[:, None, None] + 1e-5) * inputs["scale"][:, None, None] \
