@@ -299,7 +299,7 @@ def qdq_model():
              node("DequantizeLinear", ["fc.weight_quantized", "ws"], ["fc.weight_dq"]),
              node("Gemm", ["xd", "fc.weight_dq"], ["y"], transB=1)]
     return make_model(nodes, [("x", ["N", 3])], [("y", None)],
-                      {"xs": np.float32(0.02), "xz": np.uint8(128), "ws": scale,
+                      {"xs": np.float32(0.05), "xz": np.uint8(128), "ws": scale,
                        "fc.weight_quantized": wq})
 
 
@@ -310,7 +310,9 @@ def test_qdq_weights_become_float_params_and_activations_fake_quantize():
     assert [n for n, p in params.items() if p.grad_req == "write"] == ["fc.weight_dq"]
     assert params["fc.weight_dq"].dtype == np.float32
     x = (RNG.randn(6, 3) * 0.5).astype("f")
-    x[0, :2] = [0.01, 0.03]  # exact halves of the 0.02 step: ONNX rounds to even
+    # Ties of the 0.05 step (ONNX rounds half to even), and x/s = -27.499998 whose
+    # x/s + 128 is a float32 tie: ONNX rounds before adding the zero point.
+    x[0, :3] = [0.025, 0.075, -1.3749999]
     assert_matches_ort(model, block, {"x": x}, tol=1e-6)
     xa = mx.nd.array(x)
     xa.attach_grad()

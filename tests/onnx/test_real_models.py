@@ -152,3 +152,67 @@ def test_paddleocr_model_matches_onnxruntime(fname, chw):
         ref = ort_run(str(path), {"x": x})[0]
         assert got.shape == ref.shape
         np.testing.assert_allclose(got, ref, rtol=1e-3, atol=1e-5)
+
+
+# ------------------------------------------------------------------ QDQ-quantized zoo model
+
+def _qdq(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Quantize every Conv the way QDQ exporters do: int8 per-channel weights behind
+    DequantizeLinear, uint8 activations through QuantizeLinear→DequantizeLinear."""
+    from onnx import helper
+
+    inits = {t.name: t for t in model.graph.initializer}
+    nodes, seen = [], set()
+    for n in model.graph.node:
+        if n.op_type == "Conv" and n.input[1] in inits:
+            w = numpy_helper.to_array(inits[n.input[1]])
+            scale = (np.abs(w).reshape(len(w), -1).max(axis=1) / 127).astype(np.float32)
+            q = np.clip(np.round(w / scale[:, None, None, None]), -127, 127).astype(np.int8)
+            wq, act = n.input[1] + "_quantized", n.input[0]
+            model.graph.initializer.extend([
+                numpy_helper.from_array(q, wq), numpy_helper.from_array(scale, wq + "_scale"),
+                numpy_helper.from_array(np.zeros(len(w), np.int8), wq + "_zero")])
+            nodes.append(helper.make_node("DequantizeLinear", [wq, wq + "_scale", wq + "_zero"],
+                                          [n.input[1] + "_dq"], axis=0, name=wq + "_dq"))
+            if act not in seen:
+                seen.add(act)
+                model.graph.initializer.extend([
+                    numpy_helper.from_array(np.float32(0.05), act + "_scale"),
+                    numpy_helper.from_array(np.uint8(128), act + "_zero")])
+                nodes += [helper.make_node("QuantizeLinear", [act, act + "_scale", act + "_zero"],
+                                           [act + "_q"], name=act + "_q"),
+                          helper.make_node("DequantizeLinear", [act + "_q", act + "_scale",
+                                                                act + "_zero"],
+                                           [act + "_qdq"], name=act + "_qdq")]
+            n.input[0], n.input[1] = act + "_qdq", n.input[1] + "_dq"
+        nodes.append(n)
+    used = {x for n in nodes for x in n.input}
+    keep = [t for t in model.graph.initializer if t.name in used]
+    del model.graph.node[:], model.graph.initializer[:]
+    model.graph.node.extend(nodes)
+    model.graph.initializer.extend(keep)
+    del model.graph.input[1:]  # mx.onnx lists weights as inputs too
+    return model
+
+
+def test_qdq_quantized_model_imports_as_float_and_matches_onnxruntime(tmp_path):
+    import onnxruntime as ort
+
+    src = onnx.load(str(_export("resnet18_v1", tmp_path)))
+    model = _qdq(src)
+    path = tmp_path / "qdq.onnx"
+    onnx.save(model, str(path))
+    block = import_model(str(path))
+    params = block.collect_params()
+    convs = [n.input[1] for n in model.graph.node if n.op_type == "Conv"]
+    assert all(params[c].grad_req == "write" and params[c].dtype == np.float32 for c in convs)
+    assert not any(n.endswith(("_quantized", "_scale", "_zero")) for n in params if
+                   params[n].grad_req == "write"), "quantization metadata is not trainable"
+    options = ort.SessionOptions()  # literal Q/DQ arithmetic, no fused int8 kernels
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    x = np.random.RandomState(0).randn(2, 3, SIZE, SIZE).astype("f")
+    ref = sess.run(None, {sess.get_inputs()[0].name: x})[0]
+    got = block(mx.nd.array(x)).asnumpy()
+    # Float rounding can flip a few activations by one quantization step.
+    assert rel_err(got, ref) <= 1e-3, rel_err(got, ref)

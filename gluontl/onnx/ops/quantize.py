@@ -65,8 +65,10 @@ def quantize_linear(node, inputs):
     lo, hi = _RANGES[dtype]
     s = _operand(node, x, scale, "scale", 1.0)
     scaled = x.sym / s if isinstance(s, float) else mx.sym.broadcast_div(x.sym, s)
-    shifted = _add(scaled, _operand(node, x, zt, "zero point", 0.0))
-    q = mx.sym.clip(_round_half_even(shifted, node), lo, hi)
+    zero = _operand(node, x, zt, "zero point", 0.0)
+    shifted = _add(scaled, zero)
+    # Round before shifting, as onnxruntime does (x/s + z can land on a tie x/s is not on).
+    q = mx.sym.clip(_add(_round_half_even(scaled, node), zero), lo, hi)
     # Forward value q, gradient of ``shifted`` (straight-through estimator).
     return mx.sym.elemwise_add(shifted, mx.sym.BlockGrad(q - shifted), name=node.name)
 
