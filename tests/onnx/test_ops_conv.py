@@ -1,6 +1,8 @@
 import mxnet as mx
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from opcheck import check, run_ort
 
 from gluontl.errors import OnnxImportError
@@ -61,3 +63,31 @@ def test_conv_same_padding_needs_static_shape():
     w = Tensor("w", mx.sym.var("w"), shape=(3, 2, 3, 3))
     with pytest.raises(OnnxImportError, match="conv_node.*input_shapes"):
         registry.get("Conv", 11)(node, [x, w, None])
+
+
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(st.data())
+def test_conv_geometry_matches_onnxruntime(data):
+    """Random kernel/stride/pad/dilation/group/output_padding combinations."""
+    transpose = data.draw(st.booleans())
+    n = data.draw(st.integers(1, 2))
+    group = data.draw(st.sampled_from([1, 2]))
+    kernel = data.draw(st.lists(st.integers(1, 3), min_size=n, max_size=n))
+    strides = data.draw(st.lists(st.integers(1, 3), min_size=n, max_size=n))
+    dilations = data.draw(st.lists(st.integers(1, 2), min_size=n, max_size=n))
+    pads = [data.draw(st.integers(0, k - 1)) for k in kernel * 2]
+    sizes = [data.draw(st.integers((k - 1) * d + 1, 6)) for k, d in zip(kernel, dilations)]
+    attrs = {"kernel_shape": kernel, "strides": strides, "dilations": dilations, "group": group}
+    if data.draw(st.booleans()) and (transpose or dilations == [1] * n):  # onnxruntime: no dilated SAME Conv
+        attrs["auto_pad"] = data.draw(st.sampled_from(["SAME_UPPER", "SAME_LOWER", "VALID"]))
+    else:
+        attrs["pads"] = pads
+    c_in, c_out = 2 * group, 3 * group
+    if transpose:
+        attrs["output_padding"] = [data.draw(st.integers(0, s - 1)) for s in strides]
+        w = f(c_in, c_out // group, *kernel)
+    else:
+        w = f(c_out, c_in // group, *kernel)
+    inputs = {"x": f(2, c_in, *sizes), "w": w, "b": f(c_out)}
+    check("ConvTranspose" if transpose else "Conv", inputs, attrs, consts={"w", "b"}, opset=11, grad=True,
+          rtol=1e-4, atol=1e-4)

@@ -1,5 +1,7 @@
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from opcheck import check, run_ort
 
 from gluontl.errors import OnnxImportError
@@ -66,3 +68,23 @@ def test_max_pool_indices_output_is_clear_error():
     model, _ = run_ort("MaxPool", {"x": X2}, {"kernel_shape": [2, 2]}, opset=12, n_outputs=2)
     with pytest.raises(OnnxImportError, match="maxpool_node.*Indices"):
         run_mx(model, {"x": X2}, opset=12)
+
+
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(st.data())
+def test_pool_geometry_matches_onnxruntime(data):
+    """Random kernel/stride/pad/dilation/ceil combinations, all paths (fused, padded, sliced)."""
+    op = data.draw(st.sampled_from(["MaxPool", "AveragePool"]))
+    n = data.draw(st.integers(1, 2))
+    kernel = data.draw(st.lists(st.integers(1, 3), min_size=n, max_size=n))
+    strides = data.draw(st.lists(st.integers(1, 3), min_size=n, max_size=n))
+    dilations = data.draw(st.lists(st.integers(1, 2), min_size=n, max_size=n))
+    pads = [data.draw(st.integers(0, k - 1)) for k in kernel * 2]
+    sizes = [data.draw(st.integers(max((k - 1) * d + 1, 2), 7)) for k, d in zip(kernel, dilations)]
+    attrs = {"kernel_shape": kernel, "strides": strides, "pads": pads, "ceil_mode": data.draw(st.integers(0, 1))}
+    if any(d > 1 for d in dilations):
+        attrs["dilations"] = dilations
+    if op == "AveragePool":
+        attrs["count_include_pad"] = data.draw(st.integers(0, 1))
+    x = R.randn(2, 2, *sizes).astype("f")
+    check(op, {"x": x}, attrs, opset=19 if op == "AveragePool" else 12, grad=True)

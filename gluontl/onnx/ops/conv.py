@@ -125,9 +125,9 @@ def conv_transpose(node, inputs):
         for i in range(n):
             full = strides[i] * (sizes[i] - 1) + out_pad[i] + (kernel[i] - 1) * dilations[i] + 1
             total = full - target[i]
-            if total < 0:  # a larger output than the kernel covers: extend at the end
+            if total < 0 and out_shape is not None:  # more output than the kernel covers: zeros at the end
                 out_pad[i] -= total
-                total = 0
+            total = max(total, 0)  # auto_pad SAME never crops below the full output (onnxruntime)
             small, big = total // 2, total - total // 2
             upper = mode == "SAME_UPPER"  # onnxruntime: output_shape alone pads like SAME_LOWER
             begin.append(small if upper else big)
