@@ -116,6 +116,12 @@ def test_yolo_upsampling_is_one_op_with_free_dims():
         assert _ops(sym) == ["UpSampling"]
         out = sym.eval(x=mx.nd.array(X))[0].asnumpy()
         np.testing.assert_array_equal(out, X.repeat(2, axis=2).repeat(2, axis=3))
+    # unequal integer factors, or integer data: one repeat per axis, still shape-free
+    sym = _convert({"mode": "nearest", "coordinate_transformation_mode": "asymmetric",
+                    "nearest_mode": "floor"}, (1, 1, 2, 3), (None, 8, None, None))
+    assert _ops(sym) == ["repeat", "repeat"]
+    out = sym.eval(x=mx.nd.array(X))[0].asnumpy()
+    np.testing.assert_array_equal(out, X.repeat(2, axis=2).repeat(3, axis=3))
     bilinear = _convert({"mode": "linear", "coordinate_transformation_mode": "half_pixel"},
                         (1, 1, 2, 2), (2, 3, 5, 6))
     assert _ops(bilinear) == ["_contrib_BilinearResize2D"]

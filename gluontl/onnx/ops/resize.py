@@ -142,8 +142,7 @@ def _along(shape_rank: int, axis: int) -> tuple[int, ...]:
     return tuple(-1 if i == axis else 1 for i in range(shape_rank))
 
 
-def _resize_axis(node, sym, ax: _Axis, spec: _Spec, rank: int, dtype: str, last: bool):
-    name = node.name if last else node.sub(f"ax{ax.axis}")
+def _resize_axis(node, sym, ax: _Axis, spec: _Spec, rank: int, dtype: str, name: str):
     with mx.name.Prefix(node.sub(f"ax{ax.axis}/")):
         taps = _taps(_Sym, ax, spec)
         terms = []
@@ -167,24 +166,20 @@ def _resize_axis(node, sym, ax: _Axis, spec: _Spec, rank: int, dtype: str, last:
     return mx.sym.add_n(*terms, name=name)
 
 
-def _fast_upsampling(axes: list[_Axis], spec: _Spec, rank: int) -> int | None:
-    """Integer factor when the resize is exactly MXNet's nearest ``UpSampling``."""
-    if spec.mode != "nearest" or rank != 4 or [a.axis for a in axes] != [2, 3]:
+def _repeat_factor(a: _Axis, spec: _Spec) -> int | None:
+    """Integer factor when nearest resizing of axis ``a`` is exactly ``repeat`` (each
+    input element copied factor times), the case of integer upsampling."""
+    factor = a.scale
+    if spec.mode != "nearest" or factor != int(factor) or factor < 2:
         return None
-    factor = axes[0].scale
-    if factor != axes[1].scale or factor != int(factor) or factor < 2:
+    # free dims: only for modes whose index rule does not depend on the size
+    if a.n is None and spec.ctm not in ("asymmetric", "half_pixel", "pytorch_half_pixel"):
         return None
-    for a in axes:
-        # free dims: only for modes whose index rule does not depend on the size
-        if a.n is None and spec.ctm not in ("asymmetric", "half_pixel", "pytorch_half_pixel"):
-            return None
-        probe = dataclasses.replace(a, n=a.n or 16, m=(a.n or 16) * int(factor))
-        if a.m is not None and a.m != probe.m:
-            return None
-        idx = _taps(_Np, probe, spec)[0][0]
-        if not np.array_equal(idx, np.arange(probe.m) // int(factor)):
-            return None
-    return int(factor)
+    probe = dataclasses.replace(a, n=a.n or 16, m=(a.n or 16) * int(factor))
+    if a.m is not None and a.m != probe.m:
+        return None
+    idx = _taps(_Np, probe, spec)[0][0]
+    return int(factor) if np.array_equal(idx, np.arange(probe.m) // int(factor)) else None
 
 
 def _fast_bilinear(axes: list[_Axis], spec: _Spec, rank: int) -> bool | None:
@@ -208,22 +203,28 @@ def _resize(node, x, axes: list[_Axis], spec: _Spec):
             if not (a.m == a.n and a.scale == 1 and spec.ctm != "tf_crop_and_resize")]
     if not axes:
         return mx.sym.identity(x.sym, name=node.name)
-    factor = _fast_upsampling(axes, spec, rank)
-    if factor and np.dtype(dtype).kind == "f":  # UpSampling has no integer kernels
-        return mx.sym.UpSampling(x.sym, scale=factor, sample_type="nearest", num_args=1,
+    factors = [_repeat_factor(a, spec) for a in axes]
+    if rank == 4 and [a.axis for a in axes] == [2, 3] and factors[0] and \
+            factors[0] == factors[1] and np.dtype(dtype).kind == "f":
+        # one fused op (float only: UpSampling has no integer kernels)
+        return mx.sym.UpSampling(x.sym, scale=factors[0], sample_type="nearest", num_args=1,
                                  name=node.name)
     corners = _fast_bilinear(axes, spec, rank)
     if corners is not None and dtype == "float32":
         return mx.sym.contrib.BilinearResize2D(x.sym, height=axes[0].m, width=axes[1].m,
                                                align_corners=corners, name=node.name)
-    for a in axes:
-        if a.n is None:
+    for a, f in zip(axes, factors):
+        if a.n is None and not f:
             raise node.unsupported(f"the size of axis {a.axis} of input '{x.name}' is unknown; "
                                    f"only nearest upsampling by an integer factor works on "
                                    f"free dims, otherwise pass input_shapes=...")
     sym = x.sym
-    for i, a in enumerate(reversed(axes)):
-        sym = _resize_axis(node, sym, a, spec, rank, dtype, last=i == len(axes) - 1)
+    for i, (a, f) in enumerate(reversed(list(zip(axes, factors)))):
+        name = node.name if i == len(axes) - 1 else node.sub(f"ax{a.axis}")
+        if f:
+            sym = mx.sym.repeat(sym, repeats=f, axis=a.axis, name=name)
+        else:
+            sym = _resize_axis(node, sym, a, spec, rank, dtype, name)
     return sym
 
 

@@ -23,7 +23,7 @@ def need_rank(node, t) -> int:
 
 
 def norm_axes(node, axes, rank: int) -> list[int]:
-    """ONNX axes (negative counts from the end) as sorted-preserving non-negative ints."""
+    """ONNX axes (negative counts from the end) as order-preserving non-negative ints."""
     out = []
     for a in ints(np.atleast_1d(axes)):
         if not -rank <= a < rank:
