@@ -3,6 +3,8 @@ import json
 import mxnet as mx
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from opcheck import check, make_model, run_mx, run_ort
 
 from gluontl.errors import OnnxImportError
@@ -113,3 +115,22 @@ def test_unsupported_activation_is_clear_error():
     model, _ = run_ort("RNN", inputs, {"hidden_size": H, "activations": ["Affine"]}, {"W", "R", "B"}, 14, 2)
     with pytest.raises(OnnxImportError, match="rnn_node.*Affine|rnn_node.*affine"):
         run_mx(model, inputs, {"W", "R", "B"}, 14)
+
+
+@settings(max_examples=20, deadline=None, derandomize=True)
+@given(st.data())
+def test_recurrent_variants_match_onnxruntime(data):
+    """Random mixes of direction, optional inputs, sequence lengths and cell options."""
+    op = data.draw(st.sampled_from(["LSTM", "GRU", "RNN"]))
+    direction = data.draw(st.sampled_from(["forward", "reverse", "bidirectional"]))
+    dirs = 2 if direction == "bidirectional" else 1
+    lens = data.draw(st.one_of(st.none(), st.lists(st.integers(2, T), min_size=N, max_size=N)))  # R needs 2 steps
+    kw = {"dirs": dirs, "bias": data.draw(st.booleans()), "init": data.draw(st.booleans()), "lens": lens}
+    attrs = {"direction": direction}
+    if op == "LSTM":
+        kw["peep"] = data.draw(st.booleans())
+    if op == "GRU":
+        attrs["linear_before_reset"] = data.draw(st.integers(0, 1))
+    if data.draw(st.booleans()):
+        attrs["clip"] = 1.5
+    _check(op, _inputs(op, **kw), attrs)
