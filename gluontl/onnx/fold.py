@@ -98,6 +98,25 @@ def batch_free(op_type: str, index: int, v1: np.ndarray, v2: np.ndarray,
     return None
 
 
+def batch_sized(v1: np.ndarray, v2: np.ndarray, b1: int, b2: int,
+                dims1: tuple[int, ...] | None = None, dims2: tuple[int, ...] | None = None
+                ) -> tuple[np.ndarray, tuple[int, ...]] | None:
+    """A shape vector whose differing entries are exactly the batch size, with those
+    entries set to 1, and the positions to broadcast to the batch at run time (those
+    where the data input, aligned right with shape ``dims1``/``dims2``, lacks it)."""
+    if v1.shape != v2.shape or v1.ndim != 1:
+        return None
+    diff = np.flatnonzero(v1 != v2)
+    if not all((v1[i], v2[i]) == (b1, b2) for i in diff):
+        return None
+    out = v1.copy()
+    out[diff] = 1
+    shift = len(v1) - len(dims1) if dims1 is not None else 0
+    carried = {i for i in diff if dims1 is not None and 0 <= i - shift < len(dims1)
+               and (dims1[i - shift], dims2[i - shift]) == (b1, b2)}
+    return out, tuple(int(i) for i in diff if i not in carried)
+
+
 def slice_free(ends1: np.ndarray, ends2: np.ndarray, axes: np.ndarray,
                dims1: tuple[int, ...] | None, dims2: tuple[int, ...] | None) -> np.ndarray | None:
     """Slice ``ends`` that reach the end of a batch-sized axis become INT64_MAX."""

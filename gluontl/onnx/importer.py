@@ -494,8 +494,11 @@ class _Importer:
         self.producer[node.outputs[0]] = (node, proto)
         return True
 
-    def _inputs_for(self, node: Node) -> list[Tensor | None]:
+    def _inputs_for(self, node: Node) -> tuple[list[Tensor | None], tuple[int, ...]]:
+        """Input tensors with batch-dependent shape vectors rewritten into batch-free
+        forms, and the output axes to broadcast to the batch size afterwards."""
         tensors = [self.tensor(x) if x else None for x in node.inputs]
+        to_batch: tuple[int, ...] = ()
         for k, x in enumerate(node.inputs):
             x = self.alias.get(x, x)
             if not x or x not in self.consts or not self._is_dependent(x):
@@ -511,10 +514,17 @@ class _Importer:
                     fixed = fold.slice_free(v1, v2, axes, *dims)
             elif dims[1] is not None or node.op_type == "Reshape":
                 fixed = fold.batch_free(node.op_type, k, v1, v2, *dims)
+            if fixed is None and (node.op_type, k) in (("Expand", 1), ("ConstantOfShape", 0)):
+                data_dims = dims if node.op_type == "Expand" and dims[1] is not None else (None, None)
+                sized = fold.batch_sized(v1, v2, self.b1, self.b2, *data_dims)  # e.g. cls tokens
+                if sized is not None:
+                    fixed, axes = sized
+                    rank = len(data_dims[0]) if data_dims[0] is not None else 0
+                    to_batch = tuple(a + max(0, rank - len(fixed)) for a in axes)
             if fixed is not None:
                 tensors[k] = Tensor(x, const=fixed, shape=fixed.shape, dtype=fixed.dtype,
                                     make_sym=lambda x=x, f=fixed: self._param(f"{x}/batch_free", f))
-        return tensors
+        return tensors, to_batch
 
     def _convert(self, node: Node, proto: onnx.NodeProto) -> list:
         fn = get(node.op_type, self.opsets.get(node.domain or "", self.opset), node.domain)
@@ -524,17 +534,23 @@ class _Importer:
                 f"(its inputs are not all known at import) but gluontl has no converter for "
                 f"{node.op_type} at opset {node.opset}. Pass input_shapes=... so it can fold, or "
                 f"simplify the model (onnxsim).")
+        inputs, to_batch = self._inputs_for(node)
         try:
-            out = fn(node, self._inputs_for(node))
+            out = fn(node, inputs)
         except OnnxImportError:
             raise
         except Exception as e:
+            detail = (str(e).strip().splitlines() or [""])[0][:300]
             raise OnnxImportError(
                 f"{node.op_type} node '{node.name}' in '{self.source}' (opset {node.opset}) failed "
-                f"to convert: {type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}. "
-                f"This is a gluontl converter limitation; please report it with the model."
-            ) from e
-        return list(out) if isinstance(out, (list, tuple)) else [out]
+                f"to convert: {type(e).__name__}: {detail}. This is a gluontl converter "
+                f"limitation; please report it with the model.") from e
+        out = list(out) if isinstance(out, (list, tuple)) else [out]
+        if to_batch:
+            ref = next(self.runtime[i.name].sym for i in self.inputs if i.name in self.batched)
+            out[0] = mx.sym.broadcast_like(out[0], ref, lhs_axes=to_batch,
+                                           rhs_axes=(0,) * len(to_batch), name=node.sub("batch"))
+        return out
 
     def build(self, ctx: mx.Context) -> mx.gluon.SymbolBlock:
         g = self.graph

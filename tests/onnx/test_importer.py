@@ -113,17 +113,29 @@ def test_batch_dependent_float_is_computed_at_run_time():
         assert_matches_ort(model, block, {"x": RNG.randn(b, 2).astype("f")})
 
 
-def test_batch_dependent_static_input_is_refused_unless_batch_fixed():
-    # Expand (N, 1) to (N, N): no batch-free shape vector expresses the second N.
+def test_batch_sized_shape_vector_broadcasts_at_run_time():
+    # Expand (N, 1) to (N, N): the second N becomes a broadcast to the batch size.
     nodes = [node("Shape", ["x"], ["s"]), node("Slice", ["s", "z", "o"], ["n"]),
-             node("Concat", ["n", "n"], ["nn"], axis=0),
-             node("Expand", ["x", "nn"], ["y"], name="expand_2n")]
+             node("Concat", ["n", "n"], ["nn"], axis=0), node("Expand", ["x", "nn"], ["y"])]
     model = make_model(nodes, [("x", ["N", 1])], [("y", None)],
                        {"z": np.array([0], np.int64), "o": np.array([1], np.int64)})
-    with pytest.raises(OnnxImportError, match="expand_2n.*batch size.*fixed_batch=True"):
+    block = import_model(model)
+    for b in (1, 3):
+        assert_matches_ort(model, block, {"x": RNG.randn(b, 1).astype("f")})
+
+
+def test_batch_dependent_static_input_is_refused_unless_batch_fixed():
+    # ConstantOfShape([2N]): neither a batch-free vector nor a broadcast to N expresses it.
+    nodes = [node("Shape", ["x"], ["s"]), node("Slice", ["s", "z", "o"], ["n"]),
+             node("Mul", ["n", "two"], ["n2"]), node("ConstantOfShape", ["n2"], ["c"], name="fill_2n"),
+             node("Concat", ["c", "flat"], ["y"], axis=0), node("Reshape", ["x", "m1"], ["flat"])]
+    model = make_model(nodes, [("x", ["N", 2])], [("y", None)],
+                       {"z": np.array([0], np.int64), "o": np.array([1], np.int64),
+                        "two": np.array([2], np.int64), "m1": np.array([-1], np.int64)})
+    with pytest.raises(OnnxImportError, match="fill_2n.*batch size.*fixed_batch=True"):
         import_model(model)
-    fixed = import_model(model, input_shapes={"x": (3, 1)}, fixed_batch=True)
-    assert_matches_ort(model, fixed, {"x": RNG.randn(3, 1).astype("f")})
+    fixed = import_model(model, input_shapes={"x": (3, 2)}, fixed_batch=True)
+    assert_matches_ort(model, fixed, {"x": RNG.randn(3, 2).astype("f")})
 
 
 def test_input_shapes_fill_symbolic_dims_for_folding():
@@ -148,6 +160,57 @@ def test_node_order_is_not_trusted():
     model.graph.node.extend(shuffled)
     block = import_model(model)
     assert_matches_ort(flatten_by_shape_model(), block, {"x": RNG.randn(2, 3, 4).astype("f")})
+
+
+# ----------------------------------------------------------------- transformer-style graph
+
+D, H, S = 8, 2, 5  # width, heads, tokens
+def vit_block():
+    """Tokens (N, S, D) -> prepend cls token (Expand to batch) -> attention with
+    PyTorch-style Shape/Gather/Concat reshapes -> mean over tokens."""
+    i64 = lambda *v: np.array(v, np.int64)
+    nodes = [
+        node("Shape", ["x"], ["xs"]), node("Gather", ["xs", "i0"], ["bsz"], axis=0),
+        node("Unsqueeze", ["bsz", "ax0"], ["bsz1"]),
+        node("Concat", ["bsz1", "one", "d"], ["cls_shape"], axis=0),
+        node("Expand", ["cls_token", "cls_shape"], ["cls"]),
+        node("Concat", ["cls", "x"], ["t"], axis=1),
+        node("LayerNormalization", ["t", "ln.weight", "ln.bias"], ["tn"], axis=-1),
+        node("MatMul", ["tn", "qkv.weight"], ["qkv0"]), node("Add", ["qkv0", "qkv.bias"], ["qkv"]),
+        node("Shape", ["qkv"], ["qs"]), node("Gather", ["qs", "i0"], ["qb"], axis=0),
+        node("Gather", ["qs", "i1"], ["qn"], axis=0),
+        node("Unsqueeze", ["qb", "ax0"], ["qb1"]), node("Unsqueeze", ["qn", "ax0"], ["qn1"]),
+        node("Concat", ["qb1", "qn1", "three_h_hd"], ["qkv_shape"], axis=0),
+        node("Reshape", ["qkv", "qkv_shape"], ["qkv5"]),
+        node("Transpose", ["qkv5"], ["qkvt"], perm=[2, 0, 3, 1, 4]),
+        node("Split", ["qkvt", "split3"], ["q", "k", "v"], axis=0),
+        node("Squeeze", ["q", "ax0"], ["q4"]), node("Squeeze", ["k", "ax0"], ["k4"]),
+        node("Squeeze", ["v", "ax0"], ["v4"]),
+        node("Transpose", ["k4"], ["kt"], perm=[0, 1, 3, 2]),
+        node("MatMul", ["q4", "kt"], ["att0"]), node("Mul", ["att0", "scale"], ["att1"]),
+        node("Softmax", ["att1"], ["att"], axis=-1), node("MatMul", ["att", "v4"], ["o4"]),
+        node("Transpose", ["o4"], ["o4t"], perm=[0, 2, 1, 3]),
+        node("Concat", ["qb1", "qn1", "d"], ["o_shape"], axis=0),
+        node("Reshape", ["o4t", "o_shape"], ["o"]),
+        node("ReduceMean", ["o"], ["y"], axes=[1], keepdims=0)]
+    rng = np.random.RandomState(1)
+    inits = {"i0": np.array(0, np.int64), "i1": np.array(1, np.int64), "ax0": i64(0), "one": i64(1).reshape(1), "d": i64(D).reshape(1),
+             "three_h_hd": i64(3, H, D // H), "split3": i64(1, 1, 1),
+             "cls_token": rng.randn(1, 1, D).astype("f"), "ln.weight": rng.rand(D).astype("f") + 0.5,
+             "ln.bias": rng.randn(D).astype("f"), "qkv.weight": rng.randn(D, 3 * D).astype("f"),
+             "qkv.bias": rng.randn(3 * D).astype("f"), "scale": np.float32((D // H) ** -0.5)}
+    return make_model(nodes, [("x", ["N", S, D])], [("y", None)], inits, opset=17)
+
+
+def test_attention_block_with_pytorch_style_shape_chains_and_batch_cls_token():
+    model = vit_block()
+    block = import_model(model)
+    for b in (1, 2, 3):
+        assert_matches_ort(model, block, {"x": RNG.randn(b, S, D).astype("f")})
+    ops = graph_ops(block)
+    assert "shape_array" not in ops and "broadcast_like" in ops, ops  # cls token follows the batch
+    assert sorted(block.collect_params()) == ["cls_token", "ln.bias", "ln.weight", "qkv.bias",
+                                              "qkv.weight"]
 
 
 # ----------------------------------------------------------------- parameters

@@ -21,6 +21,7 @@ SIZE = 64  # spatial input size: small keeps the file fast, global pooling makes
 
 
 def _export(name: str, folder: Path) -> Path:
+    mx.random.seed(0)  # the same weights whatever ran before
     net = mx.gluon.model_zoo.vision.get_model(name)
     net.initialize(mx.init.Xavier(), ctx=mx.cpu())
     net(mx.nd.zeros((1, 3, SIZE, SIZE)))
@@ -214,5 +215,7 @@ def test_qdq_quantized_model_imports_as_float_and_matches_onnxruntime(tmp_path):
     x = np.random.RandomState(0).randn(2, 3, SIZE, SIZE).astype("f")
     ref = sess.run(None, {sess.get_inputs()[0].name: x})[0]
     got = block(mx.nd.array(x)).asnumpy()
-    # Float rounding can flip a few activations by one quantization step.
-    assert rel_err(got, ref) <= 1e-3, rel_err(got, ref)
+    # Summation order differs between MXNet and onnxruntime convolutions, so an activation
+    # can land on the other side of a rounding boundary: one such flip moves the output
+    # by ~1 %. A wrong axis, scale or rounding rule gives errors of 10 % and more.
+    assert rel_err(got, ref) <= 3e-2, rel_err(got, ref)
