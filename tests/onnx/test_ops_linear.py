@@ -1,7 +1,9 @@
 import mxnet as mx
 import numpy as np
 import pytest
-from opcheck import check, run_ort
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from opcheck import check, run_mx, run_ort
 
 from gluontl.errors import OnnxImportError
 from gluontl.onnx import registry
@@ -101,3 +103,38 @@ def test_einsum_with_free_batch_size():
     sym = registry.get("Einsum", 12)(node, tensors)
     got = sym.eval(a=mx.nd.array(a), b=mx.nd.array(b))[0].asnumpy()
     np.testing.assert_allclose(got, np.einsum("bhid,bhjd->bhij", a, b), rtol=1e-5, atol=1e-5)
+
+
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(st.data())
+def test_einsum_random_equations(data):
+    """Random two/three-operand equations (batch, contracted, kept and summed indices) vs numpy."""
+    letters = "abcdef"
+    sizes = {c: data.draw(st.integers(1, 4)) for c in letters}
+    n_ops = data.draw(st.integers(1, 3))
+    terms = [data.draw(st.lists(st.sampled_from(letters), min_size=1, max_size=3, unique=True)) for _ in range(n_ops)]
+    used = sorted(set().union(*terms))
+    out = data.draw(st.lists(st.sampled_from(used), max_size=3, unique=True)) if used else []
+    if not out:
+        out = used[:1]
+    eq = ",".join("".join(t) for t in terms) + "->" + "".join(out)
+    inputs = {f"x{i}": f(*[sizes[c] for c in t]) for i, t in enumerate(terms)}
+    model, _ = run_ort("Einsum", inputs, {"equation": eq}, set(), 12)
+    got, grads = run_mx(model, inputs, set(), 12, grad=True)
+    np.testing.assert_allclose(got[0], np.einsum(eq, *inputs.values()), rtol=1e-4, atol=1e-4, err_msg=eq)
+    assert all(np.isfinite(g).all() for g in grads.values())
+
+
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(st.data())
+def test_matmul_random_broadcasts(data):
+    m, k, n = (data.draw(st.integers(1, 4)) for _ in range(3))
+    batch = data.draw(st.lists(st.integers(1, 3), max_size=2))
+    a_batch = [d if data.draw(st.booleans()) else 1 for d in batch][data.draw(st.integers(0, len(batch))):]
+    b_batch = [d if data.draw(st.booleans()) else 1 for d in batch][data.draw(st.integers(0, len(batch))):]
+    a_shape = tuple(a_batch) + (m, k) if data.draw(st.booleans()) else (k,)  # vectors have no batch axes
+    b_shape = tuple(b_batch) + (k, n) if data.draw(st.booleans()) else (k,)
+    if len(a_shape) == 1 and len(b_shape) == 1:
+        return  # a rank-0 result, carried as shape (1,) on the MXNet side
+    consts = {"b"} if len(b_shape) == 2 else set()
+    check("MatMul", {"a": f(*a_shape), "b": f(*b_shape)}, consts=consts, opset=13, grad=True, rtol=1e-4, atol=1e-5)
