@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -12,8 +14,8 @@ import onnx
 from mxnet.onnx.mx2onnx._export_onnx import MXNetGraph
 from onnx import helper, shape_inference, version_converter
 
+from gluontl.atomic import atomic_write
 from gluontl.errors import ExportError
-from gluontl.export.files import check_target, commit, fill, staged
 from gluontl.export.lean import make_lean
 from gluontl.export.trace import TracedBlock, dummy_inputs, predict, trace_block
 from gluontl.export.verify import compare, ort_session
@@ -26,8 +28,46 @@ _MX_ONNX_MAX_OPSET = 13
 _PROTOBUF_LIMIT = 2**31 - 1
 
 
+def _check_target(path: Path, force: bool) -> None:
+    """Fail before any work if ``path`` exists (without ``force``) or its folder is unusable.
+
+    Writability is probed by creating a file: permission bits do not stop root, and
+    read-only or virtual filesystems only show up when a write is attempted.
+    """
+    if path.exists() and not force:
+        raise ExportError(f"{path} already exists; refusing to overwrite it. Pass force=True (--force) to replace it.")
+    if path.is_dir():
+        raise ExportError(f"{path} is a directory; give a file name to export to.")
+    if not path.parent.is_dir():
+        raise ExportError(
+            f"Cannot write {path}: its folder {path.parent} does not exist or is not a directory. "
+            "Create the folder or choose another output path."
+        )
+    try:
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".probe"):
+            pass
+    except OSError as err:
+        raise _cannot_create(path, err) from err
+
+
+def _cannot_create(path: Path, err: OSError) -> ExportError:
+    return ExportError(
+        f"Cannot write {path}: creating a file in {path.parent} failed ({err.strerror}). "
+        "Choose a writable output folder."
+    )
+
+
+def _scratch_dir(path: Path) -> Path:
+    """A private folder beside ``path`` (same filesystem, so free space is checked for real)."""
+    try:
+        return Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}."))
+    except OSError as err:
+        raise _cannot_create(path, err) from err
+
+
 def _mx_to_onnx(traced: TracedBlock, opset: int) -> onnx.ModelProto:
-    """The untouched ``mx.onnx`` conversion of the traced graph, with a free batch dimension."""
+    """``mx.onnx``'s conversion of the traced graph; inputs reordered to the block's argument
+    order and the batch dimension left free, nothing else changed."""
     names = list(traced.input_shapes)
     graph_order = [n for n in traced.symbol.list_inputs() if n in traced.input_shapes]
     shapes = [traced.input_shapes[n] for n in graph_order]
@@ -128,7 +168,7 @@ def export_onnx(
     ``output`` or ``output0``, ``output1``, ...).
     """
     path = Path(path)
-    check_target(path, force)
+    _check_target(path, force)
     if opset < 12:
         raise ExportError(f"opset {opset} is too old for mx.onnx; export with opset 12 or newer (13 recommended).")
     traced = trace_block(block, input_shapes, output_names)
@@ -152,10 +192,7 @@ def export_onnx(
                     "whether the lean rewrite is at fault, or raise rtol if the difference is acceptable."
                 )
             log.info("verified %s on %s: max rel %.2e", path, label, report.max_rel)
-    with staged(path) as tmp:
-        fill(tmp, path, lambda p: p.write_bytes(data))
-        commit(tmp, path)
-    return path
+    return atomic_write(path, lambda p: p.write_bytes(data), ExportError)
 
 
 def export_symbol(
@@ -169,19 +206,24 @@ def export_symbol(
     """Write ``PREFIX-symbol.json`` and ``PREFIX-%04d.params``, the files
     ``mx.gluon.SymbolBlock.imports(json, list(input_shapes), params)`` reloads.
 
-    The pair is reloaded from temp files and compared with the block before either is moved
-    into place, so a written pair is known to reproduce the block.
+    The pair is written to a scratch folder, reloaded and compared with the block before
+    either is copied into place, so a written pair is known to reproduce the block.
     """
     prefix = os.fspath(prefix)
     json_path, params_path = Path(f"{prefix}-symbol.json"), Path(f"{prefix}-{epoch:04d}.params")
     for target in (json_path, params_path):
-        check_target(target, force)
+        _check_target(target, force)
     traced = trace_block(block, input_shapes)
     params = {f"arg:{k}": v for k, v in traced.arg_params.items()}
     params.update({f"aux:{k}": v for k, v in traced.aux_params.items()})
-    with staged(json_path) as tmp_json, staged(params_path) as tmp_params:
-        fill(tmp_json, json_path, lambda p: traced.symbol.save(os.fspath(p), remove_amp_cast=True))
-        fill(tmp_params, params_path, lambda p: mx.nd.save(os.fspath(p), params))
+    scratch = _scratch_dir(json_path)
+    try:
+        tmp_json, tmp_params = scratch / json_path.name, scratch / params_path.name
+        try:
+            traced.symbol.save(os.fspath(tmp_json), remove_amp_cast=True)
+            mx.nd.save(os.fspath(tmp_params), params)
+        except (OSError, mx.base.MXNetError) as err:
+            raise ExportError(f"Cannot write {json_path.parent}: {err}. Check free space and permissions.") from err
         with warnings.catch_warnings():  # imports() warns that input dtypes are unknown; they are float32
             warnings.simplefilter("ignore", UserWarning)
             reloaded = mx.gluon.SymbolBlock.imports(os.fspath(tmp_json), list(traced.input_shapes), os.fspath(tmp_params))
@@ -192,10 +234,12 @@ def export_symbol(
                     f"{json_path} was not written: reloading it gives output {name!r} differing from the block "
                     f"by up to {np.max(np.abs(got - want)):.2e}. Please report this model."
                 )
-        commit(tmp_json, json_path)
+        atomic_write(json_path, lambda p: shutil.copyfile(tmp_json, p), ExportError)
         try:
-            commit(tmp_params, params_path)
+            atomic_write(params_path, lambda p: shutil.copyfile(tmp_params, p), ExportError)
         except ExportError:
             json_path.unlink(missing_ok=True)
             raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     return json_path, params_path
