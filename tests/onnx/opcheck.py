@@ -49,7 +49,8 @@ def run_ort(op_type, inputs, attrs, consts=(), opset=17, n_outputs=1, domain="",
     return model, sess.run(None, feed)
 
 
-def run_mx(model, inputs, consts=(), opset=17, grad=False):
+def build_mx(model, inputs, consts=(), opset=17):
+    """The converted symbol group, its argument arrays and aux states."""
     proto = model.graph.node[0]
     node = registry.node_from_proto(proto, opset)
     fn = registry.get(node.op_type, opset, node.domain)
@@ -70,7 +71,11 @@ def run_mx(model, inputs, consts=(), opset=17, grad=False):
     args = {n: mx.nd.array(a, dtype=a.dtype) for n, a in mx_in.items() if a is not None}
     aux = {k: args[k] for k in group.list_auxiliary_states()}  # e.g. BatchNorm running stats
     used = set(group.list_arguments())
-    args = {k: v for k, v in args.items() if k in used}
+    return group, {k: v for k, v in args.items() if k in used}, aux
+
+
+def run_mx(model, inputs, consts=(), opset=17, grad=False):
+    group, args, aux = build_mx(model, inputs, consts, opset)
     req = {k: ("write" if grad and v.dtype == np.float32 else "null") for k, v in args.items()}
     grads = {k: mx.nd.zeros_like(v) for k, v in args.items() if req[k] == "write"}
     exe = group.bind(mx.cpu(), args=args, args_grad=grads, grad_req=req, aux_states=aux)
@@ -97,3 +102,36 @@ def check(op_type, inputs, attrs=None, consts=(), opset=17, n_outputs=1, rtol=1e
             assert np.isfinite(g).all(), k
         assert any(np.abs(g).sum() > 0 for g in grads.values()), "all gradients are zero"
     return got
+
+
+def check_grad(op_type, inputs, attrs=None, consts=(), opset=17, eps=1e-2, rtol=2e-2, atol=2e-3,
+               seed=0):
+    """Assert the converter's gradient equals central differences of its own forward, for
+    every float32 graph input, on a random projection of the first output (keep inputs
+    small: one forward per element)."""
+    group, args, aux = build_mx(make_model(op_type, inputs, attrs or {}, consts, opset), inputs,
+                                consts, opset)
+    wrt = [k for k in args if inputs[k].dtype == np.float32 and k not in consts]
+    grads = {k: mx.nd.zeros_like(args[k]) for k in wrt}
+    exe = group[0].bind(mx.cpu(), args=args, args_grad=grads,
+                        grad_req={k: "write" if k in grads else "null" for k in args},
+                        aux_states=aux)
+    head = np.random.RandomState(seed).randn(*exe.forward()[0].shape)
+
+    def loss():
+        return float((exe.forward()[0].asnumpy().astype(np.float64) * head).sum())
+
+    exe.forward(is_train=True)
+    exe.backward([mx.nd.array(head, dtype=exe.outputs[0].dtype)])
+    for k in wrt:
+        x = args[k].asnumpy()
+        numeric = np.zeros(x.size)
+        for i in range(x.size):
+            for sign in (1, -1):
+                shifted = x.copy().reshape(-1)
+                shifted[i] += sign * eps
+                args[k][:] = shifted.reshape(x.shape)
+                numeric[i] += sign * loss() / (2 * eps)
+        args[k][:] = x
+        np.testing.assert_allclose(grads[k].asnumpy().reshape(-1), numeric, rtol=rtol, atol=atol,
+                                   err_msg=f"gradient of {op_type} w.r.t. '{k}'")

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from opcheck import check
+from opcheck import check, check_grad
 
 R = np.random.RandomState(0)
 
@@ -156,3 +156,12 @@ def test_broadcasting_matches_onnxruntime_on_random_shapes(data):
     a, b, c = (rs.randn(*operand()).astype(np.float32) for _ in range(3))
     check("Sub", {"a": a, "b": b})
     check("Where", {"c": c > 0, "a": a, "b": b})
+
+
+def test_gradients_match_central_differences():
+    a, b = f32(2, 3, lo=0.5), f32(3, lo=0.5)
+    check_grad("Where", {"c": np.array([True, False, True]), "a": a, "b": f32(2, 1)})
+    check_grad("Pow", {"a": a, "b": b})
+    check_grad("Div", {"a": a, "b": b})
+    check_grad("Mean", {"a": a, "b": b, "c": f32(2, 1)})
+    check_grad("Max", {"a": a, "b": b})

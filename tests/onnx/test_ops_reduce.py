@@ -1,6 +1,6 @@
 import numpy as np
 import pytest
-from opcheck import check, run_mx, run_ort
+from opcheck import check, check_grad, run_mx, run_ort
 
 R = np.random.RandomState(3)
 X = R.uniform(0.5, 2.0, (2, 3, 4)).astype(np.float32)
@@ -63,3 +63,14 @@ def test_topk(largest):
     check("TopK", {"x": x, "k": i64(2)}, {"axis": 1, "largest": largest}, consts={"k"},
           n_outputs=2, opset=11, grad=True)
     check("TopK", {"x": x}, {"k": 3}, n_outputs=2, opset=9)
+
+
+def test_gradients_match_central_differences():
+    x = R.uniform(0.5, 2.0, (2, 3, 2)).astype(np.float32)
+    for op in ("ReduceLogSumExp", "ReduceL2", "ReduceProd", "ReduceLogSum", "ReduceMax"):
+        check_grad(op, {"x": x}, {"axes": [1], "keepdims": 0}, opset=13)
+    for exclusive, reverse in [(1, 0), (0, 1), (1, 1)]:
+        check_grad("CumSum", {"x": x, "a": np.array(1, np.int64)},
+                   {"exclusive": exclusive, "reverse": reverse}, consts={"a"})
+    check_grad("TopK", {"x": R.permutation(12).reshape(3, 4).astype(np.float32),
+                        "k": i64(2)}, consts={"k"}, opset=11)

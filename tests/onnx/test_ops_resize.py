@@ -3,7 +3,7 @@ import json
 import mxnet as mx
 import numpy as np
 import pytest
-from opcheck import check
+from opcheck import check, check_grad
 
 from gluontl.errors import OnnxImportError
 from gluontl.onnx import registry
@@ -141,3 +141,13 @@ def test_size_zero_keeps_a_free_axis():
     for n in (1, 2):
         out = sym.eval(x=mx.nd.array(X[:n]))[0].asnumpy()
         np.testing.assert_array_equal(out, X[:n].repeat(2, axis=2).repeat(2, axis=3))
+
+
+def test_gradients_match_central_differences():
+    x = R.randn(1, 2, 3, 4).astype(np.float32)
+    for attrs, scales in [({"mode": "linear"}, (1, 1, 1.5, 0.75)),
+                          ({"mode": "cubic", "exclude_outside": 1}, (1, 1, 2, 1.25)),
+                          ({"mode": "linear", "antialias": 1}, (1, 1, 0.7, 0.5)),
+                          ({"mode": "nearest", "nearest_mode": "ceil"}, (1, 1, 1.4, 2))]:
+        check_grad("Resize", {"x": x, "roi": EMPTY, "scales": f32(*scales)}, attrs,
+                   consts={"roi", "scales"}, opset=18)

@@ -1,7 +1,7 @@
 import mxnet as mx
 import numpy as np
 import pytest
-from opcheck import check, run_mx, run_ort
+from opcheck import check, check_grad, run_mx, run_ort
 
 from gluontl.errors import OnnxImportError
 from gluontl.onnx import registry
@@ -112,3 +112,11 @@ def test_rank0_values_carried_as_shape_1():
            Tensor("s", None, const=np.zeros(0, np.int64), shape=(0,))]
     out = registry.get("Reshape", 13)(node, ins).eval(x=mx.nd.array([[5.0]]))[0]
     assert out.shape == (1,) and out.asnumpy()[0] == 5.0
+
+
+def test_gradients_match_central_differences():
+    x = R.randn(1, 8, 2, 2).astype(np.float32)
+    check_grad("DepthToSpace", {"x": x}, {"blocksize": 2, "mode": "CRD"})
+    check_grad("Expand", {"x": R.randn(3, 1).astype(np.float32), "s": i64(2, 1, 4)}, consts={"s"})
+    check_grad("Tile", {"x": R.randn(2, 1, 3).astype(np.float32), "r": i64(2, 3, 1)},
+               consts={"r"})

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from opcheck import check
+from opcheck import check, check_grad
 
 from gluontl.errors import OnnxImportError
 
@@ -105,6 +105,9 @@ def test_pad_nchw_fast_path_and_attr_form(mode):
 
 def test_pad_negative_and_axes():
     check("Pad", {"x": X, "p": i64(-1, 2, 0, 0, -2, 1)}, consts={"p"}, opset=13, grad=True)
+    for mode in ("reflect", "edge"):  # crop one end, pad the other
+        check("Pad", {"x": X, "p": i64(0, 1, 2, 1, -1, 1)}, {"mode": mode}, consts={"p"},
+              opset=13, grad=True)
     check("Pad", {"x": X, "p": i64(1, 2), "v": np.array(0.0, np.float32), "a": i64(-1)},
           {"mode": "edge"}, consts={"p", "v", "a"}, opset=18, grad=True)
     check("Pad", {"x": np.arange(12, dtype=np.int64).reshape(3, 4), "p": i64(1, 2, 1, 0)},
@@ -132,3 +135,16 @@ def test_slice_matches_onnxruntime_on_random_bounds(data):
         steps.append(step)
     ins = {"x": X, "s": i64(*starts), "e": i64(*ends), "a": i64(*axes), "t": i64(*steps)}
     check("Slice", ins, consts={"s", "e", "a", "t"}, opset=13)
+
+
+def test_gradients_match_central_differences():
+    x = R.randn(2, 3, 4).astype(np.float32)
+    for mode in ("constant", "reflect", "edge", "wrap"):
+        check_grad("Pad", {"x": x, "p": i64(0, 1, 2, 1, -1, 1)}, {"mode": mode}, consts={"p"},
+                   opset=19)
+    check_grad("Slice", {"x": x, "s": i64(-1, 3), "e": i64(-BIG, 0), "a": i64(1, 2),
+                         "t": i64(-1, -2)}, consts={"s", "e", "a", "t"}, opset=13)
+    check_grad("GatherElements", {"x": x, "i": np.array([[[0, -1, 2, 1]] * 3] * 2, np.int64)},
+               {"axis": 2})
+    check_grad("GatherND", {"x": x, "i": np.array([[1, -1], [0, 0]], np.int64)})
+    check_grad("Gather", {"x": x, "i": np.array([[2, 0], [2, -1]], np.int64)}, {"axis": 1})

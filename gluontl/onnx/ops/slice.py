@@ -256,7 +256,7 @@ def _pad_axis(node, sym, axis, before, after, mode, value, name):
     tag = node.sub(f"ax{axis}")
     if before < 0 or after < 0:
         sym = mx.sym.slice_axis(sym, axis=axis, begin=max(-before, 0),
-                                end=-after if after < 0 else None, name=f"{tag}_crop")
+                                end=after if after < 0 else None, name=f"{tag}_crop")
         before, after = max(before, 0), max(after, 0)
     parts = []
     for side, p in (("begin", before), ("end", after)):
