@@ -229,11 +229,8 @@ class _Importer:
             raise OnnxImportError(
                 f"'{source}' has no graph inputs (its outputs are constants), so there is nothing "
                 f"to run or train; a Gluon block needs at least one input.")
-        self.input_shapes = self._merge_shapes(input_shapes)
-        # The batch dimension is free where the file leaves dim 0 symbolic (as onnxruntime
-        # does); a declared size stays fixed, as do all dims under ``fixed_batch``.
-        self.batched = set() if fixed_batch else {
-            i.name for i in self.inputs if (_dims(i.type) or (1,))[:1] == (None,)}
+        self.input_shapes, free = self._merge_shapes(input_shapes)
+        self.batched = set() if fixed_batch else free
         first = [self.input_shapes[n][0] for n in self.batched if self.input_shapes[n][0]]
         self.b1 = first[0] if first else 1
         self.b2 = self.b1 + 1 if self.batched else self.b1
@@ -272,39 +269,48 @@ class _Importer:
             out[t.name] = value
         return out
 
-    def _merge_shapes(self, given: Mapping) -> dict[str, Shape]:
+    def _merge_shapes(self, given: Mapping) -> tuple[dict[str, Shape], set[str]]:
+        """Declared input shapes completed by ``given``, and the inputs with a free batch.
+
+        The batch (dim 0) is free where the file leaves it symbolic, as in onnxruntime, or
+        where ``given`` says None for a declared size (exports pinned to batch 1).
+        """
         names = [i.name for i in self.inputs]
         unknown = sorted(set(given) - set(names))
         if unknown:
             raise OnnxImportError(
                 f"input_shapes names {unknown}, but '{self.source}' has graph inputs {names}.")
-        out = {}
+        out, free = {}, set()
         for i in self.inputs:
             declared = _dims(i.type)
             if declared is not None and any(d is not None and d < 0 for d in declared):
                 raise OnnxImportError(f"'{self.source}': input '{i.name}' declares negative dims "
                                       f"{declared}; the file is corrupt.")
-            shape = declared
-            if i.name in given:
-                want = tuple(given[i.name])
-                if any(not (d is None or isinstance(d, (int, np.integer)) and 0 < d < 2 ** 31)
-                       for d in want) or np.prod([d or 1 for d in want], dtype=np.float64) > _MAX_ELEMENTS:
-                    raise OnnxImportError(f"input_shapes['{i.name}'] = {want}: dimensions must be "
-                                          f"positive integers (or None) of sensible size.")
-                if declared is not None and len(declared) != len(want):
+            if declared and declared[0] is None:
+                free.add(i.name)
+            if i.name not in given:
+                out[i.name] = declared
+                continue
+            want = tuple(given[i.name])
+            if any(not (d is None or isinstance(d, (int, np.integer)) and 0 < d < 2 ** 31)
+                   for d in want) or np.prod([d or 1 for d in want], dtype=np.float64) > _MAX_ELEMENTS:
+                raise OnnxImportError(f"input_shapes['{i.name}'] = {want}: dimensions must be "
+                                      f"positive integers (or None) of sensible size.")
+            declared = declared if declared is not None else (None,) * len(want)
+            if len(declared) != len(want):
+                raise OnnxImportError(
+                    f"input_shapes['{i.name}'] = {want} has rank {len(want)} but '{self.source}' "
+                    f"declares rank {len(declared)} ({declared}).")
+            for k, (d, w) in enumerate(zip(declared, want)):
+                if d is not None and w is not None and d != w:
                     raise OnnxImportError(
-                        f"input_shapes['{i.name}'] = {want} has rank {len(want)} but '{self.source}' "
-                        f"declares rank {len(declared)} ({declared}).")
-                if declared is not None:
-                    for k, (d, w) in enumerate(zip(declared, want)):
-                        if d is not None and w is not None and d != w:
-                            raise OnnxImportError(
-                                f"input_shapes['{i.name}'] = {want} conflicts with the declared "
-                                f"shape {declared} at dimension {k}.")
-                shape = tuple(int(w) if w is not None else d for w, d in
-                              zip(want, declared or [None] * len(want)))
-            out[i.name] = shape
-        return out
+                        f"input_shapes['{i.name}'] = {want} conflicts with the declared shape "
+                        f"{declared} at dimension {k}" + (" (give None there to free the batch "
+                                                          "dimension)" if k == 0 else "") + ".")
+            if want and want[0] is None:
+                free.add(i.name)
+            out[i.name] = tuple(int(w) if w is not None else d for w, d in zip(want, declared))
+        return out, free
 
     def _at(self, name: str, b: int) -> tuple[int, ...] | None:
         """The concrete shape of input ``name`` at batch size ``b`` (None if a dim is unknown)."""

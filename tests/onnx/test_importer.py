@@ -383,3 +383,15 @@ def test_qdq_weights_become_float_params_and_activations_fake_quantize():
         loss = block(xa).sum()
     loss.backward()
     assert np.abs(xa.grad.asnumpy()).sum() > 0, "fake quantization must pass gradients"
+
+
+def test_none_in_input_shapes_frees_a_batch_pinned_by_the_exporter():
+    pinned = flatten_by_shape_model()
+    pinned.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 1  # exported at batch 1
+    x = RNG.randn(3, 3, 4).astype("f")
+    # Pinned, the folded Reshape target keeps the batch of 1, as the file says.
+    assert import_model(pinned)(mx.nd.array(x)).shape == (1, 36)
+    with pytest.raises(OnnxImportError, match="give None there to free the batch"):
+        import_model(pinned, input_shapes={"x": (3, 3, 4)})
+    block = import_model(pinned, input_shapes={"x": (None, 3, 4)})
+    assert_matches_ort(flatten_by_shape_model(), block, {"x": x})
