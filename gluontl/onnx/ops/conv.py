@@ -9,7 +9,7 @@ import mxnet as mx
 from ..registry import converter, ints
 
 
-def spatial_shape(node, x, n):
+def spatial_shape(x, n):
     """Static spatial sizes of ``x`` (None where unknown)."""
     if x.shape is not None:
         return tuple(x.shape[-n:])
@@ -38,7 +38,7 @@ def onnx_pads(node, x, kernel, strides, dilations):
     n = len(kernel)
     mode = node.attr("auto_pad", "NOTSET")
     if mode in ("SAME_UPPER", "SAME_LOWER"):
-        return same_pads(node, spatial_shape(node, x, n), kernel, strides, dilations, mode)
+        return same_pads(node, spatial_shape(x, n), kernel, strides, dilations, mode)
     if mode not in ("NOTSET", "VALID"):
         raise node.unsupported(f"unknown auto_pad '{mode}'")
     pads = ints(node.attr("pads", [0] * 2 * n)) if mode == "NOTSET" else [0] * 2 * n
@@ -69,11 +69,11 @@ def split_pads(begin, end):
     return sym_pad, [b - p for b, p in zip(begin, sym_pad)], [e - p for e, p in zip(end, sym_pad)]
 
 
-def _kernel(node, w, n_lead=2):
+def _kernel(node, w):
     shape = w.shape if w.shape is not None else (None if w.const is None else w.const.shape)
     if shape is None or any(d is None for d in shape):
         raise node.unsupported("the weight shape is unknown; weights must be initializers or have static shapes")
-    kernel = ints(node.attr("kernel_shape", shape[n_lead:]))
+    kernel = ints(node.attr("kernel_shape", shape[2:]))
     return tuple(shape), kernel
 
 
@@ -116,7 +116,7 @@ def conv_transpose(node, inputs):
     mode = node.attr("auto_pad", "NOTSET")
     out_shape = node.attr("output_shape")
     if out_shape is not None or mode in ("SAME_UPPER", "SAME_LOWER"):
-        sizes = spatial_shape(node, x, n)
+        sizes = spatial_shape(x, n)
         if any(s is None for s in sizes):
             raise node.unsupported("output_shape/auto_pad need static spatial input sizes; pass "
                                    "input_shapes=... when importing")

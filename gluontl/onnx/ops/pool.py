@@ -43,12 +43,12 @@ def _fast_convention(sizes, begin, end, kernel, strides, ceil):
     return None
 
 
-def _window_reduce(node, data, kernel, strides, dilations, out_sizes, kind, name):
+def _window_reduce(node, data, kernel, strides, dilations, out_sizes, kind, name, tag):
     """Max or sum over windows of already padded ``data``, exactly ``out_sizes`` long."""
     n = len(kernel)
     if all(d == 1 for d in dilations):
         y = mx.sym.Pooling(data, kernel=kernel, stride=strides, pool_type=kind, pooling_convention="valid",
-                           name=node.sub(f"{kind}pool"))
+                           name=node.sub(f"{tag}_pool"))
         return mx.sym.slice(y, begin=(None,) * (n + 2), end=(None, None) + tuple(out_sizes), name=name)
     # Dilated windows: combine one strided slice per kernel offset.
     terms = []
@@ -56,12 +56,12 @@ def _window_reduce(node, data, kernel, strides, dilations, out_sizes, kind, name
         begin = tuple(o * d for o, d in zip(offs, dilations))
         end = tuple(b + (o - 1) * s + 1 for b, o, s in zip(begin, out_sizes, strides))
         terms.append(mx.sym.slice(data, begin=(None, None) + begin, end=(None, None) + end,
-                                  step=(None, None) + tuple(strides), name=node.sub(f"win{idx}")))
+                                  step=(None, None) + tuple(strides), name=node.sub(f"{tag}_win{idx}")))
     if kind == "sum":
         return mx.sym.add_n(*terms, name=name)
     out = terms[0]
     for i, t in enumerate(terms[1:]):
-        out = mx.sym.broadcast_maximum(out, t, name=name if i == len(terms) - 2 else node.sub(f"max{i}"))
+        out = mx.sym.broadcast_maximum(out, t, name=name if i == len(terms) - 2 else node.sub(f"{tag}_max{i}"))
     return out
 
 
@@ -82,7 +82,7 @@ def _pool(node, inputs, kind, data=None, name=None):
     ceil = bool(node.attr("ceil_mode", 0))
     include_pad = bool(node.attr("count_include_pad", 0))
     begin, end = onnx_pads(node, x, kernel, strides, dilations)
-    sizes = spatial_shape(node, x, n)
+    sizes = spatial_shape(x, n)
     convention = _fast_convention(sizes, begin, end, kernel, strides, ceil) \
         if all(d == 1 for d in dilations) else None
     if convention is not None:
@@ -97,11 +97,14 @@ def _pool(node, inputs, kind, data=None, name=None):
     tail = [max(0, (o - 1) * s + (k - 1) * d + 1 - (z + b + e))
             for o, s, k, d, z, b, e in zip(outs, strides, kernel, dilations, sizes, begin, end)]
     ends = [e + t for e, t in zip(end, tail)]
-    reduce = lambda data, kind_, name: _window_reduce(node, data, kernel, strides, dilations, outs,
-                                                      kind_, name)
+
+    def reduce(padded, how, out_name, tag):
+        return _window_reduce(node, padded, kernel, strides, dilations, outs, how, out_name, tag)
+
     if kind in ("max", "sum"):
-        return reduce(pad_spatial(node, data, n + 2, begin, ends, _NEG if kind == "max" else 0.0), kind, name)
-    total = reduce(pad_spatial(node, data, n + 2, begin, ends), "sum", node.sub("sum"))
+        padded = pad_spatial(node, data, n + 2, begin, ends, _NEG if kind == "max" else 0.0)
+        return reduce(padded, kind, name, kind)
+    total = reduce(pad_spatial(node, data, n + 2, begin, ends), "sum", node.sub("sum"), "sum")
     ones = mx.sym.ones_like(mx.sym.slice_axis(x.sym, axis=1, begin=0, end=1, name=node.sub("one_ch")),
                             name=node.sub("ones"))
     if include_pad:
@@ -109,7 +112,7 @@ def _pool(node, inputs, kind, data=None, name=None):
                            n + 2, [0] * n, tail, suffix="mask_tail")
     else:
         mask = pad_spatial(node, ones, n + 2, begin, ends, suffix="mask")
-    count = mx.sym.BlockGrad(reduce(mask, "sum", node.sub("count")), name=node.sub("count_const"))
+    count = mx.sym.BlockGrad(reduce(mask, "sum", node.sub("count"), "count"), name=node.sub("count_const"))
     return mx.sym.broadcast_div(total, count, name=node.name)
 
 

@@ -106,6 +106,12 @@ class _Unrolled:
         self.clip = node.attr("clip")
         self.input_forget = bool(node.attr("input_forget", 0))
         self.lbr = bool(node.attr("linear_before_reset", 0))
+        if kind == "GRU" and not self.lbr:
+            # Reset is applied before the recurrent product of the h gate, so R splits in two.
+            split = lambda sym, lo, hi, tag: None if sym is None else mx.sym.slice_axis(
+                sym, axis=0, begin=lo * hidden, end=hi * hidden, name=node.sub(f"{tag}{d}"))
+            self.reset_split = ((split(self.r, 0, 2, "R_zr"), split(self.rb, 0, 2, "Rb_zr")),
+                                (split(self.r, 2, 3, "R_h"), split(self.rb, 2, 3, "Rb_h")))
 
     def name(self, tag, t):
         return self.node.sub(f"d{self.d}_t{t}_{tag}")
@@ -151,10 +157,7 @@ class _Unrolled:
             z, r = self.act(0, add(xz, hz), t, "z"), self.act(0, add(xr, hr), t, "r")
             n = self.act(1, add(xh, mul(r, hh)), t, "n")
         else:
-            r_zr = mx.sym.slice_axis(self.r, axis=0, begin=0, end=2 * hid)
-            r_h = mx.sym.slice_axis(self.r, axis=0, begin=2 * hid, end=3 * hid)
-            rb_zr = None if self.rb is None else mx.sym.slice_axis(self.rb, axis=0, begin=0, end=2 * hid)
-            rb_h = None if self.rb is None else mx.sym.slice_axis(self.rb, axis=0, begin=2 * hid, end=3 * hid)
+            (r_zr, rb_zr), (r_h, rb_h) = self.reset_split
             hz, hr = self.gates(self.fc(h, r_zr, rb_zr, 2 * hid, self.name("hr", t)), 2, t, "h")
             z, r = self.act(0, add(xz, hz), t, "z"), self.act(0, add(xr, hr), t, "r")
             n = self.act(1, add(xh, self.fc(mul(r, h), r_h, rb_h, hid, self.name("rh", t))), t, "n")
