@@ -22,6 +22,7 @@ X = (R.randn(2, 3, 4, 5) * 2).astype("f")
     ("HardSwish", {}, 14), ("Mish", {}, 18),
     ("Gelu", {}, 20), ("Gelu", {"approximate": "tanh"}, 20),
     ("ThresholdedRelu", {"alpha": 0.5}, 10),
+    ("Shrink", {}, 9), ("Shrink", {"lambd": 1.0, "bias": 0.3}, 9),
 ])
 def test_unary(op, attrs, opset):
     check(op, {"x": X}, attrs, opset=opset, grad=True)

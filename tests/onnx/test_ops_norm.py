@@ -146,3 +146,9 @@ def test_batch_norm_training_mode_uses_batch_statistics():
     inputs = _bn_inputs((2, 3, 4, 5))
     check("BatchNormalization", inputs, {"training_mode": 1, "momentum": 0.7}, consts={"scale", "bias"},
           opset=15, n_outputs=3, grad=True, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("axes", [None, [0, 2], [1]])
+def test_mean_variance_normalization(axes):
+    attrs = {} if axes is None else {"axes": axes}
+    check("MeanVarianceNormalization", {"x": f(2, 3, 4, 5)}, attrs, opset=13, grad=True, rtol=1e-4, atol=1e-4)

@@ -102,6 +102,18 @@ def thresholded_relu(node, inputs):
     return mx.sym.elemwise_mul(x, mask, name=node.name)
 
 
+@converter("Shrink", since=9)
+def shrink(node, inputs):
+    x = inputs[0].sym
+    lambd, bias = float(node.attr("lambd", 0.5)), float(node.attr("bias", 0.0))
+    low = mx.sym._internal._lesser_scalar(x, scalar=-lambd, name=node.sub("low"))
+    high = mx.sym._internal._greater_scalar(x, scalar=lambd, name=node.sub("high"))
+    return mx.sym.elemwise_add(
+        mx.sym.elemwise_mul(low, mx.sym._internal._plus_scalar(x, scalar=bias), name=node.sub("below")),
+        mx.sym.elemwise_mul(high, mx.sym._internal._minus_scalar(x, scalar=bias), name=node.sub("above")),
+        name=node.name)
+
+
 def _prelu_channels(rank, slope_shape):
     """Slope count when it broadcasts along axis 1 only (1 = one shared slope), else None."""
     core = list(slope_shape)

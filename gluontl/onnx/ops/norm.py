@@ -184,3 +184,15 @@ def lrn(node, inputs):
         mx.sym._internal._plus_scalar(mx.sym._internal._mul_scalar(total, scalar=alpha / size), scalar=bias),
         scalar=beta, name=node.sub("denom"))
     return mx.sym.elemwise_div(x.sym, denom, name=node.name)
+
+
+@converter("MeanVarianceNormalization", since=9)
+def mean_variance_normalization(node, inputs):
+    """ONNX's own formula: (x - E[x]) / (sqrt(E[x^2] - E[x]^2) + 1e-9)."""
+    x = inputs[0].sym
+    axes = tuple(node.attr("axes", [0, 2, 3]))
+    mean = mx.sym.mean(x, axis=axes, keepdims=True, name=node.sub("mean"))
+    mean_sq = mx.sym.mean(mx.sym.square(x, name=node.sub("sq")), axis=axes, keepdims=True, name=node.sub("mean_sq"))
+    var = mx.sym.elemwise_sub(mean_sq, mx.sym.square(mean), name=node.sub("var"))
+    std = mx.sym._internal._plus_scalar(mx.sym.sqrt(var), scalar=1e-9, name=node.sub("std"))
+    return mx.sym.broadcast_div(mx.sym.broadcast_sub(x, mean, name=node.sub("centered")), std, name=node.name)
