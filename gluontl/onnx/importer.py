@@ -52,9 +52,10 @@ def import_model(model: str | os.PathLike | onnx.ModelProto,
     """Import an ONNX model as a SymbolBlock whose weights are Gluon parameters.
 
     ``input_shapes`` fills unknown dimensions of graph inputs. A first dimension the file
-    leaves symbolic stays free (any batch size works, as in onnxruntime) unless
-    ``fixed_batch`` pins it to the size in ``input_shapes``; only models that compute
-    values from their batch size in ways a batch-free graph cannot express need that.
+    leaves symbolic stays free (any batch size works, as in onnxruntime), and None there
+    frees a batch size the exporter pinned. ``fixed_batch`` pins every batch to the size
+    in ``input_shapes``; only models that compute values from their batch size in ways
+    a batch-free graph cannot express need that.
     """
     proto, source = load(model)
     return _Importer(proto, source, input_shapes or {}, fixed_batch).build(ctx or mx.cpu())
@@ -592,8 +593,10 @@ class _Importer:
             for o, s in zip(node.outputs, syms):
                 if o and s is not None:
                     shape, dtype = self.info.get(o, (None, None))
-                    self.runtime[o] = Tensor(o, s, shape=shape, dtype=dtype,
-                                             make_shape=lambda o=o: self._free_shape(o))
+                    lazy = shape is None or None in shape  # MXNet may know more than ONNX
+                    self.runtime[o] = Tensor(
+                        o, s, shape=None if lazy else shape, dtype=dtype,
+                        make_shape=lambda o=o, s=shape: self._free_shape(o) or s)
         return self._block(nodes, ctx)
 
     def _nodes(self, order: list[int]) -> list[tuple[Node, onnx.NodeProto]]:
