@@ -105,10 +105,11 @@ def test_layer_norm_mean_and_inv_std_outputs():
 
 
 @pytest.mark.parametrize("opset", [18, 21])
-def test_group_norm(opset):
+@pytest.mark.parametrize("spatial", [(4, 3), (5,), (2, 3, 2)])
+def test_group_norm(opset, spatial):
     groups, c = 2, 6
     n_params = groups if opset == 18 else c
-    inputs = {"x": f(2, c, 4, 3), "s": f(n_params), "b": f(n_params)}
+    inputs = {"x": f(2, c, *spatial), "s": f(n_params), "b": f(n_params)}
     check("GroupNormalization", inputs, {"num_groups": groups, "epsilon": 1e-3}, consts={"s", "b"}, opset=opset,
           grad=True, rtol=1e-4, atol=1e-4)
 
