@@ -87,6 +87,12 @@ def batch_free(op_type: str, index: int, v1: np.ndarray, v2: np.ndarray,
             else:
                 return None
         return out
+    if op_type == "Resize" and index == 3 and dims1 is not None and len(dims1) == len(v1):
+        for i in diff:  # 0 = keep this axis (the Resize converter's convention)
+            if (dims1[i], dims2[i]) != (v1[i], v2[i]):
+                return None
+            out[i] = 0
+        return out
     if op_type == "Expand" and index == 1 and dims1 is not None:
         shift = len(v1) - len(dims1)
         for i in diff:

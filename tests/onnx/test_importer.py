@@ -395,3 +395,29 @@ def test_none_in_input_shapes_frees_a_batch_pinned_by_the_exporter():
         import_model(pinned, input_shapes={"x": (3, 3, 4)})
     block = import_model(pinned, input_shapes={"x": (None, 3, 4)})
     assert_matches_ort(flatten_by_shape_model(), block, {"x": x})
+
+
+def test_resize_sizes_from_shape_chain_keep_the_batch_free():
+    # PyTorch F.interpolate(size=...) export: sizes = Concat(Shape(x)[:2], [8, 10]).
+    nodes = [node("Shape", ["x"], ["s"]), node("Slice", ["s", "z", "two"], ["nc"]),
+             node("Concat", ["nc", "hw"], ["sizes"], axis=0),
+             node("Resize", ["x", "", "", "sizes"], ["y"], mode="nearest")]
+    model = make_model(nodes, [("x", ["N", 2, 4, 5])], [("y", None)],
+                       {"z": np.array([0], np.int64), "two": np.array([2], np.int64),
+                        "hw": np.array([8, 10], np.int64)})
+    block = import_model(model)
+    for b in (1, 2):
+        assert_matches_ort(model, block, {"x": RNG.randn(b, 2, 4, 5).astype("f")})
+
+
+def test_slice_end_at_the_batch_size_becomes_open_ended():
+    nodes = [node("Shape", ["x"], ["s"]), node("Slice", ["s", "z", "o"], ["n"]),
+             node("Concat", ["n", "three"], ["ends"], axis=0),
+             node("Slice", ["x", "starts", "ends", "axes"], ["y"])]
+    model = make_model(nodes, [("x", ["N", 5])], [("y", None)],
+                       {"z": np.array([0], np.int64), "o": np.array([1], np.int64),
+                        "three": np.array([3], np.int64), "starts": np.array([0, 1], np.int64),
+                        "axes": np.array([0, 1], np.int64)})
+    block = import_model(model)
+    for b in (1, 4):
+        assert_matches_ort(model, block, {"x": RNG.randn(b, 5).astype("f")})
