@@ -477,13 +477,13 @@ class _Importer:
             raise fold.fold_error(node, e) from None
         # Paddle keeps weights in Constant nodes; DequantizeLinear turns int8 weights to float.
         weighty = node.op_type == "Constant" or any(x in self.weights for x in names) or (
-            node.op_type == "DequantizeLinear" and v1s[0].size > 1)
+            node.op_type == "DequantizeLinear" and v1s[0].ndim > 0)
         for o, a, b in zip(node.outputs, r1, r2):
             if not o or a is None:
                 continue
             self._set_const(o, np.asarray(a), np.asarray(b))
             self.producer[o] = (node, proto)
-            if weighty and a.dtype.kind == "f" and a.size > 1:
+            if weighty and a.dtype.kind == "f" and a.ndim > 0:
                 self.weights.add(o)
 
     def _fold_shape(self, node: Node, proto: onnx.NodeProto) -> bool:
@@ -563,7 +563,7 @@ class _Importer:
         g = self.graph
         for name, value in self.inits.items():
             self._set_const(name, value)
-            if value.dtype.kind == "f" and value.size > 1:
+            if value.dtype.kind == "f" and value.ndim > 0:  # a 1-channel bias is a weight too
                 self.weights.add(name)
         for n in g.node:  # quantization scales are metadata, never weights
             if n.op_type in ("QuantizeLinear", "DequantizeLinear"):

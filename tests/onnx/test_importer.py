@@ -421,3 +421,14 @@ def test_slice_end_at_the_batch_size_becomes_open_ended():
     block = import_model(model)
     for b in (1, 4):
         assert_matches_ort(model, block, {"x": RNG.randn(b, 5).astype("f")})
+
+
+def test_single_channel_bias_is_a_trainable_weight():
+    nodes = [node("Conv", ["x", "head.weight", "head.bias"], ["y"])]
+    model = make_model(nodes, [("x", ["N", 2, 3, 3])], [("y", None)],
+                       {"head.weight": RNG.randn(1, 2, 1, 1).astype("f"),
+                        "head.bias": np.array([0.5], np.float32)})
+    block = import_model(model)
+    assert {n: p.grad_req for n, p in block.collect_params().items()} == {
+        "head.weight": "write", "head.bias": "write"}
+    assert_matches_ort(model, block, {"x": RNG.randn(2, 2, 3, 3).astype("f")})
