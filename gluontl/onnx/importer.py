@@ -219,8 +219,12 @@ def _dims(type_proto: onnx.TypeProto) -> Shape | None:
 
 
 class _Importer:
+    """One import. Known values are tracked at two batch sizes ``b1``/``b2`` so values
+    computed from the batch size are recognised and rewritten into batch-free forms
+    (see :mod:`gluontl.onnx.fold`) instead of freezing the batch into the graph."""
+
     def __init__(self, proto: onnx.ModelProto, source: str, input_shapes: Mapping, fixed_batch: bool):
-        self.proto, self.source, self.fixed_batch = proto, source, fixed_batch
+        self.proto, self.source = proto, source
         self.graph = proto.graph
         self.opsets = opsets_of(proto, source)
         self.opset = self.opsets[""]
@@ -232,7 +236,8 @@ class _Importer:
                 f"to run or train; a Gluon block needs at least one input.")
         self.input_shapes, free = self._merge_shapes(input_shapes)
         self.batched = set() if fixed_batch else free
-        first = [self.input_shapes[n][0] for n in self.batched if self.input_shapes[n][0]]
+        first = [self.input_shapes[i.name][0] for i in self.inputs
+                 if i.name in self.batched and self.input_shapes[i.name][0]]
         self.b1 = first[0] if first else 1
         self.b2 = self.b1 + 1 if self.batched else self.b1
         self.consts: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # value at b1, b2
@@ -633,10 +638,12 @@ class _Importer:
     def _block(self, nodes, ctx: mx.Context) -> mx.gluon.SymbolBlock:
         outs, seen = [], set()
         for o in self.graph.output:
-            sym = self.tensor(o.name).sym
-            if sym is None:
-                raise OnnxImportError(f"'{self.source}': graph output '{o.name}' is not computed by "
-                                      f"any node.")
+            name = self.alias.get(o.name, o.name)
+            if name not in self.runtime and name not in self.consts:
+                raise OnnxImportError(f"'{self.source}': graph output '{o.name}' is not a graph input, "
+                                      f"an initializer or the output of any node; the model is "
+                                      f"broken, re-export it.")
+            sym = self.tensor(name).sym
             if sym.get_children() is None or sym.name in seen:
                 sym = mx.sym.identity(sym, name=f"{o.name}/output")
             seen.add(sym.name)
@@ -665,10 +672,11 @@ class _Importer:
         out: dict[str, str] = {}
         tensors = {**self.materialized, **self.runtime}
         for name, t in tensors.items():
-            if t._sym is not None:
-                o = t._sym.list_outputs()[0]
+            if t.built_sym is not None:
+                o = t.built_sym.list_outputs()[0]
                 if o in present:
                     out[name] = o
+        out.update({a: out[t] for a, t in self.alias.items() if t in out})
         for node, _ in nodes:
             first = next((o for o in node.outputs if o), None)
             first = self.alias.get(first, first)

@@ -70,6 +70,11 @@ class Tensor:
         self._sym = value
 
     @property
+    def built_sym(self) -> Any:
+        """The symbol if it exists already; never creates one (or a parameter)."""
+        return self._sym
+
+    @property
     def shape(self) -> tuple[int | None, ...] | None:
         """Static shape; the importer may work it out only when a converter asks."""
         if self._shape is None and self._make_shape is not None:

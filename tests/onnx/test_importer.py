@@ -278,6 +278,8 @@ def test_identity_shares_the_weight_and_outputs_can_be_constants():
     model = make_model(nodes, [("x", ["N", 3])], [("yd", None), ("k", None)], {"w": w})
     block = import_model(model)
     assert set(block.collect_params()) == {"w", "k"}
+    info = block.gluontl_onnx
+    assert info.node_outputs["w2"] == info.node_outputs["w"] == "w"  # Identity is an alias
     assert_matches_ort(model, block, {"x": RNG.randn(2, 3).astype("f")})
 
 
@@ -306,7 +308,7 @@ def test_data_dependent_shape_names_the_node():
 
 @pytest.mark.parametrize("problem", ["missing", "garbage", "truncated", "cycle", "dangling",
                                      "init_mismatch", "negative_dim", "escaping_external",
-                                     "bad_input_shapes", "no_default_opset"])
+                                     "bad_input_shapes", "no_default_opset", "missing_output"])
 def test_malformed_inputs_raise_import_error(tmp_path, problem):
     path = tmp_path / "m.onnx"
     model = weights_model()
@@ -327,6 +329,8 @@ def test_malformed_inputs_raise_import_error(tmp_path, problem):
     elif problem == "escaping_external":
         onnx.external_data_helper.convert_model_to_external_data(
             model, all_tensors_to_one_file=True, location="../outside.bin", size_threshold=0)
+    elif problem == "missing_output":
+        model.graph.output.append(helper.make_tensor_value_info("ghost", F, None))
     elif problem == "no_default_opset":
         model.opset_import[0].domain = "com.other"
     if problem not in ("missing", "garbage", "truncated"):
