@@ -7,7 +7,7 @@ from opcheck import check, run_mx, run_ort
 
 from gluontl.errors import OnnxImportError
 from gluontl.onnx import registry
-from gluontl.onnx.registry import Node, Tensor
+from gluontl.onnx.registry import Tensor
 
 R = np.random.RandomState(0)
 

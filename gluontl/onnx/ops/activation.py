@@ -86,11 +86,11 @@ def gelu(node, inputs):
     if approximate != "tanh":
         raise node.unsupported(f"approximate='{approximate}' is not one of 'none', 'tanh'")
     # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
-    cube = mx.sym._internal._mul_scalar(mx.sym._internal._power_scalar(x, scalar=3.0),
+    cube = mx.sym._internal._mul_scalar(mx.sym._internal._power_scalar(x, scalar=3.0, name=node.sub("x3")),
                                         scalar=0.044715, name=node.sub("cube"))
-    inner = mx.sym._internal._mul_scalar(mx.sym.elemwise_add(x, cube), scalar=math.sqrt(2 / math.pi),
-                                         name=node.sub("inner"))
-    t = mx.sym._internal._plus_scalar(mx.sym.tanh(inner, name=node.sub("tanh")), scalar=1.0)
+    inner = mx.sym._internal._mul_scalar(mx.sym.elemwise_add(x, cube, name=node.sub("poly")),
+                                         scalar=math.sqrt(2 / math.pi), name=node.sub("inner"))
+    t = mx.sym._internal._plus_scalar(mx.sym.tanh(inner, name=node.sub("tanh")), scalar=1.0, name=node.sub("t1"))
     half = mx.sym._internal._mul_scalar(x, scalar=0.5, name=node.sub("half"))
     return mx.sym.elemwise_mul(half, t, name=node.name)
 
@@ -109,8 +109,10 @@ def shrink(node, inputs):
     low = mx.sym._internal._lesser_scalar(x, scalar=-lambd, name=node.sub("low"))
     high = mx.sym._internal._greater_scalar(x, scalar=lambd, name=node.sub("high"))
     return mx.sym.elemwise_add(
-        mx.sym.elemwise_mul(low, mx.sym._internal._plus_scalar(x, scalar=bias), name=node.sub("below")),
-        mx.sym.elemwise_mul(high, mx.sym._internal._minus_scalar(x, scalar=bias), name=node.sub("above")),
+        mx.sym.elemwise_mul(low, mx.sym._internal._plus_scalar(x, scalar=bias, name=node.sub("x+b")),
+                            name=node.sub("below")),
+        mx.sym.elemwise_mul(high, mx.sym._internal._minus_scalar(x, scalar=bias, name=node.sub("x-b")),
+                            name=node.sub("above")),
         name=node.name)
 
 

@@ -43,9 +43,11 @@ def batch_norm(node, inputs):
     # Statistics computed inside the graph cannot be auxiliary states: plain arithmetic.
     if x.rank is None:
         raise node.unsupported("the input rank is unknown; pass input_shapes=...")
-    std = mx.sym.sqrt(mx.sym._internal._plus_scalar(var.sym, scalar=eps), name=node.sub("std"))
+    std = mx.sym.sqrt(mx.sym._internal._plus_scalar(var.sym, scalar=eps, name=node.sub("var_eps")),
+                      name=node.sub("std"))
     gain = mx.sym.elemwise_div(scale.sym, std, name=node.sub("gain"))
-    shift = mx.sym.elemwise_sub(bias.sym, mx.sym.elemwise_mul(mean.sym, gain), name=node.sub("shift"))
+    shift = mx.sym.elemwise_sub(bias.sym, mx.sym.elemwise_mul(mean.sym, gain, name=node.sub("mean_gain")),
+                                name=node.sub("shift"))
     y = mx.sym.broadcast_mul(x.sym, _channel_view(node, gain, x.rank, "gain_c"), name=node.sub("scaled"))
     return mx.sym.broadcast_add(y, _channel_view(node, shift, x.rank, "shift_c"), name=node.name)
 
@@ -62,15 +64,17 @@ def _batch_norm_training(node, x, scale, bias, mean, var, eps, momentum):
     view = lambda sym, tag: _channel_view(node, sym, x.rank, tag)
     batch_mean = mx.sym.mean(x.sym, axis=axes, name=node.sub("batch_mean"))
     centered = mx.sym.broadcast_sub(x.sym, view(batch_mean, "mean_c"), name=node.sub("centered"))
-    batch_var = mx.sym.mean(mx.sym.square(centered), axis=axes, name=node.sub("batch_var"))
-    inv = mx.sym.rsqrt(mx.sym._internal._plus_scalar(batch_var, scalar=eps), name=node.sub("inv_std"))
+    batch_var = mx.sym.mean(mx.sym.square(centered, name=node.sub("sq")), axis=axes, name=node.sub("batch_var"))
+    inv = mx.sym.rsqrt(mx.sym._internal._plus_scalar(batch_var, scalar=eps, name=node.sub("var_eps")),
+                       name=node.sub("inv_std"))
     gain = mx.sym.elemwise_mul(inv, scale.sym, name=node.sub("gain"))
-    y = mx.sym.broadcast_add(mx.sym.broadcast_mul(centered, view(gain, "gain_c")), view(bias.sym, "bias_c"),
-                             name=node.name)
+    scaled = mx.sym.broadcast_mul(centered, view(gain, "gain_c"), name=node.sub("scaled"))
+    y = mx.sym.broadcast_add(scaled, view(bias.sym, "bias_c"), name=node.name)
 
     def running(old, new, tag):
-        return mx.sym.elemwise_add(mx.sym._internal._mul_scalar(old, scalar=momentum),
-                                   mx.sym._internal._mul_scalar(new, scalar=1.0 - momentum), name=node.sub(tag))
+        kept = mx.sym._internal._mul_scalar(old, scalar=momentum, name=node.sub(f"{tag}_kept"))
+        added = mx.sym._internal._mul_scalar(new, scalar=1.0 - momentum, name=node.sub(f"{tag}_added"))
+        return mx.sym.elemwise_add(kept, added, name=node.sub(tag))
 
     return [y, running(mean.sym, batch_mean, "running_mean") if _wants(node, 1) else None,
             running(var.sym, batch_var, "running_var") if _wants(node, 2) else None]
@@ -180,9 +184,9 @@ def lrn(node, inputs):
     total = mx.sym.Pooling(img, kernel=(size, 1), pool_type="sum", pooling_convention="valid",
                            name=node.sub("sum"))
     total = mx.sym.reshape_like(total, x.sym, name=node.sub("sum_nd"))
-    denom = mx.sym._internal._power_scalar(
-        mx.sym._internal._plus_scalar(mx.sym._internal._mul_scalar(total, scalar=alpha / size), scalar=bias),
-        scalar=beta, name=node.sub("denom"))
+    scaled = mx.sym._internal._mul_scalar(total, scalar=alpha / size, name=node.sub("scaled"))
+    base = mx.sym._internal._plus_scalar(scaled, scalar=bias, name=node.sub("base"))
+    denom = mx.sym._internal._power_scalar(base, scalar=beta, name=node.sub("denom"))
     return mx.sym.elemwise_div(x.sym, denom, name=node.name)
 
 
@@ -193,6 +197,6 @@ def mean_variance_normalization(node, inputs):
     axes = tuple(node.attr("axes", [0, 2, 3]))
     mean = mx.sym.mean(x, axis=axes, keepdims=True, name=node.sub("mean"))
     mean_sq = mx.sym.mean(mx.sym.square(x, name=node.sub("sq")), axis=axes, keepdims=True, name=node.sub("mean_sq"))
-    var = mx.sym.elemwise_sub(mean_sq, mx.sym.square(mean), name=node.sub("var"))
-    std = mx.sym._internal._plus_scalar(mx.sym.sqrt(var), scalar=1e-9, name=node.sub("std"))
+    var = mx.sym.elemwise_sub(mean_sq, mx.sym.square(mean, name=node.sub("mean2")), name=node.sub("var"))
+    std = mx.sym._internal._plus_scalar(mx.sym.sqrt(var, name=node.sub("sqrt")), scalar=1e-9, name=node.sub("std"))
     return mx.sym.broadcast_div(mx.sym.broadcast_sub(x, mean, name=node.sub("centered")), std, name=node.name)

@@ -34,23 +34,24 @@ def _opt(inputs, i):
     return inputs[i] if len(inputs) > i else None
 
 
-def _direction(node, sym, d):
+def _direction(node, sym, d, tag):
     """The (rows, cols) matrix of direction ``d`` from a (D, rows, cols) tensor."""
-    return mx.sym.reshape(mx.sym.slice_axis(sym, axis=0, begin=d, end=d + 1), shape=(-3, 0),
-                          name=node.sub(f"{sym.name}_d{d}"))
+    one = mx.sym.slice_axis(sym, axis=0, begin=d, end=d + 1, name=node.sub(f"{tag}{d}_slice"))
+    return mx.sym.reshape(one, shape=(-3, 0), name=node.sub(f"{tag}{d}"))
 
 
 def _reorder(node, sym, n_gates, order, tag):
     """Flat vector of ``sym`` (gate-major rows) with its gates in MXNet's order."""
     gates = mx.sym.reshape(sym, shape=(n_gates, -1), name=node.sub(f"{tag}_gates"))
     if order != list(range(n_gates)):
-        gates = mx.sym.concat(*[mx.sym.slice_axis(gates, axis=0, begin=g, end=g + 1) for g in order], dim=0,
-                              name=node.sub(f"{tag}_reordered"))
+        parts = [mx.sym.slice_axis(gates, axis=0, begin=g, end=g + 1, name=node.sub(f"{tag}_gate{g}"))
+                 for g in order]
+        gates = mx.sym.concat(*parts, dim=0, name=node.sub(f"{tag}_reordered"))
     return mx.sym.reshape(gates, shape=(-1,), name=node.sub(f"{tag}_flat"))
 
 
 def _bias_halves(node, b, d, gh):
-    bd = _direction(node, mx.sym.expand_dims(b, axis=2, name=node.sub(f"B3_{d}")), d)  # (2GH, 1)
+    bd = _direction(node, mx.sym.expand_dims(b, axis=2, name=node.sub(f"B3_{d}")), d, "B")  # (2GH, 1)
     return (mx.sym.slice_axis(bd, axis=0, begin=0, end=gh, name=node.sub(f"Wb{d}")),
             mx.sym.slice_axis(bd, axis=0, begin=gh, end=2 * gh, name=node.sub(f"Rb{d}")))
 
@@ -60,8 +61,8 @@ def _fused_params(node, kind, w, r, b, dirs, hidden):
     n_gates, _, order = _CELLS[kind]
     weights, biases = [], []
     for d in range(dirs):
-        weights += [_reorder(node, _direction(node, w, d), n_gates, order, f"W{d}"),
-                    _reorder(node, _direction(node, r, d), n_gates, order, f"R{d}")]
+        weights += [_reorder(node, _direction(node, w, d, "W"), n_gates, order, f"W{d}"),
+                    _reorder(node, _direction(node, r, d, "R"), n_gates, order, f"R{d}")]
         if b is not None:
             wb, rb = _bias_halves(node, b, d, n_gates * hidden)
             biases += [_reorder(node, wb, n_gates, order, f"Wb{d}"), _reorder(node, rb, n_gates, order, f"Rb{d}")]
@@ -95,30 +96,40 @@ class _Unrolled:
 
     def __init__(self, node, kind, w, r, b, p, d, hidden, acts):
         self.node, self.kind, self.hidden, self.d = node, kind, hidden, d
-        n_gates = _CELLS[kind][0]
-        gh = n_gates * hidden
-        self.w, self.r = _direction(node, w, d), _direction(node, r, d)
-        self.wb, self.rb = _bias_halves(node, b, d, gh) if b is not None else (None, None)
+        self.w, self.r = _direction(node, w, d, "W"), _direction(node, r, d, "R")
+        self.wb, self.rb = _bias_halves(node, b, d, _CELLS[kind][0] * hidden) if b is not None else (None, None)
         self.p = None if p is None else mx.sym.reshape(
-            _direction(node, mx.sym.expand_dims(p, axis=2, name=node.sub(f"P3_{d}")), d), shape=(-1,),
-            name=node.sub(f"P{d}"))
+            _direction(node, mx.sym.expand_dims(p, axis=2, name=node.sub(f"P3_{d}")), d, "P"), shape=(-1,),
+            name=node.sub(f"P{d}_flat"))
         self.acts = acts
         self.clip = node.attr("clip")
         self.input_forget = bool(node.attr("input_forget", 0))
         self.lbr = bool(node.attr("linear_before_reset", 0))
         if kind == "GRU" and not self.lbr:
             # Reset is applied before the recurrent product of the h gate, so R splits in two.
-            split = lambda sym, lo, hi, tag: None if sym is None else mx.sym.slice_axis(
-                sym, axis=0, begin=lo * hidden, end=hi * hidden, name=node.sub(f"{tag}{d}"))
-            self.reset_split = ((split(self.r, 0, 2, "R_zr"), split(self.rb, 0, 2, "Rb_zr")),
-                                (split(self.r, 2, 3, "R_h"), split(self.rb, 2, 3, "Rb_h")))
+            self.reset_split = ((self.rows(self.r, 0, 2, "R_zr"), self.rows(self.rb, 0, 2, "Rb_zr")),
+                                (self.rows(self.r, 2, 3, "R_h"), self.rows(self.rb, 2, 3, "Rb_h")))
+
+    def rows(self, sym, lo, hi, tag):
+        """Gate blocks lo..hi of a gate-major weight or bias (None stays None)."""
+        if sym is None:
+            return None
+        return mx.sym.slice_axis(sym, axis=0, begin=lo * self.hidden, end=hi * self.hidden,
+                                 name=self.node.sub(f"d{self.d}_{tag}"))
 
     def name(self, tag, t):
         return self.node.sub(f"d{self.d}_t{t}_{tag}")
 
-    def fc(self, data, weight, bias, rows, tag, flatten=True):
-        extra = {"bias": mx.sym.reshape(bias, shape=(-1,))} if bias is not None else {"no_bias": True}
-        return mx.sym.FullyConnected(data, weight=weight, num_hidden=rows, flatten=flatten, name=tag, **extra)
+    def add(self, a, b, tag, t):
+        return mx.sym.elemwise_add(a, b, name=self.name(tag, t))
+
+    def mul(self, a, b, tag, t):
+        return mx.sym.broadcast_mul(a, b, name=self.name(tag, t))
+
+    def fc(self, data, weight, bias, rows, name, flatten=True):
+        extra = {"no_bias": True} if bias is None else {
+            "bias": mx.sym.reshape(bias, shape=(-1,), name=name + "_bias")}
+        return mx.sym.FullyConnected(data, weight=weight, num_hidden=rows, flatten=flatten, name=name, **extra)
 
     def act(self, k, s, t, tag):
         if self.clip is not None:
@@ -132,36 +143,50 @@ class _Unrolled:
     def gates(self, sym, n, t, tag):
         return mx.sym.split(sym, num_outputs=n, axis=1, name=self.name(tag, t))
 
-    def peephole(self, gate, k, cell):
+    def peephole(self, gate, k, cell, t):
         """Gate pre-activation plus P[k] * cell (P is ONNX-ordered i, o, f)."""
         if self.p is None:
             return gate
-        pk = mx.sym.slice_axis(self.p, axis=0, begin=k * self.hidden, end=(k + 1) * self.hidden)
-        return mx.sym.elemwise_add(gate, mx.sym.broadcast_mul(cell, pk))
+        return self.add(gate, self.mul(cell, self.rows(self.p, k, k + 1, f"P{k}_t{t}"), f"peep{k}", t),
+                        f"peeped{k}", t)
+
+    def one_minus(self, sym, tag, t):
+        return mx.sym._internal._rminus_scalar(sym, scalar=1.0, name=self.name(tag, t))
 
     def step(self, xw, h, c, t):
-        hid, mul, add = self.hidden, mx.sym.broadcast_mul, mx.sym.elemwise_add
+        hid = self.hidden
         if self.kind == "RNN":
-            return self.act(0, add(xw, self.fc(h, self.r, self.rb, hid, self.name("hr", t))), t, "h"), None
+            pre = self.add(xw, self.fc(h, self.r, self.rb, hid, self.name("hr", t)), "pre", t)
+            return self.act(0, pre, t, "h"), None
         if self.kind == "LSTM":
-            pre = add(xw, self.fc(h, self.r, self.rb, 4 * hid, self.name("hr", t)))
+            pre = self.add(xw, self.fc(h, self.r, self.rb, 4 * hid, self.name("hr", t)), "pre", t)
             gi, go, gf, gc = self.gates(pre, 4, t, "g")
-            i = self.act(0, self.peephole(gi, 0, c), t, "i")
-            f = 1 - i if self.input_forget else self.act(0, self.peephole(gf, 2, c), t, "f")
-            c_new = add(mul(f, c), mul(i, self.act(1, gc, t, "c")))
-            o = self.act(0, self.peephole(go, 1, c_new), t, "o")
-            return mul(o, _ACTS[self.acts[2]](c_new, self.name("hc", t))), c_new
+            i = self.act(0, self.peephole(gi, 0, c, t), t, "i")
+            f = self.one_minus(i, "f", t) if self.input_forget else self.act(0, self.peephole(gf, 2, c, t), t, "f")
+            kept, added = self.mul(f, c, "c_kept", t), self.mul(i, self.act(1, gc, t, "c"), "c_added", t)
+            c_new = self.add(kept, added, "c_new", t)
+            o = self.act(0, self.peephole(go, 1, c_new, t), t, "o")
+            return self.mul(o, _ACTS[self.acts[2]](c_new, self.name("hc", t)), "h_new", t), c_new
         xz, xr, xh = self.gates(xw, 3, t, "x")
         if self.lbr:
             hz, hr, hh = self.gates(self.fc(h, self.r, self.rb, 3 * hid, self.name("hr", t)), 3, t, "h")
-            z, r = self.act(0, add(xz, hz), t, "z"), self.act(0, add(xr, hr), t, "r")
-            n = self.act(1, add(xh, mul(r, hh)), t, "n")
+            recurrent = self.mul(self.act(0, self.add(xr, hr, "r_pre", t), t, "r"), hh, "r_hh", t)
         else:
             (r_zr, rb_zr), (r_h, rb_h) = self.reset_split
             hz, hr = self.gates(self.fc(h, r_zr, rb_zr, 2 * hid, self.name("hr", t)), 2, t, "h")
-            z, r = self.act(0, add(xz, hz), t, "z"), self.act(0, add(xr, hr), t, "r")
-            n = self.act(1, add(xh, self.fc(mul(r, h), r_h, rb_h, hid, self.name("rh", t))), t, "n")
-        return add(mul(1 - z, n), mul(z, h)), None
+            reset_h = self.mul(self.act(0, self.add(xr, hr, "r_pre", t), t, "r"), h, "r_h", t)
+            recurrent = self.fc(reset_h, r_h, rb_h, hid, self.name("rh", t))
+        z = self.act(0, self.add(xz, hz, "z_pre", t), t, "z")
+        n = self.act(1, self.add(xh, recurrent, "n_pre", t), t, "n")
+        blend = self.mul(self.one_minus(z, "1-z", t), n, "z_n", t)
+        return self.add(blend, self.mul(z, h, "z_h", t), "h_new", t), None
+
+
+def _select(node, mask, new, old, tag):
+    """new where mask (N, 1) is 1, else old: old + mask * (new - old)."""
+    diff = mx.sym.elemwise_sub(new, old, name=node.sub(f"{tag}_diff"))
+    return mx.sym.broadcast_add(old, mx.sym.broadcast_mul(mask, diff, name=node.sub(f"{tag}_masked")),
+                                name=node.sub(tag))
 
 
 def _unrolled(node, kind, x_tnc, steps, w, r, b, p, h0, c0, lens, dirs, hidden, reverse, acts):
@@ -171,9 +196,8 @@ def _unrolled(node, kind, x_tnc, steps, w, r, b, p, h0, c0, lens, dirs, hidden, 
         xw = mx.sym.split(cell.input_projection(x_tnc), num_outputs=steps, axis=0, squeeze_axis=True,
                           name=node.sub(f"d{d}_steps"))
         xw = [xw] if steps == 1 else list(xw)
-        h = mx.sym.reshape(mx.sym.slice_axis(h0, axis=0, begin=d, end=d + 1), shape=(-3, 0))
-        c = None if c0 is None else mx.sym.reshape(mx.sym.slice_axis(c0, axis=0, begin=d, end=d + 1),
-                                                  shape=(-3, 0))
+        h = _direction(node, h0, d, "h0_")
+        c = None if c0 is None else _direction(node, c0, d, "c0_")
         outs = [None] * steps
         backwards = reverse or d == 1
         for t in (reversed(range(steps)) if backwards else range(steps)):
@@ -181,12 +205,11 @@ def _unrolled(node, kind, x_tnc, steps, w, r, b, p, h0, c0, lens, dirs, hidden, 
             if lens is None:
                 h, c, outs[t] = h_new, c_new, h_new
                 continue
-            m = mx.sym.reshape(mx.sym._internal._greater_scalar(lens, scalar=t), shape=(-1, 1))
-            keep = lambda new, old: mx.sym.broadcast_add(mx.sym.broadcast_mul(m, new),
-                                                         mx.sym.broadcast_mul(1 - m, old))
-            outs[t] = mx.sym.broadcast_mul(m, h_new)
-            h = keep(h_new, h)
-            c = None if c is None else keep(c_new, c)
+            live = mx.sym._internal._greater_scalar(lens, scalar=t, name=cell.name("live", t))
+            m = mx.sym.reshape(live, shape=(-1, 1), name=cell.name("mask", t))
+            outs[t] = mx.sym.broadcast_mul(m, h_new, name=cell.name("y", t))
+            h = _select(node, m, h_new, h, f"d{d}_t{t}_h")
+            c = None if c is None else _select(node, m, c_new, c, f"d{d}_t{t}_c")
         ys.append(mx.sym.stack(*outs, axis=0, name=node.sub(f"d{d}_Y")))
         hs.append(h)
         cs.append(c)
