@@ -219,14 +219,15 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
         meta = None
     log = MetricsLog(run_dir / "metrics.jsonl", _read_metrics(run_dir / "metrics.jsonl"))
     loss_fn = _loss_fn(recipe, loaders.num_classes)
-    steps_per_epoch = max(1, loaders.train_sampler.batches_per_epoch() // t.accumulate)
+    n_batches = loaders.train_sampler.batches_per_epoch()
+    steps_per_epoch = max(1, n_batches // t.accumulate)
 
     plan = prep.plan
     start_epoch, skip, global_step = 0, 0, 0
-    best = None
+    best, partial = None, (0.0, 0)
     if meta is not None:
         start_epoch, skip, global_step = meta["epoch"], meta["batch_in_epoch"], meta["global_step"]
-        best = meta.get("best")
+        best, partial = meta.get("best"), tuple(meta.get("epoch_loss", (0.0, 0)))
         plan = make_plan(net, recipe.rules, epoch=start_epoch, input_shape=recipe.model.input_shape)
         apply_plan(net, plan)
     _write_plan(run_dir, plan)
@@ -256,8 +257,8 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
                 trainer = _make_trainer(net, recipe)
             t0 = time.perf_counter()
             loader = loaders.train_epoch(epoch, skip_batches=skip)
-            bar = _bar(loader, epoch, t.epochs, quiet, initial=skip)
-            run_loss, run_n, pending = 0.0, 0, 0
+            bar = _bar(loader, epoch, t.epochs, quiet, skip, n_batches)
+            (run_loss, run_n), pending, partial = partial, 0, (0.0, 0)
             for i, (x, y) in enumerate(bar, start=skip):
                 mx.random.seed((t.seed * 1_000_003 + epoch * 10_007 + i) % 2**31)
                 lr = lr_at(t.schedule, t.lr, global_step, steps_per_epoch, t.epochs)
@@ -279,7 +280,7 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
                                          f"checkpoint is in {run_dir / 'checkpoints'}. Lower train.lr or set "
                                          f"train.clip_gradient.")
                     continue
-                if (i + 1) % t.accumulate == 0 or i + 1 == len(loader) + skip:
+                if (i + 1) % t.accumulate == 0 or i + 1 == n_batches:
                     trainer.step(pending)
                     _zero_grads(net, only_add=True)
                     pending = 0
@@ -291,13 +292,13 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
                 if hasattr(bar, "set_postfix"):
                     bar.set_postfix(loss=f"{run_loss / run_n:.4f}", lr=f"{lr:.3g}", img_s=f"{ips:.0f}")
                 if global_step % t.log_every == 0 and pending == 0:
-                    log.write({"step": global_step, "epoch_f": epoch + (i + 1) / (len(loader) + skip),
+                    log.write({"step": global_step, "epoch_f": epoch + (i + 1) / n_batches,
                                "loss": batch_loss / x.shape[0], "lr": lr, "img_per_s": ips})
                 if stop.requested or (stop_after_steps is not None and steps_this_call >= stop_after_steps):
                     if pending == 0:
                         checkpoint.save(run_dir / "checkpoints", "last", net, trainer,
                                         dict(state, epoch=epoch, batch_in_epoch=i + 1, global_step=global_step,
-                                             best=best))
+                                             best=best, epoch_loss=(run_loss, run_n)))
                         stopped = True
                         break
             if stopped:
@@ -347,12 +348,12 @@ def _say(quiet: bool, msg: str) -> None:
         tqdm.write(msg)
 
 
-def _bar(loader, epoch: int, epochs: int, quiet: bool, initial: int):
+def _bar(loader, epoch: int, epochs: int, quiet: bool, initial: int, total: int):
     if quiet:
         return loader
     from tqdm import tqdm
 
-    return tqdm(loader, total=len(loader) + initial, initial=initial, desc=f"epoch {epoch + 1}/{epochs}",
+    return tqdm(loader, total=total, initial=initial, desc=f"epoch {epoch + 1}/{epochs}",
                 leave=False, dynamic_ncols=True)
 
 

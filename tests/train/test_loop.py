@@ -1,0 +1,144 @@
+"""The fine-tuning loop: determinism, resume, accumulation, frozen backbones, multi-context."""
+import json
+
+import mxnet as mx
+import numpy as np
+import pytest
+from gluoncv.model_zoo import get_model
+
+from gluontl.naming import named_params
+from gluontl.recipe import parse_recipe
+from gluontl.train.loop import finetune
+
+DATA = {"source": "demo:digits", "classes": ["5", "6", "7", "8", "9"], "batch_size": 16,
+        "train_transform": {"resize": 16}, "val_transform": {"resize": 16}}
+
+
+@pytest.fixture(scope="module")
+def tiny_symbol(tmp_path_factory):
+    """A small BN-free conv net exported as an MXNet symbol checkpoint."""
+    d = tmp_path_factory.mktemp("tiny")
+    mx.random.seed(1)
+    net = mx.gluon.nn.HybridSequential()
+    net.add(mx.gluon.nn.Conv2D(8, 3, padding=1, activation="relu"), mx.gluon.nn.MaxPool2D(2),
+            mx.gluon.nn.Conv2D(16, 3, padding=1, activation="relu"), mx.gluon.nn.GlobalAvgPool2D(),
+            mx.gluon.nn.Dense(5))
+    net.initialize(mx.init.Xavier())
+    net.hybridize()
+    net(mx.nd.zeros((1, 3, 16, 16)))
+    net.export(str(d / "tiny"))
+    return str(d / "tiny")
+
+
+def recipe(prefix, **train):
+    return parse_recipe({"name": "t", "model": {"source": f"symbol:{prefix}", "input_shape": [3, 16, 16]},
+                         "data": DATA, "train": {"epochs": 2, "lr": 0.05, "log_every": 1, **train}})
+
+
+def numbers(result):
+    return [{k: v for k, v in r.items() if k not in ("img_per_s", "seconds")} for r in result.metrics]
+
+
+def final_params(run_dir):
+    return {k: v.asnumpy() for k, v in mx.nd.load(str(run_dir / "checkpoints" / "last.params")).items()}
+
+
+def test_same_seed_gives_identical_metrics(tiny_symbol, tmp_path):
+    a = finetune(recipe(tiny_symbol), runs_root=tmp_path, quiet=True)
+    b = finetune(recipe(tiny_symbol), runs_root=tmp_path, quiet=True)
+    assert a.run_dir != b.run_dir
+    assert numbers(a) == numbers(b)
+    on_disk = [json.loads(l) for l in (a.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in on_disk if "epoch" in r] == [1, 2]
+    assert {"loss", "lr", "img_per_s"} <= set(on_disk[0]) and {"val_top1", "val_loss", "train_loss"} <= set(on_disk[-1])
+    c = finetune(recipe(tiny_symbol, seed=1), runs_root=tmp_path, quiet=True)
+    assert numbers(c) != numbers(a)
+
+
+def test_resume_mid_epoch_reaches_the_same_result(tiny_symbol, tmp_path):
+    full = finetune(recipe(tiny_symbol), runs_root=tmp_path / "a", quiet=True)
+    part = finetune(recipe(tiny_symbol), runs_root=tmp_path / "b", quiet=True, stop_after_steps=13)
+    assert part.stopped_early
+    meta = json.loads((part.run_dir / "checkpoints" / "last.json").read_text())
+    assert meta["batch_in_epoch"] == 13 and meta["epoch"] == 0
+    part = finetune(recipe(tiny_symbol), runs_root=tmp_path / "b", quiet=True, resume=part.run_dir,
+                    stop_after_steps=40)  # stops again in epoch 2
+    done = finetune(recipe(tiny_symbol), runs_root=tmp_path / "b", quiet=True, resume=part.run_dir)
+    assert numbers(done) == numbers(full)
+    a, b = final_params(full.run_dir), final_params(done.run_dir)
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k])
+
+
+def test_resume_refuses_a_changed_recipe_and_tampered_files(tiny_symbol, tmp_path):
+    from gluontl.errors import TrainError
+    part = finetune(recipe(tiny_symbol), runs_root=tmp_path, quiet=True, stop_after_steps=3)
+    with pytest.raises(TrainError, match="recipe differs"):
+        finetune(recipe(tiny_symbol, lr=0.1), runs_root=tmp_path, quiet=True, resume=part.run_dir)
+    p = part.run_dir / "checkpoints" / "last.params"
+    p.write_bytes(p.read_bytes()[:-8] + b"\0" * 8)
+    with pytest.raises(TrainError, match="does not match the hash"):
+        finetune(recipe(tiny_symbol), runs_root=tmp_path, quiet=True, resume=part.run_dir)
+
+
+def test_accumulation_matches_the_double_batch(tiny_symbol, tmp_path):
+    # 30 optimizer steps each: the same 480 images, as 30 batches of 16 or 60 batches of 8
+    big = finetune(recipe(tiny_symbol, epochs=1, momentum=0.0), runs_root=tmp_path / "a", quiet=True,
+                   stop_after_steps=30)
+    small = parse_recipe({**recipe(tiny_symbol).model_dump(mode="json"),
+                          "data": {**DATA, "batch_size": 8},
+                          "train": {"epochs": 1, "lr": 0.05, "momentum": 0.0, "accumulate": 2, "log_every": 1}})
+    acc = finetune(small, runs_root=tmp_path / "b", quiet=True, stop_after_steps=30)
+    a, b = final_params(big.run_dir), final_params(acc.run_dir)
+    for k in a:
+        np.testing.assert_allclose(a[k], b[k], rtol=1e-4, atol=1e-5)
+    assert not np.array_equal(a[k], mx.nd.load(f"{tiny_symbol}-0000.params")[f"arg:{k}"].asnumpy())
+
+
+def test_two_cpu_contexts_match_one(tiny_symbol, tmp_path):
+    # a few steps: float summation order differs between one and two contexts, and training amplifies it
+    one = finetune(recipe(tiny_symbol, epochs=1), runs_root=tmp_path / "a", quiet=True, stop_after_steps=3)
+    two = finetune(recipe(tiny_symbol, epochs=1, ctx="cpu:0,1"), runs_root=tmp_path / "b", quiet=True,
+                   stop_after_steps=3)
+    a, b = final_params(one.run_dir), final_params(two.run_dir)
+    for k in a:
+        np.testing.assert_allclose(a[k], b[k], rtol=1e-4, atol=1e-5)
+
+
+def test_frozen_backbone_run_keeps_every_frozen_array(tmp_path):
+    net = get_model("resnet18_v1", classes=5)
+    net.initialize(mx.init.Xavier())
+    net(mx.nd.zeros((1, 3, 16, 16)))
+    with mx.autograd.record():  # give BN non-trivial statistics
+        net(mx.nd.random.uniform(shape=(8, 3, 16, 16)))
+    weights = tmp_path / "w.params"
+    net.save_parameters(str(weights))
+    r = parse_recipe({"name": "f", "model": {"source": "zoo:resnet18_v1", "weights": str(weights),
+                                             "input_shape": [3, 16, 16], "restore": {"only": ["features.*"]}},
+                      "surgery": {"head": {"classes": 5}}, "rules": [{"preset": "freeze_all_but_head"}],
+                      "data": DATA, "train": {"epochs": 1, "lr": 0.1}})
+    res = finetune(r, runs_root=tmp_path, quiet=True)
+    before = {k: v.asnumpy() for k, v in mx.nd.load(str(weights)).items()}
+    after = final_params(res.run_dir)
+    frozen = [k for k in before if k.startswith("features.")]
+    assert len(frozen) == 100 and any(k.endswith("running_var") for k in frozen)
+    for k in frozen:
+        np.testing.assert_array_equal(before[k], after[k], err_msg=k)
+    plan = json.loads((res.run_dir / "plan.json").read_text())
+    assert {p["name"] for p in plan["params"] if p["grad_req"] == "write"} == {"output.weight", "output.bias"}
+    assert res.best["val_top1"] > 0.2
+
+
+def test_gradual_unfreezing_changes_what_trains_at_the_epoch(tiny_symbol, tmp_path):
+    names = list(mx.nd.load(f"{tiny_symbol}-0000.params"))
+    conv0 = next(n.split(":", 1)[1] for n in names if "conv0_weight" in n)
+    r = parse_recipe({"name": "u", "model": {"source": f"symbol:{tiny_symbol}", "input_shape": [3, 16, 16]},
+                      "rules": [{"match": "*conv*", "grad_req": "null"},
+                                {"match": "*conv1*", "grad_req": "write", "from_epoch": 1}],
+                      "data": DATA, "train": {"epochs": 2, "lr": 0.05}})
+    part = finetune(r, runs_root=tmp_path, quiet=True, stop_after_steps=1000)  # whole epoch 1 + 1 step
+    init = {k.split(":", 1)[1]: v.asnumpy() for k, v in mx.nd.load(f"{tiny_symbol}-0000.params").items()}
+    after = final_params(part.run_dir)
+    conv1 = conv0.replace("conv0", "conv1")
+    np.testing.assert_array_equal(after[conv0], init[conv0])
+    assert not np.array_equal(after[conv1], init[conv1])
