@@ -2,9 +2,10 @@
 
 Usage: python scripts/bench_export.py [--repeats 10] [--threads N] [--json rows.json]
 
-Everything runs in one process on random-init zoo models (224x224, batch 1 and 32), so
-the three timings of a row share the machine state. Medians of ``--repeats`` runs after
-warm-up; numbers are noisy when other work shares the CPU.
+Everything runs in one process on random-init zoo models (224x224, batch 1 and 32); the
+three timings of a row are interleaved run by run, so they share the machine state.
+Medians of ``--repeats`` runs after warm-up; absolute numbers are noisy when other work
+shares the CPU, ratios less so.
 """
 from __future__ import annotations
 
@@ -30,15 +31,19 @@ def _parse() -> argparse.Namespace:
     return ap.parse_args()
 
 
-def _median_ms(run: Callable[[], object], warmup: int, repeats: int) -> float:
-    for _ in range(warmup):
-        run()
-    times = []
+def _median_ms(runs: dict[str, Callable[[], object]], warmup: int, repeats: int) -> dict[str, float]:
+    """Median wall time of each run; runs are interleaved round-robin so that load from
+    other processes hits all of them alike and their ratios stay meaningful."""
+    for run in runs.values():
+        for _ in range(warmup):
+            run()
+    times: dict[str, list[float]] = {k: [] for k in runs}
     for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return 1000 * statistics.median(times)
+        for key, run in runs.items():
+            start = time.perf_counter()
+            run()
+            times[key].append(time.perf_counter() - start)
+    return {k: 1000 * statistics.median(v) for k, v in times.items()}
 
 
 def main() -> None:
@@ -76,10 +81,12 @@ def main() -> None:
                 feeds = {k: {s.get_inputs()[0].name: x} for k, s in sessions.items()}
                 outs = {k: s.run(None, feeds[k])[0] for k, s in sessions.items()}
                 ref = net(xs).asnumpy()
+                ms = _median_ms({"mxnet": lambda: net(xs).asnumpy(),
+                                 "ort_raw": lambda: sessions["raw"].run(None, feeds["raw"]),
+                                 "ort_lean": lambda: sessions["lean"].run(None, feeds["lean"])},
+                                args.warmup, args.repeats)
                 row = {"model": name, "batch": batch, "threads": args.threads, "repeats": args.repeats,
-                       "mxnet_ms": _median_ms(lambda: net(xs).asnumpy(), args.warmup, args.repeats),
-                       "ort_raw_ms": _median_ms(lambda: sessions["raw"].run(None, feeds["raw"]), args.warmup, args.repeats),
-                       "ort_lean_ms": _median_ms(lambda: sessions["lean"].run(None, feeds["lean"]), args.warmup, args.repeats),
+                       **{f"{k}_ms": v for k, v in ms.items()},
                        "lean_rel_err": float(np.linalg.norm(outs["lean"] - ref) / np.linalg.norm(ref)),
                        "raw_rel_err": float(np.linalg.norm(outs["raw"] - ref) / np.linalg.norm(ref))}
                 row["raw_over_lean"] = row["ort_raw_ms"] / row["ort_lean_ms"]
