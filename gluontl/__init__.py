@@ -1,2 +1,32 @@
-"""gluontl: parameter-granular fine-tuning for Apache MXNet Gluon."""
+"""gluontl: parameter-granular fine-tuning for Apache MXNet Gluon.
+
+The public API is loaded lazily so ``gluontl.threads.configure()`` (and the CLI) can size
+MXNet's thread pool before MXNet is imported.
+"""
+from __future__ import annotations
+
+from typing import Any
+
 __version__ = "0.1.0"
+
+_API = {
+    "load_model": ("gluontl.sources", "load_model"),
+    "load_recipe": ("gluontl.recipe", "load_recipe"),
+    "prepare": ("gluontl.pipeline", "prepare"),
+    "make_plan": ("gluontl.rules", "make_plan"),
+    "apply_plan": ("gluontl.rules", "apply_plan"),
+    "finetune": ("gluontl.train.loop", "finetune"),
+    "import_onnx": ("gluontl.onnx", "import_model"),
+    "export_onnx": ("gluontl.export", "export_onnx"),
+    "export_symbol": ("gluontl.export", "export_symbol"),
+}
+__all__ = sorted(_API)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _API:
+        import importlib
+
+        module, attr = _API[name]
+        return getattr(importlib.import_module(module), attr)
+    raise AttributeError(f"module 'gluontl' has no attribute '{name}'")

@@ -96,6 +96,9 @@ def zoo(contains: str = typer.Argument("", help="only names containing this text
 
 
 def main() -> None:
+    from .threads import configure
+
+    configure()
     try:
         app(standalone_mode=False)
     except GluontlError as e:

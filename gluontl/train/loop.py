@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import random
 import signal
 import time
@@ -196,6 +197,8 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
 
     ensure_weights(recipe, quiet=quiet)
     t = recipe.train
+    _say(quiet, f"threads: OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset (mxnet default)')}; "
+                f"hybridize static_alloc/static_shape: {t.hybridize}")
     seed_all(t.seed)
     ctxs = parse_ctx(t.ctx)
     prep = prepare(recipe, ctx=ctxs[0])
@@ -322,7 +325,9 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
     if not stopped:
         summary = {"run_dir": str(run_dir), "best": best, "last": result.last_epoch,
                    "restore": prep.restore.summary() if prep.restore else None, "bad_images": loaders.bad.summary(),
-                   "bad_steps": bad_steps, "trainable": plan.totals()["trainable"]}
+                   "bad_steps": bad_steps, "trainable": plan.totals()["trainable"],
+                   "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "mxnet default"),
+                   "hybridized": t.hybridize}
         write_text(run_dir / "summary.json", json.dumps(summary, indent=1), TrainError)
         _say(quiet, f"done: best val_top1 {best['val_top1']:.4f} at epoch {best['epoch']}; run folder {run_dir}")
         if len(loaders.bad):
