@@ -1,7 +1,7 @@
 import mxnet as mx
 import numpy as np
 import pytest
-from opcheck import check, make_model, run_mx, run_ort
+from opcheck import check, check_grad, make_model, run_mx, run_ort
 
 from gluontl.errors import OnnxImportError
 from gluontl.onnx import registry
@@ -84,3 +84,16 @@ def test_prelu_before_opset7_is_per_channel(x_shape, slope_shape):
     np.testing.assert_allclose(got[0], np.where(x > 0, x, per_channel * x), rtol=1e-6)
     expect = np.minimum(x, 0).sum(axis=tuple(i for i in range(x.ndim) if i != 1))
     np.testing.assert_allclose(grads["slope"], expect if slope.size > 1 else expect.sum(keepdims=True), rtol=1e-4)
+
+
+@pytest.mark.parametrize("op,inputs,attrs,opset", [
+    ("PRelu", {"x": X[:1, :2, :2], "slope": np.array([[0.2, 0.4, 0.3, 0.1, 0.5]], "f")}, {}, 16),
+    ("Gelu", {"x": X[:1, :2, :2]}, {"approximate": "tanh"}, 20),
+    ("Celu", {"x": X[:1, :2, :2]}, {"alpha": 2.0}, 12),
+    ("Mish", {"x": X[:1, :2, :2]}, {}, 18),
+    ("Selu", {"x": X[:1, :2, :2]}, {"alpha": 2.0, "gamma": 3.0}, 6),
+    ("Softmax", {"x": X[:1, :2, :2]}, {"axis": 1}, 11),
+    ("LogSoftmax", {"x": X[:1, :2, :2]}, {"axis": 0}, 11),
+])
+def test_composed_activation_gradients_match_central_differences(op, inputs, attrs, opset):
+    check_grad(op, {k: np.ascontiguousarray(v) for k, v in inputs.items()}, attrs, opset=opset)

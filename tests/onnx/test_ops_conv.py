@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from opcheck import check, run_ort
+from opcheck import check, check_grad, run_ort
 
 from gluontl.errors import OnnxImportError
 from gluontl.onnx import registry
@@ -91,3 +91,9 @@ def test_conv_geometry_matches_onnxruntime(data):
     inputs = {"x": f(2, c_in, *sizes), "w": w, "b": f(c_out)}
     check("ConvTranspose" if transpose else "Conv", inputs, attrs, consts={"w", "b"}, opset=11, grad=True,
           rtol=1e-4, atol=1e-4)
+
+
+def test_conv_transpose_crop_and_late_bias_gradients():
+    inputs = {"x": f(1, 2, 3, 3), "w": f(2, 2, 2, 2), "b": f(2)}
+    check_grad("ConvTranspose", inputs, {"strides": [2, 2], "output_shape": [8, 5]}, opset=11)
+    check_grad("Conv", {"x": f(1, 2, 5, 4), "w": f(2, 1, 2, 2)}, {"group": 2, "pads": [0, 1, 1, 0]}, opset=11)

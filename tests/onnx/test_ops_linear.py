@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from opcheck import check, run_mx, run_ort
+from opcheck import check, check_grad, run_mx, run_ort
 
 from gluontl.errors import OnnxImportError
 from gluontl.onnx import registry
@@ -138,3 +138,13 @@ def test_matmul_random_broadcasts(data):
         return  # a rank-0 result, carried as shape (1,) on the MXNet side
     consts = {"b"} if len(b_shape) == 2 else set()
     check("MatMul", {"a": f(*a_shape), "b": f(*b_shape)}, consts=consts, opset=13, grad=True, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("op,inputs,attrs,opset", [
+    ("Gemm", {"a": f(3, 2), "b": f(3, 4), "c": f(2, 1)}, {"transA": 1, "alpha": 0.5, "beta": 2.0}, 13),
+    ("MatMul", {"a": f(2, 1, 3, 2), "b": f(3, 2, 2)}, {}, 13),
+    ("Einsum", {"a": f(2, 3, 2), "b": f(2, 2, 3)}, {"equation": "bij,bjk->bki"}, 12),
+    ("Einsum", {"a": f(2, 3), "b": f(3, 2), "c": f(2, 2)}, {"equation": "ij,jk,kl->il"}, 12),
+])
+def test_linear_gradients_match_central_differences(op, inputs, attrs, opset):
+    check_grad(op, inputs, attrs, opset=opset)

@@ -1,7 +1,7 @@
 import mxnet as mx
 import numpy as np
 import pytest
-from opcheck import check, make_model, run_mx, run_ort
+from opcheck import check, check_grad, make_model, run_mx, run_ort
 
 from gluontl.errors import OnnxImportError
 from gluontl.onnx import registry
@@ -153,3 +153,15 @@ def test_batch_norm_training_mode_uses_batch_statistics():
 def test_mean_variance_normalization(axes):
     attrs = {} if axes is None else {"axes": axes}
     check("MeanVarianceNormalization", {"x": f(2, 3, 4, 5)}, attrs, opset=13, grad=True, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("op,inputs,attrs,opset", [
+    ("LayerNormalization", {"x": f(2, 3, 2), "s": f(3, 2), "b": f(3, 2)}, {"axis": 1}, 17),
+    ("GroupNormalization", {"x": f(1, 4, 3), "s": f(4), "b": f(4)}, {"num_groups": 2}, 21),
+    ("BatchNormalization", dict(_bn_inputs((3, 2, 2))), {"training_mode": 1}, 15),
+    ("LRN", {"x": f(1, 4, 2, 2)}, {"size": 2, "alpha": 0.5}, 13),
+    ("MeanVarianceNormalization", {"x": f(2, 2, 2, 2)}, {}, 13),
+    ("LpNormalization", {"x": f(3, 4)}, {"p": 2}, 1),
+])
+def test_composed_norm_gradients_match_central_differences(op, inputs, attrs, opset):
+    check_grad(op, inputs, attrs, opset=opset)

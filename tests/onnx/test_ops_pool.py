@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from opcheck import check, run_ort
+from opcheck import check, check_grad, run_ort
 
 from gluontl.errors import OnnxImportError
 
@@ -88,3 +88,14 @@ def test_pool_geometry_matches_onnxruntime(data):
         attrs["count_include_pad"] = data.draw(st.integers(0, 1))
     x = R.randn(2, 2, *sizes).astype("f")
     check(op, {"x": x}, attrs, opset=19 if op == "AveragePool" else 12, grad=True)
+
+
+@pytest.mark.parametrize("op,attrs", [
+    ("AveragePool", {"kernel_shape": [2, 3], "strides": [2, 2], "pads": [1, 0, 0, 2], "ceil_mode": 1}),
+    ("AveragePool", {"kernel_shape": [2, 2], "dilations": [2, 1], "count_include_pad": 1, "pads": [1, 1, 1, 0]}),
+    ("MaxPool", {"kernel_shape": [2, 2], "dilations": [1, 2], "pads": [0, 1, 1, 0], "ceil_mode": 1}),
+    ("LpPool", {"kernel_shape": [2, 2], "p": 3, "pads": [1, 0, 0, 1]}),
+])
+def test_pool_fallback_gradients_match_central_differences(op, attrs):
+    x = (R.permutation(2 * 5 * 6).reshape(1, 2, 5, 6) / 10.0 - 3).astype("f")  # distinct values: no max ties
+    check_grad(op, {"x": x}, attrs, opset=19 if op != "MaxPool" else 12)

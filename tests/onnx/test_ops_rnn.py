@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from opcheck import check, make_model, run_mx, run_ort
+from opcheck import check, check_grad, make_model, run_mx, run_ort
 
 from gluontl.errors import OnnxImportError
 from gluontl.onnx import registry
@@ -134,3 +134,22 @@ def test_recurrent_variants_match_onnxruntime(data):
     if data.draw(st.booleans()):
         attrs["clip"] = 1.5
     _check(op, _inputs(op, **kw), attrs)
+
+
+@pytest.mark.parametrize("op,attrs,kw", [
+    ("GRU", {}, {"dirs": 1, "lens": [3, 1]}),                        # unrolled, masked
+    ("GRU", {"linear_before_reset": 1, "direction": "bidirectional"}, {"dirs": 2}),  # fused
+    ("LSTM", {}, {"peep": True}),
+    ("LSTM", {"direction": "reverse"}, {}),
+    ("RNN", {"activations": ["Sigmoid"]}, {}),  # smooth: central differences cannot straddle a kink
+    ("RNN", {"direction": "bidirectional"}, {"dirs": 2}),
+])
+def test_recurrent_gradients_match_central_differences(op, attrs, kw):
+    global T, N, H
+    saved = T, N, H
+    T, N, H = 3, 2, 2  # one forward per element: keep the problem tiny
+    try:
+        inputs = _inputs(op, **kw)
+        check_grad(op, inputs, dict(attrs, hidden_size=H), opset=14, rtol=3e-2, atol=3e-3)
+    finally:
+        T, N, H = saved
