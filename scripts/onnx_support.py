@@ -56,8 +56,31 @@ def table(passed: dict[str, bool]) -> str:
         "registered and whose inputs and outputs are float32 pass through `import_model` "
         "(rtol 1e-3). Failing cases are listed with reasons in `tests/onnx/test_conformance.py`.",
         "",
-        "Ops with constant inputs are folded at import whether or not a converter exists; "
-        "integer-arithmetic quantized ops (QLinearConv, ConvInteger, ...) are refused.",
+        "## How `import_model` treats a graph",
+        "",
+        "- **Batch.** Dimension 0 of an input stays free where the file leaves it symbolic "
+        "(give `None` there in `input_shapes` to free a batch the exporter pinned); "
+        "`input_shapes` fills the other unknown dims. `fixed_batch=True` pins the batch.",
+        "- **Folding.** Nodes whose inputs are known at import (initializers, Constant nodes, "
+        "Shape of statically shaped values) are evaluated with onnxruntime, at two batch sizes. "
+        "Batch-dependent shape vectors become batch-free: Reshape `0`/`-1`, Expand `1` plus a "
+        "run-time broadcast to the batch, Resize sizes `0`, Slice ends open-ended; other "
+        "batch-dependent values are computed at run time or refused with a clear error.",
+        "- **Parameters.** Float tensors of rank >= 1 from initializers, Constant nodes and "
+        "folded weight chains (e.g. DequantizeLinear of int8 weights) become Gluon parameters "
+        "named by their ONNX names; BatchNormalization statistics are auxiliary states. "
+        "Scalars, integer tensors and folded shape values are never trainable; any that must "
+        "live in the graph have `grad_req='null'` and are listed in `block.gluontl_onnx.constants`.",
+        "- **Quantization.** QDQ models import as float: weights dequantize at import, "
+        "activation QuantizeLinear/DequantizeLinear run as fake quantization with a "
+        "straight-through gradient. Integer-arithmetic ops (QLinearConv, ConvInteger, "
+        "MatMulInteger, DynamicQuantizeLinear, ...) are refused in one report.",
+        "- **Carriers.** MXNet has no 0-d arrays or usable bools: rank-0 values travel as shape "
+        "`(1,)`, bools as float32 0/1.",
+        "",
+        "## Operators",
+        "",
+        "Ops whose inputs are all known at import fold whether or not a converter exists.",
         "",
         "| op | opsets | cases passed / eligible |",
         "|---|---|---|",

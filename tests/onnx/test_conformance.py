@@ -24,77 +24,34 @@ DATA = Path(onnx.__file__).parent / "backend" / "test" / "data"
 SUITES = ("node", "pytorch-converted", "pytorch-operator")
 STRUCTURAL = frozenset({"Constant", "Identity"})  # present in many cases, not what they test
 
+_RUNTIME_SCALES = "by design: Resize scales are a run-time graph input here (must be constant)"
 EXPECTED_FAILURES: dict[str, str] = {
     "node/test_averagepool_3d_dilations_large_count_include_pad_is_1_ceil_mode_is_True":
         "nn: 3-D AveragePool with dilations + ceil_mode + count_include_pad",
-    "node/test_batchnorm_epsilon_training_mode":
-        "by design: training-mode BatchNormalization outputs are refused",
-    "node/test_batchnorm_example_training_mode":
-        "by design: training-mode BatchNormalization outputs are refused",
-    "node/test_clip_default_max_expanded":
-        "tensor: rank-0 run-time input (carried as shape (1,)) misaligned in Where broadcasting",
-    "node/test_clip_default_min_expanded":
-        "tensor: rank-0 run-time input (carried as shape (1,)) misaligned in Where broadcasting",
-    "node/test_clip_example_expanded":
-        "tensor: rank-0 run-time input (carried as shape (1,)) misaligned in Where broadcasting",
-    "node/test_clip_expanded":
-        "tensor: rank-0 run-time input (carried as shape (1,)) misaligned in Where broadcasting",
-    "node/test_clip_inbounds_expanded":
-        "tensor: rank-0 run-time input (carried as shape (1,)) misaligned in Where broadcasting",
-    "node/test_clip_outbounds_expanded":
-        "tensor: rank-0 run-time input (carried as shape (1,)) misaligned in Where broadcasting",
-    "node/test_clip_splitbounds_expanded":
-        "tensor: rank-0 run-time input (carried as shape (1,)) misaligned in Where broadcasting",
     "node/test_constant":
         "by design: a graph without inputs cannot be a Gluon block",
     "node/test_range_float_type_positive_delta":
-        "Range bounds are run-time graph inputs (must be import-time constants)",
-    "node/test_resize_downsample_scales_cubic":
-        "tensor: Resize/Upsample scales given as a run-time graph input",
-    "node/test_resize_downsample_scales_cubic_A_n0p5_exclude_outside":
-        "tensor: Resize/Upsample scales given as a run-time graph input",
-    "node/test_resize_downsample_scales_cubic_align_corners":
-        "tensor: Resize/Upsample scales given as a run-time graph input",
-    "node/test_resize_downsample_scales_cubic_antialias":
-        "tensor: Resize/Upsample scales given as a run-time graph input",
-    "node/test_resize_downsample_scales_linear":
-        "tensor: Resize/Upsample scales given as a run-time graph input",
-    "node/test_resize_downsample_scales_linear_align_corners":
-        "tensor: Resize/Upsample scales given as a run-time graph input",
-    "node/test_resize_downsample_scales_linear_antialias":
-        "tensor: Resize/Upsample scales given as a run-time graph input",
-    "node/test_resize_downsample_scales_linear_half_pixel_symmetric":
-        "tensor: Resize/Upsample scales given as a run-time graph input",
-    "node/test_resize_downsample_scales_nearest":
-        "tensor: Resize/Upsample scales given as a run-time graph input",
-    "node/test_resize_upsample_scales_cubic":
-        "tensor: Resize/Upsample scales given as a run-time graph input",
-    "node/test_resize_upsample_scales_cubic_A_n0p5_exclude_outside":
-        "tensor: Resize/Upsample scales given as a run-time graph input",
-    "node/test_resize_upsample_scales_cubic_align_corners":
-        "tensor: Resize/Upsample scales given as a run-time graph input",
-    "node/test_resize_upsample_scales_cubic_asymmetric":
-        "tensor: Resize/Upsample scales given as a run-time graph input",
-    "node/test_resize_upsample_scales_linear":
-        "tensor: Resize/Upsample scales given as a run-time graph input",
-    "node/test_resize_upsample_scales_linear_align_corners":
-        "tensor: Resize/Upsample scales given as a run-time graph input",
-    "node/test_resize_upsample_scales_linear_half_pixel_symmetric":
-        "tensor: Resize/Upsample scales given as a run-time graph input",
-    "node/test_resize_upsample_scales_nearest":
-        "tensor: Resize/Upsample scales given as a run-time graph input",
-    "node/test_resize_upsample_scales_nearest_axes_2_3":
-        "tensor: Resize/Upsample scales given as a run-time graph input",
-    "node/test_resize_upsample_scales_nearest_axes_3_2":
-        "tensor: Resize/Upsample scales given as a run-time graph input",
-    "node/test_upsample_nearest":
-        "tensor: Resize/Upsample scales given as a run-time graph input",
-    "pytorch-converted/test_PReLU_1d_multiparam":
-        "nn: PRelu slope with trailing unit dims does not broadcast",
-    "pytorch-converted/test_PReLU_2d_multiparam":
-        "nn: PRelu slope with trailing unit dims does not broadcast",
-    "pytorch-converted/test_PReLU_3d_multiparam":
-        "nn: PRelu slope with trailing unit dims does not broadcast",
+        "by design: Range bounds are run-time graph inputs here",
+    "node/test_resize_downsample_scales_cubic": _RUNTIME_SCALES,
+    "node/test_resize_downsample_scales_cubic_A_n0p5_exclude_outside": _RUNTIME_SCALES,
+    "node/test_resize_downsample_scales_cubic_align_corners": _RUNTIME_SCALES,
+    "node/test_resize_downsample_scales_cubic_antialias": _RUNTIME_SCALES,
+    "node/test_resize_downsample_scales_linear": _RUNTIME_SCALES,
+    "node/test_resize_downsample_scales_linear_align_corners": _RUNTIME_SCALES,
+    "node/test_resize_downsample_scales_linear_antialias": _RUNTIME_SCALES,
+    "node/test_resize_downsample_scales_linear_half_pixel_symmetric": _RUNTIME_SCALES,
+    "node/test_resize_downsample_scales_nearest": _RUNTIME_SCALES,
+    "node/test_resize_upsample_scales_cubic": _RUNTIME_SCALES,
+    "node/test_resize_upsample_scales_cubic_A_n0p5_exclude_outside": _RUNTIME_SCALES,
+    "node/test_resize_upsample_scales_cubic_align_corners": _RUNTIME_SCALES,
+    "node/test_resize_upsample_scales_cubic_asymmetric": _RUNTIME_SCALES,
+    "node/test_resize_upsample_scales_linear": _RUNTIME_SCALES,
+    "node/test_resize_upsample_scales_linear_align_corners": _RUNTIME_SCALES,
+    "node/test_resize_upsample_scales_linear_half_pixel_symmetric": _RUNTIME_SCALES,
+    "node/test_resize_upsample_scales_nearest": _RUNTIME_SCALES,
+    "node/test_resize_upsample_scales_nearest_axes_2_3": _RUNTIME_SCALES,
+    "node/test_resize_upsample_scales_nearest_axes_3_2": _RUNTIME_SCALES,
+    "node/test_upsample_nearest": _RUNTIME_SCALES,
 }
 
 
