@@ -436,3 +436,15 @@ def test_single_channel_bias_is_a_trainable_weight():
     assert {n: p.grad_req for n, p in block.collect_params().items()} == {
         "head.weight": "write", "head.bias": "write"}
     assert_matches_ort(model, block, {"x": RNG.randn(2, 2, 3, 3).astype("f")})
+
+
+def test_imported_block_round_trips_through_mxnet_export(tmp_path):
+    """ONNX names (dots, colons, slashes) survive MXNet's symbol/params files."""
+    block = import_model(vit_block())
+    block.hybridize()
+    x = mx.nd.array(RNG.randn(2, S, D))
+    want = block(x).asnumpy()
+    block.export(str(tmp_path / "m"))
+    back = mx.gluon.SymbolBlock.imports(str(tmp_path / "m-symbol.json"), ["x"],
+                                        str(tmp_path / "m-0000.params"))
+    np.testing.assert_array_equal(back(x).asnumpy(), want)
