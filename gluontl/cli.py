@@ -88,6 +88,44 @@ def inspect(model: str = typer.Argument(..., help="zoo:NAME, symbol:PREFIX or on
 
 
 @app.command()
+def evaluate(run: Path = typer.Argument(..., help="run folder, e.g. runs/resnet18_freeze"),
+             split: str = typer.Option("val", help="data split folder/name"),
+             checkpoint: str = typer.Option("best", help="best or last")) -> None:
+    """Loss, top-1 (top-5) and the confusion matrix of a run's checkpoint on a data split."""
+    from .train.runs import evaluate as run_eval
+
+    out = run_eval(run, split, checkpoint)
+    typer.echo(f"{run} [{checkpoint}] on {split} ({out['images']} images): loss {out['val_loss']:.4f} "
+               f"top-1 {out['val_top1']:.4f}" + (f" top-5 {out['val_top5']:.4f}" if "val_top5" in out else ""))
+    names = out["class_names"]
+    width = max(5, *(len(n) for n in names))
+    typer.echo("confusion (rows: true, columns: predicted)")
+    typer.echo(" " * width + " " + " ".join(f"{n:>{width}}" for n in names))
+    for n, row in zip(names, out["confusion"]):
+        typer.echo(f"{n:>{width}} " + " ".join(f"{v:>{width}}" for v in row))
+
+
+@app.command()
+def predict(run: Path = typer.Argument(..., help="run folder"),
+            images: List[Path] = typer.Argument(..., help="image files"),
+            topk: int = typer.Option(5, help="how many classes to show")) -> None:
+    """Top-k classes for image files with a run's best checkpoint."""
+    from .train.runs import predict as run_predict
+
+    for r in run_predict(run, [str(i) for i in images], topk):
+        typer.echo(f"{r['image']}: " + ", ".join(f"{n} {p:.3f}" for n, p in r["top"]))
+
+
+@app.command()
+def plot(run: Path = typer.Argument(..., help="run folder"),
+         out: Optional[Path] = typer.Option(None, help="PNG path (default RUN/curves.png)")) -> None:
+    """Write a PNG of loss, accuracy and learning-rate curves from metrics.jsonl."""
+    from .train.runs import plot as run_plot
+
+    typer.echo(str(run_plot(run, out)))
+
+
+@app.command()
 def zoo(contains: str = typer.Argument("", help="only names containing this text")) -> None:
     """List the model-zoo names usable as zoo:NAME (GluonCV's zoo, which includes Gluon's)."""
     from .sources import zoo_names

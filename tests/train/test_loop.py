@@ -142,3 +142,18 @@ def test_gradual_unfreezing_changes_what_trains_at_the_epoch(tiny_symbol, tmp_pa
     conv1 = conv0.replace("conv0", "conv1")
     np.testing.assert_array_equal(after[conv0], init[conv0])
     assert not np.array_equal(after[conv1], init[conv1])
+
+
+def test_evaluate_predict_plot_use_the_run(tiny_symbol, tmp_path):
+    from gluontl.train.data import load_split
+    from gluontl.train.runs import evaluate, plot, predict
+
+    res = finetune(recipe(tiny_symbol), runs_root=tmp_path, quiet=True)
+    ev = evaluate(res.run_dir, "val", "best")
+    assert ev["val_top1"] == pytest.approx(res.best["val_top1"])
+    assert ev["confusion"].sum() == ev["images"] and ev["confusion"].shape == (5, 5)
+    ds = load_split(recipe(tiny_symbol).data, "val")
+    top = predict(res.run_dir, [ds.name(0)], topk=3)[0]["top"]
+    assert len(top) == 3 and top[0][1] >= top[1][1] >= top[2][1] and top[0][0] in ds.class_names
+    png = plot(res.run_dir)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
