@@ -448,3 +448,16 @@ def test_imported_block_round_trips_through_mxnet_export(tmp_path):
     back = mx.gluon.SymbolBlock.imports(str(tmp_path / "m-symbol.json"), ["x"],
                                         str(tmp_path / "m-0000.params"))
     np.testing.assert_array_equal(back(x).asnumpy(), want)
+
+
+def test_dynamic_quantization_ops_are_refused_with_advice():
+    nodes = [node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"], name="dq"),
+             node("MatMulInteger", ["xq", "wq", "xz"], ["acc"], name="mmi"),
+             node("Cast", ["acc"], ["y"], to=F)]
+    model = make_model(nodes, [("x", ["N", 4])], [("y", None)],
+                       {"wq": RNG.randint(0, 255, (4, 2)).astype(np.uint8)})
+    with pytest.raises(OnnxImportError) as e:
+        import_model(model)
+    msg = str(e.value)
+    assert "DynamicQuantizeLinear" in msg and "MatMulInteger" in msg and "'mmi'" in msg
+    assert "integer-arithmetic quantized ops are not supported" in msg

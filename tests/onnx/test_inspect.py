@@ -39,3 +39,12 @@ def test_report_lists_unsupported_ops_where_import_fails(tmp_path):
 def test_inspect_missing_file_is_import_error(tmp_path):
     with pytest.raises(OnnxImportError, match="does not exist"):
         inspect_onnx(tmp_path / "nope.onnx")
+
+
+def test_inspect_works_when_external_data_is_missing(tmp_path):
+    onnx.save(weights_model(), str(tmp_path / "w.onnx"), save_as_external_data=True,
+              all_tensors_to_one_file=True, location="w.data", size_threshold=0)
+    (tmp_path / "w.data").unlink()
+    with pytest.raises(OnnxImportError, match="external data file 'w.data'.*missing"):
+        import_model(str(tmp_path / "w.onnx"))
+    assert inspect_onnx(tmp_path / "w.onnx").parameter_count == 4 * 3 * 3 * 3 + 4 + 4 + 1
