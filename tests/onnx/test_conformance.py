@@ -21,7 +21,7 @@ from gluontl.onnx import import_model
 from gluontl.onnx.registry import get, get_evaluator
 
 DATA = Path(onnx.__file__).parent / "backend" / "test" / "data"
-SUITES = ("node", "pytorch-converted", "pytorch-operator")
+SUITES = ("node", "pytorch-converted", "pytorch-operator", "simple")
 STRUCTURAL = frozenset({"Constant", "Identity"})  # present in many cases, not what they test
 
 _RUNTIME_SCALES = "by design: Resize scales are a run-time graph input here (must be constant)"
