@@ -194,7 +194,8 @@ def vit_block():
         node("Reshape", ["o4t", "o_shape"], ["o"]),
         node("ReduceMean", ["o"], ["y"], axes=[1], keepdims=0)]
     rng = np.random.RandomState(1)
-    inits = {"i0": np.array(0, np.int64), "i1": np.array(1, np.int64), "ax0": i64(0), "one": i64(1).reshape(1), "d": i64(D).reshape(1),
+    inits = {"i0": np.array(0, np.int64), "i1": np.array(1, np.int64), "ax0": i64(0),
+             "one": i64(1), "d": i64(D),
              "three_h_hd": i64(3, H, D // H), "split3": i64(1, 1, 1),
              "cls_token": rng.randn(1, 1, D).astype("f"), "ln.weight": rng.rand(D).astype("f") + 0.5,
              "ln.bias": rng.randn(D).astype("f"), "qkv.weight": rng.randn(D, 3 * D).astype("f"),
