@@ -8,6 +8,7 @@ import gluoncv
 import mxnet as mx
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from mxnet.gluon import nn
 from mxnet.gluon.model_zoo import vision
@@ -334,3 +335,46 @@ def test_default_output_name_avoids_existing_node_name(tmp_path):
     assert [o.name for o in onnx.load(path).graph.output] == ["_output"]
     with pytest.raises(ExportError, match="output_names"):
         export_onnx(block, tmp_path / "p.onnx", {"x": (1, 3)}, output_names=["output"])
+
+
+class _ReshapeNoop(mx.gluon.HybridBlock):
+    def hybrid_forward(self, F, x):
+        return F.relu(F.reshape(F.relu(x), shape=(0, -1)))
+
+
+def test_shape_preserving_reshape_is_dropped(tmp_path):
+    raw = export_onnx(_ReshapeNoop(), tmp_path / "raw.onnx", {"data": (1, 6)}, lean=False)
+    lean = export_onnx(_ReshapeNoop(), tmp_path / "lean.onnx", {"data": (1, 6)})
+    assert "Reshape" in [n.op_type for n in onnx.load(raw).graph.node]
+    assert [n.op_type for n in onnx.load(lean).graph.node] == ["Relu", "Relu"]
+    for batch in _batches({"data": (1, 6)}, seed=1):
+        assert verify_onnx(_ReshapeNoop(), lean, batch).max_rel <= 1e-4
+
+
+def test_dense_default_flatten_on_4d_input(tmp_path):
+    """A symbol FullyConnected without a flatten attribute flattens (MXNet's default); mx.onnx
+    alone reads it as flatten=False and writes a file onnxruntime rejects."""
+    x = mx.sym.var("x")
+    block = mx.gluon.SymbolBlock(
+        mx.sym.FullyConnected(mx.sym.Convolution(x, kernel=(3, 3), num_filter=4), num_hidden=5), [x])
+    block.initialize()
+    assert "flatten" not in block(x).tojson()
+    path = export_onnx(block, tmp_path / "fc.onnx", {"x": (1, 2, 5, 5)})
+    assert [n.op_type for n in onnx.load(path).graph.node] == ["Conv", "Flatten", "Gemm"]
+    for batch in _batches({"x": (1, 2, 5, 5)}, seed=3):
+        assert verify_onnx(block, path, batch).max_rel <= 1e-4
+
+
+def test_onnx_import_then_export_round_trip(zoo_export, tmp_path):
+    """gluontl's ONNX importer maps Gemm to FullyConnected(flatten=False); re-exporting the
+    imported block must give back the same lean graph and the same numbers."""
+    from gluontl.onnx.importer import import_model
+
+    _, path = zoo_export
+    imported = import_model(path, {"data": SHAPE})
+    again = export_onnx(imported, tmp_path / "again.onnx", {"data": SHAPE})
+    first, second = onnx.load(path), onnx.load(again)
+    assert [n.op_type for n in second.graph.node] == [n.op_type for n in first.graph.node]
+    x = _batches({"data": SHAPE}, seed=12)[1]
+    np.testing.assert_allclose(ort.InferenceSession(str(again)).run(None, x)[0],
+                               ort.InferenceSession(str(path)).run(None, x)[0], rtol=1e-5, atol=1e-6)

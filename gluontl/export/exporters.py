@@ -1,6 +1,8 @@
 """Export a Gluon block to MXNet symbol/params or lean ONNX, verified before it is written."""
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import os
 import shutil
@@ -63,6 +65,44 @@ def _scratch_dir(path: Path) -> Path:
         return Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}."))
     except OSError as err:
         raise _cannot_create(path, err) from err
+
+
+def _normalize_dense(traced: TracedBlock) -> TracedBlock:
+    """Spell out FullyConnected's ``flatten`` so mx.onnx reads it right, and make it
+    ``True`` where the input is 2-D (it then changes nothing).
+
+    mx.onnx reads a missing ``flatten`` as False although MXNet's default is True, which
+    mis-converts >2-D inputs. And it turns ``flatten=False`` into Gemm plus eight
+    Shape/Slice/Concat/Reshape nodes that ONNX shape inference cannot prove a no-op,
+    while MXNet knows the input rank (it does not depend on the batch size).
+    """
+    nodes = json.loads(traced.symbol.tojson())
+    internals = traced.symbol.get_internals()
+    known = {k: v.shape for k, v in {**traced.arg_params, **traced.aux_params}.items()}
+    _, shapes, _ = internals.infer_shape(**traced.input_shapes, **known)
+    shape_of = dict(zip(internals.list_outputs(), shapes))
+
+    def entry_shape(nid: int, index: int) -> tuple[int, ...] | None:
+        node = nodes["nodes"][nid]
+        if node["op"] == "null":
+            return shape_of.get(node["name"])
+        return shape_of.get(f"{node['name']}_output") if index == 0 and f"{node['name']}_output" in shape_of \
+            else shape_of.get(f"{node['name']}_output{index}")
+
+    changed = False
+    for node in nodes["nodes"]:
+        if node["op"] != "FullyConnected":
+            continue
+        attrs = node.setdefault("attrs", {})
+        flatten = attrs.get("flatten", "True").lower() in ("true", "1")
+        shape = entry_shape(*node["inputs"][0][:2])
+        flatten = flatten or (shape is not None and len(shape) == 2)
+        if attrs.get("flatten") != str(flatten):
+            attrs["flatten"] = str(flatten)
+            changed = True
+    if not changed:
+        return traced
+    return dataclasses.replace(traced, symbol=mx.sym.load_json(json.dumps(nodes)))
 
 
 def _mx_to_onnx(traced: TracedBlock, opset: int) -> onnx.ModelProto:
@@ -172,7 +212,7 @@ def export_onnx(
     if opset < 12:
         raise ExportError(f"opset {opset} is too old for mx.onnx; export with opset 12 or newer (13 recommended).")
     traced = trace_block(block, input_shapes, output_names)
-    model = _mx_to_onnx(traced, opset)
+    model = _mx_to_onnx(_normalize_dense(traced), opset)
     if lean:
         counts = make_lean(model)
         log.info("lean ONNX: folded %(folded_batchnorm)d BatchNorm, dropped %(dropped_noops)d no-op nodes", counts)
@@ -181,7 +221,7 @@ def export_onnx(
         raise ExportError(f"The model is larger than 2 GB, the ONNX protobuf limit, so {path} cannot hold it; use export_symbol.")
     data = model.SerializeToString()
     if verify:
-        session = ort_session(data)
+        session = ort_session(data, f"the export for {path} (not written)")
         for label, batch in _verification_batches(traced, sample):
             report = compare(session, block, batch, rtol)
             if not report.ok:

@@ -28,38 +28,47 @@ def _rename_tensor(graph: onnx.GraphProto, old: str, new: str) -> None:
         node.output[:] = [new if n == old else n for n in node.output]
 
 
-def _ranks(model: onnx.ModelProto) -> dict[str, int]:
-    """Tensor ranks from ONNX shape inference (tensors it cannot infer are left out)."""
-    inferred = shape_inference.infer_shapes(model).graph
-    return {v.name: len(v.type.tensor_type.shape.dim)
+Dim = int | str | None
+
+
+def _shapes(model: onnx.ModelProto) -> dict[str, tuple[Dim, ...]]:
+    """Tensor shapes from ONNX shape inference with data propagation (so Reshape targets
+    computed from Shape ops resolve); a symbolic dim is its name, an unknown one None."""
+    inferred = shape_inference.infer_shapes(model, data_prop=True).graph
+    return {v.name: tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                          for d in v.type.tensor_type.shape.dim)
             for v in (*inferred.input, *inferred.value_info, *inferred.output)
             if v.type.tensor_type.HasField("shape")}
 
 
-def _is_noop(node: onnx.NodeProto, ranks: dict[str, int]) -> bool:
+def _is_noop(node: onnx.NodeProto, shapes: dict[str, tuple[Dim, ...]]) -> bool:
     if node.op_type == "Identity":
         return True
     if node.op_type == "Dropout":  # inference mode, unless the mask or training_mode is wired
         return len(node.input) <= 2 and (len(node.output) < 2 or not node.output[1])
-    if node.op_type == "Flatten":  # (N, C) -> (N, C), as mx.onnx emits before every Gemm
-        axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
-        return axis == 1 and ranks.get(node.input[0]) == 2
-    return False
+    if node.op_type not in ("Flatten", "Reshape"):
+        return False
+    before, after = shapes.get(node.input[0]), shapes.get(node.output[0])
+    if node.op_type == "Flatten" and before is not None and len(before) == 2:
+        return True  # (N, C) -> (N, C) for any axis; mx.onnx puts one before every Gemm
+    # Equal inferred shapes (a shared symbolic dim is the same value) make it a copy.
+    return before is not None and None not in before and before == after
 
 
 def drop_noop_nodes(model: onnx.ModelProto) -> int:
-    """Remove Identity, inference-mode Dropout and rank-2 Flatten; returns how many.
+    """Remove Identity, inference-mode Dropout and shape-preserving Flatten/Reshape; returns
+    how many.
 
     A no-op whose output is a graph output survives only when its input is itself an
     input, initializer or another output (the name cannot then be moved upstream).
     """
-    ranks = _ranks(model)
+    shapes = _shapes(model)
     graph = model.graph
     outputs = {o.name for o in graph.output}
     fixed = outputs | {i.name for i in graph.input} | {t.name for t in graph.initializer}
     removed = 0
     for node in list(graph.node):
-        if not _is_noop(node, ranks):
+        if not _is_noop(node, shapes):
             continue
         src, dst = node.input[0], node.output[0]
         if dst in outputs:
@@ -159,6 +168,20 @@ def fold_batchnorm(graph: onnx.GraphProto) -> int:
     return folded
 
 
+def drop_dead_nodes(graph: onnx.GraphProto) -> int:
+    """Remove nodes none of whose outputs is read (e.g. the Shape arithmetic that fed a
+    Reshape found to be a no-op); returns how many."""
+    removed = 0
+    while True:
+        used = {i for node in graph.node for i in node.input} | {o.name for o in graph.output}
+        dead = [node for node in graph.node if not any(o in used for o in node.output)]
+        if not dead:
+            return removed
+        for node in dead:
+            graph.node.remove(node)
+        removed += len(dead)
+
+
 def prune_initializers(graph: onnx.GraphProto) -> None:
     """Drop initializers no node reads (BN statistics and pre-fold weights)."""
     used = {i for node in graph.node for i in node.input} | {o.name for o in graph.output}
@@ -173,5 +196,6 @@ def make_lean(model: onnx.ModelProto) -> dict[str, int]:
     weights_to_initializers(graph)
     noops = drop_noop_nodes(model)
     folded = fold_batchnorm(graph)
+    noops += drop_dead_nodes(graph)
     prune_initializers(graph)
     return {"folded_batchnorm": folded, "dropped_noops": noops}

@@ -36,10 +36,17 @@ class VerifyReport:
         return ", ".join(f"{o.name}{list(o.shape)}: rel {o.rel:.2e}, max abs {o.max_abs:.2e}" for o in self.outputs)
 
 
-def ort_session(model: str | os.PathLike | bytes) -> ort.InferenceSession:
-    """A CPU session; ``model`` is a path or serialized bytes."""
+def ort_session(model: str | os.PathLike | bytes, label: str) -> ort.InferenceSession:
+    """A CPU session; ``model`` is a path or serialized bytes, ``label`` names it in errors."""
     source = model if isinstance(model, bytes) else os.fspath(model)
-    return ort.InferenceSession(source, providers=["CPUExecutionProvider"])
+    try:
+        return ort.InferenceSession(source, providers=["CPUExecutionProvider"])
+    except Exception as err:  # onnxruntime raises its own untyped Fail/InvalidGraph errors
+        raise ExportError(
+            f"onnxruntime cannot load {label}: {err}. A truncated or edited file needs re-exporting; "
+            "if export_onnx itself produced it, the model has a layer mx.onnx converts wrongly, so "
+            "ship it with export_symbol and report the model."
+        ) from err
 
 
 def compare(session: ort.InferenceSession, block: mx.gluon.HybridBlock, inputs: dict[str, np.ndarray],
@@ -77,8 +84,4 @@ def compare(session: ort.InferenceSession, block: mx.gluon.HybridBlock, inputs: 
 def verify_onnx(block: mx.gluon.HybridBlock, path: str | os.PathLike, inputs: dict[str, np.ndarray],
                 rtol: float = 1e-4) -> VerifyReport:
     """Run ``path`` in onnxruntime and ``block`` in MXNet predict mode on the same batch."""
-    try:
-        session = ort_session(path)
-    except Exception as err:  # onnxruntime raises its own untyped Fail/InvalidGraph errors
-        raise ExportError(f"onnxruntime cannot load {os.fspath(path)}: {err}. Re-export the model.") from err
-    return compare(session, block, inputs, rtol)
+    return compare(ort_session(path, os.fspath(path)), block, inputs, rtol)
