@@ -3,6 +3,8 @@ import json
 import mxnet as mx
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from opcheck import check, check_grad
 
 from gluontl.errors import OnnxImportError
@@ -151,3 +153,46 @@ def test_gradients_match_central_differences():
                           ({"mode": "nearest", "nearest_mode": "ceil"}, (1, 1, 1.4, 2))]:
         check_grad("Resize", {"x": x, "roi": EMPTY, "scales": f32(*scales)}, attrs,
                    consts={"roi", "scales"}, opset=18)
+
+
+def test_float32_rounding_like_onnxruntime():
+    """Output size is floor(float32(n * scale)); a size gives scale float32(m / n)."""
+    x = R.randn(1, 1, 10, 7).astype(np.float32)
+    resize({"mode": "nearest"}, scales=(1, 1, 2.6, 1), x=x)  # 26 rows, not 25
+    resize({"mode": "nearest", "coordinate_transformation_mode": "half_pixel",
+            "nearest_mode": "floor"}, sizes=(1, 1, 10, 1), x=x)  # 0.5 * 7 - 0.5 is a tie
+
+
+def test_output_shape_equal_to_input_is_a_copy():
+    """onnxruntime copies when the output shape equals the input, even if scale != 1."""
+    resize({"mode": "nearest", "nearest_mode": "floor"}, scales=(1, 1, 1.1, 1.05))
+    resize({"mode": "linear"}, scales=(1, 1, 1.1, 1.5), rtol=1e-4, atol=1e-4)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.data())
+def test_matches_onnxruntime_on_random_configurations(data):
+    h, w = data.draw(st.integers(1, 7)), data.draw(st.integers(1, 7))
+    x = np.random.RandomState(h * 8 + w).randn(1, 2, h, w).astype(np.float32)
+    mode = data.draw(st.sampled_from(["nearest", "linear", "cubic"]))
+    # Known float32 tie differences, left out here: onnxruntime rounds some ties of
+    # round_prefer_ceil up (1 / (2/7) = 3.4999998 -> 4) and of half_pixel_symmetric
+    # differently; we follow its documented formulas there.
+    ctms = ["half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric"]
+    attrs = {"mode": mode, "coordinate_transformation_mode": data.draw(st.sampled_from(
+        ctms + ([] if mode == "nearest" else ["half_pixel_symmetric"])))}
+    if mode == "nearest":
+        attrs["nearest_mode"] = data.draw(st.sampled_from(["floor", "ceil", "round_prefer_floor"]))
+    else:
+        attrs["antialias"] = data.draw(st.sampled_from([0, 1]))
+        if mode == "cubic" or attrs["antialias"]:  # onnxruntime refuses it elsewhere
+            attrs["exclude_outside"] = data.draw(st.sampled_from([0, 1]))
+    if data.draw(st.booleans()):
+        factors = st.sampled_from([0.5, 0.6, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 1 / 3])
+        scales = (1, 1, max(data.draw(factors), 1 / h), max(data.draw(factors), 1 / w))
+        ins, consts = {"x": x, "roi": None, "scales": f32(*scales)}, {"scales"}
+    else:
+        sizes = (1, 2, data.draw(st.integers(1, 9)), data.draw(st.integers(1, 9)))
+        ins = {"x": x, "roi": None, "scales": None, "sizes": np.array(sizes, np.int64)}
+        consts = {"sizes"}
+    check("Resize", ins, attrs, consts=consts, opset=19, rtol=1e-4, atol=1e-4)

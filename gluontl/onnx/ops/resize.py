@@ -86,13 +86,15 @@ def _source_coords(F, ax: _Axis, ctm: str):
         return (o + 0.5) / s - 0.5 if m > 1 else o * 0  # 0, not -0.5, like onnxruntime
     if ctm == "align_corners":
         return o * (n - 1) / (m - 1) if m > 1 else o * 0
+    f32 = np.float32
     if ctm == "half_pixel_symmetric":
-        offset = n / 2 * (1 - m / (s * n))
-        return (o + 0.5) / s + (offset - 0.5)
+        offset = float(f32(n) / f32(2) * (f32(1) - f32(m) / (f32(s) * f32(n))))
+        return (o + 0.5) / s + offset - 0.5
     r0, r1 = ax.roi  # tf_crop_and_resize
+    start = float(f32(r0) * f32(n - 1))
     if m > 1:
-        return o * ((r1 - r0) * (n - 1)) / (m - 1) + r0 * (n - 1)
-    return o * 0 + ((r1 - r0) * (n - 1) / 2 + r0 * (n - 1))
+        return o * float(f32(r1) - f32(r0)) * (n - 1) / (m - 1) + start
+    return o * 0 + float(0.5 * (r0 + r1) * (n - 1))
 
 
 def _kernel(F, d, spec: _Spec):
@@ -199,8 +201,14 @@ def _fast_bilinear(axes: list[_Axis], spec: _Spec, rank: int) -> bool | None:
 def _resize(node, x, axes: list[_Axis], spec: _Spec):
     rank = need_rank(node, x)
     dtype = np.dtype(x.dtype or np.float32).name
-    axes = [a for a in axes
-            if not (a.m == a.n and a.scale == 1 and spec.ctm != "tf_crop_and_resize")]
+    # onnxruntime copies the input whenever the output shape equals it, whatever the
+    # scales or roi say; otherwise it leaves alone unit-scale axes and, when
+    # antialiasing, every axis that keeps its size
+    if not all(a.n is not None and a.m == a.n for a in axes):
+        axes = [a for a in axes if not (a.m == a.n and (a.scale == 1 or spec.antialias)
+                                        and spec.ctm != "tf_crop_and_resize")]
+    else:
+        axes = []
     if not axes:
         return mx.sym.identity(x.sym, name=node.name)
     factors = [_repeat_factor(a, spec) for a in axes]
@@ -243,7 +251,9 @@ def _opt_const(node, t, what):
 def _plan_scales(node, axes, dims, scales) -> list[_Axis]:
     if len(scales) != len(axes):
         raise node.unsupported(f"{len(scales)} scales for {len(axes)} axes")
-    return [_Axis(a, dims[a], None if dims[a] is None else int(np.floor(dims[a] * s)), float(s))
+    # output size from a float32 product, like onnxruntime (10 * 2.6f is 26, not 25)
+    return [_Axis(a, dims[a], None if dims[a] is None
+                  else int(np.floor(np.float32(dims[a]) * np.float32(s))), float(s))
             for a, s in zip(axes, scales)]
 
 
@@ -331,5 +341,8 @@ def _plan_sizes(node, axes, dims, sizes) -> list[_Axis]:
         r = min(ratios) if policy == "not_larger" else max(ratios)
         ratios = [r] * len(resized)
         resized = [(a, int(r * dims[a] + 0.5)) for a, _ in resized]
-    plan = {a: _Axis(a, dims[a], m, r) for (a, m), r in zip(resized, ratios)}
+    # the scale is float32(m) / float32(n), as onnxruntime computes it
+    plan = {a: _Axis(a, dims[a], m, float(np.float32(m) / np.float32(dims[a]))
+                     if policy == "stretch" else r)
+            for (a, m), r in zip(resized, ratios)}
     return [plan.get(a, _Axis(a, dims[a], dims[a], 1.0)) for a in axes]
