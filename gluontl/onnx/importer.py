@@ -17,6 +17,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import mxnet as mx
 import numpy as np
 import onnx
+import onnx.inliner
 from onnx import external_data_helper, helper, numpy_helper
 
 from ..errors import OnnxImportError
@@ -72,11 +73,22 @@ def load(model: str | os.PathLike | onnx.ModelProto) -> tuple[onnx.ModelProto, s
                     f"ONNX model object: initializer '{t.name}' keeps its data in an external file "
                     f"that was not loaded; pass the model's file path instead so the data is "
                     f"found next to it.")
-        return model, "<ModelProto>"
+        return _inline_functions(model, "<ModelProto>"), "<ModelProto>"
     path = os.fspath(model)
     proto = read_proto(path)
     _load_external(proto, path)
-    return proto, path
+    return _inline_functions(proto, path), path
+
+
+def _inline_functions(proto: onnx.ModelProto, source: str) -> onnx.ModelProto:
+    """Model-local functions (torch.onnx dynamo exports use many) become plain nodes."""
+    if not proto.functions:
+        return proto
+    try:
+        return onnx.inliner.inline_local_functions(proto)
+    except Exception as e:
+        raise OnnxImportError(f"'{source}': its local functions could not be inlined "
+                              f"({str(e).strip()[:200]}); the model is probably invalid.") from None
 
 
 def read_proto(path: str) -> onnx.ModelProto:

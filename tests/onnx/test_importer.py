@@ -462,3 +462,19 @@ def test_dynamic_quantization_ops_are_refused_with_advice():
     msg = str(e.value)
     assert "DynamicQuantizeLinear" in msg and "MatMulInteger" in msg and "'mmi'" in msg
     assert "integer-arithmetic quantized ops are not supported" in msg
+
+
+def test_model_local_functions_are_inlined():
+    """torch.onnx dynamo exports wrap modules in local functions with attributes."""
+    act = helper.make_node("LeakyRelu", ["m"], ["out"])
+    act.attribute.append(helper.make_attribute_ref("alpha", onnx.AttributeProto.FLOAT))
+    body = [helper.make_node("Mul", ["a", "w"], ["m"]), act]
+    fn = helper.make_function("pkg.blocks", "ScaledAct", ["a", "w"], ["out"], body,
+                              [helper.make_opsetid("", 17)], attributes=["alpha"])
+    call = helper.make_node("ScaledAct", ["x", "block.w"], ["y"], domain="pkg.blocks", alpha=0.3)
+    model = make_model([call], [("x", ["N", 4])], [("y", None)],
+                       {"block.w": RNG.randn(4).astype("f")}, extra_opsets=[("pkg.blocks", 1)])
+    model.functions.append(fn)
+    block = import_model(model)
+    assert [n for n, p in block.collect_params().items() if p.grad_req == "write"] == ["block.w"]
+    assert_matches_ort(model, block, {"x": RNG.randn(3, 4).astype("f")})
