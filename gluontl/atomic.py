@@ -10,6 +10,9 @@ from typing import Callable
 
 from .errors import GluontlError
 
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
 
 def atomic_write(path: str | Path, write: Callable[[Path], None],
                  error: type[GluontlError] = GluontlError) -> Path:
@@ -24,6 +27,7 @@ def atomic_write(path: str | Path, write: Callable[[Path], None],
     tmp = Path(tmp_name)
     try:
         write(tmp)
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; give the file normal permissions
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, path)

@@ -58,6 +58,46 @@ def finetune(recipe: Path = RecipeOpt, set_: Optional[List[str]] = SetOpt,
     result = run(r, runs_root=runs, resume=resume, quiet=quiet)
     if result.stopped_early:
         typer.echo(f"stopped; resume with: gluontl finetune --recipe {recipe} --resume {result.run_dir}")
+    elif r.export.formats:
+        from .train.runs import export_run
+
+        for path in export_run(result.run_dir, force=resume is not None):
+            typer.echo(f"exported {path} (verified)" if path.suffix == ".onnx" else f"exported {path}")
+
+
+@app.command()
+def export(source: str = typer.Argument(..., help="run folder (runs/NAME) or model spec (zoo:/symbol:/onnx:)"),
+           fmt: str = typer.Option("both", "--format", help="symbol, onnx or both"),
+           out: Path = typer.Option(Path("export"), "--out", help="output folder"),
+           force: bool = typer.Option(False, "--force", help="overwrite existing files"),
+           input_shape: str = typer.Option("3,224,224", help="C,H,W for model specs (runs use their recipe)"),
+           checkpoint: str = typer.Option("best", help="run checkpoint: best or last")) -> None:
+    """Export a run or a model to MXNet symbol/params and/or ONNX, verified against onnxruntime."""
+    formats = {"both": ["symbol", "onnx"], "symbol": ["symbol"], "onnx": ["onnx"]}.get(fmt)
+    if formats is None:
+        raise GluontlError(f"--format '{fmt}' is not one of symbol, onnx, both.")
+    if Path(source).is_dir():
+        from .train.runs import export_run
+
+        paths = export_run(source, out, formats=formats, tag=checkpoint, force=force)
+    else:
+        from .recipe import ModelSpec
+        from .sources import build_model
+        from .train.runs import export_block
+
+        shape = _shape(input_shape)
+        block, _ = build_model(ModelSpec(source=source, input_shape=shape))
+        name = Path(source.split(":", 1)[1]).stem.replace(".", "_") or "model"
+        paths = export_block(block, out, name, shape, formats=formats, force=force)
+    for p in paths:
+        typer.echo(f"exported {p}")
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise GluontlError(f"--input-shape '{text}' must be comma-separated integers, e.g. 3,224,224.") from None
 
 
 @app.command()
@@ -70,10 +110,7 @@ def inspect(model: str = typer.Argument(..., help="zoo:NAME, symbol:PREFIX or on
     from .rules import format_plan, make_plan
     from .sources import build_model
 
-    try:
-        shape = tuple(int(x) for x in input_shape.split(","))
-    except ValueError:
-        raise GluontlError(f"--input-shape '{input_shape}' must be comma-separated integers, e.g. 3,224,224.")
+    shape = _shape(input_shape)
     if model.startswith("onnx:"):
         from .onnx import format_report, inspect_onnx
 

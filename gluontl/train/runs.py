@@ -91,3 +91,37 @@ def plot(run_dir: str | Path, out: str | Path | None = None) -> Path:
     atomic_write(target, lambda tmp: fig.savefig(tmp, format="png", dpi=90), TrainError)
     plt.close(fig)
     return target
+
+
+def export_block(block, out_dir: str | Path, name: str, input_shape: tuple[int, ...], *, formats: list[str],
+                 input_name: str = "data", opset: int = 13, rtol: float = 1e-4, lean: bool = True,
+                 force: bool = False, sample: np.ndarray | None = None) -> list[Path]:
+    """Export to symbol/params and/or ONNX (verified against onnxruntime, on ``sample`` too)."""
+    from ..export import export_onnx, export_symbol
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    shapes = {input_name: (1, *input_shape)}
+    written: list[Path] = []
+    if "symbol" in formats:
+        written += list(export_symbol(block, out / name, shapes, force=force))
+    if "onnx" in formats:
+        written.append(export_onnx(block, out / f"{name}.onnx", shapes, opset=opset, rtol=rtol, lean=lean,
+                                   force=force, sample=None if sample is None else {input_name: sample}))
+    return written
+
+
+def export_run(run_dir: str | Path, out_dir: str | Path | None = None, *, formats: list[str] | None = None,
+               tag: str = "best", force: bool = False) -> list[Path]:
+    """Export a run's checkpoint as the recipe's ``export:`` section says, verified on real val images."""
+    from .data import load_split
+
+    recipe, net = load_run(run_dir, tag)
+    spec = recipe.export
+    sample = None
+    if recipe.data is not None:
+        ds = load_split(recipe.data, recipe.data.val)
+        sample = np.stack([ds[i][0] for i in range(min(8, len(ds)))]).astype(np.float32)
+    return export_block(net, out_dir or Path(run_dir) / "export", recipe.name, recipe.model.input_shape,
+                        formats=formats or list(spec.formats), input_name=spec.input_names[0], opset=spec.opset,
+                        rtol=spec.rtol, lean=spec.lean, force=force, sample=sample)

@@ -157,3 +157,25 @@ def test_evaluate_predict_plot_use_the_run(tiny_symbol, tmp_path):
     assert len(top) == 3 and top[0][1] >= top[1][1] >= top[2][1] and top[0][0] in ds.class_names
     png = plot(res.run_dir)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_export_run_writes_verified_files_and_refuses_to_overwrite(tiny_symbol, tmp_path):
+    import onnxruntime as ort
+
+    from gluontl.errors import ExportError
+    from gluontl.train.runs import export_run, load_run
+
+    res = finetune(recipe(tiny_symbol, epochs=1), runs_root=tmp_path, quiet=True)
+    paths = export_run(res.run_dir, tmp_path / "out", formats=["onnx", "symbol"])
+    onnx_path = next(p for p in paths if p.suffix == ".onnx")
+    assert oct(onnx_path.stat().st_mode & 0o777) != oct(0o600)
+    _, net = load_run(res.run_dir)
+    x = np.random.RandomState(0).rand(3, 3, 16, 16).astype("f")
+    with mx.autograd.predict_mode():
+        ref = net(mx.nd.array(x)).asnumpy()
+    got = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"]).run(None, {"data": x})[0]
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+    before = onnx_path.read_bytes()
+    with pytest.raises(ExportError, match="already exists"):
+        export_run(res.run_dir, tmp_path / "out", formats=["onnx"])
+    assert onnx_path.read_bytes() == before
