@@ -73,14 +73,14 @@ def load(model: str | os.PathLike | onnx.ModelProto) -> tuple[onnx.ModelProto, s
                     f"ONNX model object: initializer '{t.name}' keeps its data in an external file "
                     f"that was not loaded; pass the model's file path instead so the data is "
                     f"found next to it.")
-        return _inline_functions(model, "<ModelProto>"), "<ModelProto>"
+        return inline_functions(model, "<ModelProto>"), "<ModelProto>"
     path = os.fspath(model)
     proto = read_proto(path)
     _load_external(proto, path)
-    return _inline_functions(proto, path), path
+    return inline_functions(proto, path), path
 
 
-def _inline_functions(proto: onnx.ModelProto, source: str) -> onnx.ModelProto:
+def inline_functions(proto: onnx.ModelProto, source: str) -> onnx.ModelProto:
     """Model-local functions (torch.onnx dynamo exports use many) become plain nodes."""
     if not proto.functions:
         return proto

@@ -8,7 +8,7 @@ from collections import Counter
 import numpy as np
 import onnx
 
-from .importer import _inline_functions, read_proto
+from .importer import inline_functions, read_proto
 from .registry import get, get_evaluator
 
 Shape = tuple[int | str | None, ...] | None
@@ -55,7 +55,7 @@ def _float_size(t: onnx.TensorProto) -> int:
 
 
 def inspect_onnx(path: str | os.PathLike) -> OnnxReport:
-    proto = _inline_functions(read_proto(os.fspath(path)), os.fspath(path))  # as import sees it
+    proto = inline_functions(read_proto(os.fspath(path)), os.fspath(path))  # as import sees it
     g = proto.graph
     opsets = {(o.domain or "ai.onnx"): int(o.version) for o in proto.opset_import}
     inits = {t.name for t in g.initializer}
