@@ -102,11 +102,11 @@ def broadcast_all(node, tensors):
     return out
 
 
-def to_bool(node, sym, src_dtype, name=None):
+def to_bool(node, sym, src_dtype):
     """Cast a 0/1 result of a comparison to the bool carrier dtype when needed."""
     if src_dtype is not None and mx_dtype(src_dtype) == BOOL:
         return sym
-    return mx.sym.Cast(sym, dtype=BOOL.name, name=name or node.name)
+    return mx.sym.Cast(sym, dtype=BOOL.name, name=node.name)
 
 
 _I = mx.sym._internal
@@ -150,8 +150,8 @@ def mod(node, inputs):
     if not node.attr("fmod", 0):  # sign of the divisor, like Python: MXNet's mod
         return binary(node, a, b, mx.sym.broadcast_mod, _I._mod_scalar, _I._rmod_scalar)
     # C fmod (sign of the dividend): a - b * trunc(a / b)
-    q = binary(renamed(node, "div"), a, b,
-               mx.sym.broadcast_div, _I._div_scalar, _I._rdiv_scalar)
+    q = binary(renamed(node, "div"), a, b, mx.sym.broadcast_div, _I._div_scalar,
+               _I._rdiv_scalar)
     if a.dtype is None or np.dtype(a.dtype).kind == "f":
         q = mx.sym.fix(q, name=node.sub("trunc"))
     prod = mx.sym.broadcast_mul(q, b.sym, name=node.sub("mul"))
@@ -239,8 +239,7 @@ def compare(node, inputs):
     dtype = a.dtype if a.const is None else b.dtype
     if mx_dtype(dtype) == BOOL:
         return binary(node, a, b, *_COMPARE[node.op_type])
-    raw = binary(renamed(node, "cmp"), a, b,
-                 *_COMPARE[node.op_type])
+    raw = binary(renamed(node, "cmp"), a, b, *_COMPARE[node.op_type])
     return to_bool(node, raw, None)
 
 
@@ -290,13 +289,13 @@ def where(node, inputs):
     return mx.sym.where(syms[id(cond)], syms[id(x)], syms[id(y)], name=node.name)
 
 
-def cast_to(node, sym, dtype, name=None):
+def cast_to(node, sym, dtype):
     """Cast to the MXNet carrier of ONNX/numpy ``dtype``; to bool means ``x != 0``."""
     dtype = np.dtype(dtype)
     if dtype == np.bool_:
         raw = _I._not_equal_scalar(sym, scalar=0.0, name=node.sub("ne0"))
-        return mx.sym.Cast(raw, dtype=BOOL.name, name=name or node.name)
-    return mx.sym.Cast(sym, dtype=dtype.name, name=name or node.name)
+        return mx.sym.Cast(raw, dtype=BOOL.name, name=node.name)
+    return mx.sym.Cast(sym, dtype=dtype.name, name=node.name)
 
 
 @converter("Cast", since=6)
