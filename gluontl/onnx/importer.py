@@ -47,9 +47,18 @@ class ImportInfo:
     node_outputs: dict[str, str]  # ONNX node/tensor name -> MXNet output name
 
 
+class OnnxBlock(mx.gluon.SymbolBlock):
+    """The imported model: a SymbolBlock whose multi-output calls return a tuple in
+    graph-output order (SymbolBlock itself returns a list)."""
+
+    def forward(self, x, *args):
+        out = super().forward(x, *args)
+        return tuple(out) if isinstance(out, list) else out
+
+
 def import_model(model: str | os.PathLike | onnx.ModelProto,
                  input_shapes: Mapping[str, Sequence[int | None]] | None = None,
-                 ctx: mx.Context | None = None, *, fixed_batch: bool = False) -> mx.gluon.SymbolBlock:
+                 ctx: mx.Context | None = None, *, fixed_batch: bool = False) -> OnnxBlock:
     """Import an ONNX model as a SymbolBlock whose weights are Gluon parameters.
 
     ``input_shapes`` fills unknown dimensions of graph inputs. A first dimension the file
@@ -576,7 +585,7 @@ class _Importer:
                                            rhs_axes=(0,) * len(to_batch), name=node.sub("batch"))
         return out
 
-    def build(self, ctx: mx.Context) -> mx.gluon.SymbolBlock:
+    def build(self, ctx: mx.Context) -> OnnxBlock:
         g = self.graph
         for name, value in self.inits.items():
             self._set_const(name, value)
@@ -647,7 +656,7 @@ class _Importer:
                 known.update(o for o in node.outputs if o)
         unsupported_report([n for n, _ in nodes], foldable, self.source, self.opset)
 
-    def _block(self, nodes, ctx: mx.Context) -> mx.gluon.SymbolBlock:
+    def _block(self, nodes, ctx: mx.Context) -> OnnxBlock:
         outs, seen = [], set()
         for o in self.graph.output:
             name = self.alias.get(o.name, o.name)
@@ -662,7 +671,7 @@ class _Importer:
             outs.append(sym)
         group = mx.sym.Group(outs) if len(outs) > 1 else outs[0]
         input_syms = [self.runtime[i.name].sym for i in self.inputs]
-        block = mx.gluon.SymbolBlock(group, input_syms)
+        block = OnnxBlock(group, input_syms)
         params = block.collect_params()
         params.load_dict({n: mx.nd.array(v, dtype=v.dtype) for n, v in self.params.items()
                           if n in params}, ctx=ctx)

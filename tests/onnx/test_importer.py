@@ -281,6 +281,8 @@ def test_identity_shares_the_weight_and_outputs_can_be_constants():
     assert set(block.collect_params()) == {"w", "k"}
     info = block.gluontl_onnx
     assert info.node_outputs["w2"] == info.node_outputs["w"] == "w"  # Identity is an alias
+    out = block(mx.nd.ones((2, 3)))
+    assert isinstance(out, tuple) and [o.shape for o in out] == [(2, 3), (3,)]
     assert_matches_ort(model, block, {"x": RNG.randn(2, 3).astype("f")})
 
 
