@@ -101,6 +101,9 @@ def test_pad_nchw_fast_path_and_attr_form(mode):
           opset=13, grad=True)
     check("Pad", {"x": x}, {"mode": mode, "pads": [0, 0, 1, 2, 0, 0, 2, 1], "value": 0.5},
           opset=2, grad=True)
+    x5 = R.randn(1, 2, 3, 4, 5).astype(np.float32)
+    check("Pad", {"x": x5, "p": i64(0, 0, 1, 2, 1, 0, 0, 2, 1, 3)}, {"mode": mode},
+          consts={"p"}, opset=13, grad=True)
 
 
 def test_pad_negative_and_axes():
