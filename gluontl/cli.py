@@ -180,15 +180,15 @@ def main() -> None:
         _fail_plain(e)
     except typer.Exit as e:
         sys.exit(e.exit_code)
-    except Exception as e:  # click usage errors
-        import click
-
-        if isinstance(e, click.exceptions.ClickException):
-            e.show()
-            sys.exit(2)
-        if isinstance(e, click.exceptions.Abort):
-            sys.exit(130)
-        raise
+    except typer.Abort:
+        sys.exit(130)
+    except typer.TyperException as e:  # usage errors: typer shows them like click does
+        show = getattr(e, "show", None)
+        if show is None:
+            print(f"error: {e}", file=sys.stderr)
+        else:
+            show()
+        sys.exit(2)
 
 
 def _fail_plain(err: GluontlError) -> None:
