@@ -378,3 +378,18 @@ def test_onnx_import_then_export_round_trip(zoo_export, tmp_path):
     x = _batches({"data": SHAPE}, seed=12)[1]
     np.testing.assert_allclose(ort.InferenceSession(str(again)).run(None, x)[0],
                                ort.InferenceSession(str(path)).run(None, x)[0], rtol=1e-5, atol=1e-6)
+
+
+def test_block_living_on_another_context(tmp_path):
+    """Trained with ctx cpu:1 (or several contexts): export must not call it with cpu(0) arrays."""
+    net = nn.HybridSequential()
+    net.add(nn.Conv2D(4, 3), nn.BatchNorm(), nn.Dense(2))
+    net.initialize(ctx=[mx.cpu(1)])
+    net.hybridize()
+    path = export_onnx(net, tmp_path / "c.onnx", {"data": (1, 3, 6, 6)})
+    json_path, params_path = export_symbol(net, tmp_path / "c", {"data": (1, 3, 6, 6)})
+    x = _batches({"data": (1, 3, 6, 6)}, seed=4)[1]
+    want = net(mx.nd.array(x["data"], ctx=mx.cpu(1))).asnumpy()
+    np.testing.assert_allclose(ort.InferenceSession(str(path)).run(None, x)[0], want, rtol=1e-4, atol=1e-6)
+    reloaded = mx.gluon.SymbolBlock.imports(str(json_path), ["data"], str(params_path))
+    np.testing.assert_allclose(reloaded(mx.nd.array(x["data"])).asnumpy(), want, rtol=1e-6, atol=1e-7)

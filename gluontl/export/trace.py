@@ -59,8 +59,14 @@ def dummy_inputs(input_shapes: dict[str, tuple[int, ...]], batch: int, seed: int
 
 
 def predict(block: mx.gluon.HybridBlock, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
-    """Run the block in inference mode; ``inputs`` order is the block's positional order."""
-    args = [mx.nd.array(v, dtype=v.dtype) for v in inputs.values()]
+    """Run the block in inference mode; ``inputs`` order is the block's positional order.
+
+    Inputs go to the context of the block's first parameter: a block trained on several
+    contexts (or only on cpu(1)) cannot be called with arrays on the default context.
+    """
+    params = list(block.collect_params().values())
+    ctx = params[0].list_ctx()[0] if params else mx.cpu()
+    args = [mx.nd.array(v, dtype=v.dtype, ctx=ctx) for v in inputs.values()]
     with mx.autograd.predict_mode():
         out = block(*args)
     return [a.asnumpy() for a in _flatten_arrays(out)]
