@@ -10,7 +10,7 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -24,7 +24,7 @@ LAYER_TYPES = ("Conv", "Dense", "BatchNorm", "LayerNorm", "InstanceNorm", "Group
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class RestoreSpec(Strict):
@@ -51,7 +51,7 @@ class ModelSpec(Strict):
     restore: RestoreSpec = RestoreSpec()
     kwargs: dict[str, Any] = Field(default_factory=dict, description="extra zoo constructor args")
     epoch: int | None = Field(default=None, ge=0, description="symbol: checkpoint epoch")
-    input_shape: tuple[int, ...] = (3, 224, 224)
+    input_shape: tuple[Annotated[int, Field(gt=0, le=1 << 16)], ...] = Field(default=(3, 224, 224), min_length=1, max_length=5)
     input_name: str = "data"
 
     @field_validator("source")
@@ -72,17 +72,17 @@ class ModelSpec(Strict):
 
 
 class HeadSpec(Strict):
-    classes: int = Field(gt=0)
+    classes: int = Field(gt=0, le=1 << 20)
     init: Literal["xavier", "normal", "uniform", "zeros", "msra"] = "xavier"
     dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
-    hidden: list[int] = Field(default_factory=list)
+    hidden: list[Annotated[int, Field(gt=0, le=1 << 16)]] = Field(default_factory=list, max_length=8)
     activation: Literal["relu", "gelu", "tanh", "sigmoid"] = "relu"
 
 
 class SurgerySpec(Strict):
     head: HeadSpec | None = None
     cut_at: str | None = None
-    drop_last: int | None = Field(default=None, gt=0)
+    drop_last: int | None = Field(default=None, gt=0, le=10_000)
     ignore: list[str] = Field(default_factory=list)
 
 
@@ -105,7 +105,7 @@ class Rule(Strict):
     wd_mult: float | None = Field(default=None, ge=0.0)
     bn: BNMode | None = None
     optional: bool = False
-    from_epoch: int = Field(default=0, ge=0)
+    from_epoch: int = Field(default=0, ge=0, le=100_000)
     preset: str | None = None
     until_stage: int | Literal["stem", "head"] | None = None
     note: str | None = None
@@ -169,8 +169,8 @@ class DataSpec(Strict):
     source: str = Field(description="demo:digits | folder:PATH | rec:PATH.rec | list:PATH.csv")
     train: str = "train"
     val: str = "val"
-    batch_size: int = Field(default=32, gt=0)
-    workers: int = Field(default=0, ge=0)
+    batch_size: int = Field(default=32, gt=0, le=1 << 16)
+    workers: int = Field(default=0, ge=0, le=64)
     on_bad_image: Literal["error", "skip"] = "error"
     train_transform: TransformSpec = TransformSpec()
     val_transform: TransformSpec = TransformSpec()
@@ -202,21 +202,27 @@ class ScheduleSpec(Strict):
 
 
 class TrainSpec(Strict):
-    epochs: int = Field(default=5, gt=0)
+    epochs: int = Field(default=5, gt=0, le=100_000)
     optimizer: Literal["sgd", "nag", "adam", "adamw"] = "sgd"
     lr: float = Field(default=0.01, gt=0.0)
     momentum: float = Field(default=0.9, ge=0.0, lt=1.0)
     wd: float = Field(default=1e-4, ge=0.0)
     schedule: ScheduleSpec = ScheduleSpec()
     clip_gradient: float | None = Field(default=None, gt=0.0)
-    accumulate: int = Field(default=1, gt=0)
+    accumulate: int = Field(default=1, gt=0, le=4096)
     label_smoothing: float = Field(default=0.0, ge=0.0, lt=1.0)
     ctx: str = "cpu"
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, lt=1 << 63)
     hybridize: bool = True
     cache_features: Literal["auto", "on", "off"] = "auto"
-    log_every: int = Field(default=10, gt=0)
-    max_bad_steps: int = Field(default=10, ge=0)
+    cache_views: int = Field(default=0, ge=0, description="with random augmentation: cache this many "
+                             "augmented views per image (epoch e uses view e % K); 0 = no cache")
+    cache_dtype: Literal["float32", "float16"] = "float32"
+    cache_max_bytes: int = Field(default=2 * 2**30, gt=0, description="beyond this, cached features "
+                                 "go to a memory-mapped file in the run folder")
+    prefix_engine: Literal["auto", "mxnet", "onnxruntime"] = "auto"
+    log_every: int = Field(default=10, gt=0, le=1 << 30)
+    max_bad_steps: int = Field(default=10, ge=0, le=1 << 30)
 
     @field_validator("ctx")
     @classmethod
