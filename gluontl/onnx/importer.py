@@ -22,7 +22,7 @@ from onnx import external_data_helper, helper, numpy_helper
 
 from ..errors import OnnxImportError
 from . import fold
-from .registry import Node, Tensor, get, get_evaluator, node_from_proto
+from .registry import Node, Tensor, carrier_dtype, get, get_evaluator, node_from_proto
 
 Shape = tuple[int | None, ...]
 
@@ -42,6 +42,7 @@ class ImportInfo:
     opset: int
     inputs: tuple[str, ...]
     input_shapes: dict[str, Shape]
+    batch_free: frozenset[str]  # inputs whose dimension 0 (the batch) may vary
     outputs: tuple[str, ...]
     constants: frozenset[str]  # non-trainable helper params (grad_req 'null')
     node_outputs: dict[str, str]  # ONNX node/tensor name -> MXNet output name
@@ -411,8 +412,7 @@ class _Importer:
                                   f"MXNet cannot hold it as a graph value.")
         if value.ndim == 0:
             value = value.reshape(1)
-        if value.dtype == np.bool_:  # bools travel as float32 0/1 (see ops/elementwise.py)
-            value = value.astype(np.float32)
+        value = value.astype(carrier_dtype(value.dtype), copy=False)
         self.params[name] = value
         if name not in self.weights:
             self.constants.add(name)
@@ -603,14 +603,18 @@ class _Importer:
             dtype = _np_dtype(i.type.tensor_type.elem_type) if i.type.HasField("tensor_type") else None
             free = None if shape is None else tuple(
                 None if k == 0 and i.name in self.batched else d for k, d in enumerate(shape))
-            carrier = np.float32 if dtype is None or dtype == np.bool_ else dtype
+            carrier = carrier_dtype(dtype if dtype is not None else np.float32)
             self.runtime[i.name] = Tensor(i.name, mx.sym.var(i.name, dtype=carrier), shape=free,
                                           dtype=dtype)
         for node, proto in nodes:
             known = self._known_inputs(node)
             if known is not None:
-                self._fold(node, proto, known)
-                continue
+                try:
+                    self._fold(node, proto, known)
+                    continue
+                except OnnxImportError:  # e.g. no onnxruntime kernel for these dtypes
+                    if get(node.op_type, node.opset, node.domain) is None:
+                        raise
             if node.op_type in ("Shape", "Size") and node.domain in ("", "ai.onnx") \
                     and self._fold_shape(node, proto):
                 continue
@@ -680,7 +684,8 @@ class _Importer:
                 p.grad_req = "null"
         block.gluontl_onnx = ImportInfo(
             source=self.source, opset=self.opset, inputs=tuple(i.name for i in self.inputs),
-            input_shapes=dict(self.input_shapes), outputs=tuple(o.name for o in self.graph.output),
+            input_shapes=dict(self.input_shapes), batch_free=frozenset(self.batched),
+            outputs=tuple(o.name for o in self.graph.output),
             constants=frozenset(n for n in params if self._is_constant(n)),
             node_outputs=self._node_outputs(nodes, group))
         return block

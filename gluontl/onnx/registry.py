@@ -216,6 +216,18 @@ def get(op_type: str, opset: int, domain: str = "") -> ConverterFn | None:
     return lookup(op_type, opset, domain)
 
 
+_CARRIERS = {np.dtype(np.bool_): np.dtype(np.float32), np.dtype(np.int16): np.dtype(np.int32),
+             np.dtype(np.uint16): np.dtype(np.int32), np.dtype(np.uint32): np.dtype(np.int64),
+             np.dtype(np.uint64): np.dtype(np.int64)}
+
+
+def carrier_dtype(dtype: Any) -> np.dtype:
+    """The MXNet dtype that holds values of an ONNX/numpy dtype: MXNet has no usable bool
+    (float32 0/1, as in ops/elementwise.py) and no 16-bit or unsigned wide integers."""
+    dtype = np.dtype(dtype)
+    return _CARRIERS.get(dtype, dtype)
+
+
 def ints(values: Sequence[Any]) -> list[int]:
     return [int(v) for v in values]
 

@@ -151,6 +151,7 @@ def test_input_shapes_fill_symbolic_dims_for_folding():
     for b in (1, 2):
         assert_matches_ort(model, block, {"x": RNG.randn(b, 4, 5).astype("f")})
     assert block.gluontl_onnx.input_shapes == {"x": (None, 4, 5)}
+    assert block.gluontl_onnx.batch_free == {"x"}
 
 
 def test_node_order_is_not_trusted():
@@ -480,3 +481,14 @@ def test_model_local_functions_are_inlined():
     block = import_model(model)
     assert [n for n, p in block.collect_params().items() if p.grad_req == "write"] == ["block.w"]
     assert_matches_ort(model, block, {"x": RNG.randn(3, 4).astype("f")})
+
+
+def test_constant_node_onnxruntime_cannot_evaluate_runs_in_the_graph():
+    # onnxruntime has no int16 Min kernel: the folding attempt fails, the converter takes over.
+    nodes = [node("Min", ["a", "b"], ["ab"]), node("Cast", ["ab"], ["abf"], to=F),
+             node("Add", ["x", "abf"], ["y"])]
+    model = make_model(nodes, [("x", ["N", 3])], [("y", None)],
+                       {"a": np.array([1, 2, 3], np.int16), "b": np.array([3, -2, 5], np.int16)})
+    block = import_model(model)
+    x = RNG.randn(2, 3).astype("f")
+    np.testing.assert_allclose(mx_run(block, {"x": x})[0], x + np.array([1, -2, 3]), rtol=1e-6)
