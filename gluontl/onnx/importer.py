@@ -675,8 +675,22 @@ class _Importer:
             outs.append(sym)
         group = mx.sym.Group(outs) if len(outs) > 1 else outs[0]
         input_syms = [self.runtime[i.name].sym for i in self.inputs]
-        block = OnnxBlock(group, input_syms)
+        try:
+            block = OnnxBlock(group, input_syms)
+        except mx.base.MXNetError as e:
+            raise OnnxImportError(
+                f"'{self.source}': the converted graph is inconsistent "
+                f"({str(e).strip().splitlines()[0][:300]}); check the model with "
+                f"onnx.checker.check_model and onnxruntime.") from None
         params = block.collect_params()
+        for n, p in params.items():
+            want = np.dtype(p.dtype)
+            if want != self.params[n].dtype:
+                users = [node.name for node, _ in nodes if n in node.inputs]
+                raise OnnxImportError(
+                    f"'{self.source}': tensor '{n}' is {self.params[n].dtype} but node(s) "
+                    f"{users[:3]} use it where {want} is needed; the model's types are "
+                    f"inconsistent (check it with onnx.checker.check_model).")
         params.load_dict({n: mx.nd.array(v, dtype=v.dtype) for n, v in self.params.items()
                           if n in params}, ctx=ctx)
         for n, p in params.items():

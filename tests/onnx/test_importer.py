@@ -312,7 +312,8 @@ def test_data_dependent_shape_names_the_node():
 
 @pytest.mark.parametrize("problem", ["missing", "garbage", "truncated", "cycle", "dangling",
                                      "init_mismatch", "negative_dim", "escaping_external",
-                                     "bad_input_shapes", "no_default_opset", "missing_output"])
+                                     "bad_input_shapes", "no_default_opset", "missing_output",
+                                     "wrong_dtype"])
 def test_malformed_inputs_raise_import_error(tmp_path, problem):
     path = tmp_path / "m.onnx"
     model = weights_model()
@@ -333,6 +334,9 @@ def test_malformed_inputs_raise_import_error(tmp_path, problem):
     elif problem == "escaping_external":
         onnx.external_data_helper.convert_model_to_external_data(
             model, all_tensors_to_one_file=True, location="../outside.bin", size_threshold=0)
+    elif problem == "wrong_dtype":  # an int64 bias added to float activations
+        model.graph.initializer[1].CopyFrom(numpy_helper.from_array(np.ones(4, np.int64),
+                                                                    "conv1.bias"))
     elif problem == "missing_output":
         model.graph.output.append(helper.make_tensor_value_info("ghost", F, None))
     elif problem == "no_default_opset":
