@@ -16,8 +16,13 @@ Contract of a converter::
   when it is known at import time (initializers, Constant nodes, folded shape
   subgraphs), else ``None``. Use ``Tensor.need_const(node, what)`` for inputs that
   must be static (Reshape's shape, Slice's starts, ...).
-- ``Tensor.shape`` is the static shape when known (dimension ``None`` where unknown,
-  e.g. the free batch dimension).
+  Asking for ``.sym`` of a known value makes it a graph variable (a parameter, or a
+  non-trainable constant); read ``.const`` when the value is all you need.
+- ``Tensor.shape`` is the static ONNX shape when known (dimension ``None`` where
+  unknown, e.g. the free batch dimension); ``Tensor.dtype`` the ONNX dtype.
+- Carriers: MXNet has no 0-d arrays, so a rank-0 value's symbol has shape ``(1,)``
+  while ``Tensor.shape`` stays ``()``; bools travel as float32 0/1 and 16-bit or
+  unsigned wide integers widened (``carrier_dtype``).
 - Return one symbol, or a list with one entry per ONNX output (``None`` for outputs
   the graph does not use is allowed).
 - Name every MXNet op after ``node.name`` (suffix helpers with ``node.sub("x")``) so
