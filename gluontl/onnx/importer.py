@@ -311,8 +311,9 @@ class _Importer:
         out, free = {}, set()
         for i in self.inputs:
             declared = _dims(i.type)
-            if declared is not None and any(d is not None and d < 0 for d in declared):
-                raise OnnxImportError(f"'{self.source}': input '{i.name}' declares negative dims "
+            if declared is not None and any(d is not None and not 0 <= d < 2 ** 31
+                                            for d in declared):
+                raise OnnxImportError(f"'{self.source}': input '{i.name}' declares impossible dims "
                                       f"{declared}; the file is corrupt.")
             if declared and declared[0] is None:
                 free.add(i.name)

@@ -313,7 +313,7 @@ def test_data_dependent_shape_names_the_node():
 @pytest.mark.parametrize("problem", ["missing", "garbage", "truncated", "cycle", "dangling",
                                      "init_mismatch", "negative_dim", "escaping_external",
                                      "bad_input_shapes", "no_default_opset", "missing_output",
-                                     "wrong_dtype"])
+                                     "wrong_dtype", "huge_dim"])
 def test_malformed_inputs_raise_import_error(tmp_path, problem):
     path = tmp_path / "m.onnx"
     model = weights_model()
@@ -331,6 +331,8 @@ def test_malformed_inputs_raise_import_error(tmp_path, problem):
         model.graph.input.append(helper.make_tensor_value_info("conv1.bias", F, [7]))
     elif problem == "negative_dim":
         model.graph.input[0].type.tensor_type.shape.dim[1].dim_value = -3
+    elif problem == "huge_dim":
+        model.graph.input[0].type.tensor_type.shape.dim[2].dim_value = 1 << 40
     elif problem == "escaping_external":
         onnx.external_data_helper.convert_model_to_external_data(
             model, all_tensors_to_one_file=True, location="../outside.bin", size_threshold=0)
