@@ -27,13 +27,14 @@ Shrinking uses area interpolation (no aliasing), enlarging bilinear.
 """
 from __future__ import annotations
 
+import contextlib
 import io
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Iterator
 
 import cv2
 import numpy as np
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
 
 from ..errors import DataError
 from ..recipe import TransformSpec
@@ -57,7 +58,7 @@ def image_problem(source: str | Path | bytes) -> str | None:
     if (len(source) if isinstance(source, bytes) else Path(source).stat().st_size) == 0:
         return "empty file (0 bytes)"
     try:
-        with _open(source) as im:
+        with _strict_decoding(), _open(source) as im:
             if im.format == "PNG":
                 im.verify()
             else:
@@ -79,7 +80,7 @@ def decode_image(source: str | Path | bytes, name: str | None = None) -> np.ndar
     EXIF orientation is applied so phone photos are upright.
     """
     try:
-        with _open(source) as im:
+        with _strict_decoding(), _open(source) as im:
             im = ImageOps.exif_transpose(im)
             if im.mode in _SIXTEEN_BIT:
                 gray = np.clip(np.rint(np.asarray(im, np.float64) / 257.0), 0, 255).astype(np.uint8)
@@ -103,6 +104,18 @@ def load_image(path: str | Path) -> np.ndarray:
         raise DataError(f"Cannot read image '{p}': {problem}. Pass a JPEG, PNG, BMP, TIFF, GIF "
                         f"or WebP file.")
     return decode_image(p)
+
+
+@contextlib.contextmanager
+def _strict_decoding() -> Iterator[None]:
+    """Truncated files must fail: some libraries (gluoncv.data) switch PIL's global
+    ``LOAD_TRUNCATED_IMAGES`` on at import, which would let them through silently."""
+    old = ImageFile.LOAD_TRUNCATED_IMAGES
+    ImageFile.LOAD_TRUNCATED_IMAGES = False
+    try:
+        yield
+    finally:
+        ImageFile.LOAD_TRUNCATED_IMAGES = old
 
 
 def _open(source: str | Path | bytes | BinaryIO) -> Image.Image:

@@ -1,6 +1,7 @@
 """Datasets, bad-image policy, transforms and deterministic loading."""
 from __future__ import annotations
 
+import gluoncv.data  # noqa: F401  (switches PIL LOAD_TRUNCATED_IMAGES on globally; we must not care)
 import io
 import multiprocessing.pool
 from pathlib import Path

@@ -130,16 +130,17 @@ def test_frozen_backbone_run_keeps_every_frozen_array(tmp_path):
 
 
 def test_gradual_unfreezing_changes_what_trains_at_the_epoch(tiny_symbol, tmp_path):
-    names = list(mx.nd.load(f"{tiny_symbol}-0000.params"))
-    conv0 = next(n.split(":", 1)[1] for n in names if "conv0_weight" in n)
+    # Gluon's global names depend on what the process built before: find the convs by graph order
+    convs = [n for n in mx.sym.load(f"{tiny_symbol}-symbol.json").list_arguments() if "conv" in n]
+    conv0, conv1 = convs[0], convs[2]
+    assert conv0.endswith("_weight") and conv1.endswith("_weight")
     r = parse_recipe({"name": "u", "model": {"source": f"symbol:{tiny_symbol}", "input_shape": [3, 16, 16]},
-                      "rules": [{"match": "*conv*", "grad_req": "null"},
-                                {"match": "*conv1*", "grad_req": "write", "from_epoch": 1}],
+                      "rules": [{"match": convs, "grad_req": "null"},
+                                {"match": convs[2:], "grad_req": "write", "from_epoch": 1}],
                       "data": DATA, "train": {"epochs": 2, "lr": 0.05}})
     part = finetune(r, runs_root=tmp_path, quiet=True, stop_after_steps=1000)  # whole epoch 1 + 1 step
     init = {k.split(":", 1)[1]: v.asnumpy() for k, v in mx.nd.load(f"{tiny_symbol}-0000.params").items()}
     after = final_params(part.run_dir)
-    conv1 = conv0.replace("conv0", "conv1")
     np.testing.assert_array_equal(after[conv0], init[conv0])
     assert not np.array_equal(after[conv1], init[conv1])
 
