@@ -604,6 +604,10 @@ class _Importer:
             dtype = _np_dtype(i.type.tensor_type.elem_type) if i.type.HasField("tensor_type") else None
             free = None if shape is None else tuple(
                 None if k == 0 and i.name in self.batched else d for k, d in enumerate(shape))
+            if dtype is not None and dtype.kind not in "biuf":
+                raise OnnxImportError(
+                    f"'{self.source}': input '{i.name}' holds {dtype} values (e.g. strings); "
+                    f"MXNet blocks take numeric tensors only. Preprocess outside the model.")
             carrier = carrier_dtype(dtype if dtype is not None else np.float32)
             self.runtime[i.name] = Tensor(i.name, mx.sym.var(i.name, dtype=carrier), shape=free,
                                           dtype=dtype)

@@ -313,7 +313,7 @@ def test_data_dependent_shape_names_the_node():
 @pytest.mark.parametrize("problem", ["missing", "garbage", "truncated", "cycle", "dangling",
                                      "init_mismatch", "negative_dim", "escaping_external",
                                      "bad_input_shapes", "no_default_opset", "missing_output",
-                                     "wrong_dtype", "huge_dim"])
+                                     "wrong_dtype", "huge_dim", "string_input"])
 def test_malformed_inputs_raise_import_error(tmp_path, problem):
     path = tmp_path / "m.onnx"
     model = weights_model()
@@ -331,6 +331,8 @@ def test_malformed_inputs_raise_import_error(tmp_path, problem):
         model.graph.input.append(helper.make_tensor_value_info("conv1.bias", F, [7]))
     elif problem == "negative_dim":
         model.graph.input[0].type.tensor_type.shape.dim[1].dim_value = -3
+    elif problem == "string_input":
+        model.graph.input[0].type.tensor_type.elem_type = onnx.TensorProto.STRING
     elif problem == "huge_dim":
         model.graph.input[0].type.tensor_type.shape.dim[2].dim_value = 1 << 40
     elif problem == "escaping_external":
