@@ -408,9 +408,10 @@ class _Importer:
 
     def _param(self, name: str, value: np.ndarray):
         """A graph variable holding a known value; weights trainable, the rest constants."""
-        if value.size == 0:
-            raise OnnxImportError(f"'{self.source}': tensor '{name}' is empty (a zero-size dim) and "
-                                  f"MXNet cannot hold it as a graph value.")
+        if value.size == 0 or value.dtype.kind not in "biuf":
+            raise OnnxImportError(f"'{self.source}': tensor '{name}' ({value.dtype}, shape "
+                                  f"{value.shape}) is empty or not numeric, and MXNet cannot hold "
+                                  f"it as a graph value.")
         if value.ndim == 0:
             value = value.reshape(1)
         value = value.astype(carrier_dtype(value.dtype), copy=False)
