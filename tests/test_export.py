@@ -129,6 +129,8 @@ def test_corrupted_weight_is_caught(zoo_export, tmp_path):
     assert verify_onnx(net, path, batch).ok
     report = verify_onnx(net, tmp_path / "bad.onnx", batch)
     assert not report.ok and report.max_rel > 1e-4 and report.max_abs > 0
+    with pytest.raises(ExportError, match=r"do not fit"):
+        verify_onnx(net, path, {"data": np.zeros((1, 3, 32, 33), np.float32)})
     (tmp_path / "cut.onnx").write_bytes(path.read_bytes()[:1000])
     with pytest.raises(ExportError, match=r"cut\.onnx"):
         verify_onnx(net, tmp_path / "cut.onnx", batch)

@@ -59,8 +59,15 @@ def compare(session: ort.InferenceSession, block: mx.gluon.HybridBlock, inputs: 
             "pass one array per file input, keyed by its name."
         )
     ordered = {name: np.asarray(inputs[name], dtype=np.float32) for name in file_inputs}
-    got = session.run(None, ordered)
-    want = predict(block, ordered)
+    shapes = {k: v.shape for k, v in ordered.items()}
+    try:
+        got = session.run(None, ordered)
+        want = predict(block, ordered)
+    except Exception as err:  # onnxruntime's InvalidArgument and MXNetError share no base class
+        raise ExportError(
+            f"The inputs {shapes} do not fit the ONNX file or the block ({str(err).splitlines()[0]}); "
+            "pass arrays shaped like the export's input_shapes with any batch size."
+        ) from err
     names = [o.name for o in session.get_outputs()]
     if len(got) != len(want):
         raise ExportError(
