@@ -171,7 +171,7 @@ def topological(nodes: Sequence[onnx.NodeProto], known: Iterable[str], source: s
     waiting = [0] * len(nodes)
     users: dict[int, list[int]] = defaultdict(list)
     for i, n in enumerate(nodes):
-        for x in {x for x in n.input if x}:
+        for x in {x for x in n.input if x} | _outer_refs(n):
             if x in producer:
                 waiting[i] += 1
                 users[producer[x]].append(i)
@@ -196,6 +196,19 @@ def topological(nodes: Sequence[onnx.NodeProto], known: Iterable[str], source: s
             f"'{source}': the graph has a cycle through nodes {stuck[:5]}; ONNX graphs must be "
             f"acyclic. Re-export the model.")
     return order
+
+
+def _outer_refs(node: onnx.NodeProto) -> set[str]:
+    """Names a node's subgraphs (If/Loop bodies) read from the enclosing graph."""
+    refs: set[str] = set()
+    for a in node.attribute:
+        for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else
+                  list(a.graphs) if a.type == onnx.AttributeProto.GRAPHS else []):
+            local = {t.name for t in g.initializer} | {i.name for i in g.input}
+            local |= {o for n in g.node for o in n.output}
+            for n in g.node:
+                refs |= ({x for x in n.input if x} | _outer_refs(n)) - local
+    return refs
 
 
 def unsupported_report(nodes: Sequence[Node], foldable: set[str], source: str, opset: int) -> None:
@@ -272,6 +285,8 @@ class _Importer:
         self.producer: dict[str, tuple[Node, onnx.NodeProto]] = {}
         self.node_syms: dict[str, Any] = {}
         self.shape_cache: dict[tuple[str, int], tuple[int, ...] | None] = {}
+        self.seen_names: Counter = Counter()
+        self.branch_nodes: list[tuple[Node, onnx.NodeProto]] = []  # inlined If branches
 
     # ----- inputs
     def _initializers(self) -> dict[str, np.ndarray]:
@@ -597,7 +612,7 @@ class _Importer:
             if n.op_type in ("QuantizeLinear", "DequantizeLinear"):
                 self.weights.difference_update(n.input[1:])
         order = topological(g.node, list(self.inits) + [i.name for i in self.inputs], self.source)
-        nodes = self._nodes(order)
+        nodes = self._nodes(g.node, order)
         self._check_supported(nodes)
         self.info = self._inferred()
         for i in self.inputs:
@@ -613,43 +628,71 @@ class _Importer:
             self.runtime[i.name] = Tensor(i.name, mx.sym.var(i.name, dtype=carrier), shape=free,
                                           dtype=dtype)
         for node, proto in nodes:
-            known = self._known_inputs(node)
-            if known is not None:
-                try:
-                    self._fold(node, proto, known)
-                    continue
-                except OnnxImportError:  # e.g. no onnxruntime kernel for these dtypes
-                    if get(node.op_type, node.opset, node.domain) is None:
-                        raise
-            if node.op_type in ("Shape", "Size") and node.domain in ("", "ai.onnx") \
-                    and self._fold_shape(node, proto):
-                continue
-            syms = self._convert(node, proto)
-            self.node_syms[proto.name] = syms
-            for o, s in zip(node.outputs, syms):
-                if o and s is not None:
-                    shape, dtype = self.info.get(o, (None, None))
-                    lazy = shape is None or None in shape  # MXNet may know more than ONNX
-                    self.runtime[o] = Tensor(
-                        o, s, shape=None if lazy else shape, dtype=dtype,
-                        make_shape=lambda o=o, s=shape: self._free_shape(o) or s)
-        return self._block(nodes, ctx)
+            self._process(node, proto)
+        return self._block(nodes + self.branch_nodes, ctx)
 
-    def _nodes(self, order: list[int]) -> list[tuple[Node, onnx.NodeProto]]:
+    def _process(self, node: Node, proto: onnx.NodeProto) -> None:
+        """Fold, inline or convert one node."""
+        if node.op_type == "If" and node.domain in ("", "ai.onnx") and self._inline_if(node):
+            return
+        known = self._known_inputs(node)
+        if known is not None:
+            try:
+                self._fold(node, proto, known)
+                return
+            except OnnxImportError:  # e.g. no onnxruntime kernel for these dtypes
+                if get(node.op_type, node.opset, node.domain) is None:
+                    raise
+        if node.op_type in ("Shape", "Size") and node.domain in ("", "ai.onnx") \
+                and self._fold_shape(node, proto):
+            return
+        syms = self._convert(node, proto)
+        self.node_syms[proto.name] = syms
+        for o, s in zip(node.outputs, syms):
+            if o and s is not None:
+                shape, dtype = self.info.get(o, (None, None))
+                lazy = shape is None or None in shape  # MXNet may know more than ONNX
+                self.runtime[o] = Tensor(
+                    o, s, shape=None if lazy else shape, dtype=dtype,
+                    make_shape=lambda o=o, s=shape: self._free_shape(o) or s)
+
+    def _inline_if(self, node: Node) -> bool:
+        """An If whose condition folds to a constant (exports of shape checks) becomes the
+        nodes of the branch it takes; False when the condition is only known at run time."""
+        cond = self.alias.get(node.inputs[0], node.inputs[0])
+        if cond not in self.consts:
+            return False
+        if self._is_dependent(cond):
+            raise node.unsupported("its condition depends on the batch size; import with "
+                                   "fixed_batch=True and input_shapes")
+        branch = node.attr("then_branch" if bool(self.consts[cond][0].reshape(-1)[0])
+                           else "else_branch")
+        for t in branch.initializer:
+            self._set_const(t.name, numpy_helper.to_array(t))
+        known = set(self.consts) | set(self.runtime) | set(self.alias)
+        nodes = self._nodes(branch.node, topological(branch.node, known, self.source))
+        self.branch_nodes += nodes
+        for n, p in nodes:
+            self._process(n, p)
+        for out, res in zip(node.outputs, branch.output):
+            self.alias[out] = self.alias.get(res.name, res.name)
+        return True
+
+    def _nodes(self, protos: Sequence[onnx.NodeProto], order: list[int]
+               ) -> list[tuple[Node, onnx.NodeProto]]:
         """Parsed nodes with unique names (empty or repeated names get a suffix)."""
-        seen: Counter = Counter()
         out = []
         for i in order:
-            proto = self.graph.node[i]
+            proto = protos[i]
             opset = self.opsets.get("" if proto.domain == "ai.onnx" else proto.domain, self.opset)
             node = node_from_proto(proto, opset, i)
             base = node.name
-            seen[base] += 1
-            if seen[base] > 1:
-                node.name = f"{base}_{seen[base] - 1}"
+            self.seen_names[base] += 1
+            if self.seen_names[base] > 1:
+                node.name = f"{base}_{self.seen_names[base] - 1}"
             if node.name != proto.name:
                 proto = onnx.NodeProto()
-                proto.CopyFrom(self.graph.node[i])
+                proto.CopyFrom(protos[i])
                 proto.name = node.name
             out.append((node, proto))
         return out

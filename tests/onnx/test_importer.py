@@ -500,3 +500,22 @@ def test_constant_node_onnxruntime_cannot_evaluate_runs_in_the_graph():
     block = import_model(model)
     x = RNG.randn(2, 3).astype("f")
     np.testing.assert_allclose(mx_run(block, {"x": x})[0], x + np.array([1, -2, 3]), rtol=1e-6)
+
+
+def test_if_on_a_static_shape_condition_inlines_the_taken_branch():
+    """Scripted exports guard code with ``if x.dim() == 3``: the condition folds."""
+    then = helper.make_graph([node("Mul", ["xr", "w"], ["t"])], "then", [],
+                             [helper.make_tensor_value_info("t", F, None)])
+    other = helper.make_graph([node("Neg", ["x"], ["e"])], "else", [],
+                              [helper.make_tensor_value_info("e", F, None)])
+    nodes = [node("Shape", ["x"], ["s"]), node("Size", ["s"], ["rank"]),
+             node("Equal", ["rank", "three"], ["is3"]),
+             node("If", ["is3"], ["y"], name="guard", then_branch=then, else_branch=other),
+             node("Relu", ["x"], ["xr"])]  # read by the branch, listed after the If
+    model = make_model(nodes, [("x", ["N", 2, 4])], [("y", None)],
+                       {"three": np.array(3, np.int64), "w": RNG.randn(4).astype("f")})
+    block = import_model(model)
+    assert [n for n, p in block.collect_params().items() if p.grad_req == "write"] == ["w"]
+    assert "negative" not in graph_ops(block)
+    for b in (1, 2):
+        assert_matches_ort(model, block, {"x": RNG.randn(b, 2, 4).astype("f")})
