@@ -65,7 +65,9 @@ def table(passed: dict[str, bool]) -> str:
         "Shape of statically shaped values) are evaluated with onnxruntime, at two batch sizes. "
         "Batch-dependent shape vectors become batch-free: Reshape `0`/`-1`, Expand `1` plus a "
         "run-time broadcast to the batch, Resize sizes `0`, Slice ends open-ended; other "
-        "batch-dependent values are computed at run time or refused with a clear error.",
+        "batch-dependent values are computed at run time or refused with a clear error. "
+        "An If whose condition folds becomes the branch it takes; model-local functions "
+        "are inlined.",
         "- **Parameters.** Float tensors of rank >= 1 from initializers, Constant nodes and "
         "folded weight chains (e.g. DequantizeLinear of int8 weights) become Gluon parameters "
         "named by their ONNX names; BatchNormalization statistics are auxiliary states. "

@@ -159,7 +159,9 @@ def test_node_order_is_not_trusted():
     shuffled = list(model.graph.node)[::-1]
     del model.graph.node[:]
     model.graph.node.extend(shuffled)
+    before = model.SerializeToString()
     block = import_model(model)
+    assert model.SerializeToString() == before, "the caller's ModelProto is not modified"
     assert_matches_ort(flatten_by_shape_model(), block, {"x": RNG.randn(2, 3, 4).astype("f")})
 
 
