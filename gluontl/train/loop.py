@@ -26,6 +26,7 @@ from ..pipeline import prepare
 from ..recipe import Recipe
 from ..rules import Plan, apply_plan, format_plan, make_plan, trainable_params
 from . import checkpoint
+from .cache import Feed, build_feed
 from .data import make_loaders
 from .schedule import lr_at
 
@@ -112,6 +113,51 @@ def _set_accumulation(net, k: int) -> None:
     if k > 1:
         for p in trainable_params(net).values():
             p.grad_req = "add"
+
+
+
+class Stepper:
+    """One training step over a batch split across contexts: forward, backward and, when
+    ``update`` says so, the optimizer update.
+
+    The loop, the feature-cache path (``net`` is then the trainable suffix) and
+    ``scripts/bench_finetune.py`` share it, so the benchmark times the step that trains.
+    With ``accumulate`` > 1 the parameters are in ``grad_req: add`` (``_set_accumulation``)
+    and gradients pile up until the update; ``pending`` counts the images they cover.
+    A non-finite loss discards the pending gradients and updates nothing.
+    """
+
+    def __init__(self, net, trainer: gluon.Trainer, loss_fn: Callable, ctxs: list[mx.Context]) -> None:
+        self.net, self.trainer, self.loss_fn, self.ctxs = net, trainer, loss_fn, ctxs
+        self.params = list(trainable_params(net).values())
+        self.pending = 0
+        self.updated = False
+
+    def step(self, x: mx.nd.NDArray, y: mx.nd.NDArray, update: bool = True) -> float:
+        """Summed loss of the batch (synchronizes, like any loss read)."""
+        xs = gluon.utils.split_and_load(x, self.ctxs, even_split=False)
+        ys = gluon.utils.split_and_load(y, self.ctxs, even_split=False)
+        with autograd.record():
+            losses = [self.loss_fn(self.net(xi), yi) for xi, yi in zip(xs, ys)]
+        autograd.backward(losses)
+        batch_loss = sum(float(l.sum().asscalar()) for l in losses)
+        self.updated = False
+        if not np.isfinite(batch_loss):
+            self._zero_grads()
+            self.pending = 0
+            return batch_loss
+        self.pending += x.shape[0]
+        if update:
+            self.trainer.step(self.pending)
+            self._zero_grads(only_add=True)
+            self.pending = 0
+            self.updated = True
+        return batch_loss
+
+    def _zero_grads(self, only_add: bool = False) -> None:
+        for p in self.params:
+            if not only_add or p.grad_req == "add":
+                p.zero_grad()
 
 
 class MetricsLog:
@@ -233,7 +279,6 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
         best, partial = meta.get("best"), tuple(meta.get("epoch_loss", (0.0, 0)))
         plan = make_plan(net, recipe.rules, epoch=start_epoch, input_shape=recipe.model.input_shape)
         apply_plan(net, plan)
-    _write_plan(run_dir, plan)
     _set_accumulation(net, t.accumulate)
     trainer = _make_trainer(net, recipe)
     if meta is not None:
@@ -246,47 +291,44 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
     stopped = False
     steps_this_call = 0
     bad_steps = 0
+    feed: Feed | None = None
     with _Stop() as stop:
         for epoch in range(start_epoch, t.epochs):
+            t0 = time.perf_counter()
             new_plan = make_plan(net, recipe.rules, epoch=epoch, input_shape=recipe.model.input_shape)
-            if new_plan.settings() != plan.settings():
+            replan = new_plan.settings() != plan.settings()
+            if replan:
                 changed = [n for n, s in new_plan.settings().items() if plan.settings()[n] != s]
                 _say(quiet, f"epoch {epoch}: rules changed {len(changed)} parameters (e.g. {changed[0]}); "
                             f"rebuilding the trainer and the cached graph")
                 plan = new_plan
                 apply_plan(net, plan)
                 _set_accumulation(net, t.accumulate)
-                _write_plan(run_dir, plan)
                 trainer = _make_trainer(net, recipe)
-            t0 = time.perf_counter()
-            loader = loaders.train_epoch(epoch, skip_batches=skip)
-            bar = _bar(loader, epoch, t.epochs, quiet, skip, n_batches)
-            (run_loss, run_n), pending, partial = partial, 0, (0.0, 0)
+            if replan or feed is None:
+                new_feed = build_feed(net, plan, recipe, loaders, ctxs[0], run_dir / "feature_cache", quiet, feed)
+                if new_feed is not feed:
+                    _say(quiet, new_feed.log)
+                feed = new_feed
+                _write_plan(run_dir, plan, feed)
+            stepper = Stepper(feed.net, trainer, loss_fn, ctxs)
+            feed.prepare(epoch)
+            bar = _bar(feed.train_batches(epoch, skip), epoch, t.epochs, quiet, skip, n_batches)
+            (run_loss, run_n), partial = partial, (0.0, 0)
             for i, (x, y) in enumerate(bar, start=skip):
                 mx.random.seed((t.seed * 1_000_003 + epoch * 10_007 + i) % 2**31)
                 lr = lr_at(t.schedule, t.lr, global_step, steps_per_epoch, t.epochs)
                 trainer.set_learning_rate(lr)
                 tick = time.perf_counter()
-                xs = gluon.utils.split_and_load(x, ctxs, even_split=False)
-                ys = gluon.utils.split_and_load(y, ctxs, even_split=False)
-                with autograd.record():
-                    losses = [loss_fn(net(xi), yi) for xi, yi in zip(xs, ys)]
-                autograd.backward(losses)
-                batch_loss = sum(float(l.sum().asscalar()) for l in losses)
-                pending += x.shape[0]
+                batch_loss = stepper.step(x, y, update=(i + 1) % t.accumulate == 0 or i + 1 == n_batches)
                 if not np.isfinite(batch_loss):
                     bad_steps += 1
-                    _zero_grads(net)
-                    pending = 0
                     if bad_steps > t.max_bad_steps:
                         raise TrainError(f"Loss was NaN/Inf in {bad_steps} steps (epoch {epoch}); the last good "
                                          f"checkpoint is in {run_dir / 'checkpoints'}. Lower train.lr or set "
                                          f"train.clip_gradient.")
                     continue
-                if (i + 1) % t.accumulate == 0 or i + 1 == n_batches:
-                    trainer.step(pending)
-                    _zero_grads(net, only_add=True)
-                    pending = 0
+                if stepper.updated:
                     global_step += 1
                     steps_this_call += 1
                 run_loss += batch_loss
@@ -294,11 +336,11 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
                 ips = x.shape[0] / max(time.perf_counter() - tick, 1e-9)
                 if hasattr(bar, "set_postfix"):
                     bar.set_postfix(loss=f"{run_loss / run_n:.4f}", lr=f"{lr:.3g}", img_s=f"{ips:.0f}")
-                if global_step % t.log_every == 0 and pending == 0:
+                if global_step % t.log_every == 0 and stepper.pending == 0:
                     log.write({"step": global_step, "epoch_f": epoch + (i + 1) / n_batches,
                                "loss": batch_loss / x.shape[0], "lr": lr, "img_per_s": ips})
                 if stop.requested or (stop_after_steps is not None and steps_this_call >= stop_after_steps):
-                    if pending == 0:
+                    if stepper.pending == 0:
                         checkpoint.save(run_dir / "checkpoints", "last", net, trainer,
                                         dict(state, epoch=epoch, batch_in_epoch=i + 1, global_step=global_step,
                                              best=best, epoch_loss=(run_loss, run_n)))
@@ -308,7 +350,7 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
                 break
             skip = 0
             with autograd.predict_mode():
-                val = evaluate_loader(net, loaders.val, ctxs, loaders.num_classes, loss_fn)
+                val = evaluate_loader(feed.net, feed.val_batches(), ctxs, loaders.num_classes, loss_fn)
             row = {"step": global_step, "epoch": epoch + 1, "train_loss": run_loss / max(run_n, 1),
                    **{k: v for k, v in val.items() if k != "confusion"},
                    "seconds": time.perf_counter() - t0}
@@ -327,7 +369,7 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
                    "restore": prep.restore.summary() if prep.restore else None, "bad_images": loaders.bad.summary(),
                    "bad_steps": bad_steps, "trainable": plan.totals()["trainable"],
                    "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "mxnet default"),
-                   "hybridized": t.hybridize}
+                   "hybridized": t.hybridize, "feature_cache": feed.summary() if feed else None}
         write_text(run_dir / "summary.json", json.dumps(summary, indent=1), TrainError)
         _say(quiet, f"done: best val_top1 {best['val_top1']:.4f} at epoch {best['epoch']}; run folder {run_dir}")
         if len(loaders.bad):
@@ -335,15 +377,10 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
     return result
 
 
-def _zero_grads(net, only_add: bool = False) -> None:
-    for p in trainable_params(net).values():
-        if not only_add or p.grad_req == "add":
-            p.zero_grad()
-
-
-def _write_plan(run_dir: Path, plan: Plan) -> None:
-    write_text(run_dir / "plan.txt", format_plan(plan) + "\n", TrainError)
-    write_text(run_dir / "plan.json", json.dumps(plan.to_json(), indent=1), TrainError)
+def _write_plan(run_dir: Path, plan: Plan, feed: Feed) -> None:
+    write_text(run_dir / "plan.txt", format_plan(plan) + f"\n{feed.log}\n", TrainError)
+    write_text(run_dir / "plan.json", json.dumps({**plan.to_json(), "feature_cache": feed.summary()}, indent=1),
+               TrainError)
 
 
 def _say(quiet: bool, msg: str) -> None:
@@ -362,4 +399,4 @@ def _bar(loader, epoch: int, epochs: int, quiet: bool, initial: int, total: int)
                 leave=False, dynamic_ncols=True)
 
 
-__all__ = ["finetune", "RunResult", "evaluate_loader", "parse_ctx"]
+__all__ = ["finetune", "RunResult", "Stepper", "evaluate_loader", "parse_ctx"]

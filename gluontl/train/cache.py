@@ -1,0 +1,202 @@
+"""Frozen-prefix feature cache: compute what the frozen part of the network makes of each
+image once, and train the trainable suffix from that.
+
+A frozen prefix (see ``prefix.split_frozen_prefix``) under deterministic train transforms
+maps each image to the same features every epoch, so epochs 2..N need only the suffix.
+With random augmentation the cache holds ``train.cache_views`` = K augmented views per
+image, view v drawn exactly as epoch v would draw it (``sample_rng(seed, v, index)``);
+epoch e trains on view e % K, so with K >= epochs training is the uncached run. Batches
+come in the sampler's order, so the loss curve equals the uncached one within float
+tolerance. Features live in memory, or in a memory-mapped file in the run folder past
+``train.cache_max_bytes``. Nothing is persisted across calls: a resumed run recomputes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import mxnet as mx
+import numpy as np
+from mxnet import gluon
+from mxnet.gluon import HybridBlock
+
+from ..errors import TrainError
+from ..recipe import Recipe, TrainSpec
+from ..rules import Plan
+from .data import EpochSampler, ImageDataset, Loaders
+from .prefix import Engine, Split, choose_engine, split_frozen_prefix
+
+_RANDOM_STEPS = ("random_resized_crop", "flip", "color_jitter")
+
+
+def random_steps(ds: ImageDataset) -> list[str]:
+    """The random steps of a dataset's transform (what rules out a one-view cache)."""
+    spec = ds.transform.spec
+    return [s for s in _RANDOM_STEPS if ds.transform.random and getattr(spec, s)]
+
+
+@dataclass
+class Decision:
+    """Whether train features are cached (and how many views), and the sentence saying why."""
+
+    train: bool
+    views: int
+    reason: str
+
+
+def decide(t: TrainSpec, split: Split, train_ds: ImageDataset) -> Decision:
+    if t.cache_features == "off":
+        return Decision(False, 0, "train.cache_features: off")
+    why_not = None
+    steps = random_steps(train_ds)
+    if split.prefix is None:
+        why_not = split.reason
+    elif steps and t.cache_views == 0:
+        why_not = (f"{', '.join(steps)} in train_transform (random per epoch; set train.cache_views: K "
+                   f"to cache K augmented views)")
+    if why_not is not None:
+        if t.cache_features == "on":
+            raise TrainError(f"train.cache_features: on, but the features cannot be cached: {why_not}. "
+                             f"Use cache_features: auto to train without the cache in that case.")
+        return Decision(False, 0, why_not)
+    views = t.cache_views if steps else 1
+    more = f", {views} augmented views (epoch e uses view e % {views})" if steps else ""
+    return Decision(True, views, f"{split.reason}{more}")
+
+
+class FeatureCache:
+    """Prefix outputs of the train views and of val, filled on first use."""
+
+    def __init__(self, engine: Engine, loaders: Loaders, views: int, t: TrainSpec, folder: Path,
+                 batch_size: int, workers: int, quiet: bool) -> None:
+        self.engine, self.loaders, self.views = engine, loaders, views
+        self.dtype = np.dtype(t.cache_dtype)
+        self.max_bytes, self.folder = t.cache_max_bytes, folder
+        self.batch_size, self.workers, self.quiet = batch_size, workers, quiet
+        self.train: dict[int, np.ndarray] = {}
+        self.val: np.ndarray | None = None
+        self.bytes = 0
+
+    def _fill(self, ds: ImageDataset, keys: list, what: str) -> np.ndarray:
+        from tqdm import tqdm
+
+        batches = [keys[i:i + self.batch_size] for i in range(0, len(keys), self.batch_size)]
+        loader = gluon.data.DataLoader(ds, batch_sampler=batches, num_workers=self.workers, thread_pool=False)
+        out = None
+        row = 0
+        for x, _ in tqdm(loader, total=len(batches), desc=f"caching {what} features", unit="batch",
+                         leave=False, disable=self.quiet):
+            f = self.engine(x.asnumpy())
+            if out is None:
+                out = self._allocate((len(keys), *f.shape[1:]), what)
+            out[row:row + len(f)] = f
+            row += len(f)
+        return out
+
+    def _allocate(self, shape: tuple[int, ...], what: str) -> np.ndarray:
+        size = int(np.prod(shape)) * self.dtype.itemsize
+        self.bytes += size
+        if self.bytes <= self.max_bytes:
+            return np.empty(shape, self.dtype)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        return np.lib.format.open_memmap(self.folder / f"{what.replace(' ', '_')}.npy", "w+", self.dtype, shape)
+
+    def prepare(self, epoch: int) -> None:
+        """Compute the view epoch ``epoch`` trains on, if not yet done (before its progress bar)."""
+        v = epoch % self.views
+        if v not in self.train:
+            ds = self.loaders.train._dataset
+            self.train[v] = self._fill(ds, [(i, v) for i in range(len(ds))], f"train view {v}")
+
+    def train_batches(self, epoch: int, skip: int) -> Iterator[tuple[mx.nd.NDArray, mx.nd.NDArray]]:
+        """The batches of ``epoch`` in the loader's order, as (features, labels)."""
+        self.prepare(epoch)
+        feats, labels = self.train[epoch % self.views], self.loaders.train._dataset.labels
+        sampler: EpochSampler = self.loaders.train_sampler
+        sampler.set_epoch(epoch)
+        sampler.skip(skip)
+        for keys in sampler:
+            idx = np.fromiter((k[0] for k in keys), np.int64, len(keys))
+            yield mx.nd.array(feats[idx], dtype=np.float32), mx.nd.array(labels[idx], dtype=np.float32)
+
+    def val_batches(self) -> Iterator[tuple[mx.nd.NDArray, mx.nd.NDArray]]:
+        ds = self.loaders.val._dataset
+        if self.val is None:
+            self.val = self._fill(ds, list(range(len(ds))), "val")
+        for i in range(0, len(ds), self.batch_size):
+            yield (mx.nd.array(self.val[i:i + self.batch_size], dtype=np.float32),
+                   mx.nd.array(ds.labels[i:i + self.batch_size], dtype=np.float32))
+
+    def describe(self) -> str:
+        where = "memory" if self.bytes <= self.max_bytes else f"memory-mapped files in {self.folder}"
+        return f"{self.bytes / 2**20:.1f} MiB of {self.dtype.name} features in {where}"
+
+
+class Feed:
+    """What the loop trains — the whole network, or the suffix after a frozen prefix — and the
+    batches it feeds it: images, cached features, or features the prefix engine computes per
+    step (augmentation rules out a cache, but onnxruntime runs the prefix faster)."""
+
+    def __init__(self, net: HybridBlock, loaders: Loaders, split: Split | None = None,
+                 cache: FeatureCache | None = None, engine: Engine | None = None, log: str = "") -> None:
+        self.net, self.loaders, self.split, self.cache, self.engine = net, loaders, split, cache, engine
+        self.log = log
+
+    @property
+    def boundary(self) -> str | None:
+        return self.split.boundary if self.split is not None else None
+
+    def prepare(self, epoch: int) -> None:
+        if self.cache is not None:
+            self.cache.prepare(epoch)
+
+    def train_batches(self, epoch: int, skip: int) -> Iterable[tuple[mx.nd.NDArray, mx.nd.NDArray]]:
+        if self.cache is not None:
+            return self.cache.train_batches(epoch, skip)
+        loader = self.loaders.train_epoch(epoch, skip_batches=skip)
+        return loader if self.engine is None else self._through_engine(loader)
+
+    def val_batches(self) -> Iterable[tuple[mx.nd.NDArray, mx.nd.NDArray]]:
+        if self.cache is not None:
+            return self.cache.val_batches()
+        return self.loaders.val if self.engine is None else self._through_engine(self.loaders.val)
+
+    def _through_engine(self, loader) -> Iterator[tuple[mx.nd.NDArray, mx.nd.NDArray]]:
+        for x, y in loader:
+            yield mx.nd.array(self.engine(x.asnumpy()), ctx=x.context), y
+
+    def summary(self) -> dict[str, Any]:
+        return {"cache": self.cache is not None, "prefix_engine": self.engine.name if self.engine else None,
+                "boundary": self.boundary, "log": self.log,
+                "cache_size": self.cache.describe() if self.cache is not None else None}
+
+
+def build_feed(net: HybridBlock, plan: Plan, recipe: Recipe, loaders: Loaders, ctx: mx.Context, folder: Path,
+               quiet: bool, previous: Feed | None = None) -> Feed:
+    """The feed for ``plan``; the previous one (and its cache) is kept while the cut stays put."""
+    t = recipe.train
+    split = split_frozen_prefix(net, plan, recipe.model.input_shape, ctx)
+    if previous is not None and previous.boundary == split.boundary:
+        previous.net._clear_cached_op()  # traced with the old grad_req
+        return previous
+    train_ds = loaders.train._dataset
+    decision = decide(t, split, train_ds)
+    use_engine = split.prefix is not None and (decision.train or (t.prefix_engine != "mxnet"
+                                                                  and t.cache_features != "off"))
+    if not use_engine:
+        return Feed(net, loaders, split, log=f"feature cache: off ({decision.reason})")
+    if t.hybridize:
+        split.suffix.hybridize(static_alloc=True, static_shape=True)
+    probe = np.stack([train_ds[(i, 0)][0] for i in range(min(recipe.data.batch_size, len(train_ds)))])
+    engine, engine_log = choose_engine(t.prefix_engine, split.prefix, recipe.model.input_shape, ctx, probe,
+                                       t.hybridize)
+    if decision.train:
+        cache = FeatureCache(engine, loaders, decision.views, t, folder, recipe.data.batch_size,
+                             recipe.data.workers, quiet)
+        return Feed(split.suffix, loaders, split, cache=cache, engine=engine,
+                    log=f"feature cache: on ({decision.reason}); {engine_log}")
+    if engine.name == "mxnet":  # MXNet already skips backward through the frozen prefix
+        return Feed(net, loaders, split, log=f"feature cache: off ({decision.reason}); {engine_log}")
+    return Feed(split.suffix, loaders, split, engine=engine,
+                log=f"feature cache: off ({decision.reason}); {engine_log}, run every step")

@@ -1,0 +1,121 @@
+"""Frozen-prefix feature cache and prefix engines: same numbers as training through the whole net."""
+import json
+
+import mxnet as mx
+import numpy as np
+import pytest
+from gluoncv.model_zoo import get_model
+
+from gluontl.errors import TrainError
+from gluontl.recipe import parse_recipe
+from gluontl.train.loop import finetune
+
+DATA = {"source": "demo:digits", "classes": ["5", "6"], "batch_size": 16,
+        "train_transform": {"resize": 16}, "val_transform": {"resize": 16}}
+HEAD_ONLY = [{"preset": "freeze_all_but_head"}]
+LAST_STAGE = [{"preset": "freeze_until_stage", "until_stage": 3}]
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory):
+    """ResNet-18 weights with non-trivial BN statistics (a stand-in for a pretrained backbone)."""
+    mx.random.seed(0)
+    net = get_model("resnet18_v1", classes=2)
+    net.initialize(mx.init.Xavier())
+    with mx.autograd.record():
+        net(mx.nd.random.uniform(shape=(8, 3, 16, 16)))
+    path = tmp_path_factory.mktemp("w") / "w.params"
+    net.save_parameters(str(path))
+    return str(path)
+
+
+def recipe(weights, rules=HEAD_ONLY, data=None, **train):
+    return parse_recipe({"name": "c", "model": {"source": "zoo:resnet18_v1", "weights": weights,
+                                                "input_shape": [3, 16, 16], "restore": {"only": ["features.*"]}},
+                         "surgery": {"head": {"classes": 2}}, "rules": rules, "data": {**DATA, **(data or {})},
+                         "train": {"epochs": 2, "lr": 0.05, "log_every": 1, "prefix_engine": "mxnet", **train}})
+
+
+def curve(result):
+    rows = [r for r in result.metrics]
+    return np.array([[r.get(k, 0.0) for k in ("step", "loss", "lr", "train_loss", "val_loss", "val_top1")]
+                     for r in rows])
+
+
+def summary(result):
+    return json.loads((result.run_dir / "summary.json").read_text())["feature_cache"]
+
+
+def assert_same_run(a, b, rtol=1e-4):
+    ca, cb = curve(a), curve(b)
+    assert ca.shape == cb.shape
+    np.testing.assert_allclose(ca, cb, rtol=rtol, atol=1e-5)
+    pa = mx.nd.load(str(a.run_dir / "checkpoints" / "last.params"))
+    pb = mx.nd.load(str(b.run_dir / "checkpoints" / "last.params"))
+    for k in pa:
+        np.testing.assert_allclose(pa[k].asnumpy(), pb[k].asnumpy(), rtol=rtol * 10, atol=1e-5, err_msg=k)
+
+
+@pytest.fixture(scope="module")
+def uncached(weights, tmp_path_factory):
+    """The reference: head-only training through the whole network."""
+    return finetune(recipe(weights, cache_features="off"), runs_root=tmp_path_factory.mktemp("ref"), quiet=True)
+
+
+@pytest.mark.parametrize("rules, boundary, lr", [(HEAD_ONLY, "output", 0.05), (LAST_STAGE, "features.7", 0.01)])
+def test_cached_training_equals_uncached(weights, uncached, tmp_path, rules, boundary, lr):
+    # training amplifies float-order differences; a gentler lr keeps stage-4 runs comparable at 1e-4
+    off = uncached if rules is HEAD_ONLY else finetune(recipe(weights, rules, cache_features="off", lr=lr),
+                                                       runs_root=tmp_path, quiet=True)
+    on = finetune(recipe(weights, rules, cache_features="on", lr=lr), runs_root=tmp_path, quiet=True)
+    assert summary(off)["cache"] is False and "cache_features: off" in summary(off)["log"]
+    s = summary(on)
+    assert s["cache"] is True and s["boundary"] == boundary and "in memory" in s["cache_size"]
+    assert f"training from {boundary}" in (on.run_dir / "plan.txt").read_text()
+    assert_same_run(off, on)
+
+
+def test_resume_with_the_cache_continues_exactly(weights, uncached, tmp_path):
+    part = finetune(recipe(weights), runs_root=tmp_path, quiet=True, stop_after_steps=7)
+    assert part.stopped_early
+    done = finetune(recipe(weights), runs_root=tmp_path, quiet=True, resume=part.run_dir)
+    assert summary(done)["cache"]
+    assert_same_run(uncached, done)
+
+
+def test_random_augmentation_turns_the_cache_off_unless_views_are_asked_for(weights, tmp_path):
+    flip = {"train_transform": {"resize": 16, "flip": True}}
+    off = finetune(recipe(weights, data=flip), runs_root=tmp_path, quiet=True, stop_after_steps=3)
+    assert "flip in train_transform" in (off.run_dir / "plan.txt").read_text()
+    with pytest.raises(TrainError, match="flip in train_transform"):
+        finetune(recipe(weights, data=flip, cache_features="on"), runs_root=tmp_path, quiet=True)
+    # views drawn as epochs 0 and 1 draw them: with K >= epochs the run is the uncached one
+    plain = finetune(recipe(weights, data=flip, cache_features="off"), runs_root=tmp_path, quiet=True)
+    views = finetune(recipe(weights, data=flip, cache_views=2), runs_root=tmp_path, quiet=True)
+    assert summary(views)["cache"] and "2 augmented views" in summary(views)["log"]
+    assert_same_run(plain, views)
+
+
+def test_why_the_cache_is_off_when_everything_trains(weights, tmp_path):
+    r = finetune(recipe(weights, rules=[], epochs=1), runs_root=tmp_path, quiet=True, stop_after_steps=1)
+    log = (r.run_dir / "plan.txt").read_text().splitlines()[-1]
+    assert log.startswith("feature cache: off (stage stem trains (features.0.weight")
+
+
+def test_memory_mapped_float16_cache(weights, uncached, tmp_path):
+    on = finetune(recipe(weights, cache_dtype="float16", cache_max_bytes=1), runs_root=tmp_path, quiet=True)
+    assert "memory-mapped" in summary(on)["cache_size"] and "float16" in summary(on)["cache_size"]
+    assert list((on.run_dir / "feature_cache").glob("*.npy"))
+    assert_same_run(uncached, on, rtol=2e-2)  # float16 features: same run up to half precision
+
+
+def test_onnxruntime_prefix_engine_matches_mxnet(weights, uncached, tmp_path):
+    flip = {"train_transform": {"resize": 16, "flip": True}}
+    base = finetune(recipe(weights, data=flip, cache_features="off"), runs_root=tmp_path, quiet=True)
+    ort = finetune(recipe(weights, data=flip, prefix_engine="onnxruntime"), runs_root=tmp_path, quiet=True)
+    s = summary(ort)
+    assert s["cache"] is False and s["prefix_engine"] == "onnxruntime" and "run every step" in s["log"]
+    assert_same_run(base, ort, rtol=1e-3)
+    cached = finetune(recipe(weights, prefix_engine="onnxruntime"), runs_root=tmp_path, quiet=True)
+    assert summary(cached)["cache"] and summary(cached)["prefix_engine"] == "onnxruntime"
+    assert_same_run(uncached, cached, rtol=1e-3)
