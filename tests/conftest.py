@@ -1,4 +1,6 @@
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "onnx"))
+HERE = os.path.dirname(__file__)
+sys.path.insert(0, HERE)  # tests/helpers.py
+sys.path.insert(0, os.path.join(HERE, "onnx"))  # tests/onnx/opcheck.py

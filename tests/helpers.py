@@ -24,3 +24,22 @@ def sgd_step(net, x, y, lr=0.1, momentum=0.0, wd=0.0, steps=1):
 def batch(n=4, c=3, hw=32, classes=5, seed=0):
     rs = np.random.RandomState(seed)
     return mx.nd.array(rs.randn(n, c, hw, hw)), mx.nd.array(rs.randint(0, classes, n))
+
+
+DIGITS_5_9 = {"source": "demo:digits", "classes": ["5", "6", "7", "8", "9"], "batch_size": 16,
+              "train_transform": {"resize": 16}, "val_transform": {"resize": 16}}
+
+
+def tiny_symbol(folder, deep=True) -> str:
+    """A small BN-free conv net for 16×16 digits, exported as an MXNet symbol checkpoint."""
+    mx.random.seed(1)
+    net = mx.gluon.nn.HybridSequential()
+    net.add(mx.gluon.nn.Conv2D(8, 3, padding=1, activation="relu"))
+    if deep:
+        net.add(mx.gluon.nn.MaxPool2D(2), mx.gluon.nn.Conv2D(16, 3, padding=1, activation="relu"))
+    net.add(mx.gluon.nn.GlobalAvgPool2D(), mx.gluon.nn.Dense(5))
+    net.initialize(mx.init.Xavier())
+    net.hybridize()
+    net(mx.nd.zeros((1, 3, 16, 16)))
+    net.export(str(folder / "tiny"))
+    return str(folder / "tiny")

@@ -4,6 +4,7 @@ import json
 
 import mxnet as mx
 import numpy as np
+import helpers
 import pytest
 
 from gluontl.errors import TrainError
@@ -11,21 +12,12 @@ from gluontl.recipe import parse_recipe
 from gluontl.train import checkpoint
 from gluontl.train.loop import finetune
 
-DATA = {"source": "demo:digits", "classes": ["5", "6", "7", "8", "9"], "batch_size": 16,
-        "train_transform": {"resize": 16}, "val_transform": {"resize": 16}}
+DATA = helpers.DIGITS_5_9
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    d = tmp_path_factory.mktemp("nan")
-    net = mx.gluon.nn.HybridSequential()
-    net.add(mx.gluon.nn.Conv2D(4, 3, padding=1, activation="relu"), mx.gluon.nn.GlobalAvgPool2D(),
-            mx.gluon.nn.Dense(5))
-    net.initialize(mx.init.Xavier())
-    net.hybridize()
-    net(mx.nd.zeros((1, 3, 16, 16)))
-    net.export(str(d / "tiny"))
-    return str(d / "tiny")
+    return helpers.tiny_symbol(tmp_path_factory.mktemp("nan"), deep=False)
 
 
 def test_diverging_run_stops_with_last_good_checkpoint(tiny, tmp_path):

@@ -4,30 +4,19 @@ import json
 import mxnet as mx
 import numpy as np
 import pytest
+import helpers
 from gluoncv.model_zoo import get_model
 
 from gluontl.naming import named_params
 from gluontl.recipe import parse_recipe
 from gluontl.train.loop import finetune
 
-DATA = {"source": "demo:digits", "classes": ["5", "6", "7", "8", "9"], "batch_size": 16,
-        "train_transform": {"resize": 16}, "val_transform": {"resize": 16}}
+DATA = helpers.DIGITS_5_9
 
 
 @pytest.fixture(scope="module")
 def tiny_symbol(tmp_path_factory):
-    """A small BN-free conv net exported as an MXNet symbol checkpoint."""
-    d = tmp_path_factory.mktemp("tiny")
-    mx.random.seed(1)
-    net = mx.gluon.nn.HybridSequential()
-    net.add(mx.gluon.nn.Conv2D(8, 3, padding=1, activation="relu"), mx.gluon.nn.MaxPool2D(2),
-            mx.gluon.nn.Conv2D(16, 3, padding=1, activation="relu"), mx.gluon.nn.GlobalAvgPool2D(),
-            mx.gluon.nn.Dense(5))
-    net.initialize(mx.init.Xavier())
-    net.hybridize()
-    net(mx.nd.zeros((1, 3, 16, 16)))
-    net.export(str(d / "tiny"))
-    return str(d / "tiny")
+    return helpers.tiny_symbol(tmp_path_factory.mktemp("tiny"))
 
 
 def recipe(prefix, **train):
