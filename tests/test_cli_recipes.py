@@ -1,0 +1,136 @@
+"""Bad recipes: every case exits with code 2 and one clear paragraph, never a traceback."""
+import subprocess
+import sys
+import textwrap
+
+import mxnet as mx
+import pytest
+from gluoncv.model_zoo import get_model
+
+from gluontl import cli
+
+GOOD = """
+name: t
+model: {source: "zoo:resnet18_v1", input_shape: [3, 32, 32]}
+surgery: {head: {classes: 5}}
+rules:
+  - preset: freeze_all_but_head
+"""
+
+
+def run_cli(capsys, *args):
+    old = sys.argv
+    sys.argv = ["gluontl", *args]
+    try:
+        with pytest.raises(SystemExit) as e:
+            cli.main()
+            raise SystemExit(0)
+    finally:
+        sys.argv = old
+    out = capsys.readouterr()
+    return e.value.code, out.out, out.err
+
+
+@pytest.fixture()
+def weights(tmp_path):
+    net = get_model("resnet18_v1", classes=5)
+    net.initialize()
+    net(mx.nd.zeros((1, 3, 32, 32)))
+    path = tmp_path / "w.params"
+    net.save_parameters(str(path))
+    return path
+
+
+BAD = {
+    "unknown_top_key": (GOOD + "trian: {epochs: 3}\n", ["unknown key 'trian'"]),
+    "unknown_nested_key": (GOOD.replace("input_shape", "inputshape"), ["unknown key 'model.inputshape'"]),
+    "bad_grad_req": (GOOD + "  - {match: '*', grad_req: freeze}\n", ["rules.1.grad_req", "'write', 'null' or 'add'"]),
+    "bad_bn_value": (GOOD + "  - {type: BatchNorm, bn: fixed}\n", ["rules.1.bn", "'train' or 'frozen'"]),
+    "rule_matches_nothing": (GOOD + "  - {match: 'layer4.*', grad_req: 'null'}\n", ["rule 2", "layer4.*", "matches no parameter"]),
+    "bn_on_conv": (GOOD + "  - {type: Conv, bn: frozen}\n", ["rule 2 sets bn: frozen", "no BatchNorm"]),
+    "wrong_type_lr": (GOOD + "train: {lr: fast}\n", ["train.lr", "valid number"]),
+    "negative_lr_mult": (GOOD + "  - {match: '*', lr_mult: -1}\n", ["rules.1.lr_mult", "greater than or equal to 0"]),
+    "missing_weights": (GOOD.replace('input_shape: [3, 32, 32]', 'input_shape: [3, 32, 32], weights: nope.params'),
+                        ["Weights file 'nope.params' does not exist"]),
+    "yaml_syntax": ("name: t\nmodel: {source: zoo:resnet18_v1\n", ["not valid YAML"]),
+    "not_a_mapping": ("- just\n- a list\n", ["must be a YAML mapping"]),
+    "unknown_source_scheme": (GOOD.replace('"zoo:resnet18_v1"', '"hub:resnet18"'), ["model.source", "zoo:NAME"]),
+    "unknown_zoo_name": (GOOD.replace("resnet18_v1", "resnet19_v1"), ["not a Gluon or GluonCV", "Close matches"]),
+    "rule_without_selector": (GOOD + "  - {grad_req: 'null'}\n", ["needs a selector"]),
+    "rule_without_setting": (GOOD + "  - {match: '*'}\n", ["needs at least one setting"]),
+    "unknown_layer_type": (GOOD + "  - {type: Convolution, grad_req: 'null'}\n", ["unknown layer type 'Convolution'", "allowed"]),
+    "unknown_preset": (GOOD + "  - {preset: freeze_everything}\n", ["unknown preset", "freeze_all_but_head"]),
+    "bad_ctx": (GOOD + "train: {ctx: 'tpu:0'}\n", ["train.ctx", "gpu:0"]),
+    "yaml_alias_bomb": ("a: &a [x, x]\nb: [*a, *a]\nname: t\n", ["aliases"]),
+    "stage_out_of_range": (GOOD + "  - {stage: 7, grad_req: 'null'}\n", ["stage [7]", "matches no parameter"]),
+    "bad_name": (GOOD.replace("name: t", "name: 'a b/c'"), ["'name'", "pattern"]),
+    "mismatch_not_expected": (None, ["shape mismatch", "expect_mismatch"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_recipe_exits_2_with_one_paragraph(case, tmp_path, capsys, weights):
+    text, needles = BAD[case]
+    if text is None:  # a 10-class file restored into a 5-class head without declaring it
+        net = get_model("resnet18_v1", classes=10)
+        net.initialize()
+        net(mx.nd.zeros((1, 3, 32, 32)))
+        net.save_parameters(str(tmp_path / "w10.params"))
+        text = GOOD.replace('input_shape: [3, 32, 32]', f'input_shape: [3, 32, 32], weights: "{tmp_path}/w10.params"')
+    path = tmp_path / "r.yaml"
+    path.write_text(textwrap.dedent(text))
+    code, out, err = run_cli(capsys, "plan", "--recipe", str(path))
+    assert code == 2, (out, err)
+    assert "Traceback" not in err and err.startswith("error: ")
+    flat = " ".join(err.split())
+    for n in needles:
+        assert n in flat, (n, flat)
+    assert "\n\n" not in err.strip()
+
+
+def test_missing_recipe_file(capsys, tmp_path):
+    code, _, err = run_cli(capsys, "plan", "--recipe", str(tmp_path / "none.yaml"))
+    assert code == 2 and "does not exist" in err
+
+
+def test_plan_json_lists_every_parameter(capsys, tmp_path, weights):
+    import json
+    path = tmp_path / "r.yaml"
+    path.write_text(GOOD.replace('input_shape: [3, 32, 32]', f'input_shape: [3, 32, 32], weights: "{weights}"'))
+    code, out, err = run_cli(capsys, "plan", "--recipe", str(path), "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert len(data["params"]) == 102
+    trainable = {p["name"] for p in data["params"] if p["grad_req"] == "write" and not p["aux"]}
+    assert trainable == {"output.weight", "output.bias"}
+    assert data["totals"]["trainable"] == 5 * 512 + 5
+    assert data["params"][1]["decided_by"]["bn"] == "1.1" and data["params"][1]["bn"] == "frozen"
+
+
+def test_console_script_help_and_bad_recipe_subprocess(tmp_path):
+    exe = [sys.executable, "-m", "gluontl"]
+    h = subprocess.run(exe + ["--help"], capture_output=True, text=True)
+    assert h.returncode == 0
+    for cmd in ("plan", "inspect", "zoo"):
+        assert cmd in h.stdout
+    (tmp_path / "r.yaml").write_text("name: t\nmodel: {source: 'zoo:resnet18_v1', bogus: 1}\n")
+    r = subprocess.run(exe + ["plan", "--recipe", str(tmp_path / "r.yaml")], capture_output=True, text=True)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "unknown key 'model.bogus'" in " ".join(r.stderr.split())
+
+
+RECIPES = sorted((__import__("pathlib").Path(__file__).parent.parent / "recipes").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=[p.stem for p in RECIPES])
+def test_bundled_recipes_plan(path, capsys, monkeypatch):
+    """Every recipe in recipes/ validates and plans (before any pretraining has run)."""
+    monkeypatch.chdir(path.parent.parent)
+    code, out, err = run_cli(capsys, "plan", "--recipe", str(path.relative_to(path.parent.parent)), "--json")
+    assert code == 0, err
+    import json
+    plan = json.loads(out)
+    assert 0 < plan["totals"]["trainable"] and plan["totals"]["params"] == len(plan["params"])
+    if path.stem == "resnet18_freeze":
+        assert plan["totals"]["trainable"] == 5 * 512 + 5
+        assert all(p["bn"] == "frozen" for p in plan["params"] if p["layer_type"] == "BatchNorm")
