@@ -117,3 +117,29 @@ def test_every_gluon_vision_name_is_in_the_zoo():
     gluon = {line.split("'")[1] for line in src.splitlines() if line.strip().startswith("'") and "':" in line}
     assert len(gluon) > 30
     assert gluon <= set(zoo_names())
+
+
+@pytest.mark.parametrize("damage", ["json_garbage", "json_truncated", "params_truncated", "params_foreign",
+                                    "params_missing_weight"])
+def test_broken_symbol_checkpoints_give_clean_errors(tmp_path, damage):
+    net, _ = _saved(tmp_path)
+    net.hybridize()
+    net(mx.nd.zeros((1, *SHAPE)))
+    prefix = tmp_path / "m"
+    net.export(str(prefix))
+    sym, params = tmp_path / "m-symbol.json", tmp_path / "m-0000.params"
+    if damage == "json_garbage":
+        sym.write_text("{not json")
+    elif damage == "json_truncated":
+        sym.write_text(sym.read_text()[:500])
+    elif damage == "params_truncated":
+        params.write_bytes(params.read_bytes()[:1000])
+    elif damage == "params_foreign":
+        params.write_bytes(b"PK\x03\x04" + b"\0" * 100)
+    else:
+        arrays = mx.nd.load(str(params))
+        arrays.pop(next(k for k in arrays if k.endswith("conv0_weight")))
+        mx.nd.save(str(params), arrays)
+    with pytest.raises(ModelSourceError) as e:
+        load_model(ModelSpec(source=f"symbol:{prefix}"))
+    assert str(tmp_path) in str(e.value)
