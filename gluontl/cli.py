@@ -1,6 +1,7 @@
 """Command line: thin typer layer over the API; user errors become exit code 2 and one paragraph."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import textwrap
@@ -104,6 +105,8 @@ def _shape(text: str) -> tuple[int, ...]:
 def inspect(model: str = typer.Argument(..., help="zoo:NAME, symbol:PREFIX or onnx:PATH"),
             input_shape: str = typer.Option("3,224,224", help="C,H,W (no batch) to resolve shapes"),
             classes: Optional[int] = typer.Option(None, help="zoo: rebuild the classifier for N classes"),
+            nodes: bool = typer.Option(False, "--nodes", help="list cut points (nodes/units) with op and "
+                                       "output shape, for surgery.cut_at / ignore / head.inputs"),
             as_json: bool = typer.Option(False, "--json")) -> None:
     """List a model's parameters with structural names, shapes, layer types and stages."""
     from .recipe import ModelSpec
@@ -111,6 +114,25 @@ def inspect(model: str = typer.Argument(..., help="zoo:NAME, symbol:PREFIX or on
     from .sources import build_model
 
     shape = _shape(input_shape)
+    if nodes:
+        from .surgery import list_nodes
+
+        spec = ModelSpec(source=model, input_shape=shape)
+        if model.startswith("onnx:"):  # shapes go to the file's own (first) input
+            from .onnx import inspect_onnx
+
+            spec = spec.model_copy(update={"input_name": inspect_onnx(model[5:]).inputs[0][0]})
+        block, _ = build_model(spec, classes=classes)
+        rows = list_nodes(block, shape)
+        if as_json:
+            typer.echo(json.dumps([dataclasses.asdict(r) for r in rows], indent=1))
+            return
+        width = max(len(r.name) for r in rows)
+        op_width = max(len(r.op) for r in rows)
+        for r in rows:
+            dims = "x".join(map(str, r.shape)) if r.shape else "?"
+            typer.echo(f"{r.name:<{width}}  {r.op:<{op_width}}  {dims}")
+        return
     if model.startswith("onnx:"):
         from .onnx import format_report, inspect_onnx
 

@@ -2,13 +2,16 @@
 from __future__ import annotations
 
 import dataclasses
+import glob
 
 import mxnet as mx
 from mxnet.gluon import HybridBlock
 
+from .naming import named_params
 from .recipe import Recipe
 from .rules import Plan, apply_plan, make_plan
-from .sources import RestoreReport, build_model
+from .sources import RestoreReport, build_model, restore
+from .surgery import apply_surgery, needs_surgery
 
 
 @dataclasses.dataclass
@@ -26,10 +29,33 @@ def prepare(recipe: Recipe, *, ctx=None, apply: bool = True) -> Prepared:
     """
     ctx = ctx or mx.cpu()
     head = recipe.surgery.head
-    block, report = build_model(recipe.model, classes=head.classes if head else None,
-                                head_init=head.init if head else "xavier", ctx=ctx)
+    if needs_surgery(recipe.surgery, recipe.model.source):
+        block, report = _with_surgery(recipe, ctx)
+    else:
+        block, report = build_model(recipe.model, classes=head.classes if head else None,
+                                    head_init=head.init if head else "xavier", ctx=ctx)
     make_plan(block, recipe.rules, epoch=None, input_shape=recipe.model.input_shape)
     plan = make_plan(block, recipe.rules, epoch=0, input_shape=recipe.model.input_shape)
     if apply:
         apply_plan(block, plan)
     return Prepared(block, report, plan)
+
+
+def _with_surgery(recipe: Recipe, ctx) -> tuple[HybridBlock, RestoreReport | None]:
+    """Surgery first, then ``weights`` restored under the kept names.
+
+    Restoring after the cut lets a file for the whole original model (its old classifier
+    included) and a fine-tuned file (with ``head.*``) both load: what surgery dropped may be
+    in the file and the new head may be missing from it without being declared.
+    """
+    spec = recipe.model
+    original, _ = build_model(spec.model_copy(update={"weights": None}), ctx=ctx)
+    before = set(named_params(original))
+    block = apply_surgery(original, recipe.surgery, spec.input_shape, ctx)
+    if not spec.weights:
+        return block, None
+    r = spec.restore
+    report = restore(block, spec.weights, prefix_map=r.prefix_map, only=r.only)
+    dropped = [glob.escape(n) for n in sorted(before - set(named_params(block)))]
+    report.check([*r.expect_missing, "head.*"], [*r.expect_unexpected, *dropped], r.expect_mismatch)
+    return block, report

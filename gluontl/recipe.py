@@ -77,13 +77,36 @@ class HeadSpec(Strict):
     dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
     hidden: list[Annotated[int, Field(gt=0, le=1 << 16)]] = Field(default_factory=list, max_length=8)
     activation: Literal["relu", "gelu", "tanh", "sigmoid"] = "relu"
+    inputs: list[str] = Field(default_factory=list, description="feature taps: nodes/units whose "
+                              "outputs are pooled and concatenated (default: the model's output)")
+    pool: Literal["auto", "avg", "max", "none"] = Field(
+        default="auto", description="global pooling of feature maps (rank >= 3); auto = avg; "
+        "none flattens them, tying the head to one input size")
+
+    @field_validator("inputs")
+    @classmethod
+    def _distinct(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError(f"head inputs must be distinct, got {v}")
+        return v
 
 
 class SurgerySpec(Strict):
+    """Applied in the order ignore → cut_at / drop_last → head (see gluontl/surgery.py)."""
+
     head: HeadSpec | None = None
     cut_at: str | None = None
     drop_last: int | None = Field(default=None, gt=0, le=10_000)
     ignore: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _one_cut(self) -> "SurgerySpec":
+        if self.cut_at and self.drop_last:
+            raise ValueError("cut_at and drop_last both say where the model ends; use one of them")
+        if self.head is not None and self.head.inputs and (self.cut_at or self.drop_last):
+            raise ValueError("head.inputs already says which features the head reads (nodes after the "
+                             "last one are dropped); remove cut_at / drop_last")
+        return self
 
 
 class StageRange(Strict):

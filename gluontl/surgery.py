@@ -1,0 +1,487 @@
+"""Graph surgery for transfer learning: cut, drop, ignore, new heads, feature taps.
+
+Every operation returns a *new* block built from the *same* Parameter objects, under the
+names users already know (structural names for Gluon models, ONNX/symbol names for
+graphs), so rules, restore, BN freezing and export work on the result unchanged.
+
+Two model kinds, one vocabulary:
+
+* **Graphs** (``SymbolBlock``: ``symbol:`` checkpoints, imported ``onnx:`` models). A
+  *node* is an ONNX node (its name, or any tensor name it outputs) for imported models,
+  an MXNet operator for symbol models. The result is a new SymbolBlock of the same class
+  whose ParameterDict shares the original Parameters; nodes nothing uses any more drop out
+  with their parameters.
+* **Gluon blocks** (``zoo:``). A *unit* is what ``stages._units`` calls one: a top-level
+  child, with plain Sequential containers opened one level; paths into nested Sequential
+  containers (``features.6.0``) open them further. The result is a ``Trunk`` that runs the
+  kept units as a chain and registers them under their original paths, so
+  ``features.3.weight`` stays ``features.3.weight``. That the model's forward *is* that
+  chain is checked numerically whenever an input shape is given.
+
+A *layer*, for ``drop_last`` (SINGA's ``last_layers``), is one node on the output chain:
+start at the output and step to the single data input of the node producing it; a node
+with several data inputs (Add, Concat) ends the chain. Parameter-free nodes (Softmax,
+Flatten) count. For Gluon blocks a layer is one unit.
+
+The head (``attach_head``) is ``head.*``: optional global pooling + flatten of each
+feature (several ``inputs`` are concatenated, N2D2's ``Input=onnx,NODE``), dropout,
+hidden ``head.fc1``, ``head.fc2``, … with the activation, and ``head.fc`` with ``classes``
+units.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+from collections import Counter
+from typing import Iterable, Sequence
+
+import mxnet as mx
+import numpy as np
+from mxnet.gluon import HybridBlock, ParameterDict, SymbolBlock, nn
+
+from .errors import SurgeryError
+from .recipe import HeadSpec, SurgerySpec
+from .sources import _INITS
+from .stages import _units
+
+Shape = tuple[int, ...]
+
+__all__ = ["NodeInfo", "Head", "Trunk", "cut_at", "drop_last", "ignore", "attach_head", "list_nodes",
+           "feature_end", "apply_surgery", "needs_surgery"]
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeInfo:
+    name: str  # what cut_at / ignore / head.inputs accept
+    op: str  # ONNX op type, MXNet operator, or Gluon block class
+    shape: Shape | None  # batch-1 output shape
+
+
+def _close(name: str, valid: Iterable[str], what: str) -> str:
+    valid = list(valid)
+    close = difflib.get_close_matches(name, valid, n=5, cutoff=0.5)
+    return (f"Close matches: {', '.join(close) or 'none'}. This model has {len(valid)} {what} "
+            f"(e.g. {', '.join(valid[-4:])}); `gluontl inspect MODEL --nodes` lists them.")
+
+
+# ============================================================================ the head
+
+class Head(HybridBlock):
+    """The new classifier on one or more features; parameters are named ``head.*``.
+
+    Feature ranks are fixed at construction (from shape inference) because a hybridized
+    forward sees symbols without shapes, and knowing ``in_units`` lets the head be
+    initialized before any forward pass. Feature maps (rank ≥ 3) are globally pooled
+    (``auto`` = ``avg``) so the head fits any input size; ``none`` flattens them, which
+    ties the head to the input size it was built for.
+    """
+
+    def __init__(self, spec: HeadSpec, feature_shapes: Sequence[Shape]) -> None:
+        super().__init__(prefix="head.")
+        self._act = spec.activation
+        self._pool: list[tuple[str | None, int]] = []  # (pool type or None, spatial rank)
+        units = 0
+        for shape in feature_shapes:
+            pool = {"auto": "avg", "none": None}.get(spec.pool, spec.pool) if len(shape) > 2 else None
+            self._pool.append((pool, len(shape) - 2))
+            units += shape[1] if pool else int(np.prod(shape[1:]))
+        with self.name_scope():
+            self.drop = nn.Dropout(spec.dropout) if spec.dropout else None
+            self._hidden = []
+            for i, width in enumerate(spec.hidden, 1):
+                dense = nn.Dense(width, in_units=units, prefix=f"fc{i}.")
+                setattr(self, f"fc{i}", dense)
+                self._hidden.append(dense)
+                units = width
+            self.fc = nn.Dense(spec.classes, in_units=units, prefix="fc.")
+
+    def hybrid_forward(self, F, *features):
+        parts = []
+        for x, (pool, rank) in zip(features, self._pool):
+            if pool:
+                x = F.Pooling(x, kernel=(1,) * rank, global_pool=True, pool_type=pool)
+            parts.append(F.flatten(x))
+        x = F.concat(*parts, dim=1) if len(parts) > 1 else parts[0]
+        if self.drop is not None:
+            x = self.drop(x)
+        for dense in self._hidden:
+            x = dense(x)
+            x = F.LeakyReLU(x, act_type="gelu") if self._act == "gelu" else F.Activation(x, act_type=self._act)
+        return self.fc(x)
+
+
+def _new_head(spec: HeadSpec, shapes: Sequence[Shape], ctx) -> Head:
+    for name, shape in zip(spec.inputs or ["the cut"], shapes):
+        if shape is None or len(shape) < 2 or 0 in shape:
+            raise SurgeryError(f"head input '{name}' has shape {shape}; a head needs a (batch, features, …) "
+                               f"tensor of known shape. Pick another node (`gluontl inspect --nodes`).")
+    head = Head(spec, shapes)
+    head.initialize(_INITS[spec.init](), ctx=ctx)
+    return head
+
+
+# ============================================================================ graphs
+
+class _Graph:
+    """A SymbolBlock's graph with the name maps surgery needs."""
+
+    def __init__(self, block: SymbolBlock) -> None:
+        self.block = block
+        self.inputs, self.sym = block._cached_graph
+        self.info = getattr(block, "gluontl_onnx", None)
+        self.internals = self.sym.get_internals()
+        self.nodes = json.loads(self.sym.tojson())["nodes"]
+        self.index = {n["name"]: i for i, n in enumerate(self.nodes)}
+        self.entry: dict[str, tuple[int, int]] = {}  # output name -> (node index, output index)
+        seen: Counter = Counter()
+        for i, out in enumerate(self.internals.list_outputs()):
+            node = self.internals[i].name
+            self.entry[out] = (self.index[node], seen[node])
+            seen[node] += 1
+        self.out_name = {e: o for o, e in self.entry.items()}
+        input_names = {s.name for s in self.inputs}
+        self.input_names = input_names
+        if self.info is not None:  # ONNX node and tensor names
+            self.names = {k: v for k, v in self.info.node_outputs.items()
+                          if v in self.entry and self.nodes[self.entry[v][0]]["op"] != "null"}
+        else:
+            self.names = {n["name"]: self.out_name[(i, 0)] for i, n in enumerate(self.nodes) if n["op"] != "null"}
+        self.boundaries = set(self.names.values()) | input_names
+        self.data = []  # per node: does it depend on a graph input?
+        for n in self.nodes:
+            self.data.append(n["name"] in input_names if n["op"] == "null"
+                             else any(self.data[j] for j, *_ in n["inputs"]))
+
+    def resolve(self, name: str, role: str) -> str:
+        out = self.names.get(name)
+        if out is None:
+            kind = "ONNX node/tensor names" if self.info is not None else "operator names"
+            raise SurgeryError(f"{role} '{name}' is not a node of this model. " + _close(name, self.names, kind))
+        return out
+
+    def label(self, out: str) -> str:
+        """A name for an output: the importer maps node names after tensor names, so the last wins."""
+        return next((k for k, v in reversed(self.names.items()) if v == out), out)
+
+    def chain_back(self, out: str) -> str:
+        """The output of the node (or graph input) whose value the node producing ``out`` transforms."""
+        start = self.entry[out][0]
+        found: list[str] = []
+        stack = [tuple(e[:2]) for e in self.nodes[start]["inputs"]]
+        while stack:
+            j, k = stack.pop()
+            if not self.data[j]:
+                continue
+            name = self.out_name[(j, k)]
+            if name in self.boundaries:
+                if name not in found:
+                    found.append(name)
+            else:
+                stack += [tuple(e[:2]) for e in self.nodes[j]["inputs"]]
+        if len(found) != 1:
+            what = "no data input" if not found else f"{len(found)} data inputs ({', '.join(map(self.label, found))})"
+            raise SurgeryError(f"node '{self.label(out)}' has {what}; only single-input nodes can be ignored "
+                               f"or dropped. Use cut_at to choose the new output instead.")
+        return found[0]
+
+    def rebuild(self, outputs: list[mx.sym.Symbol], head: Head | None, names: Sequence[str]) -> SymbolBlock:
+        shared = ParameterDict("")
+        shared.update(self.block.params)
+        if head is not None:
+            shared.update(head.collect_params())
+        out = outputs[0] if len(outputs) == 1 else mx.sym.Group(outputs)
+        new = type(self.block)(out, self.inputs, params=shared)
+        if self.info is not None:
+            present = set(out.get_internals().list_outputs())
+            new.gluontl_onnx = dataclasses.replace(
+                self.info, outputs=tuple(names), constants=frozenset(self.info.constants & set(new.params.keys())),
+                node_outputs={k: v for k, v in self.info.node_outputs.items() if v in present})
+        return new
+
+    def shapes(self, outs: Sequence[str], input_shape: Shape) -> list[Shape | None]:
+        known = {self.inputs[0].name: (1, *input_shape)}
+        if self.info is not None:
+            for name, shape in self.info.input_shapes.items():
+                if name not in known and shape is not None and None not in shape:
+                    known[name] = tuple(shape)
+        try:
+            _, shapes, _ = self.internals.infer_shape_partial(**known)
+        except mx.base.MXNetError as e:
+            raise SurgeryError(f"input shape {input_shape} does not fit this model: "
+                               f"{str(e).splitlines()[0][:200]}") from None
+        by_name = dict(zip(self.internals.list_outputs(), shapes))
+        return [tuple(by_name[o]) if by_name.get(o) else None for o in outs]
+
+
+# ============================================================================ Gluon blocks
+
+def _is_seq(block: HybridBlock) -> bool:
+    return isinstance(block, (nn.HybridSequential, nn.Sequential))
+
+
+class Trunk(HybridBlock):
+    """Kept units of a Gluon model run as a chain (recording ``taps``), then an optional head.
+
+    Units are registered under their original paths through Sequential containers, so
+    structural parameter names are unchanged and ``stages._units`` sees the same units.
+    """
+
+    def __init__(self, units: Sequence[tuple[str, HybridBlock]], taps: Sequence[str] = (),
+                 head: Head | None = None) -> None:
+        super().__init__(prefix="")
+        self._paths = [p for p, _ in units]  # paths only: Gluon warns about lists of blocks
+        self.taps = list(taps)
+        self._chain: list[str] = []
+        for path, block in units:
+            *parents, leaf = path.split(".")
+            holder: HybridBlock = self
+            for p in parents:
+                if p not in holder._children:
+                    holder.register_child(nn.HybridSequential(prefix=""), p)
+                holder = holder._children[p]
+            holder.register_child(block, leaf)
+            if not parents:
+                self._chain.append(leaf)
+            elif parents[0] not in self._chain:
+                self._chain.append(parents[0])
+        self.head = head
+
+    @property
+    def units(self) -> list[tuple[str, HybridBlock]]:
+        out = []
+        for path in self._paths:
+            block: HybridBlock = self
+            for p in path.split("."):
+                block = block._children[p]
+            out.append((path, block))
+        return out
+
+    def _run(self, holder: HybridBlock, names: Iterable[str], x, prefix: str, feats: dict):
+        for name in names:
+            path, child = prefix + name, holder._children[name]
+            if any(t.startswith(path + ".") for t in self.taps):
+                x = self._run(child, child._children, x, path + ".", feats)
+            else:
+                x = child(x)
+            if path in self.taps:
+                feats[path] = x
+        return x
+
+    def features(self, x):
+        """The trunk's output, or the tapped unit outputs in ``taps`` order."""
+        feats: dict = {}
+        x = self._run(self, self._chain, x, "", feats)
+        return [feats[t] for t in self.taps] if self.taps else [x]
+
+    def hybrid_forward(self, F, x):
+        feats = self.features(x)
+        return self.head(*feats) if self.head is not None else feats[0]
+
+
+def _chain_units(net: HybridBlock, input_shape: Shape | None) -> list[tuple[str, HybridBlock]]:
+    """The model as a chain of units, checked against its own forward when a shape is given."""
+    if isinstance(net, Trunk):
+        if net.head is not None:
+            raise SurgeryError("this model already has a new head; cut, drop or ignore before attach_head.")
+        return list(net.units)
+    units = _units(net)
+    if input_shape is not None:
+        x = mx.nd.array(np.random.RandomState(0).uniform(-1, 1, (1, *input_shape)), ctx=_ctx(net))
+        with mx.autograd.predict_mode():
+            want = net(x)
+            got = x
+            for _, block in units:
+                got = block(got)
+        same = isinstance(want, mx.nd.NDArray) and isinstance(got, mx.nd.NDArray) and \
+            want.shape == got.shape and np.allclose(want.asnumpy(), got.asnumpy(), rtol=1e-4, atol=1e-5)
+        if not same:
+            raise SurgeryError(f"{type(net).__name__}'s forward is not the chain of its units "
+                               f"({', '.join(p for p, _ in units)}), so cutting it by unit would change what it "
+                               f"computes. Export it (HybridBlock.export) and load it as symbol:PREFIX to cut the graph.")
+    return units
+
+
+def _ctx(net: HybridBlock) -> mx.Context:
+    return next(iter(net.collect_params().values())).list_ctx()[0]
+
+
+def _paths(units: Sequence[tuple[str, HybridBlock]]) -> list[str]:
+    """Every name a unit can be addressed by: units and, inside Sequential ones, their children."""
+    out = []
+
+    def walk(path: str, block: HybridBlock) -> None:
+        out.append(path)
+        if _is_seq(block):
+            for k, c in block._children.items():
+                walk(f"{path}.{k}", c)
+    for path, block in units:
+        walk(path, block)
+    return out
+
+
+def _open(units: list[tuple[str, HybridBlock]], path: str, role: str) -> tuple[list[tuple[str, HybridBlock]], range]:
+    """Units with Sequential containers opened until ``path`` is one or a run of them; and where."""
+    while True:
+        inside = [i for i, (p, _) in enumerate(units) if p.startswith(path + ".")]
+        if inside:  # an opened container: the run of its units
+            return units, range(inside[0], inside[-1] + 1)
+        for i, (p, block) in enumerate(units):
+            if p == path:
+                return units, range(i, i + 1)
+            if path.startswith(p + ".") and _is_seq(block):
+                units = units[:i] + [(f"{p}.{k}", c) for k, c in block._children.items()] + units[i + 1:]
+                break
+        else:
+            raise SurgeryError(f"{role} '{path}' is not a unit of this model (a top-level block, or a block "
+                               f"inside Sequential containers). " + _close(path, _paths(units), "units"))
+
+
+# ============================================================================ public API
+
+def cut_at(block: HybridBlock, name: str, *, input_shape: Shape | None = None) -> HybridBlock:
+    """The model up to ``name``, whose output becomes the model's output."""
+    if isinstance(block, SymbolBlock):
+        g = _Graph(block)
+        out = g.resolve(name, "cut_at")
+        return g.rebuild([g.internals[out]], None, [name])
+    units, at = _open(_chain_units(block, input_shape), name, "cut_at")
+    return Trunk(units[:at.stop])
+
+
+def drop_last(block: HybridBlock, n: int, *, input_shape: Shape | None = None) -> HybridBlock:
+    """The model without its last ``n`` layers (see the module docstring for what a layer is)."""
+    if n < 1:
+        raise SurgeryError(f"drop_last must be at least 1, got {n}.")
+    if isinstance(block, SymbolBlock):
+        g = _Graph(block)
+        outs = g.sym.list_outputs()
+        if len(outs) != 1:
+            raise SurgeryError(f"drop_last needs a single-output model; this one has outputs {outs}. "
+                               f"Use cut_at.")
+        out = outs[0]
+        for _ in range(n):
+            if out in g.input_names:
+                raise SurgeryError(f"drop_last {n} walks past the model input; the output chain is shorter.")
+            out = g.chain_back(out)
+        return g.rebuild([g.internals[out]], None, [g.label(out)])
+    units = _chain_units(block, input_shape)
+    if n >= len(units):
+        raise SurgeryError(f"drop_last {n} would drop every unit; this model has {len(units)}: "
+                           f"{', '.join(p for p, _ in units)}.")
+    return Trunk(units[:-n])
+
+
+def ignore(block: HybridBlock, names: Sequence[str], *, input_shape: Shape | None = None) -> HybridBlock:
+    """The model with ``names`` removed, their consumers fed from their (single) input."""
+    if not names:
+        return block
+    if isinstance(block, SymbolBlock):
+        g = _Graph(block)
+        replace = {}
+        for name in names:
+            out = g.resolve(name, "ignore")
+            replace[g.entry[out]] = g.entry[g.chain_back(out)]
+        for target in list(replace):  # ignoring a run of nodes: follow replacements through
+            while replace[target] in replace:
+                replace[target] = replace[replace[target]]
+        graph = json.loads(g.sym.tojson())
+        for node in graph["nodes"]:
+            node["inputs"] = [[*replace.get(tuple(e[:2]), e[:2]), *e[2:]] for e in node["inputs"]]
+        graph["heads"] = [[*replace.get(tuple(h[:2]), h[:2]), *h[2:]] for h in graph["heads"]]
+        sym = mx.sym.load_json(json.dumps(graph))
+        outs = [sym[i] for i in range(len(sym.list_outputs()))]
+        return g.rebuild(outs, None, g.info.outputs if g.info is not None else [])
+    units = _chain_units(block, input_shape)
+    for name in names:
+        units, at = _open(units, name, "ignore")
+        units = units[:at.start] + units[at.stop:]
+    return Trunk(units)
+
+
+def attach_head(block: HybridBlock, spec: HeadSpec, input_shape: Shape, ctx: mx.Context | None = None) -> HybridBlock:
+    """A new ``head.*`` classifier on the model's output, or on the tensors ``spec.inputs`` names."""
+    ctx = ctx or mx.cpu()
+    if isinstance(block, SymbolBlock):
+        g = _Graph(block)
+        outs = [g.resolve(n, "head input") for n in spec.inputs] or g.sym.list_outputs()
+        if len(outs) > 1 and not spec.inputs:
+            raise SurgeryError(f"the model has {len(outs)} outputs ({', '.join(outs)}); name the head's "
+                               f"features with head.inputs or cut_at one of them first.")
+        head = _new_head(spec, g.shapes(outs, input_shape), ctx)
+        return g.rebuild([head(*[g.internals[o] for o in outs])], head, ["head"])
+    units = _chain_units(block, input_shape)
+    stop = 0
+    for name in spec.inputs:
+        units, at = _open(units, name, "head input")
+        stop = max(stop, at.stop)
+    if spec.inputs:
+        units = units[:stop]
+    trunk = Trunk(units, spec.inputs)
+    with mx.autograd.predict_mode():
+        feats = trunk.features(mx.nd.zeros((1, *input_shape), ctx=ctx))
+    return Trunk(units, spec.inputs, _new_head(spec, [f.shape for f in feats], ctx))
+
+
+def list_nodes(block: HybridBlock, input_shape: Shape) -> list[NodeInfo]:
+    """Nodes (graphs) or units (Gluon blocks) with op type and batch-1 output shape, in order."""
+    if isinstance(block, SymbolBlock):
+        g = _Graph(block)
+        ops = _onnx_ops(g.info.source) if g.info is not None else {}
+        names = [k for k in g.names if k in ops] if ops else list(g.names)
+        names.sort(key=lambda k: g.entry[g.names[k]])
+        shapes = g.shapes([g.names[k] for k in names], input_shape)
+        return [NodeInfo(k, ops.get(k) or g.nodes[g.entry[g.names[k]][0]]["op"], s) for k, s in zip(names, shapes)]
+    units = block.units if isinstance(block, Trunk) else _units(block)
+    x = data = mx.nd.zeros((1, *input_shape), ctx=_ctx(block))
+    rows = []
+    with mx.autograd.predict_mode():
+        for path, unit in units:
+            x = unit(x)
+            rows.append(NodeInfo(path, type(unit).__name__, tuple(x.shape)))
+        if getattr(block, "head", None) is not None:
+            rows.append(NodeInfo("head", "Head", tuple(block(data).shape)))
+    return rows
+
+
+def _onnx_ops(source: str) -> dict[str, str]:
+    """ONNX node name -> op type, when the imported file is still there."""
+    from .onnx.importer import read_proto
+    from .errors import OnnxImportError
+
+    try:
+        return {n.name: n.op_type for n in read_proto(source).graph.node if n.name}
+    except OnnxImportError:
+        return {}
+
+
+def feature_end(block: HybridBlock, input_shape: Shape) -> str:
+    """The last node whose output is still a feature map (rank ≥ 3): the default cut for a new head."""
+    maps = [n for n in list_nodes(block, input_shape) if n.shape is not None and len(n.shape) >= 3]
+    if not maps:
+        raise SurgeryError("this model has no feature-map node (rank ≥ 3) to put a new head on; "
+                           "say where with surgery.cut_at or head.inputs.")
+    return maps[-1].name
+
+
+def needs_surgery(spec: SurgerySpec, source: str) -> bool:
+    """False when a zoo model can rebuild its own classifier (GluonCV ``reset_class`` style)."""
+    h = spec.head
+    custom_head = h is not None and (h.inputs or h.hidden or h.dropout or h.pool != "auto"
+                                     or not source.startswith("zoo:"))
+    return bool(spec.cut_at or spec.drop_last or spec.ignore or custom_head)
+
+
+def apply_surgery(block: HybridBlock, spec: SurgerySpec, input_shape: Shape,
+                  ctx: mx.Context | None = None) -> HybridBlock:
+    """ignore → cut_at / drop_last → head, in that order; with a head but no cut, cut at ``feature_end``."""
+    block = ignore(block, spec.ignore, input_shape=input_shape)
+    if spec.cut_at:
+        block = cut_at(block, spec.cut_at, input_shape=input_shape)
+    elif spec.drop_last:
+        block = drop_last(block, spec.drop_last, input_shape=input_shape)
+    elif spec.head is not None and not spec.head.inputs:
+        block = cut_at(block, feature_end(block, input_shape), input_shape=input_shape)
+    if spec.head is not None:
+        block = attach_head(block, spec.head, input_shape, ctx)
+    return block
