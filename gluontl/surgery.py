@@ -140,8 +140,7 @@ class _Graph:
             self.entry[out] = (self.index[node], seen[node])
             seen[node] += 1
         self.out_name = {e: o for o, e in self.entry.items()}
-        input_names = {s.name for s in self.inputs}
-        self.input_names = input_names
+        self.input_names = input_names = {s.name for s in self.inputs}
         if self.info is not None:  # ONNX node and tensor names
             self.names = {k: v for k, v in self.info.node_outputs.items()
                           if v in self.entry and self.nodes[self.entry[v][0]]["op"] != "null"}
@@ -164,7 +163,7 @@ class _Graph:
         """A name for an output: the importer maps node names after tensor names, so the last wins."""
         return next((k for k, v in reversed(self.names.items()) if v == out), out)
 
-    def chain_back(self, out: str) -> str:
+    def chain_back(self, out: str, role: str) -> str:
         """The output of the node (or graph input) whose value the node producing ``out`` transforms."""
         start = self.entry[out][0]
         found: list[str] = []
@@ -181,8 +180,8 @@ class _Graph:
                 stack += [tuple(e[:2]) for e in self.nodes[j]["inputs"]]
         if len(found) != 1:
             what = "no data input" if not found else f"{len(found)} data inputs ({', '.join(map(self.label, found))})"
-            raise SurgeryError(f"node '{self.label(out)}' has {what}; only single-input nodes can be ignored "
-                               f"or dropped. Use cut_at to choose the new output instead.")
+            raise SurgeryError(f"{role}: node '{self.label(out)}' has {what}; only single-input nodes can be "
+                               f"ignored or dropped. Use cut_at to choose the new output instead.")
         return found[0]
 
     def rebuild(self, outputs: list[mx.sym.Symbol], head: Head | None, names: Sequence[str]) -> SymbolBlock:
@@ -363,7 +362,7 @@ def drop_last(block: HybridBlock, n: int, *, input_shape: Shape | None = None) -
         for _ in range(n):
             if out in g.input_names:
                 raise SurgeryError(f"drop_last {n} walks past the model input; the output chain is shorter.")
-            out = g.chain_back(out)
+            out = g.chain_back(out, f"drop_last {n}")
         return g.rebuild([g.internals[out]], None, [g.label(out)])
     units = _chain_units(block, input_shape)
     if n >= len(units):
@@ -381,7 +380,7 @@ def ignore(block: HybridBlock, names: Sequence[str], *, input_shape: Shape | Non
         replace = {}
         for name in names:
             out = g.resolve(name, "ignore")
-            replace[g.entry[out]] = g.entry[g.chain_back(out)]
+            replace[g.entry[out]] = g.entry[g.chain_back(out, f"ignore '{name}'")]
         for target in list(replace):  # ignoring a run of nodes: follow replacements through
             while replace[target] in replace:
                 replace[target] = replace[replace[target]]

@@ -95,6 +95,20 @@ def _trains_only_head(net: HybridBlock, classes: int, hybridize: bool) -> None:
     assert _changed(before, net) == head  # BN statistics frozen too
 
 
+def _bn_frozen_takes_effect(cut: HybridBlock) -> None:
+    """Training-mode outputs use batch statistics until ``bn: frozen`` is applied to the cut model."""
+    x = _x(4, seed=7)
+
+    def gap():
+        with mx.autograd.train_mode():
+            train = cut(x).asnumpy()
+        with mx.autograd.predict_mode():
+            return np.max(np.abs(train - cut(x).asnumpy()))
+    assert gap() > 1e-3
+    apply_plan(cut, make_plan(cut, [Rule(preset="freeze_bn")], input_shape=SHAPE))
+    assert gap() < 1e-5
+
+
 # ============================================================================ zoo models
 
 @pytest.mark.parametrize("name,cut,shape", [("resnet18_v1", "features.6", (2, 256, 2, 2)),
@@ -116,6 +130,7 @@ def test_gluon_cut_matches_internal_activation(name, cut, shape, hybridize):
     stop = cut.split(".")[0]
     assert not any(n.startswith(("output.", "fc.", "layer4.")) for n in kept)
     assert any(n.startswith(stop + ".") for n in kept)
+    _bn_frozen_takes_effect(out)
 
 
 def test_gluon_drop_last_and_ignore():
@@ -240,8 +255,10 @@ def test_symbol_cut_drop_ignore(symbol_model):
     d3 = S.drop_last(sb, 3)
     np.testing.assert_allclose(d3(x).asnumpy(), _internal(sb, "r18_stage4__plus1_output", x),
                                rtol=1e-5, atol=1e-6)
-    with pytest.raises(SurgeryError, match=r"'r18_stage4__plus1' has 2 data inputs"):
+    with pytest.raises(SurgeryError, match=r"drop_last 4: node 'r18_stage4__plus1' has 2 data inputs"):
         S.drop_last(sb, 4)
+    cut.hybridize()
+    _bn_frozen_takes_effect(cut)
     ig = S.ignore(sb, ["r18_pool1_fwd"])  # 1x1 at 32 px: dropping the pool changes nothing
     np.testing.assert_allclose(ig(x).asnumpy(), sb(x).asnumpy(), rtol=1e-5, atol=1e-6)
     assert "Pooling" not in [n.op for n in S.list_nodes(ig, SHAPE)[-3:]]
@@ -486,3 +503,41 @@ def test_cli_inspect_nodes(tmp_path):
     res = CliRunner().invoke(app, ["inspect", "zoo:resnet18_v1", "--nodes", "--input-shape", "3,32,32"])
     assert res.exit_code == 0, res.output
     assert res.output.splitlines()[6].split() == ["features.6", "HybridSequential", "1x256x2x2"]
+
+
+def test_symbol_taps_and_pooling_choices(symbol_model):
+    sb = _load_symbol(symbol_model)
+    x = _x()
+    s3, s4 = "r18_stage3_activation1", "r18_stage4_activation1"
+    flat = S.attach_head(sb, HeadSpec(classes=2, inputs=[s3], pool="none"), SHAPE)
+    assert flat.params["head.fc.weight"].shape == (2, 256 * 2 * 2)  # flattened, not pooled
+    both = S.attach_head(sb, HeadSpec(classes=2, inputs=[s3, s4], pool="max", hidden=[5], activation="tanh"), SHAPE)
+    assert both.params["head.fc1.weight"].shape == (5, 256 + 512)
+    f = np.concatenate([_internal(sb, s3 + "_output", x).max(axis=(2, 3)),
+                        _internal(sb, s4 + "_output", x).max(axis=(2, 3))], 1)
+    p = {k: v.data().asnumpy() for k, v in both.params.items() if k.startswith("head.")}
+    h = np.tanh(f @ p["head.fc1.weight"].T + p["head.fc1.bias"])
+    np.testing.assert_allclose(both(x).asnumpy(), h @ p["head.fc.weight"].T + p["head.fc.bias"],
+                               rtol=1e-4, atol=1e-5)
+    assert "r18_dense0_weight" not in both.params.keys()
+    with pytest.raises(SurgeryError, match=r"head input 'r18_stage9_activation1'.*r18_stage"):
+        S.attach_head(sb, HeadSpec(classes=2, inputs=["r18_stage9_activation1"]), SHAPE)
+
+
+def test_gluon_cut_with_head_exports_to_onnx(tmp_path):
+    net = _zoo("resnet18_v1b")
+    out = S.attach_head(S.drop_last(net, 3, input_shape=SHAPE), HeadSpec(classes=3, hidden=[8]), SHAPE)
+    out.hybridize()
+    path = export_onnx(out, tmp_path / "v1b.onnx", {"data": (1, *SHAPE)})  # verified against onnxruntime
+    back = import_model(str(path))
+    x = _x(2, seed=9)
+    np.testing.assert_allclose(back(x).asnumpy(), out(x).asnumpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_paddle_style_head_on_dropped_classifier_trains_only_head():
+    pb = import_model(paddle_style())
+    out = S.attach_head(S.drop_last(pb, 3), HeadSpec(classes=3, init="zeros"), SHAPE)
+    assert out.params["head.fc.weight"].shape == (3, 16)
+    assert not out.params["head.fc.weight"].data().asnumpy().any()  # the spec's initializer
+    assert out.params["conv2d_0.w_0"] is pb.params["conv2d_0.w_0"]
+    _trains_only_head(out, 3, hybridize=True)
