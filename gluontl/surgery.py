@@ -198,7 +198,7 @@ class _Graph:
                 node_outputs={k: v for k, v in self.info.node_outputs.items() if v in present})
         return new
 
-    def shapes(self, outs: Sequence[str], input_shape: Shape) -> list[Shape | None]:
+    def shapes(self, outs: Sequence[str], input_shape: Shape, what: str = "surgery") -> list[Shape | None]:
         known = {self.inputs[0].name: (1, *input_shape)}
         if self.info is not None:
             for name, shape in self.info.input_shapes.items():
@@ -207,7 +207,7 @@ class _Graph:
         try:
             _, shapes, _ = self.internals.infer_shape_partial(**known)
         except mx.base.MXNetError as e:
-            raise SurgeryError(f"input shape {input_shape} does not fit this model: "
+            raise SurgeryError(f"after {what} the model does not fit inputs of shape {input_shape}: "
                                f"{str(e).splitlines()[0][:200]}") from None
         by_name = dict(zip(self.internals.list_outputs(), shapes))
         return [tuple(by_name[o]) if by_name.get(o) else None for o in outs]
@@ -302,7 +302,8 @@ def _chain_units(net: HybridBlock, input_shape: Shape | None) -> list[tuple[str,
 
 
 def _ctx(net: HybridBlock) -> mx.Context:
-    return next(iter(net.collect_params().values())).list_ctx()[0]
+    params = list(net.collect_params().values())
+    return params[0].list_ctx()[0] if params else mx.cpu()
 
 
 def _paths(units: Sequence[tuple[str, HybridBlock]]) -> list[str]:
@@ -390,12 +391,19 @@ def ignore(block: HybridBlock, names: Sequence[str], *, input_shape: Shape | Non
         graph["heads"] = [[*replace.get(tuple(h[:2]), h[:2]), *h[2:]] for h in graph["heads"]]
         sym = mx.sym.load_json(json.dumps(graph))
         outs = [sym[i] for i in range(len(sym.list_outputs()))]
-        return g.rebuild(outs, None, g.info.outputs if g.info is not None else [])
+        new = g.rebuild(outs, None, g.info.outputs if g.info is not None else [])
+        if input_shape is not None:
+            after = _Graph(new)
+            after.shapes(after.sym.list_outputs(), input_shape, f"ignoring {', '.join(names)}")
+        return new
     units = _chain_units(block, input_shape)
     for name in names:
         units, at = _open(units, name, "ignore")
         units = units[:at.start] + units[at.stop:]
-    return Trunk(units)
+    trunk = Trunk(units)
+    if input_shape is not None:
+        _features(trunk, input_shape, _ctx(trunk), f"ignoring {', '.join(names)}")
+    return trunk
 
 
 def attach_head(block: HybridBlock, spec: HeadSpec, input_shape: Shape, ctx: mx.Context | None = None) -> HybridBlock:
@@ -416,10 +424,19 @@ def attach_head(block: HybridBlock, spec: HeadSpec, input_shape: Shape, ctx: mx.
         stop = max(stop, at.stop)
     if spec.inputs:
         units = units[:stop]
-    trunk = Trunk(units, spec.inputs)
-    with mx.autograd.predict_mode():
-        feats = trunk.features(mx.nd.zeros((1, *input_shape), ctx=ctx))
+    feats = _features(Trunk(units, spec.inputs), input_shape, ctx, "the cut")
     return Trunk(units, spec.inputs, _new_head(spec, [f.shape for f in feats], ctx))
+
+
+def _features(trunk: Trunk, input_shape: Shape, ctx: mx.Context, what: str) -> list[mx.nd.NDArray]:
+    """One batch-1 forward: the feature shapes, and proof that the kept units still fit together."""
+    try:
+        with mx.autograd.predict_mode():
+            return trunk.features(mx.nd.zeros((1, *input_shape), ctx=ctx))
+    except mx.base.MXNetError as e:
+        raise SurgeryError(f"after {what} the model no longer runs on inputs of shape {input_shape}: "
+                           f"{str(e).splitlines()[0][:200]}. Ignore only units that keep their input's "
+                           f"shape (activations, dropout, flatten before a Dense).") from None
 
 
 def list_nodes(block: HybridBlock, input_shape: Shape) -> list[NodeInfo]:

@@ -541,3 +541,15 @@ def test_paddle_style_head_on_dropped_classifier_trains_only_head():
     assert not out.params["head.fc.weight"].data().asnumpy().any()  # the spec's initializer
     assert out.params["conv2d_0.w_0"] is pb.params["conv2d_0.w_0"]
     _trains_only_head(out, 3, hybridize=True)
+
+
+def test_gluon_ignore_that_breaks_shapes_is_a_surgery_error():
+    net = _zoo("resnet18_v1")
+    with pytest.raises(SurgeryError, match=r"after ignoring features\.0 the model no longer runs"):
+        S.ignore(net, ["features.0"], input_shape=SHAPE)  # the stem conv: 3 channels reach a 64-channel BN
+
+
+def test_graph_ignore_that_breaks_shapes_is_a_surgery_error(symbol_model):
+    sb = _load_symbol(symbol_model)
+    with pytest.raises(SurgeryError, match=r"after ignoring r18_conv0_fwd the model does not fit"):
+        S.ignore(sb, ["r18_conv0_fwd"], input_shape=SHAPE)
