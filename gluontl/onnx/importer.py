@@ -22,15 +22,16 @@ from onnx import external_data_helper, helper, numpy_helper
 
 from ..errors import OnnxImportError
 from . import fold
+from .ops.quantize import integer_as_float
 from .registry import Node, Tensor, carrier_dtype, get, get_evaluator, node_from_proto
 
 Shape = tuple[int | None, ...]
 
-# Integer-arithmetic quantized ops: named in the unsupported-op report with advice.
-QUANTIZED_INTEGER_OPS = frozenset({"DynamicQuantizeLinear", "ConvInteger", "MatMulInteger",
-                                   "QLinearConv", "QLinearMatMul", "QLinearAdd", "QLinearMul",
-                                   "QLinearSigmoid", "QLinearLeakyRelu", "QLinearGlobalAveragePool",
-                                   "QLinearConcat", "QLinearAveragePool"})
+# onnxruntime's integer-arithmetic contrib ops (QLinearConv/MatMul, ConvInteger and
+# MatMulInteger are rewritten to float): named in the unsupported-op report with advice.
+QUANTIZED_INTEGER_OPS = frozenset({"QLinearAdd", "QLinearMul", "QLinearSigmoid",
+                                   "QLinearLeakyRelu", "QLinearGlobalAveragePool",
+                                   "QLinearConcat", "QLinearAveragePool", "QLinearSoftmax"})
 _MAX_ELEMENTS = 2 ** 34
 
 
@@ -198,6 +199,45 @@ def topological(nodes: Sequence[onnx.NodeProto], known: Iterable[str], source: s
     return order
 
 
+def function_body(node: onnx.NodeProto, opset: int) -> list[onnx.NodeProto] | None:
+    """The node replaced by the nodes of its ONNX function definition (e.g. a
+    DynamicQuantizeLinear as Reduce/Div/Round/QuantizeLinear), or None if it has none."""
+    try:
+        schema = onnx.defs.get_schema(node.op_type, opset)
+    except Exception:
+        return None
+    versions = [v for v in schema.function_opset_versions if v <= opset]
+    if not versions:
+        return None
+    fn = onnx.FunctionProto()
+    fn.ParseFromString(schema.get_function_with_opset_version(max(versions)))
+    prefix = f"{node.name or node.output[0]}/"
+    rename = {f: a for f, a in zip(fn.input, node.input)}
+    rename.update({f: a for f, a in zip(fn.output, node.output)})
+    given = {a.name: a for a in node.attribute}
+    defaults = {k: v.default_value for k, v in schema.attributes.items()
+                if v.default_value.name}
+    out = []
+    for k, inner in enumerate(fn.node):
+        n = onnx.NodeProto()
+        n.CopyFrom(inner)
+        n.name = f"{prefix}{inner.name or k}"
+        n.input[:] = [rename.get(x, prefix + x) if x else "" for x in inner.input]
+        n.output[:] = [rename.get(x, prefix + x) if x else "" for x in inner.output]
+        del n.attribute[:]
+        for a in inner.attribute:
+            ref = given.get(a.ref_attr_name) or defaults.get(a.ref_attr_name)
+            if not a.ref_attr_name:
+                n.attribute.append(a)
+            elif ref is not None:
+                resolved = onnx.AttributeProto()
+                resolved.CopyFrom(ref)
+                resolved.name = a.name
+                n.attribute.append(resolved)
+        out.append(n)
+    return out
+
+
 def _outer_refs(node: onnx.NodeProto) -> set[str]:
     """Names a node's subgraphs (If/Loop bodies) read from the enclosing graph."""
     refs: set[str] = set()
@@ -228,9 +268,9 @@ def unsupported_report(nodes: Sequence[Node], foldable: set[str], source: str, o
                      + ", ".join(f"'{x}'" for x in names[:3]) + ")")
     advice = "Simplify or re-export the model with supported ops (see docs/onnx-support.md)"
     if any(op in QUANTIZED_INTEGER_OPS for _, op in missing):
-        advice += ("; integer-arithmetic quantized ops are not supported: export a float model or "
-                   "a QDQ-quantized one (QuantizeLinear/DequantizeLinear), whose weights import "
-                   "as float parameters")
+        advice += ("; onnxruntime's integer-arithmetic QLinear* contrib ops are not supported: "
+                   "export a float model or a QDQ-quantized one (QuantizeLinear/"
+                   "DequantizeLinear), whose weights import as float parameters")
     raise OnnxImportError(
         f"'{source}' (opset {opset}) uses {len(missing)} op type{'s' * (len(missing) > 1)} gluontl "
         f"cannot convert: " + "; ".join(parts) + f". {advice}.")
@@ -365,10 +405,11 @@ class _Importer:
         return None if any(d is None for d in dims) else dims
 
     # ----- shape inference
-    def _inferred(self) -> dict[str, tuple[Shape | None, np.dtype | None]]:
+    def _inferred(self, protos: Sequence[onnx.NodeProto]
+                  ) -> dict[str, tuple[Shape | None, np.dtype | None]]:
         """ONNX shape inference on a weight-free copy (batch dimension symbolic)."""
         g = onnx.GraphProto()
-        g.node.extend(self.graph.node)
+        g.node.extend(protos)
         g.output.extend(self.graph.output)
         for i in self.inputs:
             shape = self.input_shapes[i.name]
@@ -603,18 +644,18 @@ class _Importer:
         return out
 
     def build(self, ctx: mx.Context) -> OnnxBlock:
-        g = self.graph
+        protos = self._expand(self.graph.node)
         for name, value in self.inits.items():
             self._set_const(name, value)
             if value.dtype.kind == "f" and value.ndim > 0:  # a 1-channel bias is a weight too
                 self.weights.add(name)
-        for n in g.node:  # quantization scales are metadata, never weights
+        for n in protos:  # quantization scales are metadata, never weights
             if n.op_type in ("QuantizeLinear", "DequantizeLinear"):
                 self.weights.difference_update(n.input[1:])
-        order = topological(g.node, list(self.inits) + [i.name for i in self.inputs], self.source)
-        nodes = self._nodes(g.node, order)
+        order = topological(protos, list(self.inits) + [i.name for i in self.inputs], self.source)
+        nodes = self._nodes(protos, order)
         self._check_supported(nodes)
-        self.info = self._inferred()
+        self.info = self._inferred(protos)
         for i in self.inputs:
             shape = self.input_shapes[i.name]
             dtype = _np_dtype(i.type.tensor_type.elem_type) if i.type.HasField("tensor_type") else None
@@ -677,6 +718,18 @@ class _Importer:
         for out, res in zip(node.outputs, branch.output):
             self.alias[out] = self.alias.get(res.name, res.name)
         return True
+
+    def _expand(self, protos: Sequence[onnx.NodeProto]) -> list[onnx.NodeProto]:
+        """Ops without a converter, rewritten into ops that have one: integer-arithmetic
+        quantized ops as dequantize → float op, others by their ONNX function body."""
+        out: list[onnx.NodeProto] = []
+        for p in protos:
+            body = None
+            if p.domain in ("", "ai.onnx") and get(p.op_type, self.opset) is None \
+                    and get_evaluator(p.op_type) is None:
+                body = integer_as_float(p) or function_body(p, self.opset)
+            out.extend(self._expand(body) if body else [p])
+        return out
 
     def _nodes(self, protos: Sequence[onnx.NodeProto], order: list[int]
                ) -> list[tuple[Node, onnx.NodeProto]]:

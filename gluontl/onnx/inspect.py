@@ -8,7 +8,8 @@ from collections import Counter
 import numpy as np
 import onnx
 
-from .importer import inline_functions, read_proto
+from .importer import function_body, inline_functions, read_proto
+from .ops.quantize import integer_as_float
 from .registry import get, get_evaluator
 
 Shape = tuple[int | str | None, ...] | None
@@ -60,10 +61,13 @@ def inspect_onnx(path: str | os.PathLike) -> OnnxReport:
     opsets = {(o.domain or "ai.onnx"): int(o.version) for o in proto.opset_import}
     inits = {t.name for t in g.initializer}
     hist = Counter((n.domain or "ai.onnx", n.op_type) for n in g.node)
+    example = {(n.domain or "ai.onnx", n.op_type): n for n in g.node}
     ops = []
     for (domain, op), count in hist.most_common():
-        d = "" if domain == "ai.onnx" else domain
-        ok = get(op, opsets.get(domain, 1), d) is not None or get_evaluator(op, d) is not None
+        d, opset = "" if domain == "ai.onnx" else domain, opsets.get(domain, 1)
+        ok = (get(op, opset, d) is not None or get_evaluator(op, d) is not None
+              or not d and (integer_as_float(example[(domain, op)]) is not None
+                            or function_body(example[(domain, op)], opset) is not None))
         ops.append(OpUse(domain, op, count, ok))
     params = sum(_float_size(t) for t in g.initializer)
     for n in g.node:

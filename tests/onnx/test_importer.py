@@ -294,8 +294,10 @@ def test_identity_shares_the_weight_and_outputs_can_be_constants():
 def test_unsupported_ops_reported_all_at_once():
     nodes = [node("Relu", ["x"], ["a"]), node("FancyOp", ["a"], ["b"], domain="com.acme"),
              node("FancyOp", ["b"], ["c"], name="fancy2", domain="com.acme"),
-             node("NonMaxSuppression", ["c", "c"], ["d"]), node("QLinearSigmoid", ["d"], ["y"])]
-    model = make_model(nodes, [("x", [1, 4])], [("y", None)], extra_opsets=[("com.acme", 1)])
+             node("NonMaxSuppression", ["c", "c"], ["d"]),
+             node("QLinearSigmoid", ["d"], ["y"], domain="com.microsoft")]
+    model = make_model(nodes, [("x", [1, 4])], [("y", None)],
+                       extra_opsets=[("com.acme", 1), ("com.microsoft", 1)])
     with pytest.raises(OnnxImportError) as e:
         import_model(model)
     msg = str(e.value)
@@ -464,17 +466,50 @@ def test_imported_block_round_trips_through_mxnet_export(tmp_path):
     np.testing.assert_array_equal(back(x).asnumpy(), want)
 
 
-def test_dynamic_quantization_ops_are_refused_with_advice():
-    nodes = [node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"], name="dq"),
-             node("MatMulInteger", ["xq", "wq", "xz"], ["acc"], name="mmi"),
-             node("Cast", ["acc"], ["y"], to=F)]
-    model = make_model(nodes, [("x", ["N", 4])], [("y", None)],
-                       {"wq": RNG.randint(0, 255, (4, 2)).astype(np.uint8)})
-    with pytest.raises(OnnxImportError) as e:
-        import_model(model)
-    msg = str(e.value)
-    assert "DynamicQuantizeLinear" in msg and "MatMulInteger" in msg and "'mmi'" in msg
-    assert "integer-arithmetic quantized ops are not supported" in msg
+def test_dynamically_quantized_matmul_imports_as_float():
+    """onnxruntime quantize_dynamic output: DynamicQuantizeLinear (expanded from its ONNX
+    function) and MatMulInteger (dequantize → MatMul) become a float graph whose int8
+    weight is a trainable float parameter."""
+    w = RNG.randn(6, 3).astype("f")
+    ws = np.float32(np.abs(w).max() / 127)
+    nodes = [node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"], name="dql"),
+             node("MatMulInteger", ["xq", "fc.w_quantized", "xz", "fc.w_zero"], ["acc"], name="mmi"),
+             node("Cast", ["acc"], ["accf"], to=F), node("Mul", ["xs", "fc.w_scale"], ["s"]),
+             node("Mul", ["accf", "s"], ["y"])]
+    model = make_model(nodes, [("x", ["N", 6])], [("y", None)],
+                       {"fc.w_quantized": np.round(w / ws).astype(np.int8),
+                        "fc.w_zero": np.int8(0), "fc.w_scale": ws})
+    block = import_model(model)
+    assert [n for n, p in block.collect_params().items() if p.grad_req == "write"] == [
+        "fc.w_quantized/float"]
+    for b in (1, 4):
+        x = RNG.randn(b, 6).astype("f")
+        got, ref = mx_run(block, {"x": x})[0], ort_run(model, {"x": x})[0]
+        assert rel_err(got, ref) <= 1e-5, rel_err(got, ref)
+
+
+def test_qlinear_conv_imports_as_float_fake_quantization():
+    """QOperator-format models: QLinearConv runs as dequantize → Conv → quantize."""
+    w = RNG.randn(4, 2, 3, 3).astype("f")
+    ws = (np.abs(w).reshape(4, -1).max(axis=1) / 127).astype("f")
+    xs, ys = np.float32(0.02), np.float32(0.05)
+    bias = np.round(RNG.randn(4) / (xs * ws)).astype(np.int32)
+    nodes = [node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
+             node("QLinearConv", ["xq", "xs", "xz", "wq", "ws", "wz", "ys", "yz", "b"], ["yq"],
+                  name="qconv", pads=[1, 1, 1, 1]),
+             node("DequantizeLinear", ["yq", "ys", "yz"], ["y"])]
+    model = make_model(nodes, [("x", ["N", 2, 5, 5])], [("y", None)],
+                       {"xs": xs, "xz": np.uint8(128), "ys": ys, "yz": np.uint8(128), "b": bias,
+                        "wq": np.round(w / ws[:, None, None, None]).astype(np.int8), "ws": ws,
+                        "wz": np.zeros(4, np.int8)})
+    block = import_model(model)
+    assert sorted(n for n, p in block.collect_params().items() if p.grad_req == "write") == [
+        "b/dequantized", "wq/dequantized"]
+    x = RNG.randn(2, 2, 5, 5).astype("f")
+    got, ref = mx_run(block, {"x": x})[0], ort_run(model, {"x": x})[0]
+    # onnxruntime accumulates in integers and requantizes; float rounding may move a few
+    # outputs by one 0.05 step.
+    assert np.abs(got - ref).max() <= ys + 1e-6 and np.mean(got != ref) < 0.05
 
 
 def test_model_local_functions_are_inlined():

@@ -1,6 +1,7 @@
 """inspect_onnx: a description that works even for models import would refuse."""
 from __future__ import annotations
 
+import numpy as np
 import onnx
 import pytest
 
@@ -48,3 +49,11 @@ def test_inspect_works_when_external_data_is_missing(tmp_path):
     with pytest.raises(OnnxImportError, match="external data file 'w.data'.*missing"):
         import_model(str(tmp_path / "w.onnx"))
     assert inspect_onnx(tmp_path / "w.onnx").parameter_count == 4 * 3 * 3 * 3 + 4 + 4 + 1
+
+
+def test_ops_imported_by_rewriting_count_as_supported(tmp_path):
+    nodes = [node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"]),
+             node("MatMulInteger", ["xq", "w", "xz"], ["y"])]
+    model = make_model(nodes, [("x", [1, 4])], [("y", None)], {"w": np.ones((4, 2), np.uint8)})
+    onnx.save(model, str(tmp_path / "q.onnx"))
+    assert not inspect_onnx(tmp_path / "q.onnx").unsupported

@@ -6,7 +6,8 @@ Activation QuantizeLinear→DequantizeLinear pairs run as fake quantization: qua
 values travel as float32 integers, and rounding passes gradients straight through
 (a zero-gradient round would stop training of every layer before it). Scales and zero
 points are held as non-trainable constants by the importer. Integer-arithmetic ops
-(QLinearConv, ConvInteger, ...) are refused by the importer's unsupported-op report.
+(QLinearConv, QLinearMatMul, ConvInteger, MatMulInteger) are rewritten by the importer
+into the same dequantize → float op → quantize form (``integer_as_float``).
 """
 from __future__ import annotations
 
@@ -20,20 +21,22 @@ _RANGES = {np.dtype(np.uint8): (0, 255), np.dtype(np.int8): (-128, 127),
 
 
 def _operand(node: Node, x: Tensor, t: Tensor | None, what: str, default: float):
-    """A scale/zero point as a float (per tensor) or a symbol broadcasting along ``axis``."""
+    """A scale/zero point as a float (known, per tensor) or a symbol broadcasting against
+    ``x`` (per axis along ``axis``, or given at run time)."""
     if t is None:
         return default
-    v = t.need_const(node, what)
-    if v.size == 1:
-        return float(v.reshape(-1)[0])
+    if t.const is not None and t.const.size == 1:
+        return float(t.const.reshape(-1)[0])
     if node.attr("block_size", 0):
         raise node.unsupported("blocked quantization (block_size) is not supported")
-    if x.rank is None:
-        raise node.unsupported(f"per-axis {what} needs the rank of input '{x.name}', which shape "
-                               f"inference could not determine; pass input_shapes=...")
-    shape = [1] * x.rank
-    shape[node.attr("axis", 1) % x.rank] = v.size
-    return mx.sym.reshape(mx.sym.Cast(t.sym, dtype="float32"), shape=tuple(shape),
+    shape = t.shape if t.shape is not None else (None if t.const is None else t.const.shape)
+    if x.rank is None or shape is None:
+        raise node.unsupported(f"the ranks of input '{x.name}' and {what} '{t.name}' are needed; "
+                               f"shape inference could not determine them, pass input_shapes=...")
+    target = [1] * x.rank
+    if int(np.prod(shape)) != 1:  # per axis
+        target[node.attr("axis", 1) % x.rank] = -1
+    return mx.sym.reshape(mx.sym.Cast(t.sym, dtype="float32"), shape=tuple(target),
                           name=node.sub(what.replace(" ", "_")))
 
 
@@ -79,3 +82,50 @@ def dequantize_linear(node, inputs):
     zt = inputs[2] if len(inputs) > 2 else None
     centered = _add(mx.sym.Cast(x.sym, dtype="float32"), _operand(node, x, zt, "zero point", 0.0), -1.0)
     return _mul(centered, _operand(node, x, inputs[1], "scale", 1.0), name=node.name)
+
+
+def integer_as_float(proto) -> list | None:
+    """Integer-arithmetic ops rewritten as DequantizeLinear → float op (→ QuantizeLinear).
+
+    The integer weights then fold into float parameters like QDQ weights, and the
+    graph computes in float what onnxruntime computes in integers (equal up to
+    float rounding of the accumulation). None for other ops.
+    """
+    from onnx import helper
+
+    op, name, ins = proto.op_type, proto.name or proto.output[0], list(proto.input)
+    attrs = {a.name: helper.get_attribute_value(a) for a in proto.attribute}
+    one = f"{name}/one"
+    nodes = [helper.make_node("Constant", [], [one], name=one, value_float=1.0)]
+
+    def dq(x, scale, zero, axis, tag):
+        out = f"{x}/{tag}"
+        nodes.append(helper.make_node("DequantizeLinear", [x, scale] + ([zero] if zero else []),
+                                      [out], name=f"{name}/{tag}_{len(nodes)}", axis=axis))
+        return out
+
+    def arg(i):
+        return ins[i] if len(ins) > i else ""
+
+    if op == "MatMulInteger":
+        a, b = dq(ins[0], one, arg(2), -2, "float"), dq(ins[1], one, arg(3), -1, "float")
+        nodes.append(helper.make_node("MatMul", [a, b], [proto.output[0]], name=name))
+    elif op == "ConvInteger":
+        x, w = dq(ins[0], one, arg(2), 1, "float"), dq(ins[1], one, arg(3), 0, "float")
+        nodes.append(helper.make_node("Conv", [x, w], [proto.output[0]], name=name, **attrs))
+    elif op in ("QLinearMatMul", "QLinearConv"):
+        conv = op == "QLinearConv"
+        x = dq(ins[0], ins[1], ins[2], 1 if conv else -2, "dequantized")
+        w = dq(ins[3], ins[4], ins[5], 0 if conv else -1, "dequantized")
+        y, float_ins = f"{proto.output[0]}/float", [x, w]
+        if conv and arg(8):  # int32 bias in units of x_scale * w_scale
+            bias_scale = f"{name}/bias_scale"
+            nodes.append(helper.make_node("Mul", [ins[1], ins[4]], [bias_scale], name=bias_scale))
+            float_ins.append(dq(ins[8], bias_scale, "", 0, "dequantized"))
+        nodes.append(helper.make_node("Conv" if conv else "MatMul", float_ins, [y], name=name,
+                                      **(attrs if conv else {})))
+        nodes.append(helper.make_node("QuantizeLinear", [y, ins[6], ins[7]], [proto.output[0]],
+                                      name=f"{name}/requantize", axis=1))
+    else:
+        return None
+    return nodes
