@@ -86,8 +86,8 @@ def _normalize_dense(traced: TracedBlock) -> TracedBlock:
         node = nodes["nodes"][nid]
         if node["op"] == "null":
             return shape_of.get(node["name"])
-        return shape_of.get(f"{node['name']}_output") if index == 0 and f"{node['name']}_output" in shape_of \
-            else shape_of.get(f"{node['name']}_output{index}")
+        single = f"{node['name']}_output"
+        return shape_of[single] if index == 0 and single in shape_of else shape_of.get(f"{single}{index}")
 
     changed = False
     for node in nodes["nodes"]:
