@@ -395,3 +395,29 @@ def test_block_living_on_another_context(tmp_path):
     np.testing.assert_allclose(ort.InferenceSession(str(path)).run(None, x)[0], want, rtol=1e-4, atol=1e-6)
     reloaded = mx.gluon.SymbolBlock.imports(str(json_path), ["data"], str(params_path))
     np.testing.assert_allclose(reloaded(mx.nd.array(x["data"])).asnumpy(), want, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("trans_b", [0, 1])
+def test_batchnorm_folds_into_any_gemm(trans_b):
+    """mx.onnx only writes Gemm(alpha=1, beta=1, transB=1); the fold must be exact for the rest."""
+    from onnx import TensorProto, helper
+
+    from gluontl.export.lean import fold_batchnorm
+
+    rng = np.random.RandomState(trans_b)
+    w = rng.normal(size=(3, 4) if trans_b else (4, 3)).astype(np.float32)
+    inits = [numpy_helper.from_array(a.astype(np.float32), n) for a, n in [
+        (w, "w"), (rng.normal(size=3), "c"), (rng.uniform(0.5, 1.5, 3), "g"), (rng.normal(size=3), "b"),
+        (rng.normal(size=3), "m"), (rng.uniform(0.3, 2, 3), "v")]]
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "w", "c"], ["h"], alpha=0.5, beta=2.0, transB=trans_b),
+         helper.make_node("BatchNormalization", ["h", "g", "b", "m", "v"], ["y"], epsilon=1e-3)],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 3])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=7)
+    x = {"x": rng.normal(size=(5, 4)).astype(np.float32)}
+    before = ort.InferenceSession(model.SerializeToString()).run(None, x)[0]
+    assert fold_batchnorm(model.graph) == 1
+    assert [n.op_type for n in model.graph.node] == ["Gemm"]
+    after = ort.InferenceSession(model.SerializeToString()).run(None, x)[0]
+    np.testing.assert_allclose(after, before, rtol=1e-5, atol=1e-6)
