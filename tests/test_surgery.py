@@ -388,6 +388,7 @@ def test_onnx_cut_matches_onnxruntime(build, cut, tensor):
     assert kept == _same_objects(out, block) and kept < set(block.params.keys())
     assert not kept & {"fc.weight", "fc_0.w_0"}
     assert out.gluontl_onnx.outputs == (cut,)
+    _bn_frozen_takes_effect(out)  # the BatchNormalization before the cut, rewritten in the new graph
 
 
 def test_onnx_ignore_and_drop_last_count_onnx_nodes():
