@@ -40,7 +40,7 @@ import mxnet as mx
 import numpy as np
 from mxnet.gluon import HybridBlock, ParameterDict, SymbolBlock, nn
 
-from .errors import SurgeryError
+from .errors import OnnxImportError, SurgeryError
 from .recipe import HeadSpec, SurgerySpec
 from .sources import _INITS
 from .stages import _units
@@ -443,8 +443,8 @@ def list_nodes(block: HybridBlock, input_shape: Shape) -> list[NodeInfo]:
     """Nodes (graphs) or units (Gluon blocks) with op type and batch-1 output shape, in order."""
     if isinstance(block, SymbolBlock):
         g = _Graph(block)
-        ops = _onnx_ops(g.info.source) if g.info is not None else {}
-        names = [k for k in g.names if k in ops] if ops else list(g.names)
+        ops = _onnx_ops(g.info.source, g.names) if g.info is not None else {}
+        names = list(ops) if ops else list(g.names)
         names.sort(key=lambda k: g.entry[g.names[k]])
         shapes = g.shapes([g.names[k] for k in names], input_shape)
         return [NodeInfo(k, ops.get(k) or g.nodes[g.entry[g.names[k]][0]]["op"], s) for k, s in zip(names, shapes)]
@@ -460,15 +460,21 @@ def list_nodes(block: HybridBlock, input_shape: Shape) -> list[NodeInfo]:
     return rows
 
 
-def _onnx_ops(source: str) -> dict[str, str]:
-    """ONNX node name -> op type, when the imported file is still there."""
+def _onnx_ops(source: str, names: dict[str, str]) -> dict[str, str]:
+    """One row per converted ONNX node (its name, or its output's for unnamed nodes) -> op type,
+    when the imported file is still there to say what the ops were."""
     from .onnx.importer import read_proto
-    from .errors import OnnxImportError
 
     try:
-        return {n.name: n.op_type for n in read_proto(source).graph.node if n.name}
+        nodes = read_proto(source).graph.node
     except OnnxImportError:
         return {}
+    rows = {}
+    for n in nodes:
+        key = n.name if n.name in names else next((o for o in n.output[:1] if o in names), None)
+        if key is not None:
+            rows[key] = n.op_type
+    return rows
 
 
 def feature_end(block: HybridBlock, input_shape: Shape) -> str:

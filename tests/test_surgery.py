@@ -419,12 +419,15 @@ def test_onnx_ignore_and_drop_last_count_onnx_nodes():
 
 
 def test_onnx_feature_taps_and_list_nodes(tmp_path):
-    onnx.save(pytorch_style(), str(tmp_path / "m.onnx"))  # op types come from the file
+    model = pytorch_style()
+    model.graph.node[-1].name = ""  # an unnamed node is listed by its output tensor
+    onnx.save(model, str(tmp_path / "m.onnx"))  # op types come from the file
     block = import_model(str(tmp_path / "m.onnx"))
     nodes = {n.name: n for n in S.list_nodes(block, SHAPE)}
+    assert nodes["probs"].op == "Softmax" and nodes["probs"].shape == (1, 10)
     assert nodes["/layer1/layer1.0/Add"].op == "Add" and nodes["/layer1/layer1.0/Add"].shape == (1, 8, 16, 16)
-    assert nodes["/fc/Gemm"].shape == (1, 10) and nodes["/Softmax"].op == "Softmax"
-    assert list(nodes)[0] == "/stem/conv/Conv" and list(nodes)[-1] == "/Softmax"
+    assert nodes["/fc/Gemm"].shape == (1, 10) and len(nodes) == len(model.graph.node)
+    assert list(nodes)[0] == "/stem/conv/Conv" and list(nodes)[-1] == "probs"
     assert S.feature_end(block, SHAPE) == "/avgpool/GlobalAveragePool"
     spec = HeadSpec(classes=5, inputs=["/layer1/layer1.0/relu_1/Relu", "/layer2/layer2.0/relu/Relu"])
     out = S.attach_head(block, spec, SHAPE)
