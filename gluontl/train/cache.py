@@ -12,6 +12,7 @@ tolerance. Features live in memory, or in a memory-mapped file in the run folder
 """
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -128,6 +129,13 @@ class FeatureCache:
             yield (mx.nd.array(self.val[i:i + self.batch_size], dtype=np.float32),
                    mx.nd.array(ds.labels[i:i + self.batch_size], dtype=np.float32))
 
+    def close(self) -> None:
+        """Drop the features; memory-mapped files go too (a resumed run recomputes them)."""
+        self.train.clear()
+        self.val = None
+        if self.folder.is_dir():
+            shutil.rmtree(self.folder, ignore_errors=True)
+
     def describe(self) -> str:
         where = "memory" if self.bytes <= self.max_bytes else f"memory-mapped files in {self.folder}"
         return f"{self.bytes / 2**20:.1f} MiB of {self.dtype.name} features in {where}"
@@ -165,6 +173,10 @@ class Feed:
     def _through_engine(self, loader) -> Iterator[tuple[mx.nd.NDArray, mx.nd.NDArray]]:
         for x, y in loader:
             yield mx.nd.array(self.engine(x.asnumpy()), ctx=x.context), y
+
+    def close(self) -> None:
+        if self.cache is not None:
+            self.cache.close()
 
     def summary(self) -> dict[str, Any]:
         return {"cache": self.cache is not None, "prefix_engine": self.engine.name if self.engine else None,

@@ -293,76 +293,83 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
     bad_steps = 0
     feed: Feed | None = None
     with _Stop() as stop:
-        for epoch in range(start_epoch, t.epochs):
-            t0 = time.perf_counter()
-            new_plan = make_plan(net, recipe.rules, epoch=epoch, input_shape=recipe.model.input_shape)
-            replan = new_plan.settings() != plan.settings()
-            if replan:
-                changed = [n for n, s in new_plan.settings().items() if plan.settings()[n] != s]
-                _say(quiet, f"epoch {epoch}: rules changed {len(changed)} parameters (e.g. {changed[0]}); "
-                            f"rebuilding the trainer and the cached graph")
-                plan = new_plan
-                apply_plan(net, plan)
-                _set_accumulation(net, t.accumulate)
-                trainer = _make_trainer(net, recipe)
-            if replan or feed is None:
-                new_feed = build_feed(net, plan, recipe, loaders, ctxs[0], run_dir / "feature_cache", quiet, feed)
-                if new_feed is not feed:
-                    _say(quiet, new_feed.log)
-                feed = new_feed
-                _write_plan(run_dir, plan, feed)
-            stepper = Stepper(feed.net, trainer, loss_fn, ctxs)
-            feed.prepare(epoch)
-            bar = _bar(feed.train_batches(epoch, skip), epoch, t.epochs, quiet, skip, n_batches)
-            (run_loss, run_n), partial = partial, (0.0, 0)
-            for i, (x, y) in enumerate(bar, start=skip):
-                mx.random.seed((t.seed * 1_000_003 + epoch * 10_007 + i) % 2**31)
-                lr = lr_at(t.schedule, t.lr, global_step, steps_per_epoch, t.epochs)
-                trainer.set_learning_rate(lr)
-                tick = time.perf_counter()
-                batch_loss = stepper.step(x, y, update=(i + 1) % t.accumulate == 0 or i + 1 == n_batches)
-                if not np.isfinite(batch_loss):
-                    bad_steps += 1
-                    if bad_steps > t.max_bad_steps:
-                        raise TrainError(f"Loss was NaN/Inf in {bad_steps} steps (epoch {epoch}); the last good "
-                                         f"checkpoint is in {run_dir / 'checkpoints'}. Lower train.lr or set "
-                                         f"train.clip_gradient.")
-                    continue
-                if stepper.updated:
-                    global_step += 1
-                    steps_this_call += 1
-                run_loss += batch_loss
-                run_n += x.shape[0]
-                ips = x.shape[0] / max(time.perf_counter() - tick, 1e-9)
-                if hasattr(bar, "set_postfix"):
-                    bar.set_postfix(loss=f"{run_loss / run_n:.4f}", lr=f"{lr:.3g}", img_s=f"{ips:.0f}")
-                if global_step % t.log_every == 0 and stepper.pending == 0:
-                    log.write({"step": global_step, "epoch_f": epoch + (i + 1) / n_batches,
-                               "loss": batch_loss / x.shape[0], "lr": lr, "img_per_s": ips})
-                if stop.requested or (stop_after_steps is not None and steps_this_call >= stop_after_steps):
-                    if stepper.pending == 0:
-                        checkpoint.save(run_dir / "checkpoints", "last", net, trainer,
-                                        dict(state, epoch=epoch, batch_in_epoch=i + 1, global_step=global_step,
-                                             best=best, epoch_loss=(run_loss, run_n)))
-                        stopped = True
-                        break
-            if stopped:
-                break
-            skip = 0
-            with autograd.predict_mode():
-                val = evaluate_loader(feed.net, feed.val_batches(), ctxs, loaders.num_classes, loss_fn)
-            row = {"step": global_step, "epoch": epoch + 1, "train_loss": run_loss / max(run_n, 1),
-                   **{k: v for k, v in val.items() if k != "confusion"},
-                   "seconds": time.perf_counter() - t0}
-            log.write(row)
-            _say(quiet, "epoch {epoch}/{n}: train_loss {train_loss:.4f} val_loss {val_loss:.4f} "
-                        "val_top1 {val_top1:.4f} ({seconds:.1f}s)".format(n=t.epochs, **row))
-            if best is None or row["val_top1"] > best["val_top1"]:
-                best = {"epoch": epoch + 1, "val_top1": row["val_top1"], "val_loss": row["val_loss"]}
-                checkpoint.save(run_dir / "checkpoints", "best", net, trainer,
+        try:
+            for epoch in range(start_epoch, t.epochs):
+                t0 = time.perf_counter()
+                new_plan = make_plan(net, recipe.rules, epoch=epoch, input_shape=recipe.model.input_shape)
+                replan = new_plan.settings() != plan.settings()
+                if replan:
+                    changed = [n for n, s in new_plan.settings().items() if plan.settings()[n] != s]
+                    _say(quiet, f"epoch {epoch}: rules changed {len(changed)} parameters (e.g. {changed[0]}); "
+                                f"rebuilding the trainer and the cached graph")
+                    plan = new_plan
+                    apply_plan(net, plan)
+                    _set_accumulation(net, t.accumulate)
+                    trainer = _make_trainer(net, recipe)
+                if replan or feed is None:
+                    new_feed = build_feed(net, plan, recipe, loaders, ctxs[0], run_dir / "feature_cache", quiet, feed)
+                    if new_feed is not feed:
+                        _say(quiet, new_feed.log)
+                        if feed is not None:
+                            feed.close()
+                    feed = new_feed
+                    _write_plan(run_dir, plan, feed)
+                stepper = Stepper(feed.net, trainer, loss_fn, ctxs)
+                feed.prepare(epoch)
+                bar = _bar(feed.train_batches(epoch, skip), epoch, t.epochs, quiet, skip, n_batches)
+                (run_loss, run_n), partial = partial, (0.0, 0)
+                for i, (x, y) in enumerate(bar, start=skip):
+                    mx.random.seed((t.seed * 1_000_003 + epoch * 10_007 + i) % 2**31)
+                    lr = lr_at(t.schedule, t.lr, global_step, steps_per_epoch, t.epochs)
+                    trainer.set_learning_rate(lr)
+                    tick = time.perf_counter()
+                    batch_loss = stepper.step(x, y, update=(i + 1) % t.accumulate == 0 or i + 1 == n_batches)
+                    if not np.isfinite(batch_loss):
+                        bad_steps += 1
+                        if bad_steps > t.max_bad_steps:
+                            raise TrainError(f"Loss was NaN/Inf in {bad_steps} steps (epoch {epoch}); the last good "
+                                             f"checkpoint is in {run_dir / 'checkpoints'}. Lower train.lr or set "
+                                             f"train.clip_gradient.")
+                        continue
+                    if stepper.updated:
+                        global_step += 1
+                        steps_this_call += 1
+                    run_loss += batch_loss
+                    run_n += x.shape[0]
+                    ips = x.shape[0] / max(time.perf_counter() - tick, 1e-9)
+                    if hasattr(bar, "set_postfix"):
+                        bar.set_postfix(loss=f"{run_loss / run_n:.4f}", lr=f"{lr:.3g}", img_s=f"{ips:.0f}")
+                    if global_step % t.log_every == 0 and stepper.pending == 0:
+                        log.write({"step": global_step, "epoch_f": epoch + (i + 1) / n_batches,
+                                   "loss": batch_loss / x.shape[0], "lr": lr, "img_per_s": ips})
+                    if stop.requested or (stop_after_steps is not None and steps_this_call >= stop_after_steps):
+                        if stepper.pending == 0:
+                            checkpoint.save(run_dir / "checkpoints", "last", net, trainer,
+                                            dict(state, epoch=epoch, batch_in_epoch=i + 1, global_step=global_step,
+                                                 best=best, epoch_loss=(run_loss, run_n)))
+                            stopped = True
+                            break
+                if stopped:
+                    break
+                skip = 0
+                with autograd.predict_mode():
+                    val = evaluate_loader(feed.net, feed.val_batches(), ctxs, loaders.num_classes, loss_fn)
+                row = {"step": global_step, "epoch": epoch + 1, "train_loss": run_loss / max(run_n, 1),
+                       **{k: v for k, v in val.items() if k != "confusion"},
+                       "seconds": time.perf_counter() - t0}
+                log.write(row)
+                _say(quiet, "epoch {epoch}/{n}: train_loss {train_loss:.4f} val_loss {val_loss:.4f} "
+                            "val_top1 {val_top1:.4f} ({seconds:.1f}s)".format(n=t.epochs, **row))
+                if best is None or row["val_top1"] > best["val_top1"]:
+                    best = {"epoch": epoch + 1, "val_top1": row["val_top1"], "val_loss": row["val_loss"]}
+                    checkpoint.save(run_dir / "checkpoints", "best", net, trainer,
+                                    dict(state, epoch=epoch + 1, batch_in_epoch=0, global_step=global_step, best=best))
+                checkpoint.save(run_dir / "checkpoints", "last", net, trainer,
                                 dict(state, epoch=epoch + 1, batch_in_epoch=0, global_step=global_step, best=best))
-            checkpoint.save(run_dir / "checkpoints", "last", net, trainer,
-                            dict(state, epoch=epoch + 1, batch_in_epoch=0, global_step=global_step, best=best))
+        finally:
+            if feed is not None:
+                feed.close()
+
     result = RunResult(run_dir, log.rows, best, stopped_early=stopped)
     if not stopped:
         summary = {"run_dir": str(run_dir), "best": best, "last": result.last_epoch,

@@ -167,8 +167,8 @@ def choose_engine(kind: str, prefix: HybridBlock, input_shape: tuple[int, ...], 
         ort_engine = OrtEngine(prefix, input_shape, ctx)
     except Exception as e:  # export or session failures: fall back under auto, explain under onnxruntime
         if kind == "onnxruntime":
-            raise TrainError(f"train.prefix_engine: onnxruntime, but the frozen prefix cannot run in "
-                             f"onnxruntime ({str(e).splitlines()[0][:300]}). Use prefix_engine: mxnet or auto.") from None
+            raise TrainError(f"train.prefix_engine: onnxruntime, but the frozen prefix cannot run in onnxruntime "
+                             f"({str(e).splitlines()[0][:300]}). Use prefix_engine: mxnet or auto.") from None
         return mx_engine, f"prefix engine: mxnet (onnxruntime export failed: {str(e).splitlines()[0][:200]})"
     want, got = mx_engine(probe), ort_engine(probe)
     rel = float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))

@@ -105,7 +105,7 @@ def test_why_the_cache_is_off_when_everything_trains(weights, tmp_path):
 def test_memory_mapped_float16_cache(weights, uncached, tmp_path):
     on = finetune(recipe(weights, cache_dtype="float16", cache_max_bytes=1), runs_root=tmp_path, quiet=True)
     assert "memory-mapped" in summary(on)["cache_size"] and "float16" in summary(on)["cache_size"]
-    assert list((on.run_dir / "feature_cache").glob("*.npy"))
+    assert not (on.run_dir / "feature_cache").exists()  # removed when the run ends
     assert_same_run(uncached, on, rtol=2e-2)  # float16 features: same run up to half precision
 
 
