@@ -402,7 +402,9 @@ def ignore(block: HybridBlock, names: Sequence[str], *, input_shape: Shape | Non
         units = units[:at.start] + units[at.stop:]
     trunk = Trunk(units)
     if input_shape is not None:
-        _features(trunk, input_shape, _ctx(trunk), f"ignoring {', '.join(names)}")
+        _features(trunk, input_shape, _ctx(trunk), f"ignoring {', '.join(names)}",
+                  " Ignore only units that keep their input's shape (activations, dropout, a flatten "
+                  "before a Dense).")
     return trunk
 
 
@@ -424,19 +426,18 @@ def attach_head(block: HybridBlock, spec: HeadSpec, input_shape: Shape, ctx: mx.
         stop = max(stop, at.stop)
     if spec.inputs:
         units = units[:stop]
-    feats = _features(Trunk(units, spec.inputs), input_shape, ctx, "the cut")
+    feats = _features(Trunk(units, spec.inputs), input_shape, ctx, "the surgery")
     return Trunk(units, spec.inputs, _new_head(spec, [f.shape for f in feats], ctx))
 
 
-def _features(trunk: Trunk, input_shape: Shape, ctx: mx.Context, what: str) -> list[mx.nd.NDArray]:
+def _features(trunk: Trunk, input_shape: Shape, ctx: mx.Context, what: str, hint: str = "") -> list[mx.nd.NDArray]:
     """One batch-1 forward: the feature shapes, and proof that the kept units still fit together."""
     try:
         with mx.autograd.predict_mode():
             return trunk.features(mx.nd.zeros((1, *input_shape), ctx=ctx))
     except mx.base.MXNetError as e:
         raise SurgeryError(f"after {what} the model no longer runs on inputs of shape {input_shape}: "
-                           f"{str(e).splitlines()[0][:200]}. Ignore only units that keep their input's "
-                           f"shape (activations, dropout, flatten before a Dense).") from None
+                           f"{str(e).splitlines()[0][:200]}.{hint}") from None
 
 
 def list_nodes(block: HybridBlock, input_shape: Shape) -> list[NodeInfo]:
