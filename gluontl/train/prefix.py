@@ -1,13 +1,16 @@
 """Frozen prefixes: where a network can be cut so everything before the cut is pure inference,
 and engines that run that inference (MXNet, or onnxruntime on a lean ONNX export).
 
-The cut is taken at the top-level trunk units of ``stages._units`` (``features.7``,
+Gluon models are cut at the top-level trunk units of ``stages._units`` (``features.7``,
 ``output``, …): the prefix is the run of units before the first one that trains, holds a
-BatchNorm in ``bn: train`` (batch statistics) or a Dropout. That the network's forward
-really is the chain of those units is checked numerically, not assumed.
+BatchNorm in ``bn: train`` (batch statistics) or a Dropout. Imported graphs (SymbolBlock)
+are cut after the last node that has no such node upstream and that every such node (and
+every output) can only reach the data through. Either way ``suffix(prefix(x)) == net(x)``
+is checked numerically, not assumed.
 """
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import tempfile
@@ -26,6 +29,7 @@ from ..rules import Plan
 from ..stages import _units
 
 AGREE_RTOL = 1e-4
+_FEATURES = "gluontl_prefix_features"
 
 
 @dataclass
@@ -67,10 +71,9 @@ def _live(unit: str, block: HybridBlock, plan: Plan) -> str | None:
 
 def split_frozen_prefix(net: HybridBlock, plan: Plan, input_shape: tuple[int, ...], ctx: mx.Context) -> Split:
     """Cut ``net`` after its longest fully frozen run of leading trunk units."""
-    whole = Split(None, net, None, "")
     if isinstance(net, SymbolBlock):
-        whole.reason = "imported graphs (SymbolBlock) are not split yet; only zoo/Gluon models are"
-        return whole
+        return _check(net, _split_graph(net, plan), input_shape, ctx)
+    whole = Split(None, net, None, "")
     units = _units(net)
     names = [n for n, _ in units]
     orphans = [r.name for r in plan.rows if not any(r.name.startswith(n + ".") for n in names)]
@@ -89,15 +92,86 @@ def split_frozen_prefix(net: HybridBlock, plan: Plan, input_shape: tuple[int, ..
     if cut == len(units):
         whole.reason = "every unit is frozen: nothing to train after the prefix"
         return whole
-    prefix = _chain([b for _, b in units[:cut]])
-    suffix = _chain([b for _, b in units[cut:]])
+    split = Split(_chain([b for _, b in units[:cut]]), _chain([b for _, b in units[cut:]]), names[cut],
+                  f"frozen prefix {names[0]}..{names[cut - 1]}, training from {names[cut]}")
+    return _check(net, split, input_shape, ctx)
+
+
+def _check(net: HybridBlock, split: Split, input_shape: tuple[int, ...], ctx: mx.Context) -> Split:
+    """The split, if ``suffix(prefix(x))`` computes ``net(x)``; otherwise no split, saying so."""
+    if split.prefix is None:
+        return split
     x = mx.nd.array(np.random.default_rng(0).standard_normal((2, *input_shape)), ctx=ctx)
     with autograd.predict_mode():
-        want, got = net(x).asnumpy(), suffix(prefix(x)).asnumpy()
+        want, got = net(x), split.suffix(split.prefix(x))
+    want, got = (np.concatenate([a.asnumpy().ravel() for a in (v if isinstance(v, (list, tuple)) else [v])])
+                 for v in (want, got))
     if want.shape != got.shape or not np.allclose(got, want, rtol=1e-4, atol=1e-5):
-        whole.reason = "the model's forward is not the chain of its top-level units"
+        return Split(None, net, None, f"the model does not compute suffix(prefix(x)) at {split.boundary}")
+    return split
+
+
+def _split_graph(net: SymbolBlock, plan: Plan) -> Split:
+    """Cut an imported graph after the last frozen node that every trainable node depends on
+    (a dominator of the trainable part, seen from the data input)."""
+    inputs, sym = net._cached_graph
+    whole = Split(None, net, None, "")
+    if len(inputs) != 1:
+        whole.reason = "graphs with several inputs are not split"
         return whole
-    return Split(prefix, suffix, names[cut], f"frozen prefix {names[0]}..{names[cut - 1]}, training from {names[cut]}")
+    graph = json.loads(sym.tojson())
+    nodes, heads = graph["nodes"], [h[0] for h in graph["heads"]]
+    trainable = {r.name for r in plan.rows if r.trainable}
+    bn_train = {r.layer for r in plan.rows if r.bn == "train"}
+    data = next(i for i, n in enumerate(nodes) if n["op"] == "null" and n["name"] == inputs[0].name)
+    why: dict[int, str] = {}
+    for i, n in enumerate(nodes):
+        if n["op"] == "null":
+            continue
+        params = [nodes[j[0]]["name"] for j in n["inputs"] if nodes[j[0]]["name"] in trainable]
+        if params:
+            why[i] = f"node {n['name']} trains ({params[0]} has grad_req write)"
+        elif n["name"] in bn_train:
+            why[i] = f"BatchNorm {n['name']} is in bn: train (batch statistics)"
+        elif n["op"] == "Dropout":
+            why[i] = f"node {n['name']} is Dropout (random in training)"
+    live_below = [False] * len(nodes)
+    uses_multi = set()
+    for i, n in enumerate(nodes):
+        live_below[i] = i in why or any(live_below[j[0]] for j in n["inputs"])
+        uses_multi |= {j[0] for j in n["inputs"] if j[1] != 0}
+
+    def reaches(cut: int) -> list[bool]:
+        seen = [False] * len(nodes)
+        for i, n in enumerate(nodes):
+            seen[i] = i == data or (i != cut and any(seen[j[0]] for j in n["inputs"]))
+        return seen
+
+    from_data = reaches(-1)
+    for c in reversed(range(len(nodes))):
+        n = nodes[c]
+        if n["op"] == "null" or not from_data[c] or live_below[c] or c in uses_multi or c in heads:
+            continue
+        seen = reaches(c)
+        if any(seen[i] for i in why) or any(seen[h] for h in heads):
+            continue
+        prefix_sym = sym.get_internals()[_entry_name(sym, n["name"])]
+        nodes[c] = {"op": "null", "name": _FEATURES, "inputs": []}
+        graph["arg_nodes"] = sorted(set(graph["arg_nodes"]) | {c})
+        graph.pop("node_row_ptr", None)
+        suffix_sym = mx.sym.load_json(json.dumps(graph))
+        params = net.collect_params()
+        first = next((why[i] for i in sorted(why)), "the rest trains")
+        return Split(SymbolBlock(prefix_sym, mx.sym.var(inputs[0].name, dtype="float32"), params=params),
+                     SymbolBlock(suffix_sym, mx.sym.var(_FEATURES, dtype="float32"), params=params), n["name"],
+                     f"frozen prefix up to node {n['name']}; {first}")
+    whole.reason = next((why[i] for i in sorted(why)), "nothing trains")
+    return whole
+
+
+def _entry_name(sym: mx.sym.Symbol, node: str) -> str:
+    outs = set(sym.get_internals().list_outputs())
+    return f"{node}_output" if f"{node}_output" in outs else f"{node}_output0"
 
 
 class Engine(Protocol):

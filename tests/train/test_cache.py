@@ -119,3 +119,37 @@ def test_onnxruntime_prefix_engine_matches_mxnet(weights, uncached, tmp_path):
     cached = finetune(recipe(weights, prefix_engine="onnxruntime"), runs_root=tmp_path, quiet=True)
     assert summary(cached)["cache"] and summary(cached)["prefix_engine"] == "onnxruntime"
     assert_same_run(uncached, cached, rtol=1e-3)
+
+
+@pytest.fixture(scope="module")
+def bn_symbol(tmp_path_factory):
+    """A small conv net with BatchNorm, exported as an MXNet symbol checkpoint (an imported graph)."""
+    d = tmp_path_factory.mktemp("sym")
+    mx.random.seed(1)
+    nn = mx.gluon.nn
+    net = nn.HybridSequential()
+    net.add(nn.Conv2D(8, 3, padding=1), nn.BatchNorm(), nn.Activation("relu"), nn.MaxPool2D(2),
+            nn.Conv2D(16, 3, padding=1, activation="relu"), nn.GlobalAvgPool2D(), nn.Dense(2))
+    net.initialize(mx.init.Xavier())
+    net.hybridize()
+    with mx.autograd.record():
+        net(mx.nd.random.uniform(shape=(8, 3, 16, 16)))
+    net.export(str(d / "bn"))
+    return str(d / "bn")
+
+
+FROZEN_BN = {"type": "BatchNorm", "bn": "frozen"}
+
+
+@pytest.mark.parametrize("rules, boundary", [
+    ([{"match": "*", "grad_req": "null"}, FROZEN_BN, {"type": "Dense", "grad_req": "write"}], "pool1_fwd"),
+    ([{"match": ["*conv0*", "*batchnorm*"], "grad_req": "null"}, FROZEN_BN], "pool0_fwd")])
+def test_imported_graph_is_cut_after_its_last_frozen_dominator(bn_symbol, tmp_path, rules, boundary):
+    def run(mode):
+        model = {"source": f"symbol:{bn_symbol}", "input_shape": [3, 16, 16]}
+        train = {"epochs": 2, "lr": 0.05, "log_every": 1, "cache_features": mode, "prefix_engine": "mxnet"}
+        return finetune(parse_recipe({"name": "g", "model": model, "rules": rules, "data": DATA, "train": train}),
+                        runs_root=tmp_path, quiet=True)
+    off, on = run("off"), run("on")
+    assert summary(on)["cache"] and summary(on)["boundary"] == boundary
+    assert_same_run(off, on)
