@@ -1,0 +1,143 @@
+"""Models exported by PyTorch's own exporters (legacy TorchScript and dynamo).
+
+Users bring exactly these graphs: Shape/Gather/Concat chains around every view,
+Clip with tensor bounds, Split with size inputs, allowzero Reshapes, inlined dynamo
+functions. The files come from ``scripts/make_onnx_fixtures.py`` (torch is never a
+dependency here); MANIFEST.json records how each was exported. Importer limitations
+are strict xfails naming the cause, so a fix shows up as an XPASS to remove.
+"""
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+import mxnet as mx
+import numpy as np
+import onnx
+import pytest
+
+from gluontl.errors import OnnxImportError
+from gluontl.onnx import import_model
+from test_importer import ort_run, rel_err
+
+FIXTURES = Path(__file__).parent / "fixtures"
+MANIFEST = json.loads((FIXTURES / "MANIFEST.json").read_text())
+
+_SWIN_RESHAPE = (
+    "Reshape '/blocks/blocks.0/Reshape_5' (Swin window_reverse: windows.view(b, h//ws, w//ws, ws, ws, -1)) "
+    "gets its target [b, 2, 2, 4, 4, -1] from Shape at run time. The data's dim 0 is 4*b (windows), so "
+    "fold.batch_free cannot use 0 (copy) for the batch entry, and it will not use -1 there because the "
+    "vector already holds a -1 (which is 32 at every batch size): 'value changes with the batch size'")
+_DYNAMO_ALLOWZERO = (
+    "Reshape 'node_view_6' (Detect's xi.view(b, 36, -1)); dynamo writes allowzero=1 and, with free H/W, "
+    "a run-time target Concat(Shape(x)[0], 36, -1). fold.batch_free turns the batch entry into 0 (copy), "
+    "which under allowzero=1 means a literal 0, so the Reshape converter refuses an empty tensor")
+_CONCAT_BACKWARD = (
+    "MXNet 1.9.1 oneDNN bug, not a wrong graph: backward of a 4-D channel Concat that feeds a Convolution "
+    "(C2f's cat(split(8, 8), bottleneck) -> cv2, SPPF's cat of 4x24 channels -> cv2) fails with 'could not "
+    "construct a sub-memory' when the channel slices are not multiples of oneDNN's block (16 with "
+    "AVX-512); other slice sizes kill the process with SIGFPE. MXNET_MKLDNN_ENABLED=0 passes")
+_YOLO_FILES = ("yolov8_legacy_op11.onnx", "yolov8_legacy_op17.onnx", "yolov8_dynamo_op18.onnx",
+               "yolov8_legacy_op17_dynhw.onnx")
+# Files no test can pass (the import fails), and files whose only failure is backward:
+# (cause, the exception it raises).
+IMPORT_FAILURES = {"swin_legacy_op13.onnx": (_SWIN_RESHAPE, OnnxImportError),
+                   "swin_legacy_op17.onnx": (_SWIN_RESHAPE, OnnxImportError),
+                   "yolov8_dynamo_op18_dynhw.onnx": (_DYNAMO_ALLOWZERO, OnnxImportError)}
+BACKWARD_FAILURES = {**dict.fromkeys(_YOLO_FILES, (_CONCAT_BACKWARD, mx.base.MXNetError)), **IMPORT_FAILURES}
+
+
+def _params(failures: dict[str, tuple[str, type]]):
+    for entry in MANIFEST["fixtures"]:
+        reason, raises = failures.get(entry["file"], (None, None))
+        marks = [pytest.mark.xfail(strict=True, raises=raises, reason=reason)] if reason else []
+        yield pytest.param(entry, id=entry["file"][:-len(".onnx")], marks=marks)
+
+
+FIXTURE_PARAMS = list(_params(IMPORT_FAILURES))
+
+
+def _sample_shape(entry) -> list[int]:
+    """Per-sample input shape: a dynamic-H/W export is run at a size other than its
+    example's (the last test shape), the others at their declared size."""
+    return entry["test_shapes"][-1][1:]
+
+
+@functools.lru_cache(maxsize=None)
+def _import(file: str):
+    """One import per fixture and process (tests that change the block undo it)."""
+    entry = next(e for e in MANIFEST["fixtures"] if e["file"] == file)
+    shapes = {entry["input"]: [None, *_sample_shape(entry)]} if 2 in entry["dynamic_dims"] else None
+    return import_model(str(FIXTURES / file), input_shapes=shapes)
+
+
+def _input(entry, batch: int, seed: int = 0) -> np.ndarray:
+    return np.random.RandomState(seed + batch).randn(batch, *_sample_shape(entry)).astype(np.float32)
+
+
+def _outputs(block, x: np.ndarray) -> list[np.ndarray]:
+    out = block(mx.nd.array(x))
+    return [o.asnumpy() for o in (out if isinstance(out, tuple) else (out,))]
+
+
+def test_manifest_records_every_file_and_the_exporters():
+    files = {e["file"] for e in MANIFEST["fixtures"]}
+    assert files == {p.name for p in FIXTURES.glob("*.onnx")}
+    assert {e["exporter"] for e in MANIFEST["fixtures"]} == {"legacy", "dynamo"}
+    assert any(2 in e["dynamic_dims"] for e in MANIFEST["fixtures"]), "one export has free H/W"
+
+
+@pytest.mark.parametrize("entry", FIXTURE_PARAMS)
+def test_matches_onnxruntime_at_batch_1_and_2(entry):
+    block = _import(entry["file"])
+    for batch in (1, 2):
+        x = _input(entry, batch)
+        got, ref = _outputs(block, x), ort_run(str(FIXTURES / entry["file"]), {entry["input"]: x})
+        assert len(got) == len(ref)
+        for g, r in zip(got, ref):
+            assert g.shape == r.shape and rel_err(g, r) <= 1e-4, (batch, g.shape, r.shape, rel_err(g, r))
+
+
+@pytest.mark.parametrize("entry", FIXTURE_PARAMS)
+def test_hybridized_equals_imperative(entry):
+    block = _import(entry["file"])
+    x = _input(entry, 2, seed=7)
+    plain = _outputs(block, x)
+    block.hybridize(static_alloc=True, static_shape=True)
+    try:
+        hybrid = _outputs(block, x)
+    finally:
+        block.hybridize(active=False)
+    for p, h in zip(plain, hybrid):
+        np.testing.assert_allclose(h, p, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("entry", list(_params(BACKWARD_FAILURES)))
+def test_backward_gives_finite_weight_gradients(entry):
+    """Inference-mode autograd: BatchNorm keeps its running statistics, so the cached
+    block still matches onnxruntime for the other tests."""
+    block = _import(entry["file"])
+    params = {n: p for n, p in block.collect_params().items() if p.grad_req == "write"}
+    assert params, "an imported model must have trainable weights"
+    with mx.autograd.record(train_mode=False):
+        out = block(mx.nd.array(_input(entry, 2)))
+        loss = sum((o.astype("float32") ** 2).mean() for o in (out if isinstance(out, tuple) else (out,)))
+    loss.backward()
+    grads = {n: p.grad().asnumpy() for n, p in params.items()}
+    assert all(np.isfinite(g).all() for g in grads.values())
+    assert any(np.abs(g).max() > 0 for g in grads.values()), "no weight received a gradient"
+
+
+@pytest.mark.parametrize("entry", FIXTURE_PARAMS)
+def test_parameter_names_are_onnx_initializer_names(entry):
+    """Trainable weights keep their initializer names, so PyTorch's ``layer1.0.conv1.weight``
+    survive wherever the exporter kept them (legacy exports fold BN into convs and rename
+    those to ``onnx::Conv_*``); values the importer derives itself are frozen constants."""
+    block = _import(entry["file"])
+    params = block.collect_params()
+    inits = {t.name for t in onnx.load(str(FIXTURES / entry["file"])).graph.initializer}
+    trainable = {n for n, p in params.items() if p.grad_req == "write"}
+    assert trainable <= inits, sorted(trainable - inits)[:5]
+    assert set(params) - inits <= block.gluontl_onnx.constants
+    assert set(entry["torch_names"]) <= set(params), sorted(set(entry["torch_names"]) - set(params))[:5]
