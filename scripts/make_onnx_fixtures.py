@@ -185,8 +185,8 @@ class ShuffleUnit(nn.Module):
             self.branch1 = nn.Sequential(conv_bn(cin, cin, 3, stride, groups=cin, act=None),
                                          conv_bn(cin, half, 1))
         c = cin if stride > 1 else half
-        self.branch2 = nn.Sequential(conv_bn(c, half, 1), conv_bn(half, half, 3, stride, groups=half, act=None),
-                                     conv_bn(half, half, 1))
+        self.branch2 = nn.Sequential(conv_bn(c, half, 1), conv_bn(half, half, 3, stride, groups=half,
+                                                                  act=None), conv_bn(half, half, 1))
 
     def forward(self, x):
         if self.stride == 1:
@@ -268,7 +268,8 @@ class DenseLayer(nn.Module):
     def __init__(self, cin, growth):
         super().__init__()
         self.norm1, self.conv1 = nn.BatchNorm2d(cin), nn.Conv2d(cin, 4 * growth, 1, bias=False)
-        self.norm2, self.conv2 = nn.BatchNorm2d(4 * growth), nn.Conv2d(4 * growth, growth, 3, 1, 1, bias=False)
+        self.norm2 = nn.BatchNorm2d(4 * growth)
+        self.conv2 = nn.Conv2d(4 * growth, growth, 3, 1, 1, bias=False)
 
     def forward(self, x):
         y = self.conv2(F.relu(self.norm2(self.conv1(F.relu(self.norm1(x))))))
@@ -437,7 +438,7 @@ class Swin(nn.Module):
         super().__init__()
         self.patch_embed = nn.Conv2d(3, dim, 4, 4)
         self.patch_norm = nn.LayerNorm(dim)
-        self.blocks = nn.Sequential(SwinBlock(dim, 8, 2, 4, 0, int_batch), SwinBlock(dim, 8, 2, 4, 2, int_batch))
+        self.blocks = nn.Sequential(*(SwinBlock(dim, 8, 2, 4, shift, int_batch) for shift in (0, 2)))
         self.norm, self.head = nn.LayerNorm(dim), nn.Linear(dim, classes)
 
     def forward(self, x):
@@ -535,7 +536,8 @@ class Detect(nn.Module):
         self.nc, self.reg_max, self.strides = nc, reg_max, strides
         self.cv2 = nn.ModuleList(nn.Sequential(cbs(c, 16, 3), cbs(16, 16, 3), nn.Conv2d(16, 4 * reg_max, 1))
                                  for c in ch)
-        self.cv3 = nn.ModuleList(nn.Sequential(cbs(c, 16, 3), cbs(16, 16, 3), nn.Conv2d(16, nc, 1)) for c in ch)
+        self.cv3 = nn.ModuleList(nn.Sequential(cbs(c, 16, 3), cbs(16, 16, 3), nn.Conv2d(16, nc, 1))
+                                 for c in ch)
         self.dfl = nn.Conv2d(reg_max, 1, 1, bias=False).requires_grad_(False)
         self.dfl.weight.data[:] = torch.arange(reg_max, dtype=torch.float).view(1, reg_max, 1, 1)
 
@@ -619,7 +621,9 @@ MODELS = {
     "yolov8": (YOLOv8, (3, 64, 64), (11, 17), 0),
     "crnn": (CRNN, (1, 32, 64), (11, 13), 1),
 }
-DYNAMO_OPSET = 18
+DYNAMO_OPSETS = {"vit": (18, 20), "convnext": (18, 20)}  # default (18,); 20 has a Gelu op
+# Legacy exports without constant folding keep BatchNormalization and torch's weight names.
+NO_FOLDING = {"resnet"}
 # Why an expected exporter failure happens (kept next to its error in the manifest).
 EXPORTER_NOTES = {"swin_int_batch": "window_reverse's int(windows.shape[0] / (h * w / ws / ws)) is traced "
                                     "as the example batch (2), so other batch sizes mix samples"}
@@ -642,8 +646,8 @@ def build(name):
     return model.eval()
 
 
-def export(model, x, path, *, dynamo, opset, dyn_dims, out_batch):
-    """One export; returns the file's bytes."""
+def export(model, x, path, *, dynamo, opset, dyn_dims, out_batch, folding):
+    """One export to ``path``."""
     dims = {0: "batch", **{k: ("height", "width")[k - 2] for k in dyn_dims if k >= 2}}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -655,9 +659,8 @@ def export(model, x, path, *, dynamo, opset, dyn_dims, out_batch):
             prog.save(str(path))
         else:
             torch.onnx.export(model, (x,), str(path), dynamo=False, opset_version=opset,
-                              input_names=["x"], output_names=["y"],
+                              input_names=["x"], output_names=["y"], do_constant_folding=folding,
                               dynamic_axes={"x": dims, "y": {out_batch: "batch"}})
-    return path.read_bytes()
 
 
 def check(model, path, shapes):
@@ -678,26 +681,32 @@ def check(model, path, shapes):
     return worst
 
 
+def jobs():
+    """(model, exporter, opset, dynamic dims beyond the batch, constant folding, file stem)."""
+    for name, (_, _, opsets, _) in MODELS.items():
+        dynamo_opsets = DYNAMO_OPSETS.get(name, (18,))
+        variants = [("legacy", o, ()) for o in opsets] + [("dynamo", o, ()) for o in dynamo_opsets]
+        if name in DYNAMIC_HW:
+            variants += [("legacy", opsets[-1], (2, 3)), ("dynamo", dynamo_opsets[0], (2, 3))]
+        for exporter, opset, dyn in variants:
+            yield name, exporter, opset, dyn, True, f"{name}_{exporter}_op{opset}" + "_dynhw" * bool(dyn)
+        if name in NO_FOLDING:
+            yield name, "legacy", opsets[0], (), False, f"{name}_legacy_op{opsets[0]}_nofold"
+
+
 def main():
     OUT.mkdir(parents=True, exist_ok=True)
     for old in OUT.glob("*.onnx"):
         old.unlink()
     manifest = {"torch": torch.__version__, "onnx": onnx.__version__, "fixtures": [],
                 "exporter_failures": []}
-    jobs = []
-    for name, (_, shape, opsets, _) in MODELS.items():
-        jobs += [(name, False, o, ()) for o in opsets] + [(name, True, DYNAMO_OPSET, ())]
-        if name in DYNAMIC_HW:
-            jobs += [(name, False, opsets[-1], (2, 3)), (name, True, DYNAMO_OPSET, (2, 3))]
-    for name, dynamo, opset, dyn_dims in jobs:
+    for name, exporter, opset, dyn_dims, folding, stem in jobs():
         model, shape, out_batch = build(name), MODELS[name][1], MODELS[name][3]
-        exporter = "dynamo" if dynamo else "legacy"
-        stem = f"{name}_{exporter}_op{opset}" + ("_dynhw" if dyn_dims else "")
         path = OUT / f"{stem}.onnx"
         shapes = [(1, *shape), (2, *shape)] + ([(2, *DYNAMIC_HW[name])] if dyn_dims else [])
-        x = torch.randn(2, *shape)
         try:
-            export(model, x, path, dynamo=dynamo, opset=opset, dyn_dims=dyn_dims, out_batch=out_batch)
+            export(model, torch.randn(2, *shape), path, dynamo=exporter == "dynamo", opset=opset,
+                   dyn_dims=dyn_dims, out_batch=out_batch, folding=folding)
             err = check(model, path, shapes)
         except Exception as e:
             path.unlink(missing_ok=True)
@@ -712,7 +721,7 @@ def main():
         inp = proto.graph.input[0]
         manifest["fixtures"].append({
             "file": path.name, "model": name, "exporter": exporter, "opset": opset,
-            "torch": torch.__version__, "ir_version": proto.ir_version,
+            "torch": torch.__version__, "ir_version": proto.ir_version, "constant_folding": folding,
             "input": inp.name,
             "input_shape": [d.dim_param or d.dim_value for d in inp.type.tensor_type.shape.dim],
             "dynamic_dims": [0, *dyn_dims],
