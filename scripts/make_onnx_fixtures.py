@@ -1,8 +1,9 @@
 """Write tests/onnx/fixtures/: small real-architecture models exported by PyTorch.
 
 The importer must handle the exact graphs PyTorch's exporters write (the legacy
-TorchScript exporter at opsets 13/17, the dynamo exporter at opset 18), not only
-hand-made graphs. PyTorch is never a project dependency, so this runs in its own venv:
+TorchScript exporter at opsets 11-17, the dynamo exporter at opsets 18 and 20), not
+only hand-made graphs. PyTorch is never a project dependency, so this runs in its own
+venv (dynamo files embed this script's line numbers: regenerate after editing it):
 
     python3 -m venv /tmp/torchvenv
     /tmp/torchvenv/bin/pip install torch==2.13.0 onnx onnxscript onnxruntime

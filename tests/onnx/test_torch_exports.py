@@ -19,7 +19,7 @@ import pytest
 
 from gluontl.errors import OnnxImportError
 from gluontl.onnx import import_model
-from test_importer import ort_run, rel_err
+from test_importer import graph_ops, ort_run, rel_err
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MANIFEST = json.loads((FIXTURES / "MANIFEST.json").read_text())
@@ -108,10 +108,12 @@ def test_hybridized_equals_imperative(entry):
     block.hybridize(static_alloc=True, static_shape=True)
     try:
         hybrid = _outputs(block, x)
+        ops = set(graph_ops(block))
     finally:
         block.hybridize(active=False)
     for p, h in zip(plain, hybrid):
         np.testing.assert_allclose(h, p, rtol=1e-5, atol=1e-6)
+    assert not {"shape_array", "size_array"} & ops, "the exporters' shape arithmetic must fold"
 
 
 @pytest.mark.parametrize("entry", list(_params(BACKWARD_FAILURES)))
@@ -142,3 +144,29 @@ def test_parameter_names_are_onnx_initializer_names(entry):
     assert trainable <= inits, sorted(trainable - inits)[:5]
     assert set(params) - inits <= block.gluontl_onnx.constants
     assert set(entry["torch_names"]) <= set(params), sorted(set(entry["torch_names"]) - set(params))[:5]
+
+
+@pytest.mark.parametrize("file, names", [
+    ("resnet_legacy_op13_nofold.onnx", ("layer1.0.conv1.weight", "layer2.0.downsample.1.running_var")),
+    # dynamo fuses BN into the conv but keeps the conv's name (the values are the fused ones)
+    ("resnet_dynamo_op18.onnx", ("layer1.0.conv1.weight", "layer2.0.downsample.0.weight", "fc.weight"))])
+def test_torch_weight_names_survive(file, names):
+    params = _import(file).collect_params()
+    assert set(names) <= set(params), sorted(set(names) - set(params))
+
+
+@pytest.mark.parametrize("file", ["resnet_legacy_op13_dynhw.onnx", "resnet_dynamo_op18_dynhw.onnx"])
+def test_free_hw_without_input_shapes_runs_at_any_size(file):
+    """A fully convolutional net with global pooling has no shape arithmetic on H/W."""
+    block = import_model(str(FIXTURES / file))
+    for shape in ((1, 3, 32, 32), (2, 3, 56, 40)):
+        x = np.random.RandomState(0).randn(*shape).astype(np.float32)
+        (got,), (ref,) = _outputs(block, x), ort_run(str(FIXTURES / file), {"x": x})
+        assert rel_err(got, ref) <= 1e-4
+
+
+def test_free_hw_anchor_arithmetic_asks_for_input_shapes():
+    """YOLOv8's anchors come from Range over the feature map sizes: without the H/W they
+    cannot fold, and the error says what to pass."""
+    with pytest.raises(OnnxImportError, match="input_shapes"):
+        import_model(str(FIXTURES / "yolov8_legacy_op17_dynhw.onnx"))
