@@ -561,3 +561,12 @@ def test_graph_ignore_that_breaks_shapes_is_a_surgery_error(symbol_model):
     sb = _load_symbol(symbol_model)
     with pytest.raises(SurgeryError, match=r"after ignoring r18_conv0_fwd the model does not fit"):
         S.ignore(sb, ["r18_conv0_fwd"], input_shape=SHAPE)
+
+
+def test_cli_inspect_nodes_json_for_symbol_models(symbol_model):
+    import json
+    res = CliRunner().invoke(app, ["inspect", f"symbol:{symbol_model}", "--nodes", "--json", "--input-shape", "3,32,32"])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.output)
+    assert rows[0] == {"name": "r18_conv0_fwd", "op": "Convolution", "shape": [1, 64, 16, 16]}
+    assert rows[-1] == {"name": "r18_dense0_fwd", "op": "FullyConnected", "shape": [1, 10]}
