@@ -40,6 +40,7 @@ from mxnet import autograd, gluon  # noqa: E402
 
 from gluontl.recipe import Rule, parse_recipe  # noqa: E402
 from gluontl.rules import apply_plan, make_plan, trainable_params  # noqa: E402
+from gluontl.train.cache import PER_STEP_MARGIN  # noqa: E402
 from gluontl.train.loop import Stepper, finetune  # noqa: E402
 from gluontl.train.prefix import OrtEngine, choose_engine, split_frozen_prefix  # noqa: E402
 
@@ -133,7 +134,7 @@ def bench_case(model: str, size: int, regime: str, modes: tuple[str, ...], a: ar
             runs["cache"] = cached
         if "prefix_ort" in modes:
             ort_engine = engine if engine.name == "onnxruntime" else OrtEngine(split.prefix, (3, size, size), ctx)
-            notes["prefix_ort"] = notes["cache"]
+            notes["prefix_ort"] = f"{notes['cache']}; per step, auto wants onnxruntime {PER_STEP_MARGIN}x faster"
 
             def prefix_ort() -> None:
                 suffix.step(mx.nd.array(ort_engine(x.asnumpy()), ctx=ctx), y)

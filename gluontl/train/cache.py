@@ -23,18 +23,18 @@ from mxnet import gluon
 from mxnet.gluon import HybridBlock
 
 from ..errors import TrainError
-from ..recipe import Recipe, TrainSpec
+from ..recipe import Recipe, TrainSpec, TransformSpec
 from ..rules import Plan
 from .data import EpochSampler, ImageDataset, Loaders
 from .prefix import Engine, Split, choose_engine, split_frozen_prefix
 
 _RANDOM_STEPS = ("random_resized_crop", "flip", "color_jitter")
+PER_STEP_MARGIN = 1.5
 
 
-def random_steps(ds: ImageDataset) -> list[str]:
-    """The random steps of a dataset's transform (what rules out a one-view cache)."""
-    spec = ds.transform.spec
-    return [s for s in _RANDOM_STEPS if ds.transform.random and getattr(spec, s)]
+def random_steps(spec: TransformSpec) -> list[str]:
+    """The random steps of a train transform (what rules out a one-view cache)."""
+    return [s for s in _RANDOM_STEPS if getattr(spec, s)]
 
 
 @dataclass
@@ -46,11 +46,11 @@ class Decision:
     reason: str
 
 
-def decide(t: TrainSpec, split: Split, train_ds: ImageDataset) -> Decision:
+def decide(t: TrainSpec, split: Split, train_transform: TransformSpec) -> Decision:
     if t.cache_features == "off":
         return Decision(False, 0, "train.cache_features: off")
     why_not = None
-    steps = random_steps(train_ds)
+    steps = random_steps(train_transform)
     if split.prefix is None:
         why_not = split.reason
     elif steps and t.cache_views == 0:
@@ -193,7 +193,7 @@ def build_feed(net: HybridBlock, plan: Plan, recipe: Recipe, loaders: Loaders, c
         previous.net._clear_cached_op()  # traced with the old grad_req
         return previous
     train_ds = loaders.train._dataset
-    decision = decide(t, split, train_ds)
+    decision = decide(t, split, recipe.data.train_transform)
     use_engine = split.prefix is not None and (decision.train or (t.prefix_engine != "mxnet"
                                                                   and t.cache_features != "off"))
     if not use_engine:
@@ -201,8 +201,9 @@ def build_feed(net: HybridBlock, plan: Plan, recipe: Recipe, loaders: Loaders, c
     if t.hybridize:
         split.suffix.hybridize(static_alloc=True, static_shape=True)
     probe = np.stack([train_ds[(i, 0)][0] for i in range(min(recipe.data.batch_size, len(train_ds)))])
+    # per step, onnxruntime must clearly beat MXNet's own step, which skips backward through the prefix
     engine, engine_log = choose_engine(t.prefix_engine, split.prefix, recipe.model.input_shape, ctx, probe,
-                                       t.hybridize)
+                                       t.hybridize, margin=1.0 if decision.train else PER_STEP_MARGIN)
     if decision.train:
         cache = FeatureCache(engine, loaders, decision.views, t, folder, recipe.data.batch_size,
                              recipe.data.workers, quiet)
@@ -212,3 +213,15 @@ def build_feed(net: HybridBlock, plan: Plan, recipe: Recipe, loaders: Loaders, c
         return Feed(net, loaders, split, log=f"feature cache: off ({decision.reason}); {engine_log}")
     return Feed(split.suffix, loaders, split, engine=engine,
                 log=f"feature cache: off ({decision.reason}); {engine_log}, run every step")
+
+
+def preview(recipe: Recipe, net: HybridBlock, plan: Plan, ctx: mx.Context | None = None) -> str:
+    """What ``finetune`` will decide about the cache for this plan, without data or engines
+    (for ``gluontl plan``)."""
+    split = split_frozen_prefix(net, plan, recipe.model.input_shape, ctx or mx.cpu())
+    spec = recipe.data.train_transform if recipe.data is not None else TransformSpec()
+    try:
+        d = decide(recipe.train, split, spec)
+    except TrainError as e:
+        return f"feature cache: error ({e})"
+    return f"feature cache: {'on' if d.train else 'off'} ({d.reason})"

@@ -3,6 +3,9 @@
 Determinism is designed in, not hoped for: data order and augmentation come from
 (seed, epoch, index), the lr from the global step, and MXNet's RNG is reseeded every
 step, so a resumed run continues exactly where an uninterrupted one would be.
+
+When the rules leave a frozen prefix, the loop trains only the suffix after it, from
+cached prefix features or from a faster prefix engine (``cache.py``, ``prefix.py``).
 """
 from __future__ import annotations
 
@@ -115,16 +118,16 @@ def _set_accumulation(net, k: int) -> None:
             p.grad_req = "add"
 
 
-
 class Stepper:
     """One training step over a batch split across contexts: forward, backward and, when
     ``update`` says so, the optimizer update.
 
     The loop, the feature-cache path (``net`` is then the trainable suffix) and
     ``scripts/bench_finetune.py`` share it, so the benchmark times the step that trains.
-    With ``accumulate`` > 1 the parameters are in ``grad_req: add`` (``_set_accumulation``)
-    and gradients pile up until the update; ``pending`` counts the images they cover.
-    A non-finite loss discards the pending gradients and updates nothing.
+    For gradient accumulation the caller puts the parameters in ``grad_req: add``
+    (``_set_accumulation``) and passes ``update=False`` until the k-th batch; ``pending``
+    counts the images the piled-up gradients cover. A non-finite loss discards them and
+    updates nothing.
     """
 
     def __init__(self, net, trainer: gluon.Trainer, loss_fn: Callable, ctxs: list[mx.Context]) -> None:

@@ -153,3 +153,15 @@ def test_imported_graph_is_cut_after_its_last_frozen_dominator(bn_symbol, tmp_pa
     off, on = run("off"), run("on")
     assert summary(on)["cache"] and summary(on)["boundary"] == boundary
     assert_same_run(off, on)
+
+
+def test_preview_tells_gluontl_plan_what_finetune_will_decide(weights):
+    from gluontl.pipeline import prepare
+    from gluontl.train.cache import preview
+
+    r = recipe(weights)
+    prep = prepare(r)
+    assert preview(r, prep.block, prep.plan) == ("feature cache: on (frozen prefix features.0..features.8, "
+                                                 "training from output)")
+    flip = recipe(weights, data={"train_transform": {"resize": 16, "flip": True}})
+    assert preview(flip, prep.block, prep.plan).startswith("feature cache: off (flip in train_transform")
