@@ -147,9 +147,11 @@ class Feed:
     step (augmentation rules out a cache, but onnxruntime runs the prefix faster)."""
 
     def __init__(self, net: HybridBlock, loaders: Loaders, split: Split | None = None,
-                 cache: FeatureCache | None = None, engine: Engine | None = None, log: str = "") -> None:
+                 cache: FeatureCache | None = None, engine: Engine | None = None, log: str = "",
+                 val_cache: FeatureCache | None = None) -> None:
         self.net, self.loaders, self.split, self.cache, self.engine = net, loaders, split, cache, engine
         self.log = log
+        self.val_cache = val_cache or cache
 
     @property
     def boundary(self) -> str | None:
@@ -166,17 +168,15 @@ class Feed:
         return loader if self.engine is None else self._through_engine(loader)
 
     def val_batches(self) -> Iterable[tuple[mx.nd.NDArray, mx.nd.NDArray]]:
-        if self.cache is not None:
-            return self.cache.val_batches()
-        return self.loaders.val if self.engine is None else self._through_engine(self.loaders.val)
+        return self.loaders.val if self.val_cache is None else self.val_cache.val_batches()
 
     def _through_engine(self, loader) -> Iterator[tuple[mx.nd.NDArray, mx.nd.NDArray]]:
         for x, y in loader:
             yield mx.nd.array(self.engine(x.asnumpy()), ctx=x.context), y
 
     def close(self) -> None:
-        if self.cache is not None:
-            self.cache.close()
+        if self.val_cache is not None:
+            self.val_cache.close()
 
     def summary(self) -> dict[str, Any]:
         return {"cache": self.cache is not None, "prefix_engine": self.engine.name if self.engine else None,
@@ -204,15 +204,16 @@ def build_feed(net: HybridBlock, plan: Plan, recipe: Recipe, loaders: Loaders, c
     # per step, onnxruntime must clearly beat MXNet's own step, which skips backward through the prefix
     engine, engine_log = choose_engine(t.prefix_engine, split.prefix, recipe.model.input_shape, ctx, probe,
                                        t.hybridize, margin=1.0 if decision.train else PER_STEP_MARGIN)
+    # val transforms are deterministic, so val features are cached whenever the suffix trains
+    cache = FeatureCache(engine, loaders, max(decision.views, 1), t, folder, recipe.data.batch_size,
+                         recipe.data.workers, quiet)
     if decision.train:
-        cache = FeatureCache(engine, loaders, decision.views, t, folder, recipe.data.batch_size,
-                             recipe.data.workers, quiet)
         return Feed(split.suffix, loaders, split, cache=cache, engine=engine,
                     log=f"feature cache: on ({decision.reason}); {engine_log}")
     if engine.name == "mxnet":  # MXNet already skips backward through the frozen prefix
         return Feed(net, loaders, split, log=f"feature cache: off ({decision.reason}); {engine_log}")
-    return Feed(split.suffix, loaders, split, engine=engine,
-                log=f"feature cache: off ({decision.reason}); {engine_log}, run every step")
+    return Feed(split.suffix, loaders, split, engine=engine, val_cache=cache,
+                log=f"feature cache: off ({decision.reason}); {engine_log}, run every step (val features cached)")
 
 
 def preview(recipe: Recipe, net: HybridBlock, plan: Plan, ctx: mx.Context | None = None) -> str:

@@ -211,7 +211,7 @@ class OrtEngine:
             opts = ort.SessionOptions()
             opts.intra_op_num_threads = int(os.environ.get("OMP_NUM_THREADS", "0") or 0)
             providers: list = ["CPUExecutionProvider"]
-            if ctx.device_type == "gpu":
+            if ctx.device_type == "gpu" and "CUDAExecutionProvider" in ort.get_available_providers():
                 providers.insert(0, ("CUDAExecutionProvider", {"device_id": ctx.device_id}))
             self.session = ort.InferenceSession(str(path), opts, providers=providers)
         self.input = self.session.get_inputs()[0].name
