@@ -68,7 +68,8 @@ class Session:
 
 
 def batch_free(op_type: str, index: int, v1: np.ndarray, v2: np.ndarray,
-               dims1: tuple[int, ...] | None, dims2: tuple[int, ...] | None) -> np.ndarray | None:
+               dims1: tuple[int, ...] | None, dims2: tuple[int, ...] | None,
+               allowzero: bool = False) -> np.ndarray | None:
     """A single value equivalent to ``v1`` at batch 1 and ``v2`` at batch 2, or None.
 
     ``v1``/``v2`` feed input ``index`` of an ``op_type`` node whose data input has
@@ -79,14 +80,7 @@ def batch_free(op_type: str, index: int, v1: np.ndarray, v2: np.ndarray,
     diff = np.flatnonzero(v1 != v2)
     out = v1.copy()
     if op_type == "Reshape" and index == 1:
-        for i in diff:
-            if dims1 is not None and i < len(dims1) and (dims1[i], dims2[i]) == (v1[i], v2[i]):
-                out[i] = 0
-            elif len(diff) == 1 and -1 not in v1:
-                out[i] = -1
-            else:
-                return None
-        return out
+        return _reshape_free(v1, v2, diff, dims1, dims2, allowzero)
     if op_type == "Resize" and index == 3 and dims1 is not None and len(dims1) == len(v1):
         for i in diff:  # 0 = keep this axis (the Resize converter's convention)
             if (dims1[i], dims2[i]) != (v1[i], v2[i]):
@@ -102,6 +96,44 @@ def batch_free(op_type: str, index: int, v1: np.ndarray, v2: np.ndarray,
             out[i] = 1
         return out
     return None
+
+
+def _reshape_free(v1: np.ndarray, v2: np.ndarray, diff: np.ndarray, dims1: tuple[int, ...] | None,
+                  dims2: tuple[int, ...] | None, allowzero: bool) -> np.ndarray | None:
+    """Batch-dependent Reshape targets: entries copying the data's dim become 0 (not under
+    allowzero, where 0 is a literal zero); one remaining varying entry becomes the -1, after
+    resolving an existing -1 to its value when that value does not depend on the batch
+    (Swin's window_reverse: ``[B, h, w, ws, ws, -1]`` over data of ``B·n`` windows)."""
+    out = v1.copy()
+    copies = [i for i in diff if not allowzero and dims1 is not None and i < len(dims1)
+              and (dims1[i], dims2[i]) == (v1[i], v2[i])]
+    rest = [i for i in diff if i not in copies]
+    out[copies] = 0
+    if not rest:
+        return out
+    if len(rest) > 1:
+        return None
+    existing = np.flatnonzero(v1 == -1)
+    if len(existing):
+        if dims1 is None or dims2 is None:
+            return None
+        k = int(existing[0])
+        known = [_minus_one(v, dims, k, allowzero) for v, dims in ((v1, dims1), (v2, dims2))]
+        if known[0] is None or known[0] != known[1]:
+            return None
+        out[k] = known[0]
+    out[rest[0]] = -1
+    return out
+
+
+def _minus_one(v: np.ndarray, dims: tuple[int, ...], k: int, allowzero: bool) -> int | None:
+    """The value ONNX Reshape gives the -1 at index ``k`` of target ``v`` for data of shape ``dims``."""
+    others = 1
+    for i, d in enumerate(v):
+        if i != k:
+            others *= dims[i] if (d == 0 and not allowzero and i < len(dims)) else int(d)
+    total = int(np.prod(dims, dtype=np.int64))
+    return total // others if others > 0 and total % others == 0 else None
 
 
 def batch_sized(v1: np.ndarray, v2: np.ndarray, b1: int, b2: int,

@@ -604,7 +604,8 @@ class _Importer:
                 if axes is not None and dims[1] is not None:
                     fixed = fold.slice_free(v1, v2, axes, *dims)
             elif dims[1] is not None or node.op_type == "Reshape":
-                fixed = fold.batch_free(node.op_type, k, v1, v2, *dims)
+                fixed = fold.batch_free(node.op_type, k, v1, v2, *dims,
+                                        allowzero=bool(node.attr("allowzero", 0)))
             if fixed is None and (node.op_type, k) in (("Expand", 1), ("ConstantOfShape", 0)):
                 data_dims = dims if node.op_type == "Expand" and dims[1] is not None else (None, None)
                 sized = fold.batch_sized(v1, v2, self.b1, self.b2, *data_dims)  # e.g. cls tokens

@@ -24,32 +24,11 @@ from test_importer import graph_ops, ort_run, rel_err
 FIXTURES = Path(__file__).parent / "fixtures"
 MANIFEST = json.loads((FIXTURES / "MANIFEST.json").read_text())
 
-_SWIN_RESHAPE = (
-    "Reshape '/blocks/blocks.0/Reshape_5' (Swin window_reverse: windows.view(b, h//ws, w//ws, ws, ws, -1)) "
-    "gets its target [b, 2, 2, 4, 4, -1] from Shape at run time. The data's dim 0 is 4*b (windows), so "
-    "fold.batch_free cannot use 0 (copy) for the batch entry, and it will not use -1 there because the "
-    "vector already holds a -1 (which is 32 at every batch size): 'value changes with the batch size'")
-_DYNAMO_ALLOWZERO = (
-    "Reshape 'node_view_6' (Detect's xi.view(b, 36, -1)); dynamo writes allowzero=1 and, with free H/W, "
-    "a run-time target Concat(Shape(x)[0], 36, -1). fold.batch_free turns the batch entry into 0 (copy), "
-    "which under allowzero=1 means a literal 0, so the Reshape converter refuses an empty tensor")
-_CONCAT_BACKWARD = (
-    "MXNet 1.9.1 oneDNN bug, the graph is right: the backward of a 4-D channel Concat feeding a Convolution "
-    "(first at SPPF: cat(cv1, 3 MaxPools; 4x24 channels) -> cv2) fails with 'could not construct a "
-    "sub-memory'. Standalone, concat of 24-channel conv outputs -> 1x1 conv does the same and 8-channel "
-    "parts kill the process with SIGFPE; gradients are right with MXNET_MKLDNN_ENABLED=0 or a Concat "
-    "done on (N, C, H*W) reshapes")
-_YOLO_FILES = ("yolov8_legacy_op11.onnx", "yolov8_legacy_op17.onnx", "yolov8_dynamo_op18.onnx",
-               "yolov8_legacy_op17_dynhw.onnx")
 # Files no test can pass (the import fails), and files whose only failure is backward:
-# (cause, the exception it raises).
-IMPORT_FAILURES = {"swin_legacy_op13.onnx": (_SWIN_RESHAPE, OnnxImportError),
-                   "swin_legacy_op17.onnx": (_SWIN_RESHAPE, OnnxImportError),
-                   "yolov8_dynamo_op18_dynhw.onnx": (_DYNAMO_ALLOWZERO, OnnxImportError)}
-BACKWARD_FAILURES = {**IMPORT_FAILURES, **dict.fromkeys(_YOLO_FILES, (_CONCAT_BACKWARD, mx.base.MXNetError)),
-                     # with its Reshape fixed, the Concat bug remains
-                     "yolov8_dynamo_op18_dynhw.onnx": (f"{_DYNAMO_ALLOWZERO}; then {_CONCAT_BACKWARD}",
-                                                       (OnnxImportError, mx.base.MXNetError))}
+# (cause, the exception it raises). Fixed so far: Swin's window_reverse Reshape and dynamo's
+# allowzero Reshape (fold._reshape_free), the oneDNN channel-Concat backward (ops/slice.py).
+IMPORT_FAILURES: dict[str, tuple[str, type]] = {}
+BACKWARD_FAILURES: dict[str, tuple[str, type]] = {}
 
 
 def _params(failures: dict[str, tuple[str, type]]):
@@ -139,13 +118,17 @@ def test_training_backward_gives_finite_weight_gradients(entry):
 def test_parameter_names_are_onnx_initializer_names(entry):
     """Trainable weights keep their initializer names, so PyTorch's ``layer1.0.conv1.weight``
     survive wherever the exporter kept them (legacy exports fold BN into convs and rename
-    those to ``onnx::Conv_*``); values the importer derives itself are frozen constants."""
+    those to ``onnx::Conv_*``); values the importer derives itself are frozen constants.
+    A weight computed at import from initializers alone (Swin's relative-position bias,
+    gathered from its table) trains under the name of the tensor it replaces."""
     block = _import(entry["file"])
     params = block.collect_params()
-    inits = {t.name for t in onnx.load(str(FIXTURES / entry["file"])).graph.initializer}
+    graph = onnx.load(str(FIXTURES / entry["file"])).graph
+    inits = {t.name for t in graph.initializer}
+    tensors = inits | {o for n in graph.node for o in n.output}
     trainable = {n for n, p in params.items() if p.grad_req == "write"}
-    assert trainable <= inits, sorted(trainable - inits)[:5]
-    assert set(params) - inits <= block.gluontl_onnx.constants
+    assert trainable <= tensors, sorted(trainable - tensors)[:5]
+    assert set(params) - tensors <= block.gluontl_onnx.constants
     assert set(entry["torch_names"]) <= set(params), sorted(set(entry["torch_names"]) - set(params))[:5]
 
 

@@ -25,7 +25,22 @@ def concat(node, inputs):
         axis += need_rank(node, next(t for t in inputs if t is not None))
     if len(syms) == 1:
         return mx.sym.identity(syms[0], name=node.name)
+    if axis == 1 and all(t.rank == 4 for t in inputs if t is not None):
+        return _channel_concat(node, syms)
     return mx.sym.concat(*syms, dim=axis, name=node.name)
+
+
+def _channel_concat(node, syms):
+    """NCHW channel concat done on (N, C, H·W) views.
+
+    MXNet 1.9.1's oneDNN backward of a 4-D channel Concat feeding a Convolution fails
+    ("could not construct a sub-memory", or SIGFPE for some channel counts — the
+    apache/mxnet#19586 family; YOLOv8's SPPF/CSP blocks hit it). The 3-D concat takes the
+    plain path and computes the same values and gradients.
+    """
+    flat = [mx.sym.reshape(s, shape=(0, 0, -1), name=node.sub(f"flat{i}")) for i, s in enumerate(syms)]
+    joined = mx.sym.concat(*flat, dim=1, name=node.sub("cat"))
+    return mx.sym.reshape_like(joined, syms[0], lhs_begin=2, lhs_end=3, rhs_begin=2, rhs_end=4, name=node.name)
 
 
 def _split_sizes(node, inputs, dim):
