@@ -47,6 +47,8 @@ class Decision:
 
 
 def decide(t: TrainSpec, split: Split, train_transform: TransformSpec) -> Decision:
+    """Cache train features when there is a frozen prefix and each image has a fixed set of
+    views; ``cache_features: on`` makes any reason against it an error."""
     if t.cache_features == "off":
         return Decision(False, 0, "train.cache_features: off")
     why_not = None
@@ -194,8 +196,8 @@ def build_feed(net: HybridBlock, plan: Plan, recipe: Recipe, loaders: Loaders, c
         return previous
     train_ds = loaders.train._dataset
     decision = decide(t, split, recipe.data.train_transform)
-    use_engine = split.prefix is not None and (decision.train or (t.prefix_engine != "mxnet"
-                                                                  and t.cache_features != "off"))
+    per_step = t.prefix_engine == "onnxruntime" or (t.prefix_engine == "auto" and t.cache_features != "off")
+    use_engine = split.prefix is not None and (decision.train or per_step)
     if not use_engine:
         return Feed(net, loaders, split, log=f"feature cache: off ({decision.reason})")
     if t.hybridize:
