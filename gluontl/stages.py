@@ -18,6 +18,7 @@ from .errors import RuleError
 from .naming import graph_nodes, named_params
 
 STEM, HEAD = "stem", "head"
+_GLOBAL_POOLS = (nn.GlobalAvgPool2D, nn.GlobalMaxPool2D, nn.GlobalAvgPool1D, nn.GlobalMaxPool1D)
 Stage = int | str
 
 
@@ -32,8 +33,10 @@ def _units(net: HybridBlock) -> list[tuple[str, HybridBlock]]:
     return out
 
 
-def _stage_of(shape: tuple[int, ...], in_hw: int, seen_spatial: bool) -> Stage:
-    if len(shape) != 4 or (shape[2] == 1 and shape[3] == 1 and seen_spatial):
+def _stage_of(shape: tuple[int, ...], in_hw: int, global_pool: bool) -> Stage:
+    """Head from global pooling on (or once the output is no feature map): a 1×1 map at a
+    small input is still a stage — ResNet's stage 4 at 32² — not the head."""
+    if len(shape) != 4 or global_pool:
         return HEAD
     stride = max(1, round(in_hw / max(shape[2], 1)))
     return STEM if stride <= 2 else int(round(math.log2(stride))) - 1
@@ -66,13 +69,11 @@ def stage_map(net: HybridBlock, input_shape: tuple[int, ...]) -> dict[str, Stage
         if active:
             net.hybridize(True)
     stages: dict[str, Stage] = {}
-    seen_spatial = False
     last: Stage = STEM
-    for name, _unit in _units(net):
+    for name, unit in _units(net):
         shape = shapes.get(name)
         if shape is not None:
-            st = _stage_of(shape, input_shape[1], seen_spatial)
-            seen_spatial |= len(shape) == 4 and shape[2] > 1
+            st = _stage_of(shape, input_shape[1], isinstance(unit, _GLOBAL_POOLS))
             last = st if st == HEAD or last == HEAD else max(st, last, key=_order)
         prefix = name + "."
         for pname in named_params(net):
@@ -89,15 +90,14 @@ def _graph_stage_map(net: SymbolBlock, input_shape: tuple[int, ...]) -> dict[str
     shape_of = dict(zip(internals.list_outputs(), out_shapes))
     stages: dict[str, Stage] = {}
     entries = named_params(net)
-    seen_spatial = False
     last: Stage = STEM
     for node in graph_nodes(net):
         if node["op"] == "null":
             continue
         shape = shape_of.get(f"{node['name']}_output") or ()
         if shape and all(d > 0 for d in shape):
-            st = _stage_of(tuple(shape), input_shape[1], seen_spatial)
-            seen_spatial |= len(shape) == 4 and shape[2] > 1
+            global_pool = node["op"] == "Pooling" and node.get("attrs", {}).get("global_pool") == "True"
+            st = _stage_of(tuple(shape), input_shape[1], global_pool)
             last = st if st == HEAD or last == HEAD else max(st, last, key=_order)
         for e in entries.values():
             if e.layer is not None and e.layer.node == node["name"]:

@@ -198,3 +198,24 @@ def test_plan_notes_bn_train_that_cannot_move():
     net = zoo("resnet18_v1")
     plan = make_plan(net, [Rule(match=["features.*"], grad_req="null")], input_shape=SHAPE)
     assert any("will not move" in n for n in plan.notes)
+
+
+def test_graph_stage_map_at_small_input_keeps_stage_4(tmp_path):
+    """A 1×1 map at 32² is still stage 4; the head starts at global pooling."""
+    from gluontl.naming import named_params
+    from gluontl.recipe import ModelSpec
+    from gluontl.sources import load_model
+    from gluontl.stages import stage_map
+
+    net = zoo("resnet18_v1")
+    net.hybridize()
+    net(mx.nd.zeros((1, *SHAPE)))
+    net.export(str(tmp_path / "r"))
+    graph = load_model(ModelSpec(source=f"symbol:{tmp_path / 'r'}"))
+    stages = stage_map(graph, SHAPE)
+    names = list(named_params(graph))
+    assert stages[next(n for n in names if n.endswith("stage4_conv4_weight"))] == 4
+    assert stages[next(n for n in names if n.endswith("conv0_weight"))] == "stem"
+    assert {n for n, s in stages.items() if s == "head"} == {n for n in names if "dense" in n}
+    gluon = stage_map(net, SHAPE)
+    assert gluon["features.7.1.body.3.weight"] == 4 and gluon["output.weight"] == "head"

@@ -126,4 +126,5 @@ def _file_key(name: str, prefix_map: dict[str, str]) -> str:
 
 def snapshot(block: HybridBlock) -> dict[str, np.ndarray]:
     """Copies of every parameter by structural name — the before/after of freezing checks."""
+    mx.nd.waitall()  # oneDNN updates BN statistics asynchronously in backward
     return {n: e.param.data().asnumpy().copy() for n, e in named_params(block).items()}

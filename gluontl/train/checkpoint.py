@@ -35,6 +35,8 @@ def save_params(block: HybridBlock, path: Path) -> Path:
 
 
 def save(folder: Path, tag: str, block: HybridBlock, trainer: mx.gluon.Trainer, state: dict[str, Any]) -> None:
+    for stale in folder.glob(".*.tmp"):  # left by a kill -9 in the middle of a write
+        stale.unlink(missing_ok=True)
     params = save_params(block, folder / f"{tag}.params")
     states = atomic_write(folder / f"{tag}.states", lambda tmp: trainer.save_states(str(tmp)), TrainError)
     meta = dict(state, params_sha256=_sha(params), states_sha256=_sha(states))
