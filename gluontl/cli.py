@@ -45,7 +45,9 @@ def plan(recipe: Path = RecipeOpt, set_: Optional[List[str]] = SetOpt,
 
 
 @app.command()
-def finetune(recipe: Path = RecipeOpt, set_: Optional[List[str]] = SetOpt,
+def finetune(recipe: Optional[Path] = typer.Option(None, "--recipe", "-r", help="YAML recipe (with --resume: "
+                                                   "defaults to the run's own recipe.yaml)"),
+             set_: Optional[List[str]] = SetOpt,
              resume: Optional[Path] = typer.Option(None, help="continue this run folder (runs/NAME)"),
              runs: Path = typer.Option(Path("runs"), help="where run folders are created"),
              quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bars (CI, logs)")) -> None:
@@ -55,10 +57,12 @@ def finetune(recipe: Path = RecipeOpt, set_: Optional[List[str]] = SetOpt,
 
     if resume is not None and not (resume / "recipe.yaml").is_file():
         raise GluontlError(f"--resume {resume}: not a run folder (no recipe.yaml). Pass runs/NAME of an earlier run.")
+    if recipe is None and resume is None:
+        raise GluontlError("finetune needs --recipe FILE (or --resume runs/NAME to continue a run).")
     r = load_recipe(resume / "recipe.yaml" if resume is not None and recipe is None else recipe, set_)
     result = run(r, runs_root=runs, resume=resume, quiet=quiet)
     if result.stopped_early:
-        typer.echo(f"stopped; resume with: gluontl finetune --recipe {recipe} --resume {result.run_dir}")
+        typer.echo(f"stopped; resume with: gluontl finetune --resume {result.run_dir}")
     elif r.export.formats:
         from .train.runs import export_run
 

@@ -257,7 +257,7 @@ class TrainSpec(Strict):
 
 class ExportSpec(Strict):
     formats: list[Literal["symbol", "onnx"]] = Field(default_factory=lambda: ["onnx"])
-    opset: int = Field(default=13, ge=7, le=21)
+    opset: int = Field(default=13, ge=12, le=21)
     input_names: list[str] = Field(default_factory=lambda: ["data"])
     output_names: list[str] = Field(default_factory=lambda: ["output"])
     rtol: float = Field(default=1e-4, gt=0.0)
