@@ -1,6 +1,6 @@
 """Fine-tuning step speed: gluontl against a minimal handwritten Gluon loop, in one process.
 
-Usage: python scripts/bench_finetune.py [--quick] [--json rows.json] [--steps 5] [--warmup 2]
+Usage: python scripts/bench_finetune.py [--quick] [--json rows.json] [--steps 7] [--warmup 2]
 
 For each model, input size and regime (``full``; ``last_stage``: stage 4 + head train, the
 rest frozen with BN statistics frozen; ``head_only``) the same hybridized (static) network,
@@ -58,7 +58,7 @@ def _parse() -> argparse.Namespace:
     ap.add_argument("--sizes", nargs="+", type=int, default=[112, 224])
     ap.add_argument("--regimes", nargs="+", default=list(REGIMES), choices=list(REGIMES))
     ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=7)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--no-finetune", action="store_true", help="skip the end-to-end cache comparison")
     ap.add_argument("--json", type=Path, help="write the rows as a JSON list here")
@@ -66,13 +66,15 @@ def _parse() -> argparse.Namespace:
 
 
 def _interleaved(runs: dict[str, Callable[[], object]], warmup: int, steps: int) -> dict[str, float]:
-    """Median seconds per call of each run, calls interleaved round-robin."""
+    """Median seconds per call of each run, calls interleaved round-robin (order reversed every
+    other round, so no run always follows the same one)."""
     for run in runs.values():
         for _ in range(warmup):
             run()
     times: dict[str, list[float]] = {k: [] for k in runs}
-    for _ in range(steps):
-        for k, run in runs.items():
+    for r in range(steps):
+        for k in (list(runs) if r % 2 == 0 else list(reversed(runs))):
+            run = runs[k]
             t0 = time.perf_counter()
             run()
             mx.nd.waitall()
@@ -163,17 +165,22 @@ def bench_case(model: str, size: int, regime: str, modes: tuple[str, ...], a: ar
 
 
 def bench_finetune_cache(size: int = 112, epochs: int = 3) -> dict:
-    """Digits demo, head-only ResNet-18 (random backbone), cache off vs on."""
+    """Digits demo, head-only ResNet-18 with the demo's digits-0-4 backbone (made on first use,
+    like ``recipes/resnet18_freeze.yaml``), cache off vs on."""
     out = {}
+    root_dir = Path(__file__).resolve().parents[1]
+    model = {"source": "zoo:resnet18_v1", "input_shape": [3, size, size], "restore": {"only": ["features.*"]},
+             "weights": str(root_dir / ".cache/pretrain/digits04_resnet18_48px.params"),
+             "weights_from": str(root_dir / "recipes/digits_pretrain.yaml")}
     with tempfile.TemporaryDirectory() as root:
         for mode in ("off", "on"):
-            r = parse_recipe({"name": f"cache_{mode}", "model": {"source": "zoo:resnet18_v1",
-                                                                  "input_shape": [3, size, size]},
+            r = parse_recipe({"name": f"cache_{mode}", "model": model,
                               "surgery": {"head": {"classes": 3}}, "rules": REGIMES["head_only"],
                               "data": {"source": "demo:digits", "classes": ["5", "6", "7"],
                                        "batch_size": 32, "train_transform": {"resize": size},
                                        "val_transform": {"resize": size}},
-                              "train": {"epochs": epochs, "lr": 0.05, "cache_features": mode}})
+                              "train": {"epochs": epochs, "lr": 0.1, "schedule": {"kind": "cosine"},
+                                        "cache_features": mode}})
             res = finetune(r, runs_root=root, quiet=True)
             ep = [m for m in res.metrics if "epoch" in m]
             out[mode] = {"first_epoch_s": ep[0]["seconds"], "later_epoch_s": sum(e["seconds"] for e in ep[1:]),
