@@ -1,6 +1,7 @@
 """Export a Gluon block to MXNet symbol/params or lean ONNX, verified before it is written."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -8,6 +9,7 @@ import os
 import shutil
 import tempfile
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import mxnet as mx
@@ -18,6 +20,7 @@ from onnx import helper, shape_inference, version_converter
 
 from gluontl.atomic import atomic_write
 from gluontl.errors import ExportError
+from gluontl.export import mx_ops  # noqa: F401  (registers converters mx.onnx lacks)
 from gluontl.export.lean import make_lean
 from gluontl.export.trace import TracedBlock, dummy_inputs, predict, trace_block
 from gluontl.export.verify import compare, ort_session
@@ -105,6 +108,20 @@ def _normalize_dense(traced: TracedBlock) -> TracedBlock:
     return dataclasses.replace(traced, symbol=mx.sym.load_json(json.dumps(nodes)))
 
 
+@contextlib.contextmanager
+def _graph_check_at_model_opset() -> Iterator[None]:
+    """mx.onnx checks the bare graph against the newest opset the onnx package knows, not the
+    one it writes (so a ReduceMean with an ``axes`` attribute, valid at opset 13, fails: the
+    attribute became an input in opset 18). ``_finish`` checks the whole model at its own
+    opset instead, so the graph-only check is skipped while mx.onnx runs."""
+    original = onnx.checker.check_graph
+    onnx.checker.check_graph = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        onnx.checker.check_graph = original
+
+
 def _mx_to_onnx(traced: TracedBlock, opset: int) -> onnx.ModelProto:
     """``mx.onnx``'s conversion of the traced graph; inputs reordered to the block's argument
     order and the batch dimension left free, nothing else changed."""
@@ -113,10 +130,11 @@ def _mx_to_onnx(traced: TracedBlock, opset: int) -> onnx.ModelProto:
     shapes = [traced.input_shapes[n] for n in graph_order]
     mx_opset = min(opset, _MX_ONNX_MAX_OPSET)
     try:
-        graph = MXNetGraph().create_onnx_graph_proto(
-            traced.symbol, {**traced.arg_params, **traced.aux_params}, shapes,
-            [onnx.TensorProto.FLOAT] * len(shapes), opset_version=mx_opset,
-            dynamic=True, dynamic_input_shapes=[(None, *s[1:]) for s in shapes])
+        with _graph_check_at_model_opset():
+            graph = MXNetGraph().create_onnx_graph_proto(
+                traced.symbol, {**traced.arg_params, **traced.aux_params}, shapes,
+                [onnx.TensorProto.FLOAT] * len(shapes), opset_version=mx_opset,
+                dynamic=True, dynamic_input_shapes=[(None, *s[1:]) for s in shapes])
     except (AttributeError, NotImplementedError, ValueError, AssertionError, KeyError, mx.base.MXNetError) as err:
         raise ExportError(
             f"mx.onnx cannot convert this model to ONNX opset {opset}: {str(err).rstrip('.')}. Replace the unsupported "
