@@ -49,6 +49,7 @@ from gluontl.train.prefix import OrtEngine, choose_engine, split_frozen_prefix  
 REGIMES = {"full": [], "last_stage": [{"preset": "freeze_until_stage", "until_stage": 3}],
            "head_only": [{"preset": "freeze_all_but_head"}]}
 OPT = {"learning_rate": 0.01, "momentum": 0.9, "wd": 1e-4}
+FT_SIZE = 224
 QUICK = [("resnet18_v1", 224, "head_only", ("step", "cache")), ("resnet18_v1", 224, "full", ("step",)),
          ("mobilenetv2_1.0", 224, "head_only", ("step", "cache", "prefix_ort"))]
 
@@ -168,7 +169,7 @@ def bench_case(model: str, size: int, regime: str, modes: tuple[str, ...], a: ar
     return rows
 
 
-def bench_finetune_cache(size: int = 112, epochs: int = 3) -> dict:
+def bench_finetune_cache(size: int = FT_SIZE, epochs: int = 3) -> dict:
     """Digits demo, head-only ResNet-18 with the demo's digits-0-4 backbone (made on first use,
     like ``recipes/resnet18_freeze.yaml``), cache off vs on."""
     out = {}
@@ -216,12 +217,13 @@ def main() -> None:
                   f"{row['step_over_forward']:>9.2f}{row['ratio_of_fastest']:>8.2f}  {row['note']}", flush=True)
     if not a.no_finetune:
         ft = bench_finetune_cache()
-        print(f"finetune digits 112px head-only, 3 epochs: epochs 2..N {ft['off']['later_epoch_s']:.2f}s uncached vs "
-              f"{ft['on']['later_epoch_s']:.3f}s cached = {ft['later_epochs_speedup']:.0f}x; final val_top1 "
+        print(f"finetune digits {FT_SIZE}px head-only, 3 epochs: epochs 2..N {ft['off']['later_epoch_s']:.2f}s "
+              f"uncached vs {ft['on']['later_epoch_s']:.3f}s cached = {ft['later_epochs_speedup']:.0f}x; final val_top1 "
               f"{ft['off']['val_top1']:.4f} vs {ft['on']['val_top1']:.4f}, val_loss {ft['off']['val_loss']:.5f} vs "
               f"{ft['on']['val_loss']:.5f} (same: {ft['same_metrics']}); {ft['on']['log']}")
-        rows.append({"model": "resnet18_v1", "size": 112, "regime": "head_only", "mode": "finetune_epochs_2_to_n",
-                     "augment": False, "img_per_s": None, "handwritten_img_per_s": None,
+        rows.append({"model": "resnet18_v1", "size": FT_SIZE, "regime": "head_only",
+                     "mode": "finetune_epochs_2_to_n", "augment": False,
+                     "img_per_s": None, "handwritten_img_per_s": None,
                      "ratio": round(ft["later_epochs_speedup"], 1), "note": "cached / uncached finetune, digits",
                      "finetune": ft})
     if a.json:
