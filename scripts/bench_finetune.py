@@ -218,7 +218,8 @@ def main() -> None:
     if not a.no_finetune:
         ft = bench_finetune_cache()
         print(f"finetune digits {FT_SIZE}px head-only, 3 epochs: epochs 2..N {ft['off']['later_epoch_s']:.2f}s "
-              f"uncached vs {ft['on']['later_epoch_s']:.3f}s cached = {ft['later_epochs_speedup']:.0f}x; final val_top1 "
+              f"uncached vs {ft['on']['later_epoch_s']:.3f}s cached = {ft['later_epochs_speedup']:.0f}x; "
+              f"final val_top1 "
               f"{ft['off']['val_top1']:.4f} vs {ft['on']['val_top1']:.4f}, val_loss {ft['off']['val_loss']:.5f} vs "
               f"{ft['on']['val_loss']:.5f} (same: {ft['same_metrics']}); {ft['on']['log']}")
         rows.append({"model": "resnet18_v1", "size": FT_SIZE, "regime": "head_only",
