@@ -273,6 +273,18 @@ class Recipe(Strict):
     train: TrainSpec = TrainSpec()
     export: ExportSpec = ExportSpec()
 
+    def differences(self, other: "Recipe", *sections: str) -> list[str]:
+        """``key.path: old -> new`` for every leaf that differs (what a refused resume reports)."""
+        def leaves(d: Any, path: str = "") -> dict[str, Any]:
+            if isinstance(d, dict):
+                return {k: v for key, val in d.items() for k, v in leaves(val, f"{path}.{key}" if path else key).items()}
+            return {path: d}
+
+        mine = leaves(self.model_dump(mode="json", include=set(sections) or None))
+        theirs = leaves(other.model_dump(mode="json", include=set(sections) or None))
+        return [f"{k}: {mine.get(k)!r} -> {theirs.get(k)!r}" for k in sorted(set(mine) | set(theirs))
+                if mine.get(k) != theirs.get(k)]
+
     def digest(self, *sections: str) -> str:
         """Hash of the sections that decide what a run computes (for resume checks)."""
         data = self.model_dump(mode="json", include=set(sections) or None)
