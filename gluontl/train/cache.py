@@ -19,7 +19,7 @@ from typing import Any, Iterable, Iterator
 
 import mxnet as mx
 import numpy as np
-from mxnet import gluon
+from mxnet import autograd, gluon
 from mxnet.gluon import HybridBlock
 
 from ..errors import TrainError
@@ -196,13 +196,18 @@ def build_feed(net: HybridBlock, plan: Plan, recipe: Recipe, loaders: Loaders, c
         return previous
     train_ds = loaders.train._dataset
     decision = decide(t, split, recipe.data.train_transform)
+    probe = np.stack([train_ds[(i, 0)][0] for i in range(min(recipe.data.batch_size, len(train_ds)))])
+    if decision.train:
+        with autograd.predict_mode():
+            one = split.prefix(mx.nd.array(probe[:1], ctx=ctx))
+        decision = _check_room(decision, t, one.size, len(train_ds) * decision.views + len(loaders.val._dataset),
+                               folder)
     per_step = t.prefix_engine == "onnxruntime" or (t.prefix_engine == "auto" and t.cache_features != "off")
     use_engine = split.prefix is not None and (decision.train or per_step)
     if not use_engine:
         return Feed(net, loaders, split, log=f"feature cache: off ({decision.reason})")
     if t.hybridize:
         split.suffix.hybridize(static_alloc=True, static_shape=True)
-    probe = np.stack([train_ds[(i, 0)][0] for i in range(min(recipe.data.batch_size, len(train_ds)))])
     # per step, onnxruntime must clearly beat MXNet's own step, which skips backward through the prefix
     engine, engine_log = choose_engine(t.prefix_engine, split.prefix, recipe.model.input_shape, ctx, probe,
                                        t.hybridize, margin=1.0 if decision.train else PER_STEP_MARGIN)
@@ -216,6 +221,21 @@ def build_feed(net: HybridBlock, plan: Plan, recipe: Recipe, loaders: Loaders, c
         return Feed(net, loaders, split, log=f"feature cache: off ({decision.reason}); {engine_log}")
     return Feed(split.suffix, loaders, split, engine=engine, val_cache=cache,
                 log=f"feature cache: off ({decision.reason}); {engine_log}, run every step (val features cached)")
+
+
+def _check_room(decision: Decision, t: TrainSpec, per_row: int, rows: int, folder: Path) -> Decision:
+    """Past ``cache_max_bytes`` features go to disk; refuse a cache the disk cannot hold."""
+    need = rows * per_row * np.dtype(t.cache_dtype).itemsize
+    if need <= t.cache_max_bytes:
+        return decision
+    free = shutil.disk_usage(folder.parent).free
+    if need <= 0.9 * free:
+        return decision
+    why = (f"the features need {need / 2**30:.1f} GiB, more than cache_max_bytes in memory and more than "
+           f"the {free / 2**30:.1f} GiB free beside the run folder (try cache_dtype: float16)")
+    if t.cache_features == "on":
+        raise TrainError(f"train.cache_features: on, but {why}. Free disk space or use cache_features: auto.")
+    return Decision(False, 0, why)
 
 
 def preview(recipe: Recipe, net: HybridBlock, plan: Plan, ctx: mx.Context | None = None) -> str:

@@ -209,3 +209,17 @@ def test_the_benchmarked_step_is_the_handwritten_step(weights):
         stepper.step(x, y)
     for (k, pa), pb in zip(a.collect_params().items(), b.collect_params().values()):
         np.testing.assert_array_equal(pa.data().asnumpy(), pb.data().asnumpy(), err_msg=k)
+
+
+def test_a_cache_the_disk_cannot_hold_is_declined_or_refused(tmp_path):
+    from gluontl.recipe import TrainSpec
+    from gluontl.train.cache import Decision, _check_room
+
+    on = Decision(True, 1, "frozen prefix")
+    small = TrainSpec(cache_max_bytes=1)
+    assert _check_room(on, small, 512, 1000, tmp_path / "feature_cache") is on  # 2 MB fits on disk
+    huge = 10**15  # rows: more features than any disk here holds
+    off = _check_room(on, small, 512, huge, tmp_path / "feature_cache")
+    assert not off.train and "GiB free beside the run folder" in off.reason
+    with pytest.raises(TrainError, match="cache_features: on, but the features need"):
+        _check_room(on, TrainSpec(cache_max_bytes=1, cache_features="on"), 512, huge, tmp_path / "feature_cache")
