@@ -74,7 +74,7 @@ def stage_map(net: HybridBlock, input_shape: tuple[int, ...]) -> dict[str, Stage
         shape = shapes.get(name)
         if shape is not None:
             st = _stage_of(shape, input_shape[1], isinstance(unit, _GLOBAL_POOLS))
-            last = st if st == HEAD or last == HEAD else max(st, last, key=_order)
+            last = HEAD if HEAD in (st, last) else max(st, last, key=_order)
         prefix = name + "."
         for pname in named_params(net):
             if pname.startswith(prefix):
@@ -98,7 +98,7 @@ def _graph_stage_map(net: SymbolBlock, input_shape: tuple[int, ...]) -> dict[str
         if shape and all(d > 0 for d in shape):
             global_pool = node["op"] == "Pooling" and node.get("attrs", {}).get("global_pool") == "True"
             st = _stage_of(tuple(shape), input_shape[1], global_pool)
-            last = st if st == HEAD or last == HEAD else max(st, last, key=_order)
+            last = HEAD if HEAD in (st, last) else max(st, last, key=_order)
         for e in entries.values():
             if e.layer is not None and e.layer.node == node["name"]:
                 stages.setdefault(e.name, last)

@@ -219,3 +219,11 @@ def test_graph_stage_map_at_small_input_keeps_stage_4(tmp_path):
     assert {n for n, s in stages.items() if s == "head"} == {n for n in names if "dense" in n}
     gluon = stage_map(net, SHAPE)
     assert gluon["features.7.1.body.3.weight"] == 4 and gluon["output.weight"] == "head"
+
+
+def test_head_stays_head_after_global_pooling_mobilenetv2():
+    """MobileNetV2's classifier is a 1×1 conv after the global pool: still the head."""
+    net = zoo("mobilenetv2_0.25")
+    plan = make_plan(net, [Rule(preset="freeze_all_but_head")], input_shape=SHAPE)
+    assert {r.name for r in plan.rows if r.trainable} == {"output.0.weight"}
+    assert {r.stage for r in plan.rows} == {"stem", 1, 2, 3, 4, "head"}
