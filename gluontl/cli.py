@@ -26,20 +26,24 @@ def plan(recipe: Path = RecipeOpt, set_: Optional[List[str]] = SetOpt,
     from .pipeline import prepare
     from .recipe import load_recipe
     from .rules import format_plan
+    from .train.cache import preview
 
     r = load_recipe(recipe, set_)
     pending = r.model.weights and r.model.weights_from and not Path(r.model.weights).is_file()
     if pending:  # planning must not cost a pretraining run
         r = r.model_copy(update={"model": r.model.model_copy(update={"weights": None})})
     prep = prepare(r, apply=False)
+    cache = preview(r, prep.block, prep.plan)
     if as_json:
         out = prep.plan.to_json()
         out["restore"] = prep.restore.lines() if prep.restore else []
+        out["feature_cache"] = cache
         typer.echo(json.dumps(out, indent=1))
         return
     if prep.restore:
         typer.echo("\n".join(prep.restore.lines()))
     typer.echo(format_plan(prep.plan))
+    typer.echo(cache)
     if pending:
         typer.echo(f"note: weights not made yet; `gluontl finetune` makes them first with {r.model.weights_from}")
 

@@ -134,3 +134,4 @@ def test_bundled_recipes_plan(path, capsys, monkeypatch):
     if path.stem == "resnet18_freeze":
         assert plan["totals"]["trainable"] == 5 * 512 + 5
         assert all(p["bn"] == "frozen" for p in plan["params"] if p["layer_type"] == "BatchNorm")
+        assert plan["feature_cache"].startswith("feature cache: on")

@@ -86,14 +86,21 @@ class _Stop:
             signal.signal(sig, old)
 
 
+_RESUME_SECTIONS = ("model", "surgery", "rules", "data", "train")
+
+
 def _new_run_dir(root: Path, name: str) -> Path:
-    root.mkdir(parents=True, exist_ok=True)
-    path, n = root / name, 1
-    while path.exists():
-        n += 1
-        path = root / f"{name}-{n}"
-    path.mkdir()
-    (path / "checkpoints").mkdir()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        path, n = root / name, 1
+        while path.exists():
+            n += 1
+            path = root / f"{name}-{n}"
+        path.mkdir()
+        (path / "checkpoints").mkdir()
+    except OSError as e:
+        raise TrainError(f"Cannot create a run folder under '{root}': {e.strerror}. Pick a writable place "
+                         f"with --runs DIR (and check free space).") from None
     return path
 
 
@@ -262,9 +269,14 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
     if resume is not None:
         run_dir = Path(resume)
         meta = checkpoint.load(run_dir / "checkpoints", "last")
-        if meta.get("recipe_digest") != recipe.digest("model", "surgery", "rules", "data", "train"):
+        if meta.get("recipe_digest") != recipe.digest(*_RESUME_SECTIONS):
+            from ..recipe import load_recipe
+
+            diff = load_recipe(run_dir / "recipe.yaml").differences(recipe, *_RESUME_SECTIONS)
             raise TrainError(f"Cannot resume {run_dir}: the recipe differs from the one the run started with "
-                             f"(compare with {run_dir / 'recipe.yaml'}); resume with that recipe.")
+                             f"({'; '.join(diff[:8]) or 'recipe.yaml was edited'}). Resume with "
+                             f"`gluontl finetune --resume {run_dir}` (it uses {run_dir / 'recipe.yaml'}), "
+                             f"or start a new run.")
     else:
         run_dir = _new_run_dir(Path(runs_root), recipe.name)
         write_text(run_dir / "recipe.yaml", yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False))
@@ -290,7 +302,7 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
     if t.hybridize:
         net.hybridize(static_alloc=True, static_shape=True)
 
-    state = {"recipe_digest": recipe.digest("model", "surgery", "rules", "data", "train")}
+    state = {"recipe_digest": recipe.digest(*_RESUME_SECTIONS)}
     stopped = False
     steps_this_call = 0
     bad_steps = 0

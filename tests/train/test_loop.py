@@ -62,7 +62,7 @@ def test_resume_mid_epoch_reaches_the_same_result(tiny_symbol, tmp_path):
 def test_resume_refuses_a_changed_recipe_and_tampered_files(tiny_symbol, tmp_path):
     from gluontl.errors import TrainError
     part = finetune(recipe(tiny_symbol), runs_root=tmp_path, quiet=True, stop_after_steps=3)
-    with pytest.raises(TrainError, match="recipe differs"):
+    with pytest.raises(TrainError, match=r"recipe differs .*train\.lr: 0\.05 -> 0\.1"):
         finetune(recipe(tiny_symbol, lr=0.1), runs_root=tmp_path, quiet=True, resume=part.run_dir)
     p = part.run_dir / "checkpoints" / "last.params"
     p.write_bytes(p.read_bytes()[:-8] + b"\0" * 8)
@@ -132,6 +132,15 @@ def test_gradual_unfreezing_changes_what_trains_at_the_epoch(tiny_symbol, tmp_pa
     after = final_params(part.run_dir)
     np.testing.assert_array_equal(after[conv0], init[conv0])
     assert not np.array_equal(after[conv1], init[conv1])
+
+
+def test_unwritable_runs_folder_is_a_clear_error(tiny_symbol, tmp_path):
+    from gluontl.errors import TrainError
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with pytest.raises(TrainError, match="Cannot create a run folder"):
+        finetune(recipe(tiny_symbol), runs_root=blocker / "runs", quiet=True)
+    assert blocker.read_text() == "not a folder"
 
 
 def test_evaluate_predict_plot_use_the_run(tiny_symbol, tmp_path):
