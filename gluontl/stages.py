@@ -83,28 +83,33 @@ def stage_map(net: HybridBlock, input_shape: tuple[int, ...]) -> dict[str, Stage
 
 
 def _graph_stage_map(net: SymbolBlock, input_shape: tuple[int, ...]) -> dict[str, Stage]:
+    """Stages flow along data edges, not node order: a feature tap pooled for a new head
+    must not turn the layers computed after it (in the file's order) into head layers."""
     sym = net._cached_graph[1]
     inputs = [s.name for s in net._cached_graph[0]]
     internals = sym.get_internals()
     _, out_shapes, _ = internals.infer_shape_partial(**{inputs[0]: (1, *input_shape)})
     shape_of = dict(zip(internals.list_outputs(), out_shapes))
-    stages: dict[str, Stage] = {}
-    entries = named_params(net)
-    last: Stage = STEM
-    for node in graph_nodes(net):
+    nodes = graph_nodes(net)
+    node_stage: dict[int, Stage] = {}
+    for idx, node in enumerate(nodes):
         if node["op"] == "null":
             continue
-        shape = shape_of.get(f"{node['name']}_output") or ()
-        if shape and all(d > 0 for d in shape):
+        before = [node_stage[i[0]] for i in node["inputs"] if i[0] in node_stage]
+        shape = tuple(shape_of.get(f"{node['name']}_output") or ())
+        if HEAD in before:
+            st: Stage = HEAD
+        elif shape and all(d > 0 for d in shape):
             global_pool = node["op"] == "Pooling" and node.get("attrs", {}).get("global_pool") == "True"
-            st = _stage_of(tuple(shape), input_shape[1], global_pool)
-            last = HEAD if HEAD in (st, last) else max(st, last, key=_order)
-        for e in entries.values():
-            if e.layer is not None and e.layer.node == node["name"]:
-                stages.setdefault(e.name, last)
-    for name in entries:
-        stages.setdefault(name, last)
-    return stages
+            st = _stage_of(shape, input_shape[1], global_pool)
+            st = st if st == HEAD else max([st, *before], key=_order)
+        else:
+            st = max(before, key=_order) if before else STEM
+        node_stage[idx] = st
+    by_node = {nodes[i]["name"]: st for i, st in node_stage.items()}
+    last = node_stage[max(node_stage)] if node_stage else STEM
+    return {name: by_node.get(e.layer.node, last) if e.layer is not None else last
+            for name, e in named_params(net).items()}
 
 
 def _order(s: Stage) -> int:

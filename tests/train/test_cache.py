@@ -128,9 +128,10 @@ def bn_symbol(tmp_path_factory):
     d = tmp_path_factory.mktemp("sym")
     mx.random.seed(1)
     nn = mx.gluon.nn
-    net = nn.HybridSequential()
-    net.add(nn.Conv2D(8, 3, padding=1), nn.BatchNorm(), nn.Activation("relu"), nn.MaxPool2D(2),
-            nn.Conv2D(16, 3, padding=1, activation="relu"), nn.GlobalAvgPool2D(), nn.Dense(2))
+    net = nn.HybridSequential(prefix="bn_")  # a name scope: node names independent of earlier tests
+    with net.name_scope():
+        net.add(nn.Conv2D(8, 3, padding=1), nn.BatchNorm(), nn.Activation("relu"), nn.MaxPool2D(2),
+                nn.Conv2D(16, 3, padding=1, activation="relu"), nn.GlobalAvgPool2D(), nn.Dense(2))
     net.initialize(mx.init.Xavier())
     net.hybridize()
     with mx.autograd.record():
@@ -143,8 +144,8 @@ FROZEN_BN = {"type": "BatchNorm", "bn": "frozen"}
 
 
 @pytest.mark.parametrize("rules, boundary", [
-    ([{"match": "*", "grad_req": "null"}, FROZEN_BN, {"type": "Dense", "grad_req": "write"}], "pool1_fwd"),
-    ([{"match": ["*conv0*", "*batchnorm*"], "grad_req": "null"}, FROZEN_BN], "pool0_fwd")])
+    ([{"match": "*", "grad_req": "null"}, FROZEN_BN, {"type": "Dense", "grad_req": "write"}], "bn_pool1_fwd"),
+    ([{"match": ["*conv0*", "*batchnorm*"], "grad_req": "null"}, FROZEN_BN], "bn_pool0_fwd")])
 def test_imported_graph_is_cut_after_its_last_frozen_dominator(bn_symbol, tmp_path, rules, boundary):
     def run(mode):
         model = {"source": f"symbol:{bn_symbol}", "input_shape": [3, 16, 16]}
