@@ -8,7 +8,7 @@ from __future__ import annotations
 import mxnet as mx
 
 from ..registry import converter
-from .shape import axes_arg, need_rank, norm_axes
+from .shape import attr_axis, axes_arg, need_rank, norm_axes
 
 _I = mx.sym._internal
 
@@ -76,9 +76,7 @@ def reduce(node, inputs):
 @converter(["ArgMax", "ArgMin"], since=1)
 def arg_extreme(node, inputs):
     x = inputs[0]
-    axis, keep = node.attr("axis", 0), bool(node.attr("keepdims", 1))
-    if axis < 0:
-        axis += need_rank(node, x)
+    axis, keep = attr_axis(node, x, 0), bool(node.attr("keepdims", 1))
     op = mx.sym.argmax if node.op_type == "ArgMax" else mx.sym.argmin
     if node.opset >= 12 and node.attr("select_last_index", 0):
         # last extreme = first extreme of the reversed axis, counted from the end

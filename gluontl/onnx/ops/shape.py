@@ -22,6 +22,12 @@ def need_rank(node, t) -> int:
     return t.rank
 
 
+def attr_axis(node, t, default: int) -> int:
+    """The node's ``axis`` attribute, counted from the front (negative axes need ``t``'s rank)."""
+    axis = node.attr("axis", default)
+    return axis + need_rank(node, t) if axis < 0 else axis
+
+
 def norm_axes(node, axes, rank: int) -> list[int]:
     """ONNX axes (negative counts from the end) as order-preserving non-negative ints."""
     out = []
@@ -61,9 +67,7 @@ def reshape(node, inputs):
 @converter("Flatten", since=1)
 def flatten(node, inputs):
     x = inputs[0]
-    axis = node.attr("axis", 1)
-    if axis < 0:
-        axis += need_rank(node, x)
+    axis = attr_axis(node, x, 1)
     if axis == 1:
         return mx.sym.flatten(x.sym, name=node.name)
     # collapse the tail into one dim, then the head (from the right, so no dim is fixed)

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..registry import converter, ints
 from .elementwise import scalar_of
-from .shape import axes_arg, need_rank, norm_axes
+from .shape import attr_axis, axes_arg, need_rank, norm_axes
 
 INT_BIG = 2**31 - 1  # exporters write INT_MAX / INT64_MAX for "to the end"
 
@@ -20,9 +20,7 @@ _I = mx.sym._internal
 @converter("Concat", since=1)
 def concat(node, inputs):
     syms = [t.sym for t in inputs if t is not None]
-    axis = node.attr("axis", 1)
-    if axis < 0:
-        axis += need_rank(node, next(t for t in inputs if t is not None))
+    axis = attr_axis(node, next(t for t in inputs if t is not None), 1)
     if len(syms) == 1:
         return mx.sym.identity(syms[0], name=node.name)
     if axis == 1 and all(t.rank == 4 for t in inputs if t is not None):
@@ -63,9 +61,7 @@ def _split_sizes(node, inputs, dim):
 @converter("Split", since=2)
 def split(node, inputs):
     x = inputs[0]
-    axis = node.attr("axis", 0)
-    if axis < 0:
-        axis += need_rank(node, x)
+    axis = attr_axis(node, x, 0)
     dim = x.shape[axis] if x.shape is not None else None
     sizes = _split_sizes(node, inputs, dim)
     n = len(node.outputs) if sizes is None else len(sizes)
@@ -150,9 +146,7 @@ def _maybe_negative(t) -> bool:
 @converter("Gather", since=1)
 def gather(node, inputs):
     data, idx = inputs
-    axis = node.attr("axis", 0)
-    if axis < 0:
-        axis += need_rank(node, data)
+    axis = attr_axis(node, data, 0)
     v = scalar_of(idx)
     if v is not None and idx.const.ndim == 0:  # one index: a slice, no index parameter
         dim = data.shape[axis] if data.shape is not None else None
