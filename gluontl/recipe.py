@@ -265,7 +265,7 @@ class ExportSpec(Strict):
 
 
 class Recipe(Strict):
-    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    name: str = Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}$")  # a run folder name: no "..", no "/"
     model: ModelSpec
     surgery: SurgerySpec = SurgerySpec()
     rules: list[Rule] = Field(default_factory=list)

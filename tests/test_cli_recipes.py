@@ -135,3 +135,18 @@ def test_bundled_recipes_plan(path, capsys, monkeypatch):
         assert plan["totals"]["trainable"] == 5 * 512 + 5
         assert all(p["bn"] == "frozen" for p in plan["params"] if p["layer_type"] == "BatchNorm")
         assert plan["feature_cache"].startswith("feature cache: on")
+
+
+def test_recipes_cannot_write_outside_the_working_directory(tmp_path, capsys, monkeypatch):
+    """Where it matters — files gluontl writes — recipe paths stay inside cwd or $GLUONTL_HOME."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GLUONTL_HOME", str(tmp_path / "home"))
+    (tmp_path / "r.yaml").write_text(GOOD.replace('input_shape: [3, 32, 32]',
+                                                  'input_shape: [3, 32, 32], weights: ../escape.params, '
+                                                  'weights_from: r.yaml') + "data: {source: 'demo:digits'}\n")
+    code, _, err = run_cli(capsys, "finetune", "--recipe", "r.yaml", "-q")
+    assert code == 2 and "outside the working directory" in " ".join(err.split())
+    assert not (tmp_path.parent / "escape.params").exists()
+    (tmp_path / "n.yaml").write_text(GOOD.replace("name: t", "name: '..'"))
+    code, _, err = run_cli(capsys, "plan", "--recipe", "n.yaml")
+    assert code == 2 and "'name'" in err

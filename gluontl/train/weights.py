@@ -12,6 +12,7 @@ from pathlib import Path
 from ..atomic import atomic_write
 from ..errors import RecipeError, TrainError
 from ..recipe import Recipe, load_recipe
+from .demo import gluontl_home
 
 
 def ensure_weights(recipe: Recipe, *, quiet: bool = False, depth: int = 0) -> None:
@@ -21,6 +22,12 @@ def ensure_weights(recipe: Recipe, *, quiet: bool = False, depth: int = 0) -> No
     if depth > 3:
         raise RecipeError(f"model.weights_from chain is deeper than 3 recipes at '{spec.weights_from}'; "
                           f"is it circular?")
+    target = Path(spec.weights).resolve()
+    allowed = (Path.cwd().resolve(), gluontl_home().resolve())
+    if not any(target.is_relative_to(root) for root in allowed):
+        raise RecipeError(f"model.weights '{spec.weights}' is where weights_from would write, but it lies "
+                          f"outside the working directory and $GLUONTL_HOME ({allowed[1]}); gluontl only "
+                          f"writes files there. Use a path such as .cache/pretrain/NAME.params.")
     source = load_recipe(spec.weights_from)
     from .loop import finetune
 
