@@ -81,18 +81,22 @@ def _geometry(node, n):
     return ints(node.attr("strides", [1] * n)), ints(node.attr("dilations", [1] * n))
 
 
-def _bias(inputs):
-    return inputs[2] if len(inputs) > 2 and inputs[2] is not None else None
+def _operands(node, inputs, what: str):
+    """Data, weight, optional bias, weight shape, kernel, strides and dilations of a (transposed) conv."""
+    x, w = inputs[0], inputs[1]
+    b = inputs[2] if len(inputs) > 2 and inputs[2] is not None else None
+    w_shape, kernel = _kernel(node, w)
+    n = len(kernel)
+    if n not in (1, 2, 3):
+        raise node.unsupported(f"{n}-D {what} is not supported (1-D, 2-D and 3-D are)")
+    strides, dilations = _geometry(node, n)
+    return x, w, b, w_shape, kernel, strides, dilations
 
 
 @converter("Conv", since=1)
 def conv(node, inputs):
-    x, w, b = inputs[0], inputs[1], _bias(inputs)
-    w_shape, kernel = _kernel(node, w)
+    x, w, b, w_shape, kernel, strides, dilations = _operands(node, inputs, "convolution")
     n = len(kernel)
-    if n not in (1, 2, 3):
-        raise node.unsupported(f"{n}-D convolution is not supported (1-D, 2-D and 3-D are)")
-    strides, dilations = _geometry(node, n)
     begin, end = onnx_pads(node, x, kernel, strides, dilations)
     pad, extra_begin, extra_end = split_pads(begin, end)
     data = pad_spatial(node, x.sym, n + 2, extra_begin, extra_end)
@@ -105,12 +109,8 @@ def conv(node, inputs):
 @converter("ConvTranspose", since=1)
 def conv_transpose(node, inputs):
     """Deconvolution with the symmetric pad; asymmetric/output_shape padding is a crop."""
-    x, w, b = inputs[0], inputs[1], _bias(inputs)
-    w_shape, kernel = _kernel(node, w)
+    x, w, b, w_shape, kernel, strides, dilations = _operands(node, inputs, "transposed convolution")
     n = len(kernel)
-    if n not in (1, 2, 3):
-        raise node.unsupported(f"{n}-D transposed convolution is not supported (1-D, 2-D and 3-D are)")
-    strides, dilations = _geometry(node, n)
     group = node.attr("group", 1)
     out_pad = ints(node.attr("output_padding", [0] * n))
     mode = node.attr("auto_pad", "NOTSET")
