@@ -48,6 +48,8 @@ def test_conv_opset1_and_runtime_weights():
     ((2, 3, 4, 5), (3, 4, 4, 3), {"strides": [2, 2], "auto_pad": "SAME_LOWER"}),
     ((2, 3, 7), (3, 2, 3), {"strides": [2], "pads": [1, 1]}),
     ((1, 2, 3, 4, 3), (2, 2, 3, 3, 2), {"strides": [2, 1, 2]}),
+    ((2, 6, 4, 4), (6, 1, 2, 2), {"strides": [2, 2]}),  # one output channel (PP-OCR det's last layer)
+    ((2, 6, 4, 4), (6, 1, 3, 3), {"strides": [2, 2], "output_shape": [10, 9]}),
 ])
 @pytest.mark.parametrize("bias", [True, False])
 def test_conv_transpose(x_shape, w_shape, attrs, bias):

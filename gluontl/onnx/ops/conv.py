@@ -140,18 +140,31 @@ def conv_transpose(node, inputs):
     extra = [p - a for p, a in zip(out_pad, adj)]
     crop = any(crop_begin) or any(crop_end)
     late_bias = b is not None and any(extra)
-    names = _chain_names(node, [True, any(extra), crop, late_bias])
-    kwargs = {"bias": b.sym, "no_bias": False} if b is not None and not late_bias else {"no_bias": True}
-    y = mx.sym.Deconvolution(x.sym, weight=w.sym, kernel=kernel, stride=strides, dilate=dilations, pad=pad,
-                             adj=adj, num_filter=w_shape[1] * group, num_group=group, name=names[0], **kwargs)
+    # oneDNN cannot build the backward of a 1-channel Deconvolution ("could not create a primitive
+    # descriptor for a reorder primitive"): run it with a second, all-zero channel and drop that.
+    single = w_shape[1] * group == 1
+    names = _chain_names(node, [True, single, any(extra), crop, late_bias])
+    weight, bias = w.sym, b.sym if b is not None and not late_bias else None
+    if single:
+        weight = mx.sym.concat(weight, mx.sym.zeros_like(weight, name=node.sub("w_zero")), dim=1,
+                               name=node.sub("w_two"))
+        if bias is not None:
+            bias = mx.sym.concat(bias, mx.sym.zeros_like(bias, name=node.sub("b_zero")), dim=0,
+                                 name=node.sub("b_two"))
+    kwargs = {"bias": bias, "no_bias": False} if bias is not None else {"no_bias": True}
+    y = mx.sym.Deconvolution(x.sym, weight=weight, kernel=kernel, stride=strides, dilate=dilations, pad=pad,
+                             adj=adj, num_filter=2 if single else w_shape[1] * group, num_group=group,
+                             name=names[0], **kwargs)
+    if single:
+        y = mx.sym.slice_axis(y, axis=1, begin=0, end=1, name=names[1])
     if any(extra):
-        y = pad_spatial(node, y, n + 2, [0] * n, extra, suffix="outpad", name=names[1])
+        y = pad_spatial(node, y, n + 2, [0] * n, extra, suffix="outpad", name=names[2])
     if crop:
         y = mx.sym.slice(y, begin=(None, None) + tuple(crop_begin),
-                         end=(None, None) + tuple(-c if c else None for c in crop_end), name=names[2])
+                         end=(None, None) + tuple(-c if c else None for c in crop_end), name=names[3])
     if late_bias:
         bias = mx.sym.reshape(b.sym, shape=(1, -1) + (1,) * n, name=node.sub("bias"))
-        y = mx.sym.broadcast_add(y, bias, name=names[3])
+        y = mx.sym.broadcast_add(y, bias, name=names[4])
     return y
 
 
