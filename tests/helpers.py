@@ -43,3 +43,124 @@ def tiny_symbol(folder, deep=True) -> str:
     net(mx.nd.zeros((1, 3, 16, 16)))
     net.export(str(folder / "tiny"))
     return str(folder / "tiny")
+
+
+# ----------------------------------------------------------------- float32 tolerances
+
+EPS32 = float(np.finfo(np.float32).eps)  # 2**-23 = twice float32's unit roundoff u
+
+
+def f32_tol(scale, terms: int, depth: int = 1):
+    """The absolute difference two correct float32 evaluations of one value may show.
+
+    Results differ by summation order only: oneDNN picks kernels, blocking and vector width
+    per CPU (AVX2 and AVX-512 add in different orders, DNNL_MAX_CPU_ISA changes it again),
+    and onnxruntime or numpy use their own. A float32 sum of ``terms`` products aᵢbᵢ is off
+    by at most terms·u·Σ|aᵢbᵢ| (Higham, *Accuracy and Stability*, §3.1) and, roundings
+    being independent, by about sqrt(terms)·u·Σ|aᵢbᵢ|; two implementations differ by about
+    sqrt(2) times that. The bound is 8·sqrt(terms)·eps32·scale per layer (8·eps32 = 16·u:
+    a safety factor of ~10 over the typical error, far below any wrong-number error).
+
+    ``scale``: Σ|aᵢbᵢ| per output where the test can compute it (|a|@|b|, elementwise),
+    else the size of the output (max |reference|). ``depth``: the number of such layers in
+    sequence (a normalised network passes each layer's error on at about its size).
+    """
+    return 8.0 * depth * EPS32 * np.sqrt(terms) * np.asarray(scale, np.float64)
+
+
+def assert_f32_close(got, want, scale=None, terms: int = 1, depth: int = 1, err_msg: str = ""):
+    """``got`` equals ``want`` within :func:`f32_tol`; ``scale`` defaults to max |want|."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert got.shape == want.shape, (got.shape, want.shape)
+    if scale is None:
+        scale = np.abs(want).max(initial=0.0)
+    tol = f32_tol(scale, terms, depth)
+    bad = np.abs(got - want) > tol
+    assert not bad.any(), (f"{err_msg} {int(bad.sum())}/{bad.size} elements differ by more than "
+                           f"the float32 bound (terms={terms}, depth={depth}); max |diff| "
+                           f"{np.abs(got - want).max():.3g}, bound {np.max(tol):.3g}")
+
+
+# ----------------------------------------------------------------- exact quantized arithmetic
+# The ONNX spec's formulas in numpy, integers held in int64: the oracle for every quantized
+# converter (onnxruntime's uint8×int8 kernels saturate int16 pair sums on CPUs without VNNI).
+
+QRANGE = {np.dtype(np.uint8): (0, 255), np.dtype(np.int8): (-128, 127)}
+
+
+def _along(v, ndim: int, axis: int):
+    """A per-tensor scalar or a per-axis vector shaped to broadcast along ``axis``."""
+    v = np.asarray(v)
+    if v.size == 1:
+        return v.reshape(())
+    shape = [1] * ndim
+    shape[axis % ndim] = -1
+    return v.reshape(shape)
+
+
+def quantize_ref(x, scale, zero_point, axis: int = 1) -> np.ndarray:
+    """QuantizeLinear: saturate(round_half_even(x / scale) + zero_point), x / scale in float32."""
+    zp = np.asarray(zero_point)
+    lo, hi = QRANGE[zp.dtype]
+    q = np.rint(np.float32(x) / _along(np.float32(scale), np.ndim(x), axis)).astype(np.int64)
+    return np.clip(q + _along(zp.astype(np.int64), np.ndim(x), axis), lo, hi).astype(zp.dtype)
+
+
+def dequantize_ref(q, scale, zero_point=0, axis: int = 1) -> np.ndarray:
+    """DequantizeLinear: (q - zero_point) * scale in float32."""
+    centered = np.asarray(q, np.int64) - _along(np.asarray(zero_point, np.int64), np.ndim(q), axis)
+    return (centered.astype(np.float32) * _along(np.float32(scale), np.ndim(q), axis)).astype(np.float32)
+
+
+def dynamic_quantize_ref(x):
+    """DynamicQuantizeLinear (uint8): scale from the range including 0, zero point rounded
+    and saturated, then QuantizeLinear."""
+    x = np.asarray(x, np.float32)
+    lo, hi = np.float32(min(0.0, x.min())), np.float32(max(0.0, x.max()))
+    scale = np.float32((hi - lo) if hi != lo else 1.0) / np.float32(255)
+    zp = np.uint8(np.rint(np.clip(np.float32(0) - lo / scale, 0, 255)))
+    return quantize_ref(x, scale, zp), scale, zp
+
+
+def matmul_integer_ref(a, b, a_zero=0, b_zero=0) -> np.ndarray:
+    """MatMulInteger: (a - a_zero) @ (b - b_zero), accumulated exactly in int64."""
+    return (np.asarray(a, np.int64) - np.int64(a_zero)) @ (np.asarray(b, np.int64) - np.int64(b_zero))
+
+
+def conv_integer_ref(x, w, x_zero=0, w_zero=0, pads=(0, 0, 0, 0)) -> np.ndarray:
+    """ConvInteger, 2-D, stride 1, group 1: exact int64 correlation of the centered operands
+    (per-output-channel ``w_zero`` allowed)."""
+    xc = np.asarray(x, np.int64) - np.int64(x_zero)
+    wc = np.asarray(w, np.int64) - _along(np.asarray(w_zero, np.int64), 4, 0)
+    xc = np.pad(xc, ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
+    n, c, h, wd = xc.shape
+    m, _, kh, kw = wc.shape
+    oh, ow = h - kh + 1, wd - kw + 1
+    cols = np.stack([xc[:, :, i:i + oh, j:j + ow] for i in range(kh) for j in range(kw)], axis=2)
+    # cols: (n, c, kh*kw, oh, ow); weights: (m, c, kh*kw)
+    return np.einsum("nckhw,mck->nmhw", cols, wc.reshape(m, c, kh * kw))
+
+
+def requantize_ref(acc, multiplier, zero_point):
+    """QLinear* output: saturate(round_half_even(acc * multiplier) + zero_point), with the
+    real-valued ``acc * multiplier`` computed in float64 (also returned: how close each
+    output is to a rounding tie decides what a float implementation may round otherwise)."""
+    zp = np.asarray(zero_point)
+    lo, hi = QRANGE[zp.dtype]
+    real = np.asarray(acc, np.float64) * np.asarray(multiplier, np.float64)
+    return np.clip(np.rint(real) + zp.astype(np.int64), lo, hi).astype(zp.dtype), real
+
+
+def assert_requantized(got, want, real, slack: float, err_msg: str = ""):
+    """Quantized outputs equal the exact ones, except by one step where the exact real value
+    lies within ``slack`` (in quantization steps: the float error of a float implementation's
+    accumulation) of a rounding tie, where float rounding may fall either way."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.int64)
+    assert got.shape == want.shape, (got.shape, want.shape)
+    assert np.array_equal(got, np.round(got)), f"{err_msg} outputs are not integers"
+    near_tie = np.abs(np.abs(real - np.floor(real)) - 0.5) <= slack
+    diff = np.abs(got - want)
+    wrong = (diff > 1) | ((diff == 1) & ~near_tie)
+    assert not wrong.any(), (f"{err_msg} {int(wrong.sum())}/{wrong.size} outputs differ from exact "
+                             f"integer arithmetic (max step diff {diff.max():.0f}; "
+                             f"{int(near_tie.sum())} near ties allowed ±1)")

@@ -7,8 +7,7 @@ from gluontl.errors import OnnxImportError
 from gluontl.onnx import registry
 from gluontl.onnx.registry import Node, Tensor
 
-R = np.random.RandomState(0)
-X = (R.randn(2, 3, 4, 5) * 2).astype("f")
+X = (np.random.RandomState(0).randn(2, 3, 4, 5) * 2).astype("f")
 
 
 @pytest.mark.parametrize("op,attrs,opset", [
@@ -30,7 +29,7 @@ def test_unary(op, attrs, opset):
 
 @pytest.mark.parametrize("slope_shape", [(3, 1, 1), (1,), (5,), (4, 5), (1, 3, 1, 1)])
 def test_prelu_broadcasts_and_slope_trains(slope_shape):
-    slope = R.uniform(0.1, 0.5, slope_shape).astype("f")
+    slope = np.random.uniform(0.1, 0.5, slope_shape).astype("f")
     check("PRelu", {"x": X, "slope": slope}, consts={"slope"}, opset=16, grad=True)
     model, _ = run_ort("PRelu", {"x": X, "slope": slope}, {}, {"slope"}, 16)
     _, grads = run_mx(model, {"x": X, "slope": slope}, {"slope"}, 16, grad=True)
@@ -62,7 +61,7 @@ def test_softmax_family(op, axis, opset):
 
 @pytest.mark.parametrize("axis,opset", [(1, 11), (2, 11), (1, 13), (-1, 13)])
 def test_hardmax(axis, opset):
-    x = R.randint(0, 3, X.shape).astype("f")  # ties: the first maximum wins
+    x = np.random.randint(0, 3, X.shape).astype("f")  # ties: the first maximum wins
     check("Hardmax", {"x": x}, {"axis": axis}, opset=opset)
 
 
@@ -77,7 +76,7 @@ def test_gelu_bad_approximation_is_clear():
 def test_prelu_before_opset7_is_per_channel(x_shape, slope_shape):
     # (3,) against (2, 3, 4) would not even broadcast under opset-7 rules; onnxruntime has no
     # PRelu-6 kernel, so the spec by hand is the oracle.
-    x, slope = R.randn(*x_shape).astype("f"), R.uniform(0.1, 0.5, slope_shape).astype("f")
+    x, slope = np.random.randn(*x_shape).astype("f"), np.random.uniform(0.1, 0.5, slope_shape).astype("f")
     inputs = {"x": x, "slope": slope}
     got, grads = run_mx(make_model("PRelu", inputs, {}, {"slope"}, 6), inputs, {"slope"}, 6, grad=True)
     per_channel = slope.reshape((-1,) + (1,) * (x.ndim - 2))

@@ -7,16 +7,15 @@ from gluontl.errors import OnnxImportError
 from gluontl.onnx import registry
 from gluontl.onnx.registry import Tensor
 
-R = np.random.RandomState(0)
 
 
 def f(*shape):
-    return R.randn(*shape).astype("f")
+    return np.random.randn(*shape).astype("f")
 
 
 def _bn_inputs(shape):
     c = shape[1]
-    return {"x": f(*shape), "scale": f(c), "bias": f(c), "mean": f(c), "var": R.uniform(0.5, 2, c).astype("f")}
+    return {"x": f(*shape), "scale": f(c), "bias": f(c), "mean": f(c), "var": np.random.uniform(0.5, 2, c).astype("f")}
 
 
 def _convert(op, inputs, attrs, opset, consts=(), n_outputs=1):
@@ -47,7 +46,7 @@ def test_batch_norm_running_stats_are_aux_states_with_onnx_momentum():
     exe = sym.bind(mx.cpu(), args=args, args_grad=grads, aux_states=aux)
     y = exe.forward(is_train=True)[0].asnumpy()
     # oneDNN updates running stats in backward, asynchronously: reading them needs waitall.
-    exe.backward([mx.nd.array(R.randn(*y.shape))])
+    exe.backward([mx.nd.array(np.random.randn(*y.shape))])
     mx.nd.waitall()
     x = inputs["x"]
     bm, bv = x.mean(axis=(0, 2, 3)), x.var(axis=(0, 2, 3))

@@ -6,8 +6,7 @@ from opcheck import check, check_grad, run_ort
 
 from gluontl.errors import OnnxImportError
 
-R = np.random.RandomState(0)
-X2 = R.randn(2, 3, 9, 8).astype("f")
+X2 = np.random.RandomState(0).randn(2, 3, 9, 8).astype("f")
 
 CASES = [
     ({"kernel_shape": [3, 3], "strides": [2, 2]}, 12),
@@ -44,7 +43,7 @@ def test_average_pool(attrs, opset, include_pad):
     ((1, 2, 6, 7, 5), {"kernel_shape": [2, 3, 2], "strides": [2, 1, 2], "pads": [1, 1, 0, 1, 1, 0]}),
 ])
 def test_pool_1d_3d(op, x_shape, attrs):
-    check(op, {"x": R.randn(*x_shape).astype("f")}, attrs, opset=12, grad=True)
+    check(op, {"x": np.random.randn(*x_shape).astype("f")}, attrs, opset=12, grad=True)
 
 
 @pytest.mark.parametrize("attrs", [
@@ -60,7 +59,7 @@ def test_lp_pool(attrs):
                                       ("GlobalLpPool", {"p": 2}), ("GlobalLpPool", {"p": 3})])
 @pytest.mark.parametrize("shape", [(2, 3, 9, 8), (2, 3, 7)])
 def test_global_pool(op, attrs, shape):
-    check(op, {"x": R.randn(*shape).astype("f")}, attrs, opset=2, grad=True, rtol=1e-4, atol=1e-5)
+    check(op, {"x": np.random.randn(*shape).astype("f")}, attrs, opset=2, grad=True, rtol=1e-4, atol=1e-5)
 
 
 def test_max_pool_indices_output_is_clear_error():
@@ -86,7 +85,7 @@ def test_pool_geometry_matches_onnxruntime(data):
         attrs["dilations"] = dilations
     if op == "AveragePool":
         attrs["count_include_pad"] = data.draw(st.integers(0, 1))
-    x = R.randn(2, 2, *sizes).astype("f")
+    x = np.random.randn(2, 2, *sizes).astype("f")
     check(op, {"x": x}, attrs, opset=19 if op == "AveragePool" else 12, grad=True)
 
 
@@ -97,5 +96,5 @@ def test_pool_geometry_matches_onnxruntime(data):
     ("LpPool", {"kernel_shape": [2, 2], "p": 3, "pads": [1, 0, 0, 1]}),
 ])
 def test_pool_fallback_gradients_match_central_differences(op, attrs):
-    x = (R.permutation(2 * 5 * 6).reshape(1, 2, 5, 6) / 10.0 - 3).astype("f")  # distinct values: no max ties
+    x = (np.random.permutation(2 * 5 * 6).reshape(1, 2, 5, 6) / 10.0 - 3).astype("f")  # distinct values: no max ties
     check_grad(op, {"x": x}, attrs, opset=19 if op != "MaxPool" else 12)

@@ -11,8 +11,7 @@ from gluontl.errors import OnnxImportError
 from gluontl.onnx import registry
 from gluontl.onnx.registry import Node, Tensor
 
-R = np.random.RandomState(4)
-X = R.randn(2, 3, 5, 6).astype(np.float32)
+X = np.random.RandomState(4).randn(2, 3, 5, 6).astype(np.float32)
 EMPTY = np.zeros(0, np.float32)
 
 
@@ -52,7 +51,7 @@ def test_linear_and_cubic(mode, ctm):
 def test_cubic_options_and_opset18_axes():
     resize({"mode": "cubic", "cubic_coeff_a": -0.5, "exclude_outside": 1},
            scales=(1, 1, 0.8, 1.6), rtol=1e-4, atol=1e-4)
-    x3 = R.randn(2, 4, 7).astype(np.float32)
+    x3 = np.random.randn(2, 4, 7).astype(np.float32)
     check("Resize", {"x": x3, "roi": None, "scales": f32(2.5)}, {"mode": "linear", "axes": [-1]},
           consts={"scales"}, opset=18, grad=True, rtol=1e-4, atol=1e-4)
     check("Resize", {"x": X, "roi": None, "scales": None, "sizes": np.array([8, 3], np.int64)},
@@ -146,7 +145,7 @@ def test_size_zero_keeps_a_free_axis():
 
 
 def test_gradients_match_central_differences():
-    x = R.randn(1, 2, 3, 4).astype(np.float32)
+    x = np.random.randn(1, 2, 3, 4).astype(np.float32)
     for attrs, scales in [({"mode": "linear"}, (1, 1, 1.5, 0.75)),
                           ({"mode": "cubic", "exclude_outside": 1}, (1, 1, 2, 1.25)),
                           ({"mode": "linear", "antialias": 1}, (1, 1, 0.7, 0.5)),
@@ -157,7 +156,7 @@ def test_gradients_match_central_differences():
 
 def test_float32_rounding_like_onnxruntime():
     """Output size is floor(float32(n * scale)); a size gives scale float32(m / n)."""
-    x = R.randn(1, 1, 10, 7).astype(np.float32)
+    x = np.random.randn(1, 1, 10, 7).astype(np.float32)
     resize({"mode": "nearest"}, scales=(1, 1, 2.6, 1), x=x)  # 26 rows, not 25
     resize({"mode": "nearest", "coordinate_transformation_mode": "half_pixel",
             "nearest_mode": "floor"}, sizes=(1, 1, 10, 1), x=x)  # 0.5 * 7 - 0.5 is a tie

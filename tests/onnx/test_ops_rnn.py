@@ -11,7 +11,6 @@ from gluontl.errors import OnnxImportError
 from gluontl.onnx import registry
 from gluontl.onnx.registry import Tensor
 
-R = np.random.RandomState(0)
 T, N, I, H = 5, 3, 4, 6
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 
@@ -21,16 +20,16 @@ def _inputs(op, dirs=1, bias=True, init=True, layout=0, lens=None, peep=False):
     x_shape = (N, T, I) if layout else (T, N, I)
     s_shape = (N, dirs, H) if layout else (dirs, N, H)
     inputs = {
-        "X": R.randn(*x_shape).astype("f"),
-        "W": (R.randn(dirs, g * H, I) * 0.5).astype("f"),
-        "R": (R.randn(dirs, g * H, H) * 0.5).astype("f"),
-        "B": (R.randn(dirs, 2 * g * H) * 0.5).astype("f") if bias else None,
+        "X": np.random.randn(*x_shape).astype("f"),
+        "W": (np.random.randn(dirs, g * H, I) * 0.5).astype("f"),
+        "R": (np.random.randn(dirs, g * H, H) * 0.5).astype("f"),
+        "B": (np.random.randn(dirs, 2 * g * H) * 0.5).astype("f") if bias else None,
         "sequence_lens": None if lens is None else np.array(lens, "int32"),
-        "initial_h": R.randn(*s_shape).astype("f") if init else None,
+        "initial_h": np.random.randn(*s_shape).astype("f") if init else None,
     }
     if op == "LSTM":
-        inputs["initial_c"] = R.randn(*s_shape).astype("f") if init else None
-        inputs["P"] = (R.randn(dirs, 3 * H) * 0.5).astype("f") if peep else None
+        inputs["initial_c"] = np.random.randn(*s_shape).astype("f") if init else None
+        inputs["P"] = (np.random.randn(dirs, 3 * H) * 0.5).astype("f") if peep else None
     while inputs[list(inputs)[-1]] is None:  # trailing optional inputs are simply omitted
         inputs.pop(list(inputs)[-1])
     return inputs

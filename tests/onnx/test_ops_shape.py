@@ -7,8 +7,7 @@ from gluontl.errors import OnnxImportError
 from gluontl.onnx import registry
 from gluontl.onnx.registry import Node, Tensor
 
-R = np.random.RandomState(1)
-X = R.randn(2, 3, 4, 5).astype(np.float32)
+X = np.random.RandomState(1).randn(2, 3, 4, 5).astype(np.float32)
 
 
 def i64(*v):
@@ -45,7 +44,7 @@ def test_transpose(perm):
 
 
 def test_squeeze_unsqueeze_attr_and_input_forms():
-    x = R.randn(1, 3, 1, 5).astype(np.float32)
+    x = np.random.randn(1, 3, 1, 5).astype(np.float32)
     check("Squeeze", {"x": x}, {"axes": [0, -2]}, opset=11, grad=True)
     check("Squeeze", {"x": x}, opset=11, grad=True)
     check("Squeeze", {"x": x, "a": i64(2)}, consts={"a"}, opset=13, grad=True)
@@ -68,7 +67,7 @@ def test_shape_and_size():
 @pytest.mark.parametrize("x_shape,shape", [
     ((3, 1), (2, 1, 6)), ((1, 4), (3, 1)), ((2, 3, 4), (3, 1)), ((3, 1), (3, 4))])
 def test_expand(x_shape, shape):
-    check("Expand", {"x": R.randn(*x_shape).astype(np.float32), "s": i64(*shape)},
+    check("Expand", {"x": np.random.randn(*x_shape).astype(np.float32), "s": i64(*shape)},
           consts={"s"}, grad=True)
 
 
@@ -90,12 +89,12 @@ def test_constant_of_shape_and_range_with_static_inputs():
 
 @pytest.mark.parametrize("mode", ["DCR", "CRD"])
 def test_depth_to_space(mode):
-    x = R.randn(2, 8, 3, 4).astype(np.float32)
+    x = np.random.randn(2, 8, 3, 4).astype(np.float32)
     check("DepthToSpace", {"x": x}, {"blocksize": 2, "mode": mode}, grad=True)
 
 
 def test_space_to_depth():
-    check("SpaceToDepth", {"x": R.randn(2, 3, 4, 6).astype(np.float32)}, {"blocksize": 2},
+    check("SpaceToDepth", {"x": np.random.randn(2, 3, 4, 6).astype(np.float32)}, {"blocksize": 2},
           grad=True)
 
 
@@ -115,8 +114,8 @@ def test_rank0_values_carried_as_shape_1():
 
 
 def test_gradients_match_central_differences():
-    x = R.randn(1, 8, 2, 2).astype(np.float32)
+    x = np.random.randn(1, 8, 2, 2).astype(np.float32)
     check_grad("DepthToSpace", {"x": x}, {"blocksize": 2, "mode": "CRD"})
-    check_grad("Expand", {"x": R.randn(3, 1).astype(np.float32), "s": i64(2, 1, 4)}, consts={"s"})
-    check_grad("Tile", {"x": R.randn(2, 1, 3).astype(np.float32), "r": i64(2, 3, 1)},
+    check_grad("Expand", {"x": np.random.randn(3, 1).astype(np.float32), "s": i64(2, 1, 4)}, consts={"s"})
+    check_grad("Tile", {"x": np.random.randn(2, 1, 3).astype(np.float32), "r": i64(2, 3, 1)},
                consts={"r"})

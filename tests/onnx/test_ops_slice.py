@@ -6,8 +6,7 @@ from opcheck import check, check_grad
 
 from gluontl.errors import OnnxImportError
 
-R = np.random.RandomState(2)
-X = R.randn(3, 4, 5).astype(np.float32)
+X = np.random.RandomState(2).randn(3, 4, 5).astype(np.float32)
 BIG = np.iinfo(np.int64).max
 
 
@@ -17,12 +16,12 @@ def i64(*v):
 
 @pytest.mark.parametrize("axis", [0, 1, -1])
 def test_concat(axis):
-    b = R.randn(3, 4, 5).astype(np.float32)
+    b = np.random.randn(3, 4, 5).astype(np.float32)
     check("Concat", {"a": X, "b": b, "c": X * 2}, {"axis": axis}, grad=True)
 
 
 def test_split_forms():
-    x = R.randn(2, 7).astype(np.float32)
+    x = np.random.randn(2, 7).astype(np.float32)
     check("Split", {"x": x}, {"axis": 1, "split": [3, 4]}, opset=11, n_outputs=2, grad=True)
     check("Split", {"x": x, "s": i64(2, 2, 3)}, {"axis": -1}, consts={"s"}, opset=13,
           n_outputs=3, grad=True)
@@ -70,7 +69,7 @@ def test_gather(axis):
 def test_gather_elements(axis):
     idx_shape = list(X.shape)
     idx_shape[axis] = 2
-    idx = R.randint(-X.shape[axis], X.shape[axis], size=idx_shape).astype(np.int64)
+    idx = np.random.randint(-X.shape[axis], X.shape[axis], size=idx_shape).astype(np.int64)
     check("GatherElements", {"x": X, "i": idx}, {"axis": axis}, grad=True)
 
 
@@ -96,12 +95,12 @@ def test_pad_generic(mode):
 
 @pytest.mark.parametrize("mode", ["constant", "reflect", "edge"])
 def test_pad_nchw_fast_path_and_attr_form(mode):
-    x = R.randn(2, 3, 4, 5).astype(np.float32)
+    x = np.random.randn(2, 3, 4, 5).astype(np.float32)
     check("Pad", {"x": x, "p": i64(0, 0, 1, 2, 0, 0, 2, 1)}, {"mode": mode}, consts={"p"},
           opset=13, grad=True)
     check("Pad", {"x": x}, {"mode": mode, "pads": [0, 0, 1, 2, 0, 0, 2, 1], "value": 0.5},
           opset=2, grad=True)
-    x5 = R.randn(1, 2, 3, 4, 5).astype(np.float32)
+    x5 = np.random.randn(1, 2, 3, 4, 5).astype(np.float32)
     check("Pad", {"x": x5, "p": i64(0, 0, 1, 2, 1, 0, 0, 2, 1, 3)}, {"mode": mode},
           consts={"p"}, opset=13, grad=True)
 
@@ -141,7 +140,7 @@ def test_slice_matches_onnxruntime_on_random_bounds(data):
 
 
 def test_gradients_match_central_differences():
-    x = R.randn(2, 3, 4).astype(np.float32)
+    x = np.random.randn(2, 3, 4).astype(np.float32)
     for mode in ("constant", "reflect", "edge", "wrap"):
         check_grad("Pad", {"x": x, "p": i64(0, 1, 2, 1, -1, 1)}, {"mode": mode}, consts={"p"},
                    opset=19)
