@@ -1,22 +1,31 @@
-"""Command line: thin typer layer over the API; user errors become exit code 2 and one paragraph."""
+"""Command line: thin typer layer over the API.
+
+Exit codes: 0 done; 2 bad input (one paragraph on stderr, never a traceback); 130/143
+finetune stopped by SIGINT/SIGTERM after checkpointing; 1 a bug (GLUONTL_DEBUG=1 shows it).
+"""
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import os
 import sys
 import textwrap
 from pathlib import Path
-from typing import List, Optional
+from typing import List, NoReturn, Optional, Sequence
 
 import typer
 
-from .errors import GluontlError
+from .errors import GluontlError, Interrupted, ModelSourceError, short_reason
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="gluontl: parameter-granular fine-tuning for MXNet Gluon.")
 
 RecipeOpt = typer.Option(..., "--recipe", "-r", help="YAML recipe (see recipes/)")
 SetOpt = typer.Option(None, "--set", help="override a recipe key, e.g. --set train.epochs=3")
+ShapeOpt = typer.Option(None, "--input-shape", help="C,H,W of the first input, or NAME=1,C,H,W for input NAME "
+                        "(repeatable). Default: the model's own (ONNX: from the file; zoo/symbol: 3,224,224)")
+CheckpointOpt = typer.Option("best", help="run checkpoint: best or last")
 
 
 @app.command()
@@ -64,10 +73,8 @@ def finetune(recipe: Optional[Path] = typer.Option(None, "--recipe", "-r", help=
     if recipe is None and resume is None:
         raise GluontlError("finetune needs --recipe FILE (or --resume runs/NAME to continue a run).")
     r = load_recipe(resume / "recipe.yaml" if resume is not None and recipe is None else recipe, set_)
-    result = run(r, runs_root=runs, resume=resume, quiet=quiet)
-    if result.stopped_early:
-        typer.echo(f"stopped; resume with: gluontl finetune --resume {result.run_dir}")
-    elif r.export.formats:
+    result = run(r, runs_root=runs, resume=resume, quiet=quiet)  # SIGINT/SIGTERM: Interrupted, see main()
+    if r.export.formats:
         from .train.runs import export_run
 
         for path in export_run(result.run_dir, force=resume is not None):
@@ -75,63 +82,108 @@ def finetune(recipe: Optional[Path] = typer.Option(None, "--recipe", "-r", help=
 
 
 @app.command()
-def export(source: str = typer.Argument(..., help="run folder (runs/NAME) or model spec (zoo:/symbol:/onnx:)"),
+def export(source: str = typer.Argument(..., help="run folder (runs/NAME) or model: NAME, PREFIX, PATH.onnx "
+                                        "or zoo:/symbol:/onnx:"),
            fmt: str = typer.Option("both", "--format", help="symbol, onnx or both"),
            out: Path = typer.Option(Path("export"), "--out", help="output folder"),
            force: bool = typer.Option(False, "--force", help="overwrite existing files"),
-           input_shape: str = typer.Option("3,224,224", help="C,H,W for model specs (runs use their recipe)"),
-           checkpoint: str = typer.Option("best", help="run checkpoint: best or last")) -> None:
+           input_shape: Optional[List[str]] = ShapeOpt,
+           checkpoint: str = CheckpointOpt) -> None:
     """Export a run or a model to MXNet symbol/params and/or ONNX, verified against onnxruntime."""
-    formats = {"both": ["symbol", "onnx"], "symbol": ["symbol"], "onnx": ["onnx"]}.get(fmt)
-    if formats is None:
-        raise GluontlError(f"--format '{fmt}' is not one of symbol, onnx, both.")
+    formats = {"both": ["symbol", "onnx"], "symbol": ["symbol"], "onnx": ["onnx"]}[_choice(fmt, FORMATS, "--format")]
+    _choice(checkpoint, CHECKPOINTS, "--checkpoint")
     if Path(source).is_dir():
         from .train.runs import export_run
 
+        if input_shape:
+            raise GluontlError(f"--input-shape is for models; the run '{source}' exports at its recipe's "
+                               f"model.input_shape. Drop --input-shape.")
         paths = export_run(source, out, formats=formats, tag=checkpoint, force=force)
     else:
-        from .recipe import ModelSpec
-        from .sources import build_model
         from .train.runs import export_block
 
-        shape = _shape(input_shape)
-        block, _ = build_model(ModelSpec(source=source, input_shape=shape))
-        name = Path(source.split(":", 1)[1]).stem.replace(".", "_") or "model"
-        paths = export_block(block, out, name, shape, formats=formats, force=force)
+        spec, block, shapes = _model(source, input_shape)
+        scheme, _, rest = spec.source.partition(":")
+        name = (Path(rest).stem if scheme == "onnx" else Path(rest).name).replace(".", "_") or "model"
+        paths = export_block(block, out, name, shapes, formats=formats, force=force)
     for p in paths:
         typer.echo(f"exported {p}")
 
 
-def _shape(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(x) for x in text.split(","))
-    except ValueError:
-        raise GluontlError(f"--input-shape '{text}' must be comma-separated integers, e.g. 3,224,224.") from None
+FORMATS = ("both", "symbol", "onnx")
+CHECKPOINTS = ("best", "last")
+MAX_INPUT_ELEMENTS = 1 << 28  # 1 GiB of float32 per input: beyond, a typo (3,22400,224), not a model
+
+
+def _choice(value: str, allowed: Sequence[str], option: str) -> str:
+    if value not in allowed:
+        raise GluontlError(f"{option} '{value}' is not one of {', '.join(allowed)}.")
+    return value
+
+
+def _shapes(values: Optional[List[str]]) -> dict[str | None, tuple[int, ...]]:
+    """``--input-shape`` values by input name, batch first; None keys the ``C,H,W`` form (first input)."""
+    shapes: dict[str | None, tuple[int, ...]] = {}
+    for text in values or []:
+        name, eq, dims = text.rpartition("=")
+        key = name.strip() if eq else None
+        try:
+            shape = tuple(int(d) for d in dims.split(","))
+        except ValueError:
+            shape = ()
+        shape = shape if key is not None else (1, *shape)
+        if (eq and not key) or len(shape) < 2 or len(shape) > 6 or not all(0 < d <= 1 << 16 for d in shape):
+            raise GluontlError(f"--input-shape '{text}' must be C,H,W (positive integers without the batch, e.g. "
+                               f"3,224,224) or NAME=1,C,H,W (batch first, e.g. data=1,3,224,224).")
+        if math.prod(shape) > MAX_INPUT_ELEMENTS:
+            raise GluontlError(f"--input-shape '{text}' asks for an input of more than {MAX_INPUT_ELEMENTS:,} "
+                               f"values (over 1 GiB); use the size the model was made for, e.g. 3,224,224.")
+        if key in shapes:
+            raise GluontlError(f"--input-shape gives {'C,H,W' if key is None else repr(key)} twice; "
+                               f"give each input once.")
+        shapes[key] = shape
+    return shapes
+
+
+def _model(text: str, input_shape: Optional[List[str]], classes: int | None = None):
+    """The model behind a CLI model argument, built at the ``--input-shape`` shapes (checked first)."""
+    from .recipe import ModelSpec, resolve_source
+    from .sources import build_model, input_shapes
+
+    given = _shapes(input_shape)
+    source = resolve_source(text)
+    shapes = input_shapes(source, given)
+    name, first = next(iter(shapes.items()))
+    spec = ModelSpec(source=source, input_shape=first[1:], input_name=name)
+    block, _ = build_model(spec, classes=classes, input_shapes=shapes)
+    return spec, block, shapes
 
 
 @app.command()
-def inspect(model: str = typer.Argument(..., help="zoo:NAME, symbol:PREFIX or onnx:PATH"),
-            input_shape: str = typer.Option("3,224,224", help="C,H,W (no batch) to resolve shapes"),
-            classes: Optional[int] = typer.Option(None, help="zoo: rebuild the classifier for N classes"),
+def inspect(model: str = typer.Argument(..., help="NAME, PREFIX, PATH.onnx or zoo:/symbol:/onnx:"),
+            input_shape: Optional[List[str]] = ShapeOpt,
+            classes: Optional[int] = typer.Option(None, min=1, help="zoo: rebuild the classifier for N classes"),
             nodes: bool = typer.Option(False, "--nodes", help="list cut points (nodes/units) with op and "
                                        "output shape, for surgery.cut_at / ignore / head.inputs"),
             as_json: bool = typer.Option(False, "--json")) -> None:
     """List a model's parameters with structural names, shapes, layer types and stages."""
-    from .recipe import ModelSpec
+    from .recipe import resolve_source
     from .rules import format_plan, make_plan
-    from .sources import build_model
 
-    shape = _shape(input_shape)
+    source = resolve_source(model)
+    if source.startswith("onnx:") and not nodes:  # a report from the file alone: no shapes needed
+        from .onnx import format_report, inspect_onnx
+        from .sources import input_shapes
+
+        if input_shape:  # not needed here, but a wrong name or rank is still worth saying
+            input_shapes(source, _shapes(input_shape))
+        typer.echo(format_report(inspect_onnx(source[5:])))
+        return
+    spec, block, shapes = _model(source, input_shape, classes)
     if nodes:
         from .surgery import list_nodes
 
-        spec = ModelSpec(source=model, input_shape=shape)
-        if model.startswith("onnx:"):  # shapes go to the file's own (first) input
-            from .onnx import inspect_onnx
-
-            spec = spec.model_copy(update={"input_name": inspect_onnx(model[5:]).inputs[0][0]})
-        block, _ = build_model(spec, classes=classes)
-        rows = list_nodes(block, shape)
+        rows = list_nodes(block, spec.input_shape)
         if as_json:
             typer.echo(json.dumps([dataclasses.asdict(r) for r in rows], indent=1))
             return
@@ -141,13 +193,7 @@ def inspect(model: str = typer.Argument(..., help="zoo:NAME, symbol:PREFIX or on
             dims = "x".join(map(str, r.shape)) if r.shape else "?"
             typer.echo(f"{r.name:<{width}}  {r.op:<{op_width}}  {dims}")
         return
-    if model.startswith("onnx:"):
-        from .onnx import format_report, inspect_onnx
-
-        typer.echo(format_report(inspect_onnx(model[5:])))
-        return
-    block, _ = build_model(ModelSpec(source=model, input_shape=shape), classes=classes)
-    p = make_plan(block, [], input_shape=shape)
+    p = make_plan(block, [], input_shape=spec.input_shape if len(shapes) == 1 else None)
     if as_json:
         typer.echo(json.dumps(p.to_json()["params"], indent=1))
     else:
@@ -157,10 +203,11 @@ def inspect(model: str = typer.Argument(..., help="zoo:NAME, symbol:PREFIX or on
 @app.command()
 def evaluate(run: Path = typer.Argument(..., help="run folder, e.g. runs/resnet18_freeze"),
              split: str = typer.Option("val", help="data split folder/name"),
-             checkpoint: str = typer.Option("best", help="best or last")) -> None:
+             checkpoint: str = CheckpointOpt) -> None:
     """Loss, top-1 (top-5) and the confusion matrix of a run's checkpoint on a data split."""
     from .train.runs import evaluate as run_eval
 
+    _choice(checkpoint, CHECKPOINTS, "--checkpoint")
     out = run_eval(run, split, checkpoint)
     typer.echo(f"{run} [{checkpoint}] on {split} ({out['images']} images): loss {out['val_loss']:.4f} "
                f"top-1 {out['val_top1']:.4f}" + (f" top-5 {out['val_top5']:.4f}" if "val_top5" in out else ""))
@@ -175,7 +222,7 @@ def evaluate(run: Path = typer.Argument(..., help="run folder, e.g. runs/resnet1
 @app.command()
 def predict(run: Path = typer.Argument(..., help="run folder"),
             images: List[Path] = typer.Argument(..., help="image files"),
-            topk: int = typer.Option(5, help="how many classes to show")) -> None:
+            topk: int = typer.Option(5, min=1, help="how many classes to show")) -> None:
     """Top-k classes for image files with a run's best checkpoint."""
     from .train.runs import predict as run_predict
 
@@ -195,33 +242,45 @@ def plot(run: Path = typer.Argument(..., help="run folder"),
 @app.command()
 def zoo(contains: str = typer.Argument("", help="only names containing this text")) -> None:
     """List the model-zoo names usable as zoo:NAME (GluonCV's zoo, which includes Gluon's)."""
+    import difflib
+
     from .sources import zoo_names
 
-    typer.echo("\n".join(n for n in zoo_names() if contains.lower() in n))
+    names = zoo_names()
+    hits = [n for n in names if contains.lower() in n]
+    if not hits:
+        close = difflib.get_close_matches(contains.lower(), names, n=5)
+        raise ModelSourceError(f"No model-zoo name contains '{contains}' (close names: {', '.join(close) or 'none'}). "
+                               f"`gluontl zoo` without an argument lists all {len(names)} names.")
+    typer.echo("\n".join(hits))
 
 
 def main() -> None:
+    """The console script: every outcome is an exit code and at most one paragraph on stderr."""
     from .threads import configure
 
     configure()
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)  # returns 130 after a KeyboardInterrupt outside finetune's loop
     except GluontlError as e:
-        _fail_plain(e)
-    except typer.Exit as e:
-        sys.exit(e.exit_code)
-    except typer.Abort:
-        sys.exit(130)
-    except typer.TyperException as e:  # usage errors: typer shows them like click does
-        show = getattr(e, "show", None)
-        if show is None:
-            print(f"error: {e}", file=sys.stderr)
-        else:
-            show()
-        sys.exit(2)
+        _fail(str(e), e.exit_code)
+    except Interrupted as e:
+        _fail(str(e), e.exit_code, "interrupted: ")
+    except typer.TyperException as e:  # usage: missing argument, unknown option, a value of the wrong type
+        msg, ctx = e.format_message().strip().rstrip("."), getattr(e, "ctx", None)
+        if not msg:  # bare `gluontl`: the help is already shown
+            sys.exit(2)
+        _fail(f"{msg}. See `{ctx.command_path if ctx else 'gluontl'} --help`.", 2)
+    except Exception as e:
+        if os.environ.get("GLUONTL_DEBUG", "0") not in ("", "0"):
+            raise
+        _fail(f"internal error ({type(e).__name__}: {short_reason(e)}); this is a bug in gluontl, not in your "
+              f"input. Set GLUONTL_DEBUG=1 for the traceback; please report it with the command you ran.", 1)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
-def _fail_plain(err: GluontlError) -> None:
-    msg = " ".join(str(err).split())
-    print("error: " + textwrap.fill(msg, width=100, subsequent_indent="       "), file=sys.stderr)
-    sys.exit(err.exit_code)
+def _fail(msg: str, code: int, prefix: str = "error: ") -> NoReturn:
+    text = textwrap.fill(" ".join(msg.split()), width=100, subsequent_indent=" " * len(prefix),
+                         break_long_words=False, break_on_hyphens=False)  # paths stay whole
+    print(prefix + text, file=sys.stderr)
+    sys.exit(code)

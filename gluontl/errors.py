@@ -2,9 +2,15 @@
 
 Every error a user can cause is a ``GluontlError``: the CLI prints its message as one
 paragraph and exits with code 2, never a traceback. Messages name the file, key or
-parameter at fault and say what to do.
+parameter at fault and say what to do. ``Interrupted`` is the stop a user asks for
+(exit code 128 + signal); ``short_reason`` turns library exceptions into one sentence
+for such messages.
 """
 from __future__ import annotations
+
+import re
+import signal
+from pathlib import Path
 
 
 class GluontlError(Exception):
@@ -47,3 +53,36 @@ class DataError(GluontlError):
 
 class TrainError(GluontlError):
     """Training cannot proceed (diverged, incompatible resume, unwritable run folder)."""
+
+
+class Interrupted(Exception):
+    """``finetune`` stopped on SIGINT/SIGTERM after writing its checkpoint.
+
+    Raised, not returned, so a run that makes its weights first (``weights_from``) stops
+    too, and the CLI exits 128 + signal number as shells expect (130, 143).
+    """
+
+    def __init__(self, run_dir: Path, signum: int) -> None:
+        self.run_dir, self.signum = run_dir, signum
+        super().__init__(f"stopped by {signal.Signals(signum).name}; the checkpoint is in {run_dir / 'checkpoints'}. "
+                         f"Resume with: gluontl finetune --resume {run_dir}")
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+_NOT_A_REASON = ("Traceback (most recent call last)", 'File "', "[bt]", "Stack trace")
+_MX_NOISE = re.compile(r"\[\d\d:\d\d:\d\d\] \S+:\d+: |\b(MXNet|LocalFileSystem)\w*: |Check failed: .*?\s?: :?")
+
+
+def short_reason(err: BaseException, limit: int = 200) -> str:
+    """An exception's text as one sentence for a user message.
+
+    MXNet's errors quote a C++ traceback and ``Check failed: <condition>`` lines; users
+    need the message at their end, not the source locations.
+    """
+    lines = [s.strip() for s in str(err).splitlines()]
+    text = " ".join(s for s in lines if s and not s.startswith(_NOT_A_REASON))
+    text = " ".join(_MX_NOISE.sub("", text).split()).rstrip(".") or type(err).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -6,6 +6,7 @@ not a silently ignored setting. ``load_recipe`` turns every validation problem i
 """
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import re
@@ -15,7 +16,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .errors import RecipeError
+from .errors import ModelSourceError, RecipeError
 
 GradReq = Literal["write", "null", "add"]
 BNMode = Literal["train", "frozen"]
@@ -42,8 +43,74 @@ class RestoreSpec(Strict):
     expect_mismatch: list[str] = Field(default_factory=list)
 
 
+SOURCE_FORMS = ("PATH.onnx or onnx:PATH (an ONNX file); PREFIX, PREFIX-symbol.json or symbol:PREFIX (an MXNet "
+                "checkpoint PREFIX-symbol.json + PREFIX-NNNN.params); NAME or zoo:NAME (a Gluon/GluonCV model-zoo "
+                "name, `gluontl zoo` lists them)")
+
+
+def resolve_source(text: str) -> str:
+    """The prefixed form (``zoo:``, ``symbol:``, ``onnx:``) of a model spec as people type it.
+
+    Bare paths and names are what users try first; resolving them where ``ModelSpec``
+    validates ``source`` makes CLI arguments, recipes and the API agree. The model zoo
+    (a slow gluoncv import) is consulted only when nothing on disk matches.
+    """
+    scheme, _, rest = text.partition(":")
+    if scheme in ("zoo", "symbol", "onnx"):
+        if not rest.strip():
+            raise ModelSourceError(f"Model spec '{text}' names no model after '{scheme}:'. "
+                                   f"Accepted forms: {SOURCE_FORMS}.")
+        return text
+    if not text.strip():
+        raise ModelSourceError(f"The model spec is empty. Accepted forms: {SOURCE_FORMS}.")
+    if text.lower().endswith(".onnx"):
+        return f"onnx:{text}"
+    if text.endswith("-symbol.json"):
+        return f"symbol:{text.removesuffix('-symbol.json')}"
+    if _exists(Path(f"{text}-symbol.json"), "is_file"):
+        return f"symbol:{text}"
+    if _exists(Path(text), "is_dir"):
+        raise ModelSourceError(f"'{text}' is a directory, not a model. Pass a model file or name; accepted "
+                               f"forms: {SOURCE_FORMS}.")
+    if _exists(Path(text), "is_file"):
+        if _parses_as_onnx(text):
+            return f"onnx:{text}"
+        hint = (" A .params file holds weights only: pass its symbol PREFIX as the model (and the file as "
+                "model.weights)." if text.endswith(".params") else "")
+        raise ModelSourceError(f"'{text}' is a file but neither an ONNX model nor an MXNet symbol checkpoint."
+                               f"{hint} Accepted forms: {SOURCE_FORMS}.")
+    if "/" in text or "\\" in text:
+        raise ModelSourceError(f"Model file '{text}' does not exist (nor does '{text}-symbol.json'). Check the "
+                               f"path; accepted forms: {SOURCE_FORMS}.")
+    from .sources import zoo_names
+
+    names = zoo_names()
+    if text.lower() in names:
+        return f"zoo:{text}"
+    close = difflib.get_close_matches(text.lower(), names, n=5)
+    raise ModelSourceError(f"'{text}' is not a file, a symbol prefix or a model-zoo name (close zoo names: "
+                           f"{', '.join(close) or 'none'}). Accepted forms: {SOURCE_FORMS}.")
+
+
+def _exists(path: Path, test: str) -> bool:
+    try:
+        return getattr(path, test)()
+    except (OSError, ValueError):  # a name too long or with a NUL byte exists nowhere
+        return False
+
+
+def _parses_as_onnx(path: str) -> bool:
+    import onnx
+
+    try:
+        graph = onnx.load(path, load_external_data=False).graph
+    except Exception:  # protobuf has no single parse-error type; any failure means "not ONNX"
+        return False
+    return bool(graph.node or graph.output)
+
+
 class ModelSpec(Strict):
-    source: str = Field(description="zoo:NAME | symbol:PREFIX | onnx:PATH")
+    source: str = Field(description="zoo:NAME | symbol:PREFIX | onnx:PATH, or bare: NAME, PREFIX, PATH.onnx")
     pretrained: bool = False
     weights: str | None = None
     weights_from: str | None = Field(default=None, description="recipe whose best params become `weights` "
@@ -56,11 +123,11 @@ class ModelSpec(Strict):
 
     @field_validator("source")
     @classmethod
-    def _scheme(cls, v: str) -> str:
-        scheme, _, rest = v.partition(":")
-        if scheme not in ("zoo", "symbol", "onnx") or not rest:
-            raise ValueError(f"'{v}' is not a model source; use zoo:NAME, symbol:PREFIX or onnx:PATH")
-        return v
+    def _resolve(cls, v: str) -> str:
+        try:
+            return resolve_source(v)
+        except ModelSourceError as e:
+            raise ValueError(str(e)) from None
 
     @model_validator(mode="after")
     def _weights_once(self) -> "ModelSpec":
@@ -250,8 +317,11 @@ class TrainSpec(Strict):
     @field_validator("ctx")
     @classmethod
     def _ctx(cls, v: str) -> str:
-        if not re.fullmatch(r"cpu(:\d+(,\d+)*)?|gpu:\d+(,\d+)*", v):
+        if not re.fullmatch(r"cpu(:\d{1,3}(,\d{1,3})*)?|gpu:\d{1,3}(,\d{1,3})*", v):
             raise ValueError(f"'{v}' is not a context; use cpu, cpu:0,1, gpu:0 or gpu:0,1")
+        ids = [int(i) for i in v.partition(":")[2].split(",") if i]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"'{v}' lists a device twice; list each device once, e.g. cpu:0,1")
         return v
 
 
@@ -328,7 +398,12 @@ def _apply_override(data: dict[str, Any], spec: str, origin: str) -> None:
     key, eq, raw = spec.partition("=")
     if not eq or not key:
         raise RecipeError(f"{origin}: override '{spec}' must look like section.key=value, e.g. train.epochs=3.")
-    value = yaml.safe_load(raw)
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError as e:
+        raise RecipeError(f"{origin}: override '{spec}': the value is not valid YAML "
+                          f"({' '.join(str(e).split())}); write it as YAML, e.g. --set train.lr=0.01 or "
+                          f"--set 'train.schedule={{kind: cosine}}'.") from None
     node = data
     parts = key.split(".")
     for p in parts[:-1]:

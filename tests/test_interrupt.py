@@ -59,17 +59,24 @@ def _wait_for(pred, proc, timeout=120):
     return False
 
 
-def test_sigint_checkpoints_and_resume_matches(setup):
-    d, recipe, ref = setup
-    runs = d / "sigint"
+def _interrupt(recipe, runs, sig, steps=40):
+    """Start a run, send ``sig`` after ``steps`` logged steps; (exit code, stderr)."""
     proc = subprocess.Popen(_cmd(recipe, runs), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, OMP_NUM_THREADS="1"))
     metrics = runs / "tiny" / "metrics.jsonl"
-    assert _wait_for(lambda: metrics.is_file() and len(metrics.read_text().splitlines()) >= 40, proc)
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err
-    assert "resume with" in out
+    assert _wait_for(lambda: metrics.is_file() and len(metrics.read_text().splitlines()) >= steps, proc)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    return proc.returncode, err
+
+
+def test_sigint_checkpoints_and_resume_matches(setup):
+    d, recipe, ref = setup
+    runs = d / "sigint"
+    code, err = _interrupt(recipe, runs, signal.SIGINT)
+    assert code == 130, err  # 128 + SIGINT: a shell loop over runs stops too
+    assert "Traceback" not in err
+    assert f"Resume with: gluontl finetune --resume {runs / 'tiny'}" in " ".join(err.split())
     meta = json.loads((runs / "tiny" / "checkpoints" / "last.json").read_text())
     assert meta["global_step"] >= 40
     # resume with the run's own recipe.yaml (no --recipe), as the stop message says
@@ -77,6 +84,16 @@ def test_sigint_checkpoints_and_resume_matches(setup):
                           capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=300)
     assert done.returncode == 0, done.stderr
     assert _epochs(runs / "tiny") == ref
+
+
+def test_sigterm_checkpoints_and_exits_143(setup):
+    d, recipe, _ = setup
+    runs = d / "sigterm"
+    code, err = _interrupt(recipe, runs, signal.SIGTERM, steps=5)
+    assert code == 143, err
+    assert "stopped by SIGTERM" in err and "Traceback" not in err
+    meta = json.loads((runs / "tiny" / "checkpoints" / "last.json").read_text())
+    assert meta["global_step"] >= 5
 
 
 def test_kill_9_at_random_points_then_resume_matches(setup):

@@ -1,20 +1,27 @@
-"""Model sources: ``zoo:NAME``, ``symbol:PREFIX`` and ``onnx:PATH`` behind one function."""
+"""Model sources: ``zoo:NAME``, ``symbol:PREFIX`` and ``onnx:PATH`` behind one function.
+
+Bare paths and names become these forms in one place, ``recipe.resolve_source``.
+"""
 from __future__ import annotations
 
+import contextlib
 import difflib
+import functools
+import io
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import mxnet as mx
 from mxnet.gluon import HybridBlock
 
-from ..errors import ModelSourceError
+from ..errors import ModelSourceError, short_reason
 from ..naming import named_params
-from ..recipe import ModelSpec
+from ..recipe import ModelSpec, resolve_source
 from .restore import RestoreReport, restore
 
-__all__ = ["load_model", "build_model", "zoo_names", "RestoreReport", "restore"]
+__all__ = ["load_model", "build_model", "input_shapes", "model_inputs", "resolve_source", "zoo_names",
+           "RestoreReport", "restore"]
 
 
 def zoo_names() -> list[str]:
@@ -23,9 +30,14 @@ def zoo_names() -> list[str]:
     GluonCV's ``get_model`` also builds every ``mxnet.gluon.model_zoo.vision`` name
     (same architectures and parameter names; a test keeps that true), so one zoo serves both.
     """
+    return list(_zoo_names())
+
+
+@functools.lru_cache(maxsize=1)
+def _zoo_names() -> tuple[str, ...]:
     from gluoncv.model_zoo import get_model_list
 
-    return sorted({n.lower() for n in get_model_list()})
+    return tuple(sorted({n.lower() for n in get_model_list()}))
 
 
 def _zoo(name: str, classes: int | None, kwargs: dict[str, Any], pretrained: bool, ctx) -> HybridBlock:
@@ -59,7 +71,7 @@ def _zoo(name: str, classes: int | None, kwargs: dict[str, Any], pretrained: boo
 _EPOCH = re.compile(r"-(\d{4})\.params$")
 
 
-def _symbol(prefix: str, input_names: list[str], epoch: int | None, ctx) -> HybridBlock:
+def _symbol_files(prefix: str, epoch: int | None) -> tuple[Path, Path]:
     sym_file = Path(f"{prefix}-symbol.json")
     if not sym_file.is_file():
         raise ModelSourceError(f"Symbol file '{sym_file}' does not exist; symbol:PREFIX expects "
@@ -69,39 +81,133 @@ def _symbol(prefix: str, input_names: list[str], epoch: int | None, ctx) -> Hybr
         if not found:
             raise ModelSourceError(f"No '{prefix}-NNNN.params' next to '{sym_file}'. Export the "
                                    f"parameters too, or set model.weights to a .params file.")
-        params = found[-1]
-    else:
-        params = Path(f"{prefix}-{epoch:04d}.params")
-        if not params.is_file():
-            raise ModelSourceError(f"Parameters file '{params}' does not exist (model.epoch: {epoch}).")
+        return sym_file, found[-1]
+    params = Path(f"{prefix}-{epoch:04d}.params")
+    if not params.is_file():
+        raise ModelSourceError(f"Parameters file '{params}' does not exist (model.epoch: {epoch}).")
+    return sym_file, params
+
+
+def _load_symbol(sym_file: Path) -> mx.sym.Symbol:
     try:
-        sym = mx.sym.load(str(sym_file))
-    except Exception as e:
+        return mx.sym.load(str(sym_file))
+    except Exception as e:  # MXNetError for bad JSON, UnicodeDecodeError for binary files
         raise ModelSourceError(f"Symbol file '{sym_file}' is not a valid MXNet symbol JSON "
-                               f"({str(e).splitlines()[0][:200]}).") from None
-    args = set(sym.list_arguments())
+                               f"({short_reason(e)}).") from None
+
+
+def _symbol(prefix: str, input_names: list[str], epoch: int | None, ctx) -> HybridBlock:
+    sym_file, params = _symbol_files(prefix, epoch)
+    args = set(_load_symbol(sym_file).list_arguments())
     missing = [n for n in input_names if n not in args]
     if missing:
         raise ModelSourceError(f"Symbol '{sym_file}' has no input named {missing}; its variables include "
                                f"{', '.join(sorted(a for a in args if not a.endswith(('_weight', '_bias')))[:8])}. "
-                               f"Set model.input_name.")
+                               f"Set model.input_name (on the command line: --input-shape NAME=1,C,H,W).")
     try:
         return mx.gluon.SymbolBlock.imports(str(sym_file), input_names, str(params), ctx=ctx)
     except Exception as e:
-        raise ModelSourceError(f"Loading '{params}' into '{sym_file}' failed: "
-                               f"{str(e).splitlines()[0][:300]}.") from None
+        raise ModelSourceError(f"Loading '{params}' into '{sym_file}' failed: {short_reason(e, 300)}.") from None
+
+
+def _symbol_inputs(prefix: str, epoch: int | None) -> list[str]:
+    """``data`` when the graph has it, else the variables the parameters file does not fill."""
+    sym_file, params = _symbol_files(prefix, epoch)
+    args = _load_symbol(sym_file).list_arguments()
+    if "data" in args:
+        return ["data"]
+    try:
+        stored = mx.nd.load(str(params))
+    except Exception as e:
+        raise ModelSourceError(f"Parameters file '{params}' is not a readable MXNet .params file "
+                               f"({short_reason(e)}).") from None
+    names = {k.partition(":")[2] or k for k in stored} if isinstance(stored, dict) else set()
+    return [a for a in args if a not in names]
+
+
+Shape = tuple[int | str | None, ...] | None
+_DEFAULT_SHAPE = (1, 3, 224, 224)
+
+
+def model_inputs(source: str, *, epoch: int | None = None) -> list[tuple[str, Shape]]:
+    """The model's own inputs with the batch-first shape it declares (None: it declares none).
+
+    ONNX files declare shapes (strings for symbolic dims); zoo models read ``data`` and
+    symbol checkpoints name their inputs but carry no shapes.
+    """
+    scheme, _, rest = resolve_source(source).partition(":")
+    if scheme == "zoo":
+        return [("data", None)]
+    if scheme == "symbol":
+        return [(n, None) for n in _symbol_inputs(rest, epoch)]
+    from ..onnx import inspect_onnx
+
+    return [(name, shape) for name, shape, _ in inspect_onnx(rest).inputs]
+
+
+def input_shapes(source: str, given: Mapping[str | None, tuple[int, ...]] | None = None, *,
+                 epoch: int | None = None) -> dict[str, tuple[int, ...]]:
+    """Batch-first shape of every model input, in the model's order: ``given`` (the
+    ``--input-shape`` values; key None is the first input) over what the model declares.
+
+    Checked before anything runs, so a wrong rank or a symbolic dimension without a value
+    is a message naming the input, not an MXNet error. An input without a declared shape
+    (zoo, symbol) defaults to 1,3,224,224 when it is the model's only input.
+    """
+    spec = resolve_source(source)
+    declared = model_inputs(spec, epoch=epoch)
+    names = [n for n, _ in declared]
+    given = dict(given or {})
+    if None in given:
+        if names[0] in given:
+            raise ModelSourceError(f"--input-shape gives the first input '{names[0]}' of {spec} twice "
+                                   f"(as C,H,W and as {names[0]}=...); keep one.")
+        given[names[0]] = given.pop(None)
+    unknown = sorted(str(n) for n in given if n not in names)
+    if unknown:
+        raise ModelSourceError(f"--input-shape names input(s) {', '.join(unknown)}, but {spec} has input(s) "
+                               f"{', '.join(names)}. Use NAME=1,C,H,W with those names.")
+    shapes: dict[str, tuple[int, ...]] = {}
+    for name, shape in declared:
+        if name in given:
+            if shape is not None and len(given[name]) != len(shape):
+                raise ModelSourceError(
+                    f"--input-shape for input '{name}' of {spec} has {len(given[name]) - 1} dims after the batch "
+                    f"{given[name][1:]}, but the model declares {len(shape) - 1}: {_dims(shape)}. Pass "
+                    f"--input-shape {name}={_dims(shape, 1)} (or C,H,W style for the first input).")
+            shapes[name] = given[name]
+        elif shape is None:
+            if len(declared) > 1:
+                raise ModelSourceError(f"Input '{name}' of {spec} has no declared shape; give each input's shape "
+                                       f"with --input-shape {name}=1,C,H,W (repeatable).")
+            shapes[name] = _DEFAULT_SHAPE
+        else:
+            free = [f"{d or '?'} (dim {i})" for i, d in enumerate(shape) if i and not isinstance(d, int)]
+            if free:
+                raise ModelSourceError(
+                    f"Input '{name}' of {spec} has symbolic dimension(s) {', '.join(free)} in its shape "
+                    f"{_dims(shape)}; give values with --input-shape {name}={_dims(shape, 1)}.")
+            shapes[name] = (1, *shape[1:])
+    return shapes
+
+
+def _dims(shape: tuple, batch: int | None = None) -> str:
+    """``batch,3,H,W`` for messages; ``batch`` replaces dim 0, symbolic dims print upper-case."""
+    dims = [batch if i == 0 and batch is not None else d for i, d in enumerate(shape)]
+    return ",".join(str(d).upper() if isinstance(d, str) else str(d if d is not None else "?") for d in dims)
 
 
 def load_model(spec: str | ModelSpec, *, classes: int | None = None, ctx=None,
-               input_shapes: dict[str, tuple] | None = None) -> HybridBlock:
-    """A model from ``zoo:NAME``, ``symbol:PREFIX`` or ``onnx:PATH``, parameters initialized.
+               input_shapes: Mapping[str, tuple] | None = None) -> HybridBlock:
+    """A model from ``zoo:NAME``, ``symbol:PREFIX`` or ``onnx:PATH`` (or a bare name or path),
+    parameters initialized; ``input_shapes`` names a symbol's or ONNX file's inputs.
 
     ``classes`` rebuilds a zoo model's classifier for N classes (its own head layer,
     GluonCV ``reset_class`` style). Weights of zoo models come from ``pretrained`` (the
     zoo's download cache) — other weights are restored by ``build_model``.
     """
     if isinstance(spec, str):
-        spec = ModelSpec(source=spec)
+        spec = ModelSpec(source=resolve_source(spec))  # a bad spec: ModelSourceError, not pydantic's
     ctx = ctx or mx.cpu()
     scheme, _, rest = spec.source.partition(":")
     if scheme == "zoo":
@@ -113,23 +219,24 @@ def load_model(spec: str | ModelSpec, *, classes: int | None = None, ctx=None,
         raise ModelSourceError(f"A new classifier for {spec.source} needs surgery (cut_at / drop_last + head); "
                                f"only zoo: models can rebuild their own head from a class count.")
     if scheme == "symbol":
-        return _symbol(rest, [spec.input_name], spec.epoch, ctx)
+        return _symbol(rest, list(input_shapes or [spec.input_name]), spec.epoch, ctx)
     from ..onnx import import_model
 
     return import_model(rest, input_shapes=input_shapes, ctx=ctx)
 
 
-def build_model(spec: ModelSpec, *, classes: int | None = None, head_init: str = "xavier",
-                ctx=None) -> tuple[HybridBlock, RestoreReport | None]:
+def build_model(spec: ModelSpec, *, classes: int | None = None, head_init: str = "xavier", ctx=None,
+                input_shapes: Mapping[str, tuple[int, ...]] | None = None) -> tuple[HybridBlock, RestoreReport | None]:
     """``load_model`` + shapes made concrete + ``weights`` restored and checked against expectations.
 
-    Parameters that are not restored keep a fresh ``head_init`` initialization, so a new
-    head is initialized the way the recipe says.
+    ``input_shapes`` (batch-first, every input in call order) defaults to the spec's one
+    input. Parameters that are not restored keep a fresh ``head_init`` initialization, so
+    a new head is initialized the way the recipe says.
     """
     ctx = ctx or mx.cpu()
-    net = load_model(spec, classes=classes, ctx=ctx,
-                     input_shapes={spec.input_name: (1, *spec.input_shape)})
-    materialize(net, spec.input_shape, ctx)
+    shapes = dict(input_shapes or {spec.input_name: (1, *spec.input_shape)})
+    net = load_model(spec, classes=classes, ctx=ctx, input_shapes=shapes)
+    materialize(net, shapes, ctx, spec.source)
     if not spec.weights:
         return net, None
     report = restore(net, spec.weights, prefix_map=spec.restore.prefix_map, only=spec.restore.only)
@@ -152,7 +259,19 @@ def _init_array(init: mx.init.Initializer, p) -> mx.nd.NDArray:
     return arr
 
 
-def materialize(net: HybridBlock, input_shape: tuple[int, ...], ctx) -> None:
-    """Resolve deferred shapes with one batch-1 forward so plans can show every shape."""
-    with mx.autograd.predict_mode():
-        net(mx.nd.zeros((1, *input_shape), ctx=ctx))
+def materialize(net: HybridBlock, shapes: Mapping[str, tuple[int, ...]], ctx, source: str = "the model") -> None:
+    """Resolve deferred shapes with one forward at ``shapes`` so plans can show every shape.
+
+    Input shapes come from the user, so a model that rejects them is a user error.
+    """
+    try:
+        # MXNet prints its shape-inference arguments on failure; the message below says it better.
+        with mx.autograd.predict_mode(), contextlib.redirect_stdout(io.StringIO()):
+            net(*(mx.nd.zeros(s, ctx=ctx) for s in shapes.values()))
+            mx.nd.waitall()
+    except (mx.base.MXNetError, ValueError) as e:
+        given = ", ".join(f"{n} {tuple(s)}" for n, s in shapes.items())
+        raise ModelSourceError(
+            f"{source} does not accept inputs of shape {given} (batch first): {short_reason(e)}. Set model.input_shape "
+            f"in the recipe, or --input-shape on the command line (C,H,W without the batch, or NAME=1,C,H,W), to "
+            f"what the model expects.") from None

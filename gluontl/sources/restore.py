@@ -14,7 +14,7 @@ import mxnet as mx
 import numpy as np
 from mxnet.gluon import HybridBlock
 
-from ..errors import ModelSourceError, RestoreError
+from ..errors import ModelSourceError, RestoreError, short_reason
 from ..naming import named_params, shape_of
 
 
@@ -76,7 +76,7 @@ def read_params_file(path: str | Path) -> dict[str, mx.nd.NDArray]:
         loaded = mx.nd.load(str(p))
     except Exception as e:  # MXNetError for truncated or foreign files
         raise ModelSourceError(f"Weights file '{p}' is not a readable MXNet .params file "
-                               f"({str(e).splitlines()[0][:200]}). Re-save it with save_parameters.") from None
+                               f"({short_reason(e)}). Re-save it with save_parameters.") from None
     if not isinstance(loaded, dict):
         raise ModelSourceError(f"Weights file '{p}' holds an unnamed list of arrays; gluontl needs named "
                                f"parameters (save with net.save_parameters or HybridBlock.export).")

@@ -24,7 +24,7 @@ import yaml
 from mxnet import autograd, gluon
 
 from ..atomic import write_text
-from ..errors import TrainError
+from ..errors import Interrupted, TrainError
 from ..pipeline import prepare
 from ..recipe import Recipe
 from ..rules import Plan, apply_plan, format_plan, make_plan, trainable_params
@@ -67,8 +67,12 @@ class _Stop:
     """SIGINT/SIGTERM set a flag; the loop checkpoints at the next step boundary and exits."""
 
     def __init__(self) -> None:
-        self.requested = False
+        self.signum: int | None = None
         self._old: dict[int, Any] = {}
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
 
     def __enter__(self) -> "_Stop":
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -79,7 +83,7 @@ class _Stop:
         return self
 
     def _handle(self, signum, frame) -> None:
-        self.requested = True
+        self.signum = self.signum or signum
 
     def __exit__(self, *exc) -> None:
         for sig, old in self._old.items():
@@ -243,8 +247,9 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
              quiet: bool = False, stop_after_steps: int | None = None) -> RunResult:
     """Fine-tune per the recipe into a run folder; ``resume`` continues a run folder.
 
-    ``stop_after_steps`` stops (with a checkpoint) after that many optimizer steps in
-    this call — what SIGINT does, made testable.
+    SIGINT/SIGTERM checkpoint at the next step boundary and raise ``Interrupted``;
+    ``stop_after_steps`` stops the same way after that many optimizer steps in this call
+    but returns (``stopped_early``), which keeps the stop testable in-process.
     """
     if recipe.data is None:
         raise TrainError("The recipe has no data: section; finetune needs training data "
@@ -381,6 +386,9 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
                                     dict(state, epoch=epoch + 1, batch_in_epoch=0, global_step=global_step, best=best))
                 checkpoint.save(run_dir / "checkpoints", "last", net, trainer,
                                 dict(state, epoch=epoch + 1, batch_in_epoch=0, global_step=global_step, best=best))
+                if stop.requested and epoch + 1 < t.epochs:  # a signal during validation
+                    stopped = True
+                    break
         finally:
             if feed is not None:
                 feed.close()
@@ -396,6 +404,8 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
         _say(quiet, f"done: best val_top1 {best['val_top1']:.4f} at epoch {best['epoch']}; run folder {run_dir}")
         if len(loaders.bad):
             _say(quiet, loaders.bad.summary())
+    if stop.signum is not None:
+        raise Interrupted(run_dir, stop.signum)
     return result
 
 

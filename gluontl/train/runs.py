@@ -1,26 +1,33 @@
 """Using a finished run folder: reload its model, evaluate, predict, plot."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import mxnet as mx
 import numpy as np
 
-from ..errors import TrainError
+from ..errors import DataError, ExportError, TrainError
 from ..pipeline import prepare
-from ..recipe import Recipe, load_recipe
+from ..recipe import DataSpec, Recipe, load_recipe
 from . import checkpoint
 
 
 def load_run(run_dir: str | Path, tag: str = "best", ctx=None) -> tuple[Recipe, Any]:
     """The run's recipe and its model with the ``tag`` checkpoint loaded, in inference setup."""
     run = Path(run_dir)
+    if not run.is_dir():
+        raise TrainError(f"Run folder '{run}' {'is a file' if run.exists() else 'does not exist'}; pass the "
+                         f"runs/NAME folder of a gluontl finetune run.")
     if not (run / "recipe.yaml").is_file():
         raise TrainError(f"'{run}' is not a run folder (no recipe.yaml); pass runs/NAME.")
     recipe = load_recipe(run / "recipe.yaml")
-    checkpoint.load(run / "checkpoints", tag)
+    ckpts = run / "checkpoints"
+    if not (ckpts / f"{tag}.json").is_file():
+        other = " or use --checkpoint last" if tag != "last" and (ckpts / "last.json").is_file() else ""
+        raise TrainError(f"Run '{run}' has no '{tag}' checkpoint ({ckpts / tag}.json is missing): it stopped before "
+                         f"finishing an epoch. Continue it with `gluontl finetune --resume {run}`{other}.")
+    checkpoint.load(ckpts, tag)
     # The checkpoint holds every parameter: skip the recipe's weights file (it may be gone).
     bare = recipe.model_copy(update={"model": recipe.model.model_copy(update={"weights": None})})
     prep = prepare(bare, ctx=ctx, apply=False)
@@ -34,7 +41,7 @@ def evaluate(run_dir: str | Path, split: str = "val", tag: str = "best") -> dict
     from .loop import evaluate_loader
 
     recipe, net = load_run(run_dir, tag)
-    ds = load_split(recipe.data, split)
+    ds = load_split(_data(recipe, run_dir), split)
     loader = mx.gluon.data.DataLoader(ds, batch_size=recipe.data.batch_size, shuffle=False)
     with mx.autograd.predict_mode():
         out = evaluate_loader(net, loader, [mx.cpu()], len(ds.class_names), mx.gluon.loss.SoftmaxCrossEntropyLoss())
@@ -43,16 +50,28 @@ def evaluate(run_dir: str | Path, split: str = "val", tag: str = "best") -> dict
     return out
 
 
+def _data(recipe: Recipe, run_dir: str | Path) -> DataSpec:
+    if recipe.data is None:
+        raise TrainError(f"'{Path(run_dir) / 'recipe.yaml'}' has no data: section, so there are no splits or "
+                         f"class names to use; add the data: section the run was trained with.")
+    return recipe.data
+
+
 def predict(run_dir: str | Path, images: list[str], topk: int = 5, tag: str = "best") -> list[dict[str, Any]]:
-    from .data import load_split  # noqa: F401  (class names come from the training split)
+    from .data import load_split  # class names come from the training split
     from .transforms import build, load_image
 
-    recipe, net = load_run(run_dir, tag)
-    names = load_split(recipe.data, recipe.data.train).class_names
-    transform = build(recipe.data.val_transform, False)
-    results = []
     for path in images:
-        x = mx.nd.array(transform(load_image(path))[None])
+        if Path(path).is_dir():
+            raise DataError(f"'{path}' is a directory; pass image files (e.g. {Path(path) / '*.jpg'}).")
+    decoded = [load_image(path) for path in images]  # a bad image fails before the model loads
+    recipe, net = load_run(run_dir, tag)
+    data = _data(recipe, run_dir)
+    names = load_split(data, data.train).class_names
+    transform = build(data.val_transform, False)
+    results = []
+    for path, image in zip(images, decoded):
+        x = mx.nd.array(transform(image)[None])
         with mx.autograd.predict_mode():
             prob = mx.nd.softmax(net(x)).asnumpy()[0]
         order = np.argsort(-prob)[: min(topk, len(prob))]
@@ -68,11 +87,21 @@ def plot(run_dir: str | Path, out: str | Path | None = None) -> Path:
     import matplotlib.pyplot as plt
 
     from ..atomic import atomic_write
+    from .loop import _read_metrics
 
     run = Path(run_dir)
-    rows = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines() if l.strip()]
-    steps = [r for r in rows if "loss" in r]
-    epochs = [r for r in rows if "epoch" in r]
+    path = run / "metrics.jsonl"
+    if not path.is_file():
+        raise TrainError(f"'{run}' has no metrics.jsonl{'' if run.is_dir() else ' (it is not a folder)'}; plot "
+                         f"reads what gluontl finetune logs into a run folder: pass runs/NAME.")
+    try:
+        rows = _read_metrics(path)
+    except (OSError, UnicodeDecodeError) as e:
+        raise TrainError(f"'{path}' is not a readable metrics log ({e}).") from None
+    steps = _numeric_rows(rows, "step", "loss", "lr")
+    epochs = _numeric_rows(rows, "step", "epoch", "val_loss", "val_top1")
+    if not steps and not epochs:
+        raise TrainError(f"'{path}' has no step or epoch rows yet; plot after the run has logged some steps.")
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
     axes[0].plot([r["step"] for r in steps], [r["loss"] for r in steps], lw=0.8, label="train (step)")
     axes[0].plot([r["step"] for r in epochs], [r["val_loss"] for r in epochs], "o-", label="val")
@@ -93,21 +122,34 @@ def plot(run_dir: str | Path, out: str | Path | None = None) -> Path:
     return target
 
 
-def export_block(block, out_dir: str | Path, name: str, input_shape: tuple[int, ...], *, formats: list[str],
-                 input_name: str = "data", opset: int = 13, rtol: float = 1e-4, lean: bool = True,
-                 force: bool = False, sample: np.ndarray | None = None) -> list[Path]:
-    """Export to symbol/params and/or ONNX (verified against onnxruntime, on ``sample`` too)."""
+def _numeric_rows(rows: list[Any], *keys: str) -> list[dict[str, Any]]:
+    return [r for r in rows if isinstance(r, dict) and all(isinstance(r.get(k), (int, float)) for k in keys)]
+
+
+def export_block(block, out_dir: str | Path, name: str, input_shapes: Mapping[str, tuple[int, ...]], *,
+                 formats: list[str], opset: int = 13, rtol: float = 1e-4, lean: bool = True, force: bool = False,
+                 sample: Mapping[str, np.ndarray] | None = None) -> list[Path]:
+    """Export to symbol/params and/or ONNX (verified against onnxruntime, on ``sample`` too).
+
+    ``input_shapes`` maps each input name, in call order, to its batch-first shape.
+    """
     from ..export import export_onnx, export_symbol
 
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    shapes = {input_name: (1, *input_shape)}
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"Output folder '{out}' is a file; pass a folder (new or existing) with --out.")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ExportError(f"Cannot create the output folder '{out}': {e.strerror}. Pick a writable place "
+                          f"with --out.") from None
+    shapes = dict(input_shapes)
     written: list[Path] = []
     if "symbol" in formats:
         written += list(export_symbol(block, out / name, shapes, force=force))
     if "onnx" in formats:
         written.append(export_onnx(block, out / f"{name}.onnx", shapes, opset=opset, rtol=rtol, lean=lean,
-                                   force=force, sample=None if sample is None else {input_name: sample}))
+                                   force=force, sample=None if sample is None else dict(sample)))
     return written
 
 
@@ -118,10 +160,11 @@ def export_run(run_dir: str | Path, out_dir: str | Path | None = None, *, format
 
     recipe, net = load_run(run_dir, tag)
     spec = recipe.export
+    name = spec.input_names[0]
     sample = None
     if recipe.data is not None:
         ds = load_split(recipe.data, recipe.data.val)
-        sample = np.stack([ds[i][0] for i in range(min(8, len(ds)))]).astype(np.float32)
-    return export_block(net, out_dir or Path(run_dir) / "export", recipe.name, recipe.model.input_shape,
-                        formats=formats or list(spec.formats), input_name=spec.input_names[0], opset=spec.opset,
-                        rtol=spec.rtol, lean=spec.lean, force=force, sample=sample)
+        sample = {name: np.stack([ds[i][0] for i in range(min(8, len(ds)))]).astype(np.float32)}
+    return export_block(net, out_dir or Path(run_dir) / "export", recipe.name, {name: (1, *recipe.model.input_shape)},
+                        formats=formats or list(spec.formats), opset=spec.opset, rtol=spec.rtol, lean=spec.lean,
+                        force=force, sample=sample)
