@@ -98,3 +98,67 @@ def test_conv_transpose_crop_and_late_bias_gradients():
     inputs = {"x": f(1, 2, 3, 3), "w": f(2, 2, 2, 2), "b": f(2)}
     check_grad("ConvTranspose", inputs, {"strides": [2, 2], "output_shape": [8, 5]}, opset=11)
     check_grad("Conv", {"x": f(1, 2, 5, 4), "w": f(2, 1, 2, 2)}, {"group": 2, "pads": [0, 1, 1, 0]}, opset=11)
+
+
+@pytest.mark.parametrize("kernel,stride", [(2, 2), (3, 2)])
+def test_one_channel_conv_transpose_after_conv_trains(kernel, stride):
+    """A conv feeding a 1-output-channel ConvTranspose (segmentation/detection map heads): oneDNN
+    fails in that Deconvolution's backward, so the converter must avoid it. Forward against
+    onnxruntime, the weight gradient against the sum written out in numpy."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from gluontl.onnx import import_model
+
+    rng = np.random.RandomState(7)
+    c = 16
+    cw = rng.randn(c, 3, 3, 3).astype("f") * 0.2
+    tw = rng.randn(c, 1, kernel, kernel).astype("f")
+    tb = rng.randn(1).astype("f")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "cw"], ["h"], name="conv", pads=[1, 1, 1, 1], kernel_shape=[3, 3]),
+         helper.make_node("ConvTranspose", ["h", "tw", "tb"], ["y"], name="up", strides=[stride, stride],
+                          kernel_shape=[kernel, kernel])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1, "H", "W"])],
+        [numpy_helper.from_array(cw, "cw"), numpy_helper.from_array(tw, "tw"), numpy_helper.from_array(tb, "tb")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    onnx.checker.check_model(model)
+    block = import_model(model)
+    block.hybridize()
+    x = rng.randn(2, 3, 8, 8).astype("f")
+    ref = run_ort_model(model, {"x": x})[0]
+    with mx.autograd.record():
+        y = block(mx.nd.array(x))
+        weights = mx.nd.array(rng.randn(*ref.shape).astype("f"))
+        (y * weights).sum().backward()
+    np.testing.assert_allclose(y.asnumpy(), ref, rtol=1e-4, atol=1e-4)
+    params = block.collect_params()
+    h = _conv_np(x, cw)
+    want = np.zeros_like(tw, dtype=np.float64)
+    r = weights.asnumpy().astype(np.float64)
+    for i in range(h.shape[2]):
+        for j in range(h.shape[3]):
+            patch = r[:, 0, i * stride:i * stride + kernel, j * stride:j * stride + kernel]
+            want[:, 0] += np.einsum("nc,nab->cab", h[:, :, i, j], patch)
+    got = params["tw"].grad().asnumpy()
+    bound = 1e-5 * np.abs(h).sum() * np.abs(r).max()  # float32 accumulation over every product
+    assert np.abs(got - want).max() <= bound
+    assert abs(params["tb"].grad().asnumpy()[0] - r.sum()) <= 1e-5 * np.abs(r).sum()
+
+
+def _conv_np(x, w):
+    """3x3 convolution with padding 1, float64, written out."""
+    n, _, hh, ww = x.shape
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    out = np.zeros((n, w.shape[0], hh, ww))
+    for a in range(3):
+        for b in range(3):
+            out += np.einsum("nchw,oc->nohw", xp[:, :, a:a + hh, b:b + ww], w[:, :, a, b].astype(np.float64))
+    return out
+
+
+def run_ort_model(model, feeds):
+    import onnxruntime as ort
+
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)

@@ -139,24 +139,19 @@ def conv_transpose(node, inputs):
     adj = [p if p < s else 0 for p, s in zip(out_pad, strides)]
     extra = [p - a for p, a in zip(out_pad, adj)]
     crop = any(crop_begin) or any(crop_end)
-    late_bias = b is not None and any(extra)
-    # oneDNN cannot build the backward of a 1-channel Deconvolution ("could not create a primitive
-    # descriptor for a reorder primitive"): run it with a second, all-zero channel and drop that.
-    single = w_shape[1] * group == 1
+    # oneDNN fails in the backward of a 1-output-channel Deconvolution fed by a blocked-layout
+    # tensor (any conv before it): "could not create a primitive descriptor for a reorder
+    # primitive"; computed weights fail too. A depthwise Deconvolution (same weight array: its
+    # layout (C_in, 1, k, k) is exactly the grouped one) summed over channels is the same map.
+    single = w_shape[1] * group == 1 and w_shape[0] > 1
+    late_bias = b is not None and (any(extra) or single)
     names = _chain_names(node, [True, single, any(extra), crop, late_bias])
-    weight, bias = w.sym, b.sym if b is not None and not late_bias else None
+    kwargs = {"bias": b.sym, "no_bias": False} if b is not None and not late_bias else {"no_bias": True}
+    channels = (w_shape[0], w_shape[0]) if single else (w_shape[1] * group, group)
+    y = mx.sym.Deconvolution(x.sym, weight=w.sym, kernel=kernel, stride=strides, dilate=dilations, pad=pad,
+                             adj=adj, num_filter=channels[0], num_group=channels[1], name=names[0], **kwargs)
     if single:
-        weight = mx.sym.concat(weight, mx.sym.zeros_like(weight, name=node.sub("w_zero")), dim=1,
-                               name=node.sub("w_two"))
-        if bias is not None:
-            bias = mx.sym.concat(bias, mx.sym.zeros_like(bias, name=node.sub("b_zero")), dim=0,
-                                 name=node.sub("b_two"))
-    kwargs = {"bias": bias, "no_bias": False} if bias is not None else {"no_bias": True}
-    y = mx.sym.Deconvolution(x.sym, weight=weight, kernel=kernel, stride=strides, dilate=dilations, pad=pad,
-                             adj=adj, num_filter=2 if single else w_shape[1] * group, num_group=group,
-                             name=names[0], **kwargs)
-    if single:
-        y = mx.sym.slice_axis(y, axis=1, begin=0, end=1, name=names[1])
+        y = mx.sym.sum(y, axis=1, keepdims=True, name=names[1])
     if any(extra):
         y = pad_spatial(node, y, n + 2, [0] * n, extra, suffix="outpad", name=names[2])
     if crop:
