@@ -151,6 +151,13 @@ def requantize_ref(acc, multiplier, zero_point):
     return np.clip(np.rint(real) + zp.astype(np.int64), lo, hi).astype(zp.dtype), real
 
 
+def requantize_slack(abs_acc, multiplier, terms: int, real):
+    """How far (in output steps) a float32 dequantize → op → quantize may be from ``real``:
+    the accumulation's :func:`f32_tol` (``abs_acc``: the sum of |products| of the centered
+    integers) plus a few roundings of the scales."""
+    return f32_tol(np.asarray(abs_acc) * np.asarray(multiplier), terms) + 4 * EPS32 * np.abs(real)
+
+
 def assert_requantized(got, want, real, slack: float, err_msg: str = ""):
     """Quantized outputs equal the exact ones, except by one step where the exact real value
     lies within ``slack`` (in quantization steps: the float error of a float implementation's

@@ -13,8 +13,8 @@ import mxnet as mx
 import numpy as np
 import onnx
 import pytest
-from helpers import (EPS32, QRANGE, assert_requantized, conv_integer_ref, dequantize_ref, dynamic_quantize_ref,
-                     f32_tol, matmul_integer_ref, quantize_ref, requantize_ref)
+from helpers import (QRANGE, assert_requantized, conv_integer_ref, dequantize_ref, dynamic_quantize_ref,
+                     matmul_integer_ref, quantize_ref, requantize_ref, requantize_slack)
 from onnx import helper, numpy_helper
 from opcheck import make_model, run_mx
 
@@ -131,12 +131,6 @@ def test_dynamic_quantize_linear_is_exact():
 
 # ----------------------------------------------------------------- QLinear ops (requantized)
 
-def _slack(abs_acc, terms, real, x_scale, w_scale, y_scale):
-    """The float32 error of dequantize → float op → divide by y_scale, in output steps."""
-    accumulation = f32_tol(abs_acc * np.float64(x_scale) * np.float64(w_scale), terms)
-    return accumulation / np.float64(y_scale) + 4 * EPS32 * np.abs(real)
-
-
 def test_qlinear_matmul_matches_exact_requantization():
     rs = np.random.RandomState(16)
     a, b = saturating_operands(rs, 6, 48, 5)
@@ -147,9 +141,10 @@ def test_qlinear_matmul_matches_exact_requantization():
                      {"as": a_s, "az": a_z, "b": b, "bs": b_s, "bz": b_z, "ys": y_s, "yz": y_z})
     got = run_imported(model, {"a": a})[0]
     acc = matmul_integer_ref(a, b, a_z, b_z)
-    want, real = requantize_ref(acc, np.float64(a_s) * np.float64(b_s) / np.float64(y_s), y_z)
+    multiplier = np.float64(a_s) * np.float64(b_s) / np.float64(y_s)
+    want, real = requantize_ref(acc, multiplier, y_z)
     abs_acc = np.abs(a.astype(np.int64) - a_z) @ np.abs(b.astype(np.int64) - b_z)
-    assert_requantized(got, want, real, _slack(abs_acc, a.shape[1], real, a_s, b_s, y_s))
+    assert_requantized(got, want, real, requantize_slack(abs_acc, multiplier, a.shape[1], real))
     assert len(np.unique(want)) > 10, "outputs spread over the range, not saturated"
 
 
@@ -172,6 +167,5 @@ def test_qlinear_conv_with_bias_matches_exact_requantization():
     want, real = requantize_ref(acc, multiplier, y_z)
     abs_acc = conv_integer_ref(np.abs(xq.astype(np.int64) - x_z), np.abs(wq.astype(np.int64)),
                                pads=(1, 1, 1, 1)) + np.abs(bias).reshape(1, 4, 1, 1)
-    slack = _slack(abs_acc, 2 * 9 + 1, real, x_s, w_s.reshape(1, 4, 1, 1), y_s)
-    assert_requantized(got, want, real, slack)
+    assert_requantized(got, want, real, requantize_slack(abs_acc, multiplier, 2 * 9 + 1, real))
     assert 0 < np.mean((want > 0) & (want < 255)), "not all saturated"

@@ -196,8 +196,10 @@ def _qdq(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-def test_qdq_quantized_model_imports_as_float_and_matches_onnxruntime(tmp_path):
-    import onnxruntime as ort
+def test_qdq_quantized_model_imports_as_float_and_matches_the_spec(tmp_path):
+    """The oracle is the onnx package's numpy implementation of the spec (ReferenceEvaluator:
+    QuantizeLinear as rint(x / scale) + zero point, saturated), not an onnxruntime kernel."""
+    from onnx.reference import ReferenceEvaluator
 
     src = onnx.load(str(_export("resnet18_v1", tmp_path)))
     model = _qdq(src)
@@ -209,13 +211,11 @@ def test_qdq_quantized_model_imports_as_float_and_matches_onnxruntime(tmp_path):
     assert all(params[c].grad_req == "write" and params[c].dtype == np.float32 for c in convs)
     assert not any(n.endswith(("_quantized", "_scale", "_zero")) for n in params if
                    params[n].grad_req == "write"), "quantization metadata is not trainable"
-    options = ort.SessionOptions()  # literal Q/DQ arithmetic, no fused int8 kernels
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    sess = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     x = np.random.RandomState(0).randn(2, 3, SIZE, SIZE).astype("f")
-    ref = sess.run(None, {sess.get_inputs()[0].name: x})[0]
+    ref = ReferenceEvaluator(model).run(None, {model.graph.input[0].name: x})[0]
     got = block(mx.nd.array(x)).asnumpy()
-    # Summation order differs between MXNet and onnxruntime convolutions, so an activation
-    # can land on the other side of a rounding boundary: one such flip moves the output
-    # by ~1 %. A wrong axis, scale or rounding rule gives errors of 10 % and more.
+    # Summation order differs between MXNet's and numpy's convolutions, so an activation can
+    # land on the other side of a rounding tie; perturbing x by 1e-5 (a few such flips) moves
+    # the reference output by 2-3 % (measured), while a wrong axis, scale or rounding rule
+    # gives errors of 10 % and more. Without flips the two agree to float32 (4e-7 measured).
     assert rel_err(got, ref) <= 3e-2, rel_err(got, ref)
