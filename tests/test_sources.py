@@ -1,4 +1,6 @@
 """Model sources and selective restore, on real zoo models and real files."""
+import socket
+
 import mxnet as mx
 import numpy as np
 import pytest
@@ -101,11 +103,18 @@ def test_symbol_source_round_trip(tmp_path):
     assert len(rep.restored) == len(names) and not rep.missing and not rep.unexpected
 
 
-def test_zoo_errors_are_clear():
+def test_zoo_errors_are_clear(tmp_path, monkeypatch):
     with pytest.raises(ModelSourceError, match=r"not a Gluon or GluonCV.*resnet18_v1"):
         load_model("zoo:resnet18_vl")
-    with pytest.raises(ModelSourceError, match="network|Downloading"):
-        load_model(ModelSpec(source="zoo:squeezenet1.0", pretrained=True))
+    # The real download code, run offline deterministically: an empty model cache and a zoo
+    # repository on a local port that is bound but not listening (connections are refused).
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        monkeypatch.setenv("MXNET_HOME", str(tmp_path))
+        monkeypatch.setenv("MXNET_GLUON_REPO", f"http://127.0.0.1:{closed.getsockname()[1]}/")
+        with pytest.raises(ModelSourceError, match=r"Downloading pretrained weights for "
+                                                   r"'squeezenet1.0' failed \(ConnectionError"):
+            load_model(ModelSpec(source="zoo:squeezenet1.0", pretrained=True))
     with pytest.raises(ModelSourceError, match="does not exist"):
         load_model(ModelSpec(source="symbol:/nonexistent/model"))
 
