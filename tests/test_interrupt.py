@@ -1,8 +1,11 @@
 """Interruption: SIGINT checkpoints and exits; kill -9 at any moment leaves a valid checkpoint;
-resuming reaches the same final metrics as an uninterrupted run."""
+resuming reaches the same final metrics as an uninterrupted run.
+
+Signals are sent at points of observable progress (rows in metrics.jsonl), never after a
+sleep, so each run interrupts the same moment of training whatever the machine's speed.
+"""
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -50,21 +53,34 @@ def _epochs(run_dir):
     return [{k: v for k, v in r.items() if k != "seconds"} for r in rows if "epoch" in r]
 
 
-def _wait_for(pred, proc, timeout=120):
-    end = time.time() + timeout
-    while time.time() < end and proc.poll() is None:
-        if pred():
-            return True
-        time.sleep(0.05)
-    return False
+def _progress(run_dir):
+    """(epochs completed, step rows logged since the last epoch row) per metrics.jsonl."""
+    epochs, since = 0, 0
+    path = run_dir / "metrics.jsonl"
+    for line in (path.read_text().splitlines() if path.is_file() else []):
+        try:
+            row = json.loads(line)
+        except ValueError:  # the line being written
+            break
+        epochs, since = (row["epoch"], 0) if "epoch" in row else (epochs, since + 1)
+    return epochs, since
+
+
+def _wait_for(pred, proc, what, timeout=300):
+    """Poll until ``pred()``; fail loudly if the process ends first or ``timeout`` s pass."""
+    end = time.monotonic() + timeout
+    while not pred():
+        code = proc.poll()
+        assert code is None, f"the run exited ({code}) before {what}"
+        assert time.monotonic() < end, f"no {what} within {timeout} s"
+        time.sleep(0.02)
 
 
 def _interrupt(recipe, runs, sig, steps=40):
     """Start a run, send ``sig`` after ``steps`` logged steps; (exit code, stderr)."""
     proc = subprocess.Popen(_cmd(recipe, runs), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, OMP_NUM_THREADS="1"))
-    metrics = runs / "tiny" / "metrics.jsonl"
-    assert _wait_for(lambda: metrics.is_file() and len(metrics.read_text().splitlines()) >= steps, proc)
+    _wait_for(lambda: _progress(runs / "tiny")[1] >= steps, proc, f"{steps} logged steps")
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
     return proc.returncode, err
@@ -96,22 +112,33 @@ def test_sigterm_checkpoints_and_exits_143(setup):
     assert meta["global_step"] >= 5
 
 
-def test_kill_9_at_random_points_then_resume_matches(setup):
+# (epochs completed, steps into the next epoch) at which each attempt is killed: mid-epoch with
+# an epoch-end checkpoint behind it; the moment an epoch's row is logged, i.e. while its
+# checkpoints are being written; one step into an epoch, just after those writes.
+KILL_AT = [(1, 5), (2, 0), (3, 1)]
+
+
+def test_kill_9_at_progress_points_then_resume_matches(setup, tmp_path):
+    from gluontl.train import checkpoint
+
     d, recipe, ref = setup
     runs = d / "kill"
-    rng = random.Random(7)
     run_dir = runs / "tiny"
-    for attempt in range(3):
+    for at in KILL_AT:
         resume = run_dir if (run_dir / "checkpoints" / "last.json").is_file() else None
-        proc = subprocess.Popen(_cmd(recipe, runs, resume), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                env=dict(os.environ, OMP_NUM_THREADS="1"))
-        _wait_for(lambda: (run_dir / "checkpoints" / "last.json").is_file(), proc)
-        time.sleep(rng.uniform(0.0, 1.5))
-        proc.kill()
-        proc.wait()
+        with open(tmp_path / "stderr", "w+") as err:
+            proc = subprocess.Popen(_cmd(recipe, runs, resume), stdout=subprocess.DEVNULL, stderr=err,
+                                    env=dict(os.environ, OMP_NUM_THREADS="1"))
+            try:
+                _wait_for(lambda: _progress(run_dir) >= at, proc, f"progress {at}")
+            finally:
+                proc.kill()
+                code = proc.wait(timeout=60)
+            err.seek(0)
+            assert code == -signal.SIGKILL, (at, code, err.read())
         # whatever the moment, the checkpoint on disk is complete and self-consistent
-        from gluontl.train import checkpoint
-        checkpoint.load(run_dir / "checkpoints", "last")
+        meta = checkpoint.load(run_dir / "checkpoints", "last")
+        assert meta["epoch"] in (at[0] - 1, at[0]) if at[1] == 0 else meta["epoch"] == at[0], (at, meta)
     done = _run(recipe, runs, resume=run_dir)
     assert done.returncode == 0, done.stderr
     assert _epochs(run_dir) == ref
