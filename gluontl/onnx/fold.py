@@ -155,6 +155,21 @@ def batch_sized(v1: np.ndarray, v2: np.ndarray, b1: int, b2: int,
     return out, tuple(int(i) for i in diff if i not in carried)
 
 
+def tile_free(v1: np.ndarray, v2: np.ndarray, b1: int, b2: int, dims1: tuple[int, ...] | None,
+              dims2: tuple[int, ...] | None) -> tuple[np.ndarray, tuple[int, ...]] | None:
+    """Tile ``repeats`` whose differing entries are the batch size on axes of length 1
+    (``x[:1].repeat(B, 1, 1)``): those repeats become 1, and the axes to broadcast to the
+    batch at run time. Tiling a longer axis by the batch has no batch-free form."""
+    if dims1 is None or dims2 is None or v1.shape != v2.shape or v1.ndim != 1 or len(v1) != len(dims1):
+        return None
+    diff = np.flatnonzero(v1 != v2)
+    if not all((v1[i], v2[i]) == (b1, b2) and dims1[i] == dims2[i] == 1 for i in diff):
+        return None
+    out = v1.copy()
+    out[diff] = 1
+    return out, tuple(int(i) for i in diff)
+
+
 def slice_free(ends1: np.ndarray, ends2: np.ndarray, axes: np.ndarray,
                dims1: tuple[int, ...] | None, dims2: tuple[int, ...] | None) -> np.ndarray | None:
     """Slice ``ends`` that reach the end of a batch-sized axis become INT64_MAX."""

@@ -119,3 +119,125 @@ def test_gradients_match_central_differences():
     check_grad("Expand", {"x": np.random.randn(3, 1).astype(np.float32), "s": i64(2, 1, 4)}, consts={"s"})
     check_grad("Tile", {"x": np.random.randn(2, 1, 3).astype(np.float32), "r": i64(2, 3, 1)},
                consts={"r"})
+
+
+# ------------------------------------------------------------------ batch-dependent Range / Tile
+# The importer folds shape arithmetic at two batch sizes; a Range or Tile whose inputs change
+# with the batch is computed at run time from the batch axis (dynamo's as_strided and
+# advanced-indexing decompositions). Checked against onnxruntime at batch sizes other than
+# the two the importer folds at.
+
+def _assert_matches_ort(model, block, x):
+    """Exact match with onnxruntime's kernels. Its ORT_ENABLE_ALL graph rewrites turn the
+    reversed Range below into an empty tensor (onnxruntime 1.31), so they stay off."""
+    import onnxruntime as ort
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    ref = ort.InferenceSession(model.SerializeToString(), options,
+                               providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    got = block(mx.nd.array(x)).asnumpy()
+    assert got.shape == ref.shape and np.array_equal(got, ref), (got, ref)
+
+
+def _batch_model(nodes, inits, x_dims, opset=17):
+    from onnx import helper, numpy_helper
+    graph = helper.make_graph(
+        [helper.make_node("Shape", ["x"], ["shape"], start=0, end=1),
+         helper.make_node("Squeeze", ["shape"], ["n"])] + nodes, "g",
+        [helper.make_tensor_value_info("x", 1, ["N", *x_dims])], [helper.make_tensor_value_info("y", 1, None)],
+        [numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return model
+
+
+def _bound(name, const, per_batch, dtype):
+    """Nodes computing ``const + per_batch * N`` as a scalar named ``name``."""
+    from onnx import helper
+    return ([helper.make_node("Cast", ["n"], [f"{name}_n"], to=helper.np_dtype_to_tensor_dtype(np.dtype(dtype))),
+             helper.make_node("Mul", [f"{name}_n", f"{name}_per"], [f"{name}_scaled"]),
+             helper.make_node("Add", [f"{name}_scaled", f"{name}_const"], [name])],
+            {f"{name}_per": np.array(per_batch, dtype), f"{name}_const": np.array(const, dtype)})
+
+
+def _range_model(start, limit, delta, dtype=np.int64):
+    """y = flatten(x)[Range(start, limit, delta)], each bound ``(c, k)`` meaning ``c + k * N``;
+    a float Range is the output itself."""
+    from onnx import helper
+    nodes, inits = [], {"flat": np.array([-1], np.int64)}
+    for name, (c, k) in zip(("start", "limit", "delta"), (start, limit, delta)):
+        more, vals = _bound(name, c, k, dtype)
+        nodes += more
+        inits.update(vals)
+    nodes.append(helper.make_node("Range", ["start", "limit", "delta"], ["r"], name="range_b"))
+    if np.dtype(dtype).kind == "f":
+        nodes.append(helper.make_node("Identity", ["r"], ["y"]))
+    else:
+        nodes += [helper.make_node("Reshape", ["x", "flat"], ["xf"]),
+                  helper.make_node("Gather", ["xf", "r"], ["y"], axis=0)]
+    return _batch_model(nodes, inits, [6])
+
+
+@pytest.mark.parametrize("start,limit,delta", [
+    ((0, 0), (0, 1), (1, 0)),     # arange(N): the as_strided row index
+    ((0, 0), (0, 6), (1, 0)),     # arange(N * 6): every element
+    ((-1, 1), (-1, 0), (-1, 0)),  # arange(N - 1, -1, -1): reversed batch (index_select)
+    ((1, 0), (0, 6), (2, 0)),     # odd positions: length 3N
+    ((0, 0), (-1, 6), (1, 0)),    # length 6N - 1
+    ((0, 0), (2, 1), (1, 0)),     # length N + 2
+    ((0, 1), (0, 6), (1, 0)),     # arange(N, 6N): the start moves with the batch too
+], ids=["n", "6n", "reversed", "step2", "6n-1", "n+2", "moving-start"])
+def test_range_over_the_batch_matches_onnxruntime_at_any_batch(start, limit, delta):
+    from gluontl.onnx import import_model
+    from test_importer import graph_ops
+    model = _range_model(start, limit, delta)
+    block = import_model(model)
+    for b in (1, 2, 3, 7):
+        _assert_matches_ort(model, block, np.random.RandomState(b).randn(b, 6).astype("f"))
+    block.hybridize()
+    _assert_matches_ort(model, block, np.random.RandomState(0).randn(4, 6).astype("f"))
+    assert "shape_array" not in graph_ops(block), "the batch comes from arange_like, not shape ops"
+
+
+def test_float_range_over_the_batch():
+    from gluontl.onnx import import_model
+    model = _range_model((0.5, 0), (0.5, 2), (0.5, 0), dtype=np.float32)
+    block = import_model(model)
+    for b in (1, 2, 5):
+        _assert_matches_ort(model, block, np.zeros((b, 6), np.float32))
+
+
+@pytest.mark.parametrize("start,limit,delta,match", [
+    ((0, 0), (10, -1), (1, 0), "length .* is not a whole multiple"),  # 10 - N: shrinks with the batch
+    ((0, 0), (0, 6), (0, 1), "step depends on the batch size"),
+])
+def test_range_over_the_batch_refuses_what_it_cannot_express(start, limit, delta, match):
+    from gluontl.onnx import import_model
+    with pytest.raises(OnnxImportError, match=f"range_b.*{match}"):
+        import_model(_range_model(start, limit, delta))
+
+
+def test_tile_by_the_batch_size_broadcasts_at_run_time():
+    """``x[:1].repeat(N, 1)``: the repeat of a length-1 axis by the batch is a broadcast."""
+    from onnx import helper
+    from gluontl.onnx import import_model
+    nodes = [helper.make_node("Slice", ["x", "zero", "one"], ["first"]),
+             helper.make_node("Unsqueeze", ["n", "zero"], ["n1"]),
+             helper.make_node("Concat", ["n1", "one"], ["reps"], axis=0),
+             helper.make_node("Tile", ["first", "reps"], ["tiled"]),
+             helper.make_node("Add", ["tiled", "x"], ["y"])]
+    model = _batch_model(nodes, {"zero": i64(0), "one": i64(1)}, [6])
+    block = import_model(model)
+    for b in (1, 2, 5):
+        _assert_matches_ort(model, block, np.random.RandomState(b).randn(b, 6).astype("f"))
+
+
+def test_tile_of_the_batch_axis_by_the_batch_size_is_refused():
+    """Tiling N rows N times gives N² rows: no batch-free form, so a clear error."""
+    from onnx import helper
+    from gluontl.onnx import import_model
+    nodes = [helper.make_node("Unsqueeze", ["n", "zero"], ["n1"]),
+             helper.make_node("Concat", ["n1", "one"], ["reps"], axis=0),
+             helper.make_node("Tile", ["x", "reps"], ["y"], name="tile_nn")]
+    with pytest.raises(OnnxImportError, match="tile_nn.*changes with the batch size"):
+        import_model(_batch_model(nodes, {"zero": i64(0), "one": i64(1)}, [6]))

@@ -186,6 +186,49 @@ def range_(node, inputs):
     return mx.sym.arange(start=start, stop=limit, step=delta, dtype=dtype.name, name=node.name)
 
 
+def range_over_batch(node, inputs, *, values, batches, ref):
+    """A Range whose bounds change with the batch size (dynamo's ``as_strided`` and
+    advanced-indexing decompositions: ``arange(B) * C + ...``, ``arange(B - 1, -1, -1)``),
+    computed at run time from the batch axis of ``ref``, the batched graph input.
+
+    The importer calls it in place of the converter; ``values`` holds each input at the
+    two import batch sizes ``batches`` (``inputs`` only says their types). Start and
+    length are taken as affine in the batch, as the shape arithmetic of exports is
+    (``B``, ``B * C``, ``B - 1``); the step must not depend on it. MXNet shapes cannot come
+    from values, so the length is the size of a helper built from ``ref``'s batch axis."""
+    (b1, b2), (s, lim, d) = batches, ([np.asarray(x).reshape(()).item() for x in v] for v in values)
+    if d[0] != d[1] or d[0] == 0:
+        raise node.unsupported("its step depends on the batch size (or is 0)")
+    step, span = d[0], b2 - b1
+    n = [max(int(np.ceil((lim[i] - s[i]) / step)), 0) for i in (0, 1)]
+    if (n[1] - n[0]) % span or n[1] < n[0] or (s[1] - s[0]) % span:
+        raise node.unsupported(f"its length ({n[0]} at batch {b1}, {n[1]} at batch {b2}) or start "
+                               f"is not a whole multiple of the batch size plus a constant")
+    per_batch, extra = (n[1] - n[0]) // span, n[0] - (n[1] - n[0]) // span * b1
+    start_per_batch, start = (s[1] - s[0]) // span, s[0] - (s[1] - s[0]) // span * b1
+    dtype = mx_dtype(np.asarray(values[0][0]).dtype).name
+    batch = mx.sym.contrib.arange_like(ref, axis=0, name=node.sub("batch"))
+    if per_batch == 0:
+        idx = mx.sym.arange(0, extra, name=node.sub("idx"))
+    else:
+        helper = batch
+        if per_batch > 1:
+            helper = mx.sym.broadcast_to(mx.sym.expand_dims(batch, axis=1, name=node.sub("col")),
+                                         shape=(0, per_batch), name=node.sub("rows"))
+            helper = mx.sym.reshape(helper, shape=(-1,), name=node.sub("flat"))
+        if extra > 0:
+            helper = mx.sym.concat(helper, mx.sym.zeros((extra,), name=node.sub("extra")), dim=0,
+                                   name=node.sub("longer"))
+        elif extra < 0:
+            helper = mx.sym.slice_axis(helper, axis=0, begin=0, end=extra, name=node.sub("shorter"))
+        idx = mx.sym.contrib.arange_like(helper, axis=0, name=node.sub("idx"))
+    out = mx.sym.cast(idx, dtype=dtype, name=node.sub("cast")) * step
+    if start_per_batch:  # plus a multiple of the batch size, counted at run time
+        count = mx.sym.cast(mx.sym.sum(mx.sym.ones_like(batch), name=node.sub("count")), dtype=dtype)
+        out = mx.sym.broadcast_add(out, count * start_per_batch, name=node.sub("moved"))
+    return mx.sym.identity(out + start, name=node.name)
+
+
 @converter("DepthToSpace", since=1)
 def depth_to_space(node, inputs):
     b = node.attr("blocksize")
