@@ -9,6 +9,7 @@ shape vectors never turn into parameters while weights keep their ONNX names.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import heapq
 import os
 from collections import Counter, defaultdict
@@ -23,6 +24,7 @@ from onnx import external_data_helper, helper, numpy_helper
 from ..errors import OnnxImportError
 from . import fold
 from .ops.quantize import integer_as_float
+from .ops.shape import range_over_batch
 from .registry import Node, Tensor, carrier_dtype, get, get_evaluator, node_from_proto
 
 Shape = tuple[int | None, ...]
@@ -606,6 +608,8 @@ class _Importer:
             elif dims[1] is not None or node.op_type == "Reshape":
                 fixed = fold.batch_free(node.op_type, k, v1, v2, *dims,
                                         allowzero=bool(node.attr("allowzero", 0)))
+            if (node.op_type, k) == ("Tile", 1) and dims[1] is not None:  # x[:1].repeat(B, 1)
+                fixed, to_batch = fold.tile_free(v1, v2, self.b1, self.b2, *dims) or (None, ())
             if fixed is None and (node.op_type, k) in (("Expand", 1), ("ConstantOfShape", 0)):
                 data_dims = dims if node.op_type == "Expand" and dims[1] is not None else (None, None)
                 sized = fold.batch_sized(v1, v2, self.b1, self.b2, *data_dims)  # e.g. cls tokens
@@ -627,6 +631,10 @@ class _Importer:
                 f"{node.op_type} at opset {node.opset}. Pass input_shapes=... so it can fold, or "
                 f"simplify the model (onnxsim).")
         inputs, to_batch = self._inputs_for(node)
+        if node.op_type == "Range" and node.outputs[0] in self.consts:  # folded, batch-dependent
+            ref = next(self.runtime[i.name].sym for i in self.inputs if i.name in self.batched)
+            values = [self.consts[self.alias.get(x, x)] for x in node.inputs]
+            fn = functools.partial(range_over_batch, values=values, batches=(self.b1, self.b2), ref=ref)
         try:
             out = fn(node, inputs)
         except OnnxImportError:
