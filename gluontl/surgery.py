@@ -110,6 +110,53 @@ class Head(HybridBlock):
             x = F.LeakyReLU(x, act_type="gelu") if self._act == "gelu" else F.Activation(x, act_type=self._act)
         return self.fc(x)
 
+    def to_onnx(self, features: Sequence[str], taken: set[str]) -> tuple[list, list, str, int]:
+        """The head as standard ONNX nodes reading tensors ``features``, in inference mode (no
+        dropout): (nodes, initializers, output name, output width). Initializers carry the
+        parameters' structural names; node and tensor names start with ``head/``."""
+        from onnx import helper, numpy_helper
+
+        def fresh(base: str) -> str:
+            name, i = base, 0
+            while name in taken:
+                i += 1
+                name = f"{base}_{i}"
+            taken.add(name)
+            return name
+
+        nodes, inits = [], []
+
+        def node(op: str, inputs: list[str], tag: str, **attrs) -> str:
+            out = fresh(f"head/{tag}")
+            nodes.append(helper.make_node(op, inputs, [out], name=out, **attrs))
+            return out
+
+        def const(name: str, value: np.ndarray) -> str:
+            name = fresh(name)
+            inits.append(numpy_helper.from_array(np.asarray(value, dtype=np.float32), name))
+            return name
+
+        parts = []
+        for i, (x, (pool, _)) in enumerate(zip(features, self._pool)):
+            if pool:
+                x = node("GlobalAveragePool" if pool == "avg" else "GlobalMaxPool", [x], f"pool{i}")
+            parts.append(node("Flatten", [x], f"flatten{i}", axis=1))
+        x = node("Concat", parts, "concat", axis=1) if len(parts) > 1 else parts[0]
+        for dense in [*self._hidden, self.fc]:
+            w, b = dense.weight, dense.bias
+            x = node("Gemm", [x, const(w.name, w.data(w.list_ctx()[0]).asnumpy()),
+                              const(b.name, b.data(b.list_ctx()[0]).asnumpy())], dense.prefix[len(self.prefix):].strip("."),
+                     transB=1)
+            if dense is self.fc:
+                break
+            if self._act == "gelu":  # exact (erf) GELU, what MXNet's LeakyReLU(gelu) computes
+                scaled = node("Div", [x, const("head/sqrt2", np.sqrt(2.0))], "gelu_div")
+                erf1 = node("Add", [node("Erf", [scaled], "gelu_erf"), const("head/one", 1.0)], "gelu_add")
+                x = node("Mul", [node("Mul", [x, erf1], "gelu_mul"), const("head/half", 0.5)], "gelu")
+            else:
+                x = node({"relu": "Relu", "tanh": "Tanh", "sigmoid": "Sigmoid"}[self._act], [x], self._act)
+        return nodes, inits, x, int(self.fc.weight.shape[0])
+
 
 def _new_head(spec: HeadSpec, shapes: Sequence[Shape], ctx) -> Head:
     for name, shape in zip(spec.inputs or ["the cut"], shapes):
@@ -147,6 +194,9 @@ class _Graph:
         else:
             self.names = {n["name"]: self.out_name[(i, 0)] for i, n in enumerate(self.nodes) if n["op"] != "null"}
         self.boundaries = set(self.names.values()) | input_names
+        self.onnx_tensor: dict[str, str] = {}  # MXNet output -> the ONNX tensor holding it
+        for tensor, out in (self.info.tensor_outputs.items() if self.info is not None else ()):
+            self.onnx_tensor.setdefault(out, tensor)
         self.data = []  # per node: does it depend on a graph input?
         for n in self.nodes:
             self.data.append(n["name"] in input_names if n["op"] == "null"
@@ -184,7 +234,15 @@ class _Graph:
                                f"ignored or dropped. Use cut_at to choose the new output instead.")
         return found[0]
 
-    def rebuild(self, outputs: list[mx.sym.Symbol], head: Head | None, names: Sequence[str]) -> SymbolBlock:
+    def tensor(self, out: str) -> str:
+        """The ONNX tensor whose value is MXNet output ``out`` (graph inputs are their own)."""
+        return out if out in self.input_names else self.onnx_tensor.get(out, out)
+
+    def rebuild(self, outputs: list[mx.sym.Symbol], head: Head | None = None, ends: Sequence[str] | None = None,
+                bypass: Sequence[tuple[str, str]] = ()) -> SymbolBlock:
+        """A block of the same class on ``outputs`` sharing the Parameters; for imported models
+        the ONNX record follows: ``ends`` (the tensors the graph now ends at, which ``head``
+        reads) and ``bypass`` (tensor rewires), so export can replay the surgery on the graph."""
         shared = ParameterDict("")
         shared.update(self.block.params)
         if head is not None:
@@ -194,8 +252,11 @@ class _Graph:
         if self.info is not None:
             present = set(out.get_internals().list_outputs())
             new.gluontl_onnx = dataclasses.replace(
-                self.info, outputs=tuple(names), constants=frozenset(self.info.constants & set(new.params.keys())),
-                node_outputs={k: v for k, v in self.info.node_outputs.items() if v in present})
+                self.info, outputs=tuple(ends) if ends is not None else self.info.outputs,
+                constants=frozenset(self.info.constants & set(new.params.keys())),
+                node_outputs={k: v for k, v in self.info.node_outputs.items() if v in present},
+                tensor_outputs={k: v for k, v in self.info.tensor_outputs.items() if v in present},
+                bypass=self.info.bypass + tuple(bypass), head=head)
         return new
 
     def shapes(self, outs: Sequence[str], input_shape: Shape, what: str = "surgery") -> list[Shape | None]:
@@ -344,7 +405,7 @@ def cut_at(block: HybridBlock, name: str, *, input_shape: Shape | None = None) -
     if isinstance(block, SymbolBlock):
         g = _Graph(block)
         out = g.resolve(name, "cut_at")
-        return g.rebuild([g.internals[out]], None, [name])
+        return g.rebuild([g.internals[out]], ends=[g.tensor(out)])
     units, at = _open(_chain_units(block, input_shape), name, "cut_at")
     return Trunk(units[:at.stop])
 
@@ -364,7 +425,7 @@ def drop_last(block: HybridBlock, n: int, *, input_shape: Shape | None = None) -
             if out in g.input_names:
                 raise SurgeryError(f"drop_last {n} walks past the model input; the output chain is shorter.")
             out = g.chain_back(out, f"drop_last {n}")
-        return g.rebuild([g.internals[out]], None, [g.label(out)])
+        return g.rebuild([g.internals[out]], ends=[g.tensor(out)])
     units = _chain_units(block, input_shape)
     if n >= len(units):
         raise SurgeryError(f"drop_last {n} would drop every unit; this model has {len(units)}: "
@@ -378,10 +439,16 @@ def ignore(block: HybridBlock, names: Sequence[str], *, input_shape: Shape | Non
         return block
     if isinstance(block, SymbolBlock):
         g = _Graph(block)
-        replace = {}
+        replace, bypass = {}, []
+        passthrough = g.info.passthrough if g.info is not None else {}
         for name in names:
+            if name in passthrough:  # Identity/Dropout: nothing in the block, a rewire in the file
+                bypass.append(passthrough[name])
+                continue
             out = g.resolve(name, "ignore")
-            replace[g.entry[out]] = g.entry[g.chain_back(out, f"ignore '{name}'")]
+            back = g.chain_back(out, f"ignore '{name}'")
+            replace[g.entry[out]] = g.entry[back]
+            bypass.append((g.tensor(out), g.tensor(back)))
         for target in list(replace):  # ignoring a run of nodes: follow replacements through
             while replace[target] in replace:
                 replace[target] = replace[replace[target]]
@@ -391,7 +458,7 @@ def ignore(block: HybridBlock, names: Sequence[str], *, input_shape: Shape | Non
         graph["heads"] = [[*replace.get(tuple(h[:2]), h[:2]), *h[2:]] for h in graph["heads"]]
         sym = mx.sym.load_json(json.dumps(graph))
         outs = [sym[i] for i in range(len(sym.list_outputs()))]
-        new = g.rebuild(outs, None, g.info.outputs if g.info is not None else [])
+        new = g.rebuild(outs, bypass=bypass)
         if input_shape is not None:
             after = _Graph(new)
             after.shapes(after.sym.list_outputs(), input_shape, f"ignoring {', '.join(names)}")
@@ -418,7 +485,7 @@ def attach_head(block: HybridBlock, spec: HeadSpec, input_shape: Shape, ctx: mx.
             raise SurgeryError(f"the model has {len(outs)} outputs ({', '.join(outs)}); name the head's "
                                f"features with head.inputs or cut_at one of them first.")
         head = _new_head(spec, g.shapes(outs, input_shape), ctx)
-        return g.rebuild([head(*[g.internals[o] for o in outs])], head, ["head"])
+        return g.rebuild([head(*[g.internals[o] for o in outs])], head, [g.tensor(o) for o in outs])
     units = _chain_units(block, input_shape)
     stop = 0
     for name in spec.inputs:

@@ -1,6 +1,6 @@
 """Import → head swap → short fine-tune → verified ONNX export → re-import, for every
-architecture of the importer's real-model set (PyTorch legacy and dynamo exports, PaddleOCR,
-Gluon zoo via mx.onnx)."""
+architecture of the importer's real-model set (PyTorch legacy and dynamo exports, PaddleOCR).
+The export is the source graph patched: cut where the head goes, the head appended."""
 import importlib.util
 import json
 from pathlib import Path
@@ -22,10 +22,9 @@ MANIFEST = json.loads((FIXTURES / "MANIFEST.json").read_text())["fixtures"]
 # one legacy and one dynamo export per architecture
 CASES = {}
 for e in MANIFEST:
-    arch = e["file"].split("_")[0]
     kind = "dynamo" if "dynamo" in e["file"] else "legacy"
     if "dynhw" not in e["file"] and "nofold" not in e["file"]:
-        CASES.setdefault(f"{arch}-{kind}", e)
+        CASES.setdefault(f"{e['model']}-{kind}", e)
 
 
 def _surgery(arch: str, block, sample_shape) -> SurgerySpec:
@@ -33,9 +32,9 @@ def _surgery(arch: str, block, sample_shape) -> SurgerySpec:
     the old classifier read for transformers; on the last conv map of the CRNN (its sequence
     output is time-major, not a batch of features)."""
     head = HeadSpec(classes=3, hidden=[8])
-    if arch in ("vit", "encoder"):
+    if arch in ("vit", "encoder_vit", "tv_vit"):
         return SurgerySpec(drop_last=1, head=head)
-    if arch == "crnn":
+    if arch in ("crnn", "gru_crnn"):
         convs = [n.name for n in list_nodes(block, tuple(sample_shape)) if n.op == "Conv"]
         return SurgerySpec(cut_at=convs[-1], head=head)
     return SurgerySpec(head=head)
@@ -69,17 +68,10 @@ def _finetune_and_export(block, input_name, sample_shape, tmp_path, arch="cnn"):
     np.testing.assert_allclose(again(mx.nd.array(xs)).asnumpy(), ref, rtol=1e-4, atol=1e-5)
 
 
-KNOWN = {"encoder-legacy": "mx.onnx types the attention batch_dot outputs of the imported "
-                           "nn.TransformerEncoderLayer graph (opset 14 legacy export) as int64, so the "
-                           "exported graph fails ONNX type inference; export refuses with ExportError"}
-PARAMS = [pytest.param(e, id=k, marks=[pytest.mark.xfail(strict=True, reason=KNOWN[k])] if k in KNOWN else [])
-          for k, e in CASES.items()]
-
-
-@pytest.mark.parametrize("entry", PARAMS)
+@pytest.mark.parametrize("entry", [pytest.param(e, id=k) for k, e in CASES.items()])
 def test_torch_export_head_swap_finetune_export(entry, tmp_path):
     block = import_model(str(FIXTURES / entry["file"]))
-    _finetune_and_export(block, entry["input"], entry["test_shapes"][0][1:], tmp_path, entry["file"].split("_")[0])
+    _finetune_and_export(block, entry["input"], entry["test_shapes"][0][1:], tmp_path, entry["model"])
 
 
 def test_paddleocr_classifier_head_swap_finetune_export(tmp_path):

@@ -392,7 +392,7 @@ def test_onnx_cut_matches_onnxruntime(build, cut, tensor):
     kept = set(out.params.keys())
     assert kept == _same_objects(out, block) and kept < set(block.params.keys())
     assert not kept & {"fc.weight", "fc_0.w_0"}
-    assert out.gluontl_onnx.outputs == (cut,)
+    assert out.gluontl_onnx.outputs == (tensor,)  # the ONNX tensor the exported graph will end at
     _bn_frozen_takes_effect(out)  # the BatchNormalization before the cut, rewritten in the new graph
 
 

@@ -52,10 +52,17 @@ def _flatten_arrays(out: object) -> list[mx.nd.NDArray]:
     return [out]
 
 
-def dummy_inputs(input_shapes: dict[str, tuple[int, ...]], batch: int, seed: int) -> dict[str, np.ndarray]:
-    """Deterministic standard-normal inputs of the given batch size."""
+def dummy_inputs(input_shapes: dict[str, tuple[int, ...]], batch: int, seed: int,
+                 dtypes: dict[str, np.dtype] | None = None) -> dict[str, np.ndarray]:
+    """Deterministic inputs of the given batch size: standard normal floats; integers and bools
+    0 or 1 (valid as token ids, indices and masks of any model)."""
     rng = np.random.RandomState(seed)
-    return {k: rng.standard_normal((batch, *s[1:])).astype(np.float32) for k, s in input_shapes.items()}
+    out = {}
+    for k, s in input_shapes.items():
+        dtype = np.dtype((dtypes or {}).get(k, np.float32))
+        shape = (batch, *s[1:])
+        out[k] = (rng.standard_normal(shape) if dtype.kind == "f" else rng.randint(0, 2, shape)).astype(dtype)
+    return out
 
 
 def predict(block: mx.gluon.HybridBlock, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
@@ -66,7 +73,8 @@ def predict(block: mx.gluon.HybridBlock, inputs: dict[str, np.ndarray]) -> list[
     """
     params = list(block.collect_params().values())
     ctx = params[0].list_ctx()[0] if params else mx.cpu()
-    args = [mx.nd.array(v, dtype=v.dtype, ctx=ctx) for v in inputs.values()]
+    args = [mx.nd.array(v, dtype=np.float32 if v.dtype == np.bool_ else v.dtype, ctx=ctx)  # MXNet has no bool
+            for v in inputs.values()]
     with mx.autograd.predict_mode():
         out = block(*args)
     return [a.asnumpy() for a in _flatten_arrays(out)]

@@ -46,9 +46,15 @@ class ImportInfo:
     inputs: tuple[str, ...]
     input_shapes: dict[str, Shape]
     batch_free: frozenset[str]  # inputs whose dimension 0 (the batch) may vary
-    outputs: tuple[str, ...]
+    outputs: tuple[str, ...]  # ONNX tensors the graph ends at (after surgery: the cut, or the head's inputs)
     constants: frozenset[str]  # non-trainable helper params (grad_req 'null')
     node_outputs: dict[str, str]  # ONNX node/tensor name -> MXNet output name
+    tensor_outputs: dict[str, str] = dataclasses.field(default_factory=dict)  # ONNX tensor -> MXNet output
+    passthrough: dict[str, tuple[str, str]] = dataclasses.field(default_factory=dict)  # Identity/Dropout
+    # node -> (its output, its input): folded away, so the block has nothing to cut or ignore there
+    model: onnx.ModelProto | None = None  # the graph as imported (functions inlined); export patches it
+    bypass: tuple[tuple[str, str], ...] = ()  # surgery ``ignore``: readers of tensor a read tensor b
+    head: Any = None  # surgery's Head block, appended after ``outputs``
 
 
 class OnnxBlock(mx.gluon.SymbolBlock):
@@ -802,6 +808,8 @@ class _Importer:
                     f"'{self.source}': tensor '{n}' is {self.params[n].dtype} but node(s) "
                     f"{users[:3]} use it where {want} is needed; the model's types are "
                     f"inconsistent (check it with onnx.checker.check_model).")
+        for n, p in params.items():  # load_dict leaves Parameter.shape None otherwise
+            p.shape = self.params[n].shape
         params.load_dict({n: mx.nd.array(v, dtype=v.dtype) for n, v in self.params.items()
                           if n in params}, ctx=ctx)
         for n, p in params.items():
@@ -812,13 +820,26 @@ class _Importer:
             input_shapes=dict(self.input_shapes), batch_free=frozenset(self.batched),
             outputs=tuple(o.name for o in self.graph.output),
             constants=frozenset(n for n in params if self._is_constant(n)),
-            node_outputs=self._node_outputs(nodes, group))
+            node_outputs=self._node_outputs(nodes, group), tensor_outputs=self._tensor_outputs(group),
+            passthrough=self._passthrough(nodes), model=self._skeleton(set(params.keys())))
         return block
+
+    def _skeleton(self, held: set[str]) -> onnx.ModelProto:
+        """A copy of the graph whose initializers that became parameters carry no data: the
+        block holds their (trained) values and export writes them back."""
+        model = onnx.ModelProto()
+        model.CopyFrom(self.proto)
+        for t in model.graph.initializer:
+            if t.name in held:
+                for f in ("raw_data", "float_data", "double_data", "int32_data", "int64_data"):
+                    t.ClearField(f)
+        return model
 
     def _is_constant(self, name: str) -> bool:
         return name in self.constants or self.params[name].dtype.kind != "f"
 
-    def _node_outputs(self, nodes, group) -> dict[str, str]:
+    def _tensor_outputs(self, group) -> dict[str, str]:
+        """ONNX tensor -> MXNet output, producers' own tensors before their aliases."""
         present = set(group.get_internals().list_outputs())
         out: dict[str, str] = {}
         tensors = {**self.materialized, **self.runtime}
@@ -828,6 +849,15 @@ class _Importer:
                 if o in present:
                     out[name] = o
         out.update({a: out[t] for a, t in self.alias.items() if t in out})
+        return out
+
+    def _passthrough(self, nodes) -> dict[str, tuple[str, str]]:
+        return {node.name: (node.outputs[0], node.inputs[0]) for node, _ in nodes
+                if node.outputs and node.outputs[0] in self.alias and node.inputs
+                and self.alias[node.outputs[0]] == self.alias.get(node.inputs[0], node.inputs[0])}
+
+    def _node_outputs(self, nodes, group) -> dict[str, str]:
+        out = self._tensor_outputs(group)
         for node, _ in nodes:
             first = next((o for o in node.outputs if o), None)
             first = self.alias.get(first, first)
