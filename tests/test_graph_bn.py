@@ -1,0 +1,94 @@
+"""BatchNorm mode on graph models (imported ONNX, MXNet symbol checkpoints).
+
+Graph models hold BatchNorm as a node of a SymbolBlock's graph, so ``bn: train``/``frozen`` is
+applied by rewriting that node. The running mean after one training step is checked against
+the momentum update written out in numpy from the layer's real input, hybridized and not.
+"""
+from __future__ import annotations
+
+import mxnet as mx
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from gluontl.onnx import import_model
+from gluontl.recipe import Rule
+from gluontl.rules import apply_plan, make_plan
+from gluontl.sources import load_model
+
+MOMENTUM = 0.9
+
+
+def _conv_np(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """3x3 convolution, padding 1, in float64."""
+    n, _, h, wd = x.shape
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    out = np.zeros((n, w.shape[0], h, wd))
+    for a in range(3):
+        for b in range(3):
+            out += np.einsum("nchw,oc->nohw", xp[:, :, a:a + h, b:b + wd], w[:, :, a, b].astype(np.float64))
+    return out
+
+
+def _onnx_model():
+    rng = np.random.RandomState(5)
+    w = (rng.randn(4, 3, 3, 3) * 0.5).astype(np.float32)
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.ones(4, np.float32), "gamma"),
+             numpy_helper.from_array(np.zeros(4, np.float32), "beta"),
+             numpy_helper.from_array(np.full(4, 0.3, np.float32), "mean"),
+             numpy_helper.from_array(np.ones(4, np.float32), "var")]
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+         helper.make_node("BatchNormalization", ["c", "gamma", "beta", "mean", "var"], ["b"], name="bn",
+                          momentum=MOMENTUM),
+         helper.make_node("Relu", ["b"], ["y"], name="relu")],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 6, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4, 6, 6])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    onnx.checker.check_model(model)
+    block = import_model(model)
+    params = block.collect_params()
+    return block, w, params["mean"]
+
+
+def _symbol_model(tmp_path):
+    net = mx.gluon.nn.HybridSequential()
+    net.add(mx.gluon.nn.Conv2D(4, 3, padding=1, use_bias=False, in_channels=3),
+            mx.gluon.nn.BatchNorm(momentum=MOMENTUM, in_channels=4), mx.gluon.nn.Activation("relu"))
+    net.initialize(mx.init.Xavier(rnd_type="gaussian", magnitude=3))
+    bn = net[1]
+    bn.running_mean.set_data(mx.nd.full((4,), 0.3))
+    net.hybridize()
+    net(mx.nd.zeros((1, 3, 6, 6)))
+    net.export(str(tmp_path / "bnnet"))
+    block = load_model(f"symbol:{tmp_path / 'bnnet'}")
+    params = block.collect_params()
+    conv_w = next(p for n, p in params.items() if n.endswith("weight")).data().asnumpy()
+    mean = next(p for n, p in params.items() if n.endswith("running_mean"))
+    return block, conv_w, mean
+
+
+@pytest.mark.parametrize("kind", ["onnx", "symbol"])
+@pytest.mark.parametrize("mode", ["train", "frozen"])
+@pytest.mark.parametrize("hybrid", [False, True])
+def test_bn_mode_on_graph_models(kind, mode, hybrid, tmp_path):
+    block, w, mean = _onnx_model() if kind == "onnx" else _symbol_model(tmp_path)
+    apply_plan(block, make_plan(block, [Rule(type=["BatchNorm"], bn=mode)]))
+    if hybrid:
+        block.hybridize()
+    x = np.random.RandomState(1).standard_normal((4, 3, 6, 6)).astype(np.float32)
+    before = mean.data().asnumpy().copy()
+    np.testing.assert_allclose(before, 0.3, rtol=0, atol=1e-7)
+    with mx.autograd.record():
+        loss = block(mx.nd.array(x)).sum()
+    loss.backward()
+    mx.nd.waitall()
+    after = mean.data().asnumpy()
+    if mode == "frozen":
+        np.testing.assert_array_equal(after, before)
+        return
+    batch_mean = _conv_np(x, w).mean(axis=(0, 2, 3))
+    want = MOMENTUM * before + (1 - MOMENTUM) * batch_mean
+    assert np.abs(want - before).max() > 1e-2  # the update is large enough to tell apart
+    np.testing.assert_allclose(after, want, rtol=0, atol=1e-5)
