@@ -12,11 +12,16 @@ import os
 import sys
 import textwrap
 from pathlib import Path
-from typing import List, NoReturn, Optional, Sequence
+from typing import TYPE_CHECKING, List, NoReturn, Optional, Sequence
 
 import typer
 
 from .errors import GluontlError, Interrupted, ModelSourceError, short_reason
+
+if TYPE_CHECKING:  # MXNet is imported only by the commands that need it
+    from mxnet.gluon import HybridBlock
+
+    from .recipe import ModelSpec
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="gluontl: parameter-granular fine-tuning for MXNet Gluon.")
@@ -26,18 +31,22 @@ SetOpt = typer.Option(None, "--set", help="override a recipe key, e.g. --set tra
 ShapeOpt = typer.Option(None, "--input-shape", help="C,H,W of the first input, or NAME=1,C,H,W for input NAME "
                         "(repeatable). Default: the model's own (ONNX: from the file; zoo/symbol: 3,224,224)")
 CheckpointOpt = typer.Option("best", help="run checkpoint: best or last")
+FORMATS = {"both": ["symbol", "onnx"], "symbol": ["symbol"], "onnx": ["onnx"]}
+CHECKPOINTS = ("best", "last")
+MAX_INPUT_ELEMENTS = 1 << 28  # 1 GiB of float32 per input: beyond, a typo (3,22400,224), not a model
 
 
 @app.command()
 def plan(recipe: Path = RecipeOpt, set_: Optional[List[str]] = SetOpt,
          as_json: bool = typer.Option(False, "--json", help="print the plan as JSON")) -> None:
     """Show every parameter's training settings and the rule that decided each."""
-    from .pipeline import prepare
     from .recipe import load_recipe
+
+    r = load_recipe(recipe, set_)  # before MXNet is imported: a bad recipe fails at once
+    from .pipeline import prepare
     from .rules import format_plan
     from .train.cache import preview
 
-    r = load_recipe(recipe, set_)
     pending = r.model.weights and r.model.weights_from and not Path(r.model.weights).is_file()
     if pending:  # planning must not cost a pretraining run
         r = r.model_copy(update={"model": r.model.model_copy(update={"weights": None})})
@@ -66,13 +75,17 @@ def finetune(recipe: Optional[Path] = typer.Option(None, "--recipe", "-r", help=
              quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bars (CI, logs)")) -> None:
     """Fine-tune per the recipe: plan, train, checkpoint, log metrics to runs/NAME."""
     from .recipe import load_recipe
-    from .train.loop import finetune as run
 
     if resume is not None and not (resume / "recipe.yaml").is_file():
         raise GluontlError(f"--resume {resume}: not a run folder (no recipe.yaml). Pass runs/NAME of an earlier run.")
+    if resume is not None and not (resume / "checkpoints" / "last.json").is_file():
+        raise GluontlError(f"--resume {resume}: the run has no checkpoint (checkpoints/last.json) to continue "
+                           f"from; start it again with --recipe {resume / 'recipe.yaml'}.")
     if recipe is None and resume is None:
         raise GluontlError("finetune needs --recipe FILE (or --resume runs/NAME to continue a run).")
     r = load_recipe(resume / "recipe.yaml" if resume is not None and recipe is None else recipe, set_)
+    from .train.loop import finetune as run
+
     result = run(r, runs_root=runs, resume=resume, quiet=quiet)  # SIGINT/SIGTERM: Interrupted, see main()
     if r.export.formats:
         from .train.runs import export_run
@@ -90,7 +103,7 @@ def export(source: str = typer.Argument(..., help="run folder (runs/NAME) or mod
            input_shape: Optional[List[str]] = ShapeOpt,
            checkpoint: str = CheckpointOpt) -> None:
     """Export a run or a model to MXNet symbol/params and/or ONNX, verified against onnxruntime."""
-    formats = {"both": ["symbol", "onnx"], "symbol": ["symbol"], "onnx": ["onnx"]}[_choice(fmt, FORMATS, "--format")]
+    formats = FORMATS[_choice(fmt, list(FORMATS), "--format")]
     _choice(checkpoint, CHECKPOINTS, "--checkpoint")
     if Path(source).is_dir():
         from .train.runs import export_run
@@ -108,11 +121,6 @@ def export(source: str = typer.Argument(..., help="run folder (runs/NAME) or mod
         paths = export_block(block, out, name, shapes, formats=formats, force=force)
     for p in paths:
         typer.echo(f"exported {p}")
-
-
-FORMATS = ("both", "symbol", "onnx")
-CHECKPOINTS = ("best", "last")
-MAX_INPUT_ELEMENTS = 1 << 28  # 1 GiB of float32 per input: beyond, a typo (3,22400,224), not a model
 
 
 def _choice(value: str, allowed: Sequence[str], option: str) -> str:
@@ -145,7 +153,8 @@ def _shapes(values: Optional[List[str]]) -> dict[str | None, tuple[int, ...]]:
     return shapes
 
 
-def _model(text: str, input_shape: Optional[List[str]], classes: int | None = None):
+def _model(text: str, input_shape: Optional[List[str]],
+           classes: int | None = None) -> tuple[ModelSpec, HybridBlock, dict[str, tuple[int, ...]]]:
     """The model behind a CLI model argument, built at the ``--input-shape`` shapes (checked first)."""
     from .recipe import ModelSpec, resolve_source
     from .sources import build_model, input_shapes
@@ -168,7 +177,6 @@ def inspect(model: str = typer.Argument(..., help="NAME, PREFIX, PATH.onnx or zo
             as_json: bool = typer.Option(False, "--json")) -> None:
     """List a model's parameters with structural names, shapes, layer types and stages."""
     from .recipe import resolve_source
-    from .rules import format_plan, make_plan
 
     source = resolve_source(model)
     if source.startswith("onnx:") and not nodes:  # a report from the file alone: no shapes needed
@@ -193,6 +201,8 @@ def inspect(model: str = typer.Argument(..., help="NAME, PREFIX, PATH.onnx or zo
             dims = "x".join(map(str, r.shape)) if r.shape else "?"
             typer.echo(f"{r.name:<{width}}  {r.op:<{op_width}}  {dims}")
         return
+    from .rules import format_plan, make_plan
+
     p = make_plan(block, [], input_shape=spec.input_shape if len(shapes) == 1 else None)
     if as_json:
         typer.echo(json.dumps(p.to_json()["params"], indent=1))

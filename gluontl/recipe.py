@@ -127,7 +127,7 @@ class ModelSpec(Strict):
         try:
             return resolve_source(v)
         except ModelSourceError as e:
-            raise ValueError(str(e)) from None
+            raise ValueError(str(e).rstrip(".")) from None
 
     @model_validator(mode="after")
     def _weights_once(self) -> "ModelSpec":
@@ -429,6 +429,8 @@ class _NoAliasLoader(yaml.SafeLoader):
 
 def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
     p = Path(path)
+    if p.is_dir():
+        raise RecipeError(f"Recipe '{p}' is a directory; pass a YAML file, e.g. --recipe recipes/resnet18_freeze.yaml.")
     if not p.is_file():
         raise RecipeError(f"Recipe file '{p}' does not exist. Pass an existing YAML file, e.g. "
                           f"--recipe recipes/resnet18_freeze.yaml.")
@@ -437,7 +439,8 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
     try:
         data = yaml.load(p.read_text(encoding="utf-8"), Loader=_NoAliasLoader)
     except UnicodeDecodeError:
-        raise RecipeError(f"Recipe file '{p}' is not UTF-8 text.") from None
+        raise RecipeError(f"Recipe file '{p}' is not UTF-8 text; a recipe is a YAML text file "
+                          f"(see recipes/).") from None
     except yaml.YAMLError as e:
         raise RecipeError(f"Recipe file '{p}' is not valid YAML: {' '.join(str(e).split())}.") from None
     return parse_recipe(data, origin=str(p), overrides=overrides)

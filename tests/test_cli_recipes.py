@@ -61,6 +61,11 @@ BAD = {
     "unknown_layer_type": (GOOD + "  - {type: Convolution, grad_req: 'null'}\n", ["unknown layer type 'Convolution'", "allowed"]),
     "unknown_preset": (GOOD + "  - {preset: freeze_everything}\n", ["unknown preset", "freeze_all_but_head"]),
     "bad_ctx": (GOOD + "train: {ctx: 'tpu:0'}\n", ["train.ctx", "gpu:0"]),
+    "ctx_device_twice": (GOOD + "train: {ctx: 'cpu:0,0'}\n", ["train.ctx", "lists a device twice"]),
+    "bare_source_typo": (GOOD.replace('"zoo:resnet18_v1"', '"resnet19_v1"'),
+                         ["model.source", "'resnet19_v1' is not a file", "resnet18_v1", "zoo:NAME"]),
+    "bare_source_missing_file": (GOOD.replace('"zoo:resnet18_v1"', '"models/net.onnx"'),
+                                 ["ONNX file 'models/net.onnx' does not exist"]),
     "yaml_alias_bomb": ("a: &a [x, x]\nb: [*a, *a]\nname: t\n", ["aliases"]),
     "stage_out_of_range": (GOOD + "  - {stage: 7, grad_req: 'null'}\n", ["stage [7]", "matches no parameter"]),
     "bad_name": (GOOD.replace("name: t", "name: 'a b/c'"), ["'name'", "pattern"]),
@@ -105,6 +110,16 @@ def test_plan_json_lists_every_parameter(capsys, tmp_path, weights):
     assert trainable == {"output.weight", "output.bias"}
     assert data["totals"]["trainable"] == 5 * 512 + 5
     assert data["params"][1]["decided_by"]["bn"] == "1.1" and data["params"][1]["bn"] == "frozen"
+
+
+def test_bare_zoo_name_in_a_recipe_is_the_zoo_model(capsys, tmp_path, weights):
+    path = tmp_path / "r.yaml"
+    path.write_text(GOOD.replace('"zoo:resnet18_v1", input_shape: [3, 32, 32]',
+                                 f'resnet18_v1, input_shape: [3, 32, 32], weights: "{weights}"'))
+    code, out, err = run_cli(capsys, "plan", "--recipe", str(path), "--json")
+    assert code == 0, err
+    import json
+    assert json.loads(out)["totals"]["trainable"] == 5 * 512 + 5
 
 
 def test_console_script_help_and_bad_recipe_subprocess(tmp_path):

@@ -9,6 +9,7 @@ import difflib
 import functools
 import io
 import re
+import warnings
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -105,7 +106,9 @@ def _symbol(prefix: str, input_names: list[str], epoch: int | None, ctx) -> Hybr
                                f"{', '.join(sorted(a for a in args if not a.endswith(('_weight', '_bias')))[:8])}. "
                                f"Set model.input_name (on the command line: --input-shape NAME=1,C,H,W).")
     try:
-        return mx.gluon.SymbolBlock.imports(str(sym_file), input_names, str(params), ctx=ctx)
+        with warnings.catch_warnings():  # input dtypes are known at the first call; the warning is noise
+            warnings.filterwarnings("ignore", "Cannot decide type", UserWarning)
+            return mx.gluon.SymbolBlock.imports(str(sym_file), input_names, str(params), ctx=ctx)
     except Exception as e:
         raise ModelSourceError(f"Loading '{params}' into '{sym_file}' failed: {short_reason(e, 300)}.") from None
 

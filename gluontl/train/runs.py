@@ -92,8 +92,9 @@ def plot(run_dir: str | Path, out: str | Path | None = None) -> Path:
     run = Path(run_dir)
     path = run / "metrics.jsonl"
     if not path.is_file():
-        raise TrainError(f"'{run}' has no metrics.jsonl{'' if run.is_dir() else ' (it is not a folder)'}; plot "
-                         f"reads what gluontl finetune logs into a run folder: pass runs/NAME.")
+        what = "has no metrics.jsonl" if run.is_dir() else "is a file" if run.exists() else "does not exist"
+        raise TrainError(f"'{run}' {what}; plot reads the metrics.jsonl gluontl finetune writes into a run "
+                         f"folder: pass runs/NAME.")
     try:
         rows = _read_metrics(path)
     except (OSError, UnicodeDecodeError) as e:
