@@ -421,3 +421,71 @@ def test_batchnorm_folds_into_any_gemm(trans_b):
     assert [n.op_type for n in model.graph.node] == ["Gemm"]
     after = ort.InferenceSession(model.SerializeToString()).run(None, x)[0]
     np.testing.assert_allclose(after, before, rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------------------------ what "verified" means
+
+def test_error_is_relative_to_the_output_range():
+    from gluontl.export.verify import output_error
+
+    rng = np.random.RandomState(0)
+    logits = rng.standard_normal((4, 10)) * 3 + 1000.0  # a large offset must not hide errors
+    noise = rng.uniform(-1, 1, logits.shape) * 1e-6 * np.ptp(logits)
+    assert output_error(logits + noise, logits)[1] <= 1.01e-6
+    shifted = logits.copy()
+    shifted[0, 0] += 1e-3 * np.ptp(logits)  # one logit off by 0.1 % of the spread
+    max_abs, rel = output_error(shifted, logits)
+    assert rel == pytest.approx(1e-3, rel=1e-6) and max_abs == pytest.approx(1e-3 * np.ptp(logits), rel=1e-6)
+    assert output_error(np.full((3,), 5.0), np.full((3,), 5.0 + 5e-4))[1] == pytest.approx(1e-4, rel=1e-3)
+    assert output_error(np.zeros(3), np.full(3, 2e-5))[1] == pytest.approx(1.0)  # constant: its magnitude
+    assert output_error(np.zeros(3), np.zeros(3)) == (0.0, 0.0)
+    assert output_error(np.array([1.0, np.nan]), np.array([1.0, np.nan]))[1] == np.inf  # NaN proves nothing
+    assert output_error(np.zeros((2, 3)), np.zeros((3, 2)))[1] == np.inf
+
+
+def test_saturated_outputs_are_judged_on_the_codomain_of_their_op():
+    """A sigmoid map that is ~0 everywhere (a detector on a blank image): onnxruntime's Sigmoid
+    is accurate to ~1e-7 absolute near 0, which is 2 % of such a map's range but noise on
+    [0, 1]; a real error of 1e-3 on one pixel is still caught."""
+    from gluontl.export.verify import output_error
+
+    rng = np.random.RandomState(1)
+    want = 1 / (1 + np.exp(-rng.uniform(-17, -15, (1, 1, 32, 32))))
+    got = want + rng.uniform(-1, 1, want.shape) * 9e-8
+    assert output_error(got, want)[1] > 1e-3  # judged on the map's own range: looks broken
+    assert output_error(got, want, floor=1.0)[1] <= 1e-7
+    broken = got.copy()
+    broken[0, 0, 3, 4] += 1e-3
+    assert output_error(broken, want, floor=1.0)[1] > 1e-4
+
+
+def test_saturating_scales_follow_identity_nodes():
+    from onnx import TensorProto, helper
+
+    from gluontl.export.verify import saturating_scales
+
+    nodes = [helper.make_node("Sigmoid", ["x"], ["s"]), helper.make_node("Identity", ["s"], ["prob"]),
+             helper.make_node("Tanh", ["x"], ["t"]), helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Softmax", ["x"], ["p"])]
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1]) for n in ("prob", "t", "r", "p")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])], outs)
+    assert saturating_scales(helper.make_model(graph)) == {"prob": 1.0, "t": 2.0, "p": 1.0}
+
+
+def test_export_refuses_a_file_off_by_a_thousandth_of_the_range(zoo_export, tmp_path):
+    """The default tolerance (1e-4 of the range) separates float noise from a real error: the
+    same file verifies against its block and fails against the block with one weight moved."""
+    import inspect
+
+    net, path = zoo_export
+    assert inspect.signature(export_onnx).parameters["rtol"].default == 1e-4
+    batch = _batches({"data": SHAPE}, seed=5)[1]
+    assert verify_onnx(net, path, batch).ok  # float noise of a deep net: ~1e-5 of the range
+    last = [p for n, p in net.collect_params().items() if n.endswith("weight")][-1]  # the classifier
+    original = last.data().copy()
+    try:
+        last.set_data(original * (1 + 2e-3))  # every logit 0.2 % off
+        report = verify_onnx(net, path, batch)
+        assert not report.ok and 1e-4 < report.max_rel < 1e-2, report.describe()
+    finally:
+        last.set_data(original)
