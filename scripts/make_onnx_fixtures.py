@@ -5,9 +5,15 @@ TorchScript exporter at opsets 11-17, the dynamo exporter at opsets 18 and 20), 
 only hand-made graphs. PyTorch is never a project dependency, so this runs in its own
 venv (dynamo files embed this script's line numbers: regenerate after editing it):
 
-    python3 -m venv /tmp/torchvenv
-    /tmp/torchvenv/bin/pip install torch==2.13.0 onnx onnxscript onnxruntime
-    /tmp/torchvenv/bin/python scripts/make_onnx_fixtures.py
+    python3.11 -m venv /work/torchvenv
+    /work/torchvenv/bin/pip install torch==2.14.1 torchvision==0.29.1 onnx==1.17.0 onnxscript onnxruntime
+    /work/torchvenv/bin/python scripts/make_onnx_fixtures.py [MODEL ...]
+
+With model names (keys of MODELS) only those are re-exported and the other files and
+manifest entries stay as they are; MANIFEST.json records per file the torch (and
+torchvision) version, the builder, the exporter options and the sha256. The files
+before the torchvision models were made with torch 2.13.0 (CPU build); the ``tv_*``
+and ``gru_crnn`` ones with torch 2.14.1 / torchvision 0.29.1.
 
 Every export is checked against the torch model with onnxruntime at batch 1 and 2
 (and at a second H/W where H/W are dynamic); an export that fails or computes the
@@ -15,6 +21,7 @@ wrong thing is recorded in MANIFEST.json under "exporter_failures" instead of a 
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 import warnings
@@ -602,6 +609,124 @@ class CRNN(nn.Module):
         return F.log_softmax(self.fc(out), dim=2)
 
 
+# ------------------------------------------------------------------ torchvision architectures
+# torchvision's own classes at tiny widths/depths (random weights): their forward code
+# (StochasticDepth, LayerNorm2d, Permute, as_strided pooling, shifted-window masks,
+# F.interpolate to the input size) is what users' exports contain.
+
+def tv_convnext():
+    from torchvision.models.convnext import CNBlockConfig, ConvNeXt as TVConvNeXt
+    return TVConvNeXt([CNBlockConfig(24, 48, 2), CNBlockConfig(48, None, 1)], stochastic_depth_prob=0.1,
+                      num_classes=10)
+
+
+def tv_efficientnet():
+    from torchvision.models.efficientnet import EfficientNet as TVEfficientNet, MBConvConfig
+    setting = [MBConvConfig(1, 3, 1, 16, 8, 1), MBConvConfig(4, 3, 2, 8, 16, 2), MBConvConfig(4, 5, 2, 16, 24, 1)]
+    return TVEfficientNet(setting, dropout=0.2, num_classes=10)
+
+
+def tv_regnet():
+    from torchvision.models.regnet import BlockParams, RegNet as TVRegNet
+    params = BlockParams.from_init_params(depth=4, w_0=16, w_a=8.0, w_m=2.0, group_width=8, se_ratio=0.25)
+    return TVRegNet(params, num_classes=10, stem_width=16)
+
+
+def tv_vit():
+    from torchvision.models.vision_transformer import VisionTransformer
+    return VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=32,
+                             mlp_dim=64, num_classes=10)
+
+
+def tv_swin():
+    from torchvision.models import swin_transformer as sw
+    return sw.SwinTransformer(patch_size=[4, 4], embed_dim=16, depths=[2, 1], num_heads=[2, 2],
+                              window_size=[4, 4], num_classes=10)
+
+
+class Outputs(nn.Module):
+    """Segmentation models return dicts; ONNX exports need a tuple (or one tensor)."""
+
+    def __init__(self, model, keys=("out",)):
+        super().__init__()
+        self.model, self.keys = model, keys
+
+    def forward(self, x):
+        out = self.model(x)
+        return tuple(out[k] for k in self.keys) if len(self.keys) > 1 else out[self.keys[0]]
+
+
+def _tiny_mobilenetv3_features():
+    """torchvision's MobileNetV3 trunk with a 4-block setting: SE, hardswish, a stride-8
+    block (low/aux features) and a dilated last block (output stride 16, as torchvision's
+    segmentation constructors ask with ``dilated=True``); returns the trunk and the
+    positions of the stride-8 and last layers."""
+    from torchvision.models.mobilenetv3 import InvertedResidualConfig as Cfg, MobileNetV3 as TVMobileNetV3
+    setting = [Cfg(8, 3, 8, 8, True, "RE", 2, 1, 1.0), Cfg(8, 3, 24, 12, False, "RE", 2, 1, 1.0),
+               Cfg(12, 5, 32, 12, True, "HS", 2, 1, 1.0), Cfg(12, 5, 36, 12, True, "HS", 1, 2, 1.0)]
+    features = TVMobileNetV3(setting, last_channel=64).features
+    return features, 2, len(features) - 1
+
+
+def tv_lraspp():
+    from torchvision.models._utils import IntermediateLayerGetter
+    from torchvision.models.segmentation.lraspp import LRASPP
+    features, low, high = _tiny_mobilenetv3_features()
+    backbone = IntermediateLayerGetter(features, return_layers={str(low): "low", str(high): "high"})
+    return Outputs(LRASPP(backbone, features[low].out_channels, features[high].out_channels, 5,
+                          inter_channels=16))
+
+
+def tv_fcn():
+    from torchvision.models._utils import IntermediateLayerGetter
+    from torchvision.models.segmentation.fcn import FCN, FCNHead
+    features, aux, out = _tiny_mobilenetv3_features()
+    backbone = IntermediateLayerGetter(features, return_layers={str(aux): "aux", str(out): "out"})
+    return Outputs(FCN(backbone, FCNHead(features[out].out_channels, 5),
+                       FCNHead(features[aux].out_channels, 5)), ("out", "aux"))
+
+
+def tv_deeplabv3():
+    """DeepLabHead's layers (ASPP, 3x3 conv, BN, ReLU, 1x1 conv) at 16 instead of 256 channels."""
+    from torchvision.models._utils import IntermediateLayerGetter
+    from torchvision.models.segmentation.deeplabv3 import ASPP, DeepLabV3
+    features, _, out = _tiny_mobilenetv3_features()
+    backbone = IntermediateLayerGetter(features, return_layers={str(out): "out"})
+    head = nn.Sequential(ASPP(features[out].out_channels, (2, 4, 6), 16), conv_bn(16, 16, 3),
+                         nn.Conv2d(16, 5, 1))
+    return Outputs(DeepLabV3(backbone, head))
+
+
+class GRUCRNN(CRNN):
+    """CRNN with a 2-layer bidirectional GRU (the other recurrent cell OCR models use)."""
+
+    def __init__(self, classes=11):
+        super().__init__(classes)
+        self.rnn = nn.GRU(48, 16, num_layers=2, bidirectional=True)
+        self.fc = nn.Linear(32, classes)
+
+
+class BatchIndexing(nn.Module):
+    """Batch-size arithmetic both exporters turn into Range/Tile over the batch:
+    advanced indexing with ``arange(B)``, a flat gather at ``arange(B) * n + k``, a mask
+    from ``arange(B)``, ``repeat(B, 1)`` and an ``arange(B * c)`` feature."""
+
+    def __init__(self, classes=10):
+        super().__init__()
+        self.conv, self.fc = conv_bn(3, 8, 3, 2), nn.Linear(40, classes)
+
+    def forward(self, x):
+        t = self.conv(x).flatten(2).transpose(1, 2)  # (B, 64, 8)
+        b, n, c = t.shape
+        rows = torch.arange(b)
+        picked = t[rows, t[:, :, 0].argmax(1)]
+        flat = t.reshape(b * n, c)[rows * n + 3]
+        masked = torch.where(rows[:, None] % 2 == 0, picked, -picked)
+        shared = t.mean(1)[:1].repeat(b, 1)
+        ramp = torch.arange(b * c).reshape(b, c).float() * 0.01
+        return self.fc(torch.cat([picked, flat, masked, shared, ramp], 1))
+
+
 # ------------------------------------------------------------------ export
 
 # name: (constructor, input shape at batch 1, legacy opsets, output batch axis)
@@ -621,6 +746,16 @@ MODELS = {
     "convnext": (ConvNeXt, (3, 32, 32), (13, 17), 0),
     "yolov8": (YOLOv8, (3, 64, 64), (11, 17), 0),
     "crnn": (CRNN, (1, 32, 64), (11, 13), 1),
+    "tv_convnext": (tv_convnext, (3, 64, 64), (17,), 0),
+    "tv_efficientnet": (tv_efficientnet, (3, 64, 64), (17,), 0),
+    "tv_regnet": (tv_regnet, (3, 64, 64), (17,), 0),
+    "tv_vit": (tv_vit, (3, 32, 32), (17,), 0),
+    "tv_swin": (tv_swin, (3, 64, 64), (17,), 0),
+    "tv_lraspp": (tv_lraspp, (3, 64, 64), (17,), 0),
+    "tv_fcn": (tv_fcn, (3, 64, 64), (17,), 0),
+    "tv_deeplabv3": (tv_deeplabv3, (3, 64, 64), (17,), 0),
+    "gru_crnn": (GRUCRNN, (1, 32, 64), (17,), 1),
+    "batch_indexing": (BatchIndexing, (3, 16, 16), (17,), 0),
 }
 DYNAMO_OPSETS = {"vit": (18, 20), "convnext": (18, 20)}  # default (18,); 20 has a Gelu op
 # Legacy exports without constant folding keep BatchNormalization and torch's weight names.
@@ -628,7 +763,12 @@ NO_FOLDING = {"resnet"}
 # Why an expected exporter failure happens (kept next to its error in the manifest).
 EXPORTER_NOTES = {"swin_int_batch": "window_reverse's int(windows.shape[0] / (h * w / ws / ws)) is traced "
                                     "as the example batch (2), so other batch sizes mix samples"}
-DYNAMIC_HW = {"resnet": (3, 40, 48), "yolov8": (3, 96, 64)}  # free H/W too; tested at these sizes
+# Free H/W too; tested at these sizes. Segmentation models are exported with free H/W only
+# (their output follows the input size through F.interpolate).
+DYNAMIC_HW = {"resnet": (3, 40, 48), "yolov8": (3, 96, 64), "tv_lraspp": (3, 96, 80),
+              "tv_fcn": (3, 96, 80), "tv_deeplabv3": (3, 80, 96)}
+SEGMENTATION = {"tv_lraspp", "tv_fcn", "tv_deeplabv3"}
+OUTPUT_NAMES = {"tv_fcn": ("y", "aux")}
 
 
 def build(name):
@@ -641,15 +781,21 @@ def build(name):
             if isinstance(m, (nn.BatchNorm2d, nn.LayerNorm, LayerNorm2d)):
                 m.weight.uniform_(0.5, 1.5)
                 m.bias.uniform_(-0.2, 0.2)
+        for p in model.parameters():  # zero-initialized heads (torchvision's ViT) output nothing
+            if p.ndim >= 2 and not p.any():
+                p.normal_(0, 0.1)
         model.train()
         for _ in range(3):
             model(torch.randn(4, *shape) * 2 + 0.3)
     return model.eval()
 
 
-def export(model, x, path, *, dynamo, opset, dyn_dims, out_batch, folding):
+def export(model, x, path, *, name, dynamo, opset, dyn_dims, folding):
     """One export to ``path``."""
     dims = {0: "batch", **{k: ("height", "width")[k - 2] for k in dyn_dims if k >= 2}}
+    out_dims = {MODELS[name][3]: "batch", **({2: "height", 3: "width"} if dyn_dims and name in SEGMENTATION
+                                             else {})}
+    outputs = OUTPUT_NAMES.get(name, ("y",))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if dynamo:
@@ -660,33 +806,39 @@ def export(model, x, path, *, dynamo, opset, dyn_dims, out_batch, folding):
             prog.save(str(path))
         else:
             torch.onnx.export(model, (x,), str(path), dynamo=False, opset_version=opset,
-                              input_names=["x"], output_names=["y"], do_constant_folding=folding,
-                              dynamic_axes={"x": dims, "y": {out_batch: "batch"}})
+                              input_names=["x"], output_names=list(outputs), do_constant_folding=folding,
+                              dynamic_axes={"x": dims, **{o: out_dims for o in outputs}})
 
 
 def check(model, path, shapes):
-    """Largest relative error of onnxruntime vs torch over the given input shapes;
-    raises naming the input shape where they disagree."""
+    """Largest relative error of onnxruntime vs torch over the given input shapes and
+    outputs; raises naming the input shape where they disagree."""
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     worst = 0.0
     for shape in shapes:
         x = torch.from_numpy(np.random.RandomState(len(shape) + shape[0]).randn(*shape).astype("f"))
         with torch.no_grad():
-            ref = model(x).numpy()
-        got = sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0]
-        err = float(np.linalg.norm(got - ref) / np.linalg.norm(ref)) if got.shape == ref.shape else np.inf
-        if not err <= 1e-4:
-            raise RuntimeError(f"at input {list(shape)} onnxruntime gives shape {got.shape}, relative "
-                               f"error {err:.2e} vs torch's {ref.shape} output")
-        worst = max(worst, err)
+            refs = model(x)
+        refs = [r.numpy() for r in (refs if isinstance(refs, tuple) else (refs,))]
+        gots = sess.run(None, {sess.get_inputs()[0].name: x.numpy()})
+        if len(gots) != len(refs):
+            raise RuntimeError(f"onnxruntime gives {len(gots)} outputs, torch {len(refs)}")
+        for got, ref in zip(gots, refs):
+            err = float(np.linalg.norm(got - ref) / np.linalg.norm(ref)) if got.shape == ref.shape else np.inf
+            if not err <= 1e-4:
+                raise RuntimeError(f"at input {list(shape)} onnxruntime gives shape {got.shape}, relative "
+                                   f"error {err:.2e} vs torch's {ref.shape} output")
+            worst = max(worst, err)
     return worst
 
 
-def jobs():
+def jobs(names):
     """(model, exporter, opset, dynamic dims beyond the batch, constant folding, file stem)."""
-    for name, (_, _, opsets, _) in MODELS.items():
+    for name in names:
+        opsets = MODELS[name][2]
         dynamo_opsets = DYNAMO_OPSETS.get(name, (18,))
-        variants = [("legacy", o, ()) for o in opsets] + [("dynamo", o, ()) for o in dynamo_opsets]
+        variants = [] if name in SEGMENTATION else (
+            [("legacy", o, ()) for o in opsets] + [("dynamo", o, ()) for o in dynamo_opsets])
         if name in DYNAMIC_HW:
             variants += [("legacy", opsets[-1], (2, 3)), ("dynamo", dynamo_opsets[0], (2, 3))]
         for exporter, opset, dyn in variants:
@@ -695,19 +847,49 @@ def jobs():
             yield name, "legacy", opsets[0], (), False, f"{name}_legacy_op{opsets[0]}_nofold"
 
 
-def main():
+def _strip_debug_info(path):
+    """Drop the dynamo exporter's per-node stack traces and doc strings (half of a small
+    file's bytes); the graph is unchanged."""
+    proto = onnx.load(str(path))
+    for node in proto.graph.node:
+        del node.metadata_props[:]
+        node.doc_string = ""
+    onnx.save(proto, str(path))
+
+
+def _builder(name) -> str:
+    ctor = MODELS[name][0]
+    if isinstance(ctor, partial):
+        args = ", ".join(f"{k}={v!r}" for k, v in ctor.keywords.items())
+        return f"{ctor.func.__name__}({args})"
+    return f"{ctor.__name__}()"
+
+
+def main(argv):
+    """No arguments: every model; else only the named ones (their files and manifest
+    entries are replaced, the others' kept)."""
+    names = argv or list(MODELS)
+    unknown = sorted(set(names) - set(MODELS))
+    if unknown:
+        sys.exit(f"unknown model(s) {unknown}; choose from {sorted(MODELS)}")
     OUT.mkdir(parents=True, exist_ok=True)
-    for old in OUT.glob("*.onnx"):
-        old.unlink()
-    manifest = {"torch": torch.__version__, "onnx": onnx.__version__, "fixtures": [],
-                "exporter_failures": []}
-    for name, exporter, opset, dyn_dims, folding, stem in jobs():
-        model, shape, out_batch = build(name), MODELS[name][1], MODELS[name][3]
+    path = OUT / "MANIFEST.json"
+    old = json.loads(path.read_text()) if argv and path.exists() else {"fixtures": [], "exporter_failures": []}
+    manifest = {"fixtures": [e for e in old["fixtures"] if e["model"] not in names],
+                "exporter_failures": [e for e in old["exporter_failures"] if e["model"] not in names]}
+    for e in manifest["fixtures"]:
+        e.setdefault("sha256", hashlib.sha256((OUT / e["file"]).read_bytes()).hexdigest())
+    for stale in OUT.glob("*.onnx"):
+        if stale.name not in {e["file"] for e in manifest["fixtures"]}:
+            stale.unlink()
+    for name, exporter, opset, dyn_dims, folding, stem in jobs(names):
+        model, shape = build(name), MODELS[name][1]
         path = OUT / f"{stem}.onnx"
         shapes = [(1, *shape), (2, *shape)] + ([(2, *DYNAMIC_HW[name])] if dyn_dims else [])
         try:
-            export(model, torch.randn(2, *shape), path, dynamo=exporter == "dynamo", opset=opset,
-                   dyn_dims=dyn_dims, out_batch=out_batch, folding=folding)
+            export(model, torch.randn(2, *shape), path, name=name, dynamo=exporter == "dynamo", opset=opset,
+                   dyn_dims=dyn_dims, folding=folding)
+            _strip_debug_info(path)
             err = check(model, path, shapes)
         except Exception as e:
             path.unlink(missing_ok=True)
@@ -720,18 +902,25 @@ def main():
         proto = onnx.load(str(path))
         inits = {t.name for t in proto.graph.initializer}
         inp = proto.graph.input[0]
-        manifest["fixtures"].append({
-            "file": path.name, "model": name, "exporter": exporter, "opset": opset,
-            "torch": torch.__version__, "ir_version": proto.ir_version, "constant_folding": folding,
-            "input": inp.name,
+        entry = {
+            "file": path.name, "model": name, "builder": _builder(name), "exporter": exporter,
+            "opset": opset, "torch": torch.__version__, "onnx": onnx.__version__,
+            "ir_version": proto.ir_version,
+            "constant_folding": folding, "input": inp.name,
             "input_shape": [d.dim_param or d.dim_value for d in inp.type.tensor_type.shape.dim],
             "dynamic_dims": [0, *dyn_dims],
             "test_shapes": [list(s) for s in shapes],
             "torch_names": sorted(set(model.state_dict()) & inits),
-            "ort_vs_torch": err, "bytes": path.stat().st_size})
+            "ort_vs_torch": err, "bytes": path.stat().st_size, "debug_info_stripped": True,
+            "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+        if name.startswith("tv_"):
+            import torchvision
+            entry["torchvision"] = torchvision.__version__
+        manifest["fixtures"].append(entry)
         print(f"ok   {stem}: {path.stat().st_size / 1e3:.0f} kB, ort vs torch {err:.1e}")
+    manifest["fixtures"].sort(key=lambda e: list(MODELS).index(e["model"]))  # stable
     (OUT / "MANIFEST.json").write_text(json.dumps(manifest, indent=1) + "\n")
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])
