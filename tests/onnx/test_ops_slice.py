@@ -83,6 +83,24 @@ def test_gather_nd():
           {"batch_dims": 1}, consts={"i"}, grad=True)
 
 
+def test_gather_nd_negative_index_into_the_free_batch_axis():
+    """Negative run-time indices along an axis whose size is only known at run time (the
+    batch) are fixed with the run-time size; known axes use their static size."""
+    from onnx import helper
+    from gluontl.onnx import import_model
+    from test_importer import assert_matches_ort
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("GatherND", ["x", "i"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", 1, ["N", 4]), helper.make_tensor_value_info("i", 7, [3, 2])],
+        [helper.make_tensor_value_info("y", 1, None)]), opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    block = import_model(model)
+    i = i64([-1, -1], [0, 2], [-2, 1])
+    for b in (2, 5):
+        assert_matches_ort(model, block, {"x": np.random.RandomState(b).randn(b, 4).astype("f"), "i": i},
+                           tol=0)
+
+
 @pytest.mark.parametrize("mode", ["constant", "reflect", "edge", "wrap"])
 def test_pad_generic(mode):
     pads = i64(1, 0, 2, 0, 2, 1)

@@ -132,9 +132,17 @@ def _opt_ints(node, inputs, index, what):
 def _fix_negative(node, idx, data, first: int, count: int, tag: str):
     """``idx + dim`` where ``idx < 0``; the last index axis (or the whole index, when
     ``count`` is 1) addresses data axes ``first .. first + count - 1``."""
-    dims = mx.sym.slice_axis(mx.sym.shape_array(data.sym, name=node.sub(f"{tag}_shape")),
-                             axis=0, begin=first, end=first + count, name=node.sub(f"{tag}_dim"))
     neg = _I._lesser_scalar(idx, scalar=0.0, name=node.sub(f"{tag}_neg"))
+    static = list(data.shape[first:first + count]) if data.shape is not None else [None]
+    if None not in static:  # known sizes: no run-time shape read
+        if count == 1:
+            shift = _I._mul_scalar(neg, scalar=float(static[0]), name=node.sub(f"{tag}_shift"))
+            return mx.sym.elemwise_add(idx, shift, name=node.sub(f"{tag}_fixed"))
+        dims = mx.sym.concat(*[mx.sym.full((1,), d, dtype="int64", name=node.sub(f"{tag}_dim{i}"))
+                               for i, d in enumerate(static)], dim=0, name=node.sub(f"{tag}_dim"))
+    else:
+        dims = mx.sym.slice_axis(mx.sym.shape_array(data.sym, name=node.sub(f"{tag}_shape")),
+                                 axis=0, begin=first, end=first + count, name=node.sub(f"{tag}_dim"))
     shift = mx.sym.broadcast_mul(neg, dims, name=node.sub(f"{tag}_shift"))
     return mx.sym.broadcast_add(idx, shift, name=node.sub(f"{tag}_fixed"))
 
