@@ -681,8 +681,10 @@ class _Importer:
                     f"'{self.source}': input '{i.name}' holds {dtype} values (e.g. strings); "
                     f"MXNet blocks take numeric tensors only. Preprocess outside the model.")
             carrier = carrier_dtype(dtype if dtype is not None else np.float32)
-            self.runtime[i.name] = Tensor(i.name, mx.sym.var(i.name, dtype=carrier), shape=free,
-                                          dtype=dtype)
+            self.runtime[i.name] = Tensor(
+                i.name, mx.sym.var(i.name, dtype=carrier), shape=free, dtype=dtype,
+                why_unknown="it is a graph input, fed at run time, while MXNet fixes shapes when the "
+                            "graph is built. Store the value in the model as an initializer")
         for node, proto in nodes:
             self._process(node, proto)
         return self._block(nodes + self.branch_nodes, ctx)
