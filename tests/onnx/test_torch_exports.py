@@ -10,7 +10,7 @@ model the importer cannot convert exactly must fail with a clear error, never xf
 
 Forward results are compared at batch 1 and 2 (the sizes the importer folds shape
 arithmetic at) and 3 (one it never saw), within a float32 error bound derived from the
-model's contractions (:func:`_f32_rel_tol`).
+model's contractions (:func:`f32_model_tol`).
 """
 from __future__ import annotations
 
@@ -60,12 +60,12 @@ def _outputs(block, x: np.ndarray) -> list[np.ndarray]:
 
 
 @functools.lru_cache(maxsize=None)
-def _f32_rel_tol(file: str) -> float:
+def f32_model_tol(path: str) -> float:
     """Relative (norm) error two correct float32 evaluations of the model may show:
     helpers.f32_tol's 8·eps32·sqrt(terms) per contraction (Conv, Gemm, MatMul, one per
     recurrent step), summed along the graph, each layer's error passed on at about its
     size (normalised networks). The fixtures measure 1e-7..2e-6; a wrong converter 1e-2+."""
-    model = onnx.shape_inference.infer_shapes(onnx.load(str(FIXTURES / file)))
+    model = onnx.shape_inference.infer_shapes(onnx.load(path))
     g = model.graph
     dims = {t.name: list(t.dims) for t in g.initializer}
     for v in list(g.value_info) + list(g.input) + list(g.output):
@@ -101,7 +101,7 @@ def test_manifest_records_every_file_its_hash_and_the_exporters():
 @pytest.mark.parametrize("entry", FIXTURE_PARAMS)
 def test_matches_onnxruntime_at_batch_1_2_and_3(entry):
     block = _import(entry["file"])
-    tol = _f32_rel_tol(entry["file"])
+    tol = f32_model_tol(str(FIXTURES / entry["file"]))
     for batch in (1, 2, 3):
         x = _input(entry, batch)
         got, ref = _outputs(block, x), ort_run(str(FIXTURES / entry["file"]), {entry["input"]: x})
@@ -190,3 +190,27 @@ def test_free_hw_anchor_arithmetic_asks_for_input_shapes():
     cannot fold, and the error says what to pass."""
     with pytest.raises(OnnxImportError, match="input_shapes"):
         import_model(str(FIXTURES / "yolov8_legacy_op17_dynhw.onnx"))
+
+
+SEGMENTATION = [e for e in MANIFEST["fixtures"] if e["model"] in ("tv_lraspp", "tv_fcn", "tv_deeplabv3")]
+
+
+@pytest.mark.parametrize("entry", [pytest.param(e, id=e["file"][:-5]) for e in SEGMENTATION])
+def test_segmentation_follows_the_input_size_given_at_import(entry):
+    """F.interpolate back to the input size: Resize sizes fold from input_shapes, so a
+    second import at another H/W gives masks of that size, matching onnxruntime."""
+    path = str(FIXTURES / entry["file"])
+    block = import_model(path, input_shapes={entry["input"]: [None, 3, 48, 112]})
+    x = np.random.RandomState(3).randn(2, 3, 48, 112).astype(np.float32)
+    got, ref = _outputs(block, x), ort_run(path, {entry["input"]: x})
+    for g, r in zip(got, ref):
+        assert g.shape == r.shape == (2, 5, 48, 112)
+        assert rel_err(g, r) <= f32_model_tol(path), rel_err(g, r)
+
+
+@pytest.mark.parametrize("entry", [pytest.param(e, id=e["file"][:-5]) for e in SEGMENTATION])
+def test_segmentation_without_input_hw_asks_for_it(entry):
+    """MXNet fixes shapes when the graph is built; the upsampling size comes from the
+    input's H/W, so without them the import says what to pass."""
+    with pytest.raises(OnnxImportError, match="Resize node .*sizes.*input_shapes"):
+        import_model(str(FIXTURES / entry["file"]))
