@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test command: sets up the venv if needed, then runs the whole suite in random order
-# (pytest-randomly; it prints the seed, rerun with -p randomly -p "randomly_seed=N" or
-# --randomly-seed=N). oneDNN picks its kernels per CPU, and AVX2 and AVX-512 kernels sum
+# (pytest-randomly prints its seed: --randomly-seed=N repeats an order, -p no:randomly
+# keeps file order). oneDNN picks its kernels per CPU, and AVX2 and AVX-512 kernels sum
 # in different orders: on a CPU with AVX-512 the suite runs a second time limited to AVX2
 # (DNNL_MAX_CPU_ISA=AVX2), so what AVX2-only machines compute is tested here too.
 source "$(dirname "$0")/env.sh"

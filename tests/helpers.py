@@ -69,16 +69,21 @@ def f32_tol(scale, terms: int, depth: int = 1):
 
 
 def assert_f32_close(got, want, scale=None, terms: int = 1, depth: int = 1, err_msg: str = ""):
-    """``got`` equals ``want`` within :func:`f32_tol`; ``scale`` defaults to max |want|."""
+    """``got`` equals ``want`` within :func:`f32_tol`; ``scale`` defaults to max |want| (over
+    finite values). NaN and ±inf must sit at the same places."""
     got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
     assert got.shape == want.shape, (got.shape, want.shape)
+    finite = np.isfinite(want)
+    np.testing.assert_array_equal(np.where(finite, 0.0, got), np.where(finite, 0.0, want),
+                                  err_msg=f"{err_msg} NaN/inf differ")
     if scale is None:
-        scale = np.abs(want).max(initial=0.0)
+        scale = np.abs(want[finite]).max(initial=0.0)
     tol = f32_tol(scale, terms, depth)
-    bad = np.abs(got - want) > tol
+    diff = np.abs(np.where(finite, got, 0.0) - np.where(finite, want, 0.0))
+    bad = ~(diff <= tol)  # NaN in got where want is finite is bad too
     assert not bad.any(), (f"{err_msg} {int(bad.sum())}/{bad.size} elements differ by more than "
                            f"the float32 bound (terms={terms}, depth={depth}); max |diff| "
-                           f"{np.abs(got - want).max():.3g}, bound {np.max(tol):.3g}")
+                           f"{np.nanmax(diff, initial=0.0):.3g}, bound {np.max(tol):.3g}")
 
 
 # ----------------------------------------------------------------- exact quantized arithmetic

@@ -15,6 +15,12 @@ def f(*shape):
     return np.random.randn(*shape).astype("f")
 
 
+def terms(w, transpose=False, group=1):
+    """Products summed into one output (+1 for the bias): C_in/group · kernel size."""
+    per_group_in = w.shape[0] // group if transpose else w.shape[1]
+    return per_group_in * int(np.prod(w.shape[2:])) + 1
+
+
 @pytest.mark.parametrize("x_shape,w_shape,attrs", [
     ((2, 3, 9, 8), (4, 3, 3, 3), {"pads": [1, 1, 1, 1]}),
     ((2, 3, 9, 8), (4, 3, 3, 3), {"strides": [2, 2], "pads": [0, 1, 2, 1]}),          # asymmetric
@@ -29,12 +35,12 @@ def f(*shape):
 @pytest.mark.parametrize("bias", [True, False])
 def test_conv(x_shape, w_shape, attrs, bias):
     inputs = {"x": f(*x_shape), "w": f(*w_shape), "b": f(w_shape[0]) if bias else None}
-    check("Conv", inputs, attrs, consts={"w", "b"}, opset=11, grad=True, rtol=1e-4, atol=1e-4)
+    check("Conv", inputs, attrs, consts={"w", "b"}, opset=11, grad=True, terms=terms(inputs["w"]))
 
 
 def test_conv_opset1_and_runtime_weights():
     check("Conv", {"x": f(1, 2, 6, 6), "w": f(3, 2, 3, 3)}, {"kernel_shape": [3, 3]}, opset=1, grad=True,
-          atol=1e-4)
+          terms=2 * 9)
 
 
 @pytest.mark.parametrize("x_shape,w_shape,attrs", [
@@ -54,7 +60,8 @@ def test_conv_opset1_and_runtime_weights():
 def test_conv_transpose(x_shape, w_shape, attrs, bias):
     group = attrs.get("group", 1)
     inputs = {"x": f(*x_shape), "w": f(*w_shape), "b": f(w_shape[1] * group) if bias else None}
-    check("ConvTranspose", inputs, attrs, consts={"w", "b"}, opset=11, grad=True, rtol=1e-4, atol=1e-4)
+    check("ConvTranspose", inputs, attrs, consts={"w", "b"}, opset=11, grad=True,
+          terms=terms(inputs["w"], True, group))
 
 
 def test_conv_same_padding_needs_static_shape():
@@ -91,7 +98,7 @@ def test_conv_geometry_matches_onnxruntime(data):
         w = f(c_out, c_in // group, *kernel)
     inputs = {"x": f(2, c_in, *sizes), "w": w, "b": f(c_out)}
     check("ConvTranspose" if transpose else "Conv", inputs, attrs, consts={"w", "b"}, opset=11, grad=True,
-          rtol=1e-4, atol=1e-4)
+          terms=terms(w, transpose, group))
 
 
 def test_conv_transpose_crop_and_late_bias_gradients():

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from helpers import assert_f32_close
 from opcheck import check, check_grad, make_model, run_mx, run_ort
 
 from gluontl.errors import OnnxImportError
@@ -38,6 +39,7 @@ def _inputs(op, dirs=1, bias=True, init=True, layout=0, lens=None, peep=False):
 def _check(op, inputs, attrs, opset=14, consts=("W", "R", "B", "P")):
     attrs = dict(attrs, hidden_size=H)
     n_out = 3 if op == "LSTM" else 2
+    tol = {"terms": I + H + 2, "depth": T}  # per step, a gate sums W·x, R·h and two biases
     consts = set(consts) & set(inputs)
     if attrs.get("layout"):
         # onnxruntime has no batch-major kernels: compare with its time-major run, transposed.
@@ -47,9 +49,9 @@ def _check(op, inputs, attrs, opset=14, consts=("W", "R", "B", "P")):
         model = make_model(op, inputs, attrs, consts, opset, n_out)
         got, _ = run_mx(model, inputs, consts, opset)
         for g, r in zip(got, ref):
-            np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-4)
+            assert_f32_close(g, r, **tol)
     else:
-        check(op, inputs, attrs, consts=consts, opset=opset, n_outputs=n_out, rtol=1e-4, atol=1e-4)
+        check(op, inputs, attrs, consts=consts, opset=opset, n_outputs=n_out, **tol)
         model, _ = run_ort(op, inputs, attrs, consts, opset, n_out)
     _, grads = run_mx(model, inputs, consts, opset, grad=True)
     for name in ("X", "W", "R", "B", "P"):  # the ONNX parameters themselves are what trains
