@@ -12,6 +12,7 @@ import mxnet as mx
 import numpy as np
 import onnx
 import pytest
+from helpers import assert_f32_close
 from onnx import numpy_helper
 
 from gluontl.onnx import import_model
@@ -66,7 +67,9 @@ def test_zoo_model_hybridized_equals_imperative(zoo):
     plain = import_model(str(path))
     hybrid = import_model(str(path))
     hybrid.hybridize(static_alloc=True, static_shape=True)
-    np.testing.assert_allclose(hybrid(x).asnumpy(), plain(x).asnumpy(), rtol=1e-5, atol=1e-6)
+    # kernels may differ (hybridized graphs fuse): the float32 bound of the deeper model,
+    # mobilenetv2 (53 convs in sequence; resnet18 sums the most, 512·3·3, per output)
+    assert_f32_close(hybrid(x).asnumpy(), plain(x).asnumpy(), terms=512 * 9, depth=53)
 
 
 def test_zoo_model_params_aux_states_and_one_sgd_step(zoo):
