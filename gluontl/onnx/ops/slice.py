@@ -1,7 +1,8 @@
 """Selecting and joining: Concat, Split, Slice, Gather, GatherElements, GatherND, Pad.
 
-Indices that may be negative are fixed up with ``shape_array`` of the data instead
-of baked-in sizes, so gathers along a free batch dimension keep working.
+Indices that may be negative are fixed up with the data's static sizes, or with
+``shape_array`` of the data where a size is free (the batch), so gathers along a free
+batch dimension keep working.
 """
 from __future__ import annotations
 
