@@ -709,11 +709,12 @@ class GRUCRNN(CRNN):
 class BatchIndexing(nn.Module):
     """Batch-size arithmetic both exporters turn into Range/Tile over the batch:
     advanced indexing with ``arange(B)``, a flat gather at ``arange(B) * n + k``, a mask
-    from ``arange(B)``, ``repeat(B, 1)`` and an ``arange(B * c)`` feature."""
+    from ``arange(B)``, ``repeat(B, 1)``, an ``arange(B * c)`` feature, and in-place writes
+    (``y[:, 0] = 0``, ``index_put`` at ``arange(B)``: ScatterElements / ScatterND)."""
 
     def __init__(self, classes=10):
         super().__init__()
-        self.conv, self.fc = conv_bn(3, 8, 3, 2), nn.Linear(40, classes)
+        self.conv, self.fc = conv_bn(3, 8, 3, 2), nn.Linear(56, classes)
 
     def forward(self, x):
         t = self.conv(x).flatten(2).transpose(1, 2)  # (B, 64, 8)
@@ -724,7 +725,10 @@ class BatchIndexing(nn.Module):
         masked = torch.where(rows[:, None] % 2 == 0, picked, -picked)
         shared = t.mean(1)[:1].repeat(b, 1)
         ramp = torch.arange(b * c).reshape(b, c).float() * 0.01
-        return self.fc(torch.cat([picked, flat, masked, shared, ramp], 1))
+        written = t.clone()
+        written[:, 0] = 0
+        put = torch.zeros_like(picked).index_put((rows, torch.zeros(b, dtype=torch.long)), flat[:, 1])
+        return self.fc(torch.cat([picked, flat, masked, shared, ramp, written.mean(1), put], 1))
 
 
 # ------------------------------------------------------------------ export
