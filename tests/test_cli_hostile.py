@@ -177,7 +177,7 @@ CASES = {
     "zoo-typo": (["zoo", "resnet18_v9"], ["'resnet18_v9'", "resnet18_v1"]),
 }
 SUBPROCESS = ["inspect-jpeg", "inspect-shape-rank-onnx", "plan-garbage-recipe", "plot-no-metrics",
-              "export-bad-format", "predict-dir-as-image"]
+              "export-bad-format", "finetune-resume-missing"]
 
 
 def _fill(items, world):
@@ -334,6 +334,18 @@ def test_recipe_with_bare_model_source_plans(world, monkeypatch, capsys):
     code, out, err = run_cli(monkeypatch, capsys, "plan", "-r", f"{world['d']}/good.yaml", "--json")
     assert code == 0, err
     plan = json.loads(out)
-    assert {p["name"] for p in plan["params"]} == {"conv0_weight", "conv0_bias", "dense0_weight", "dense0_bias"}
+    assert len(plan["params"]) == 4 and plan["totals"]["trainable"] == (8 * 3 * 3 * 3 + 8) + (5 * 8 + 5)
     saved = yaml.safe_load((Path(world["run"]) / "recipe.yaml").read_text())
     assert saved["model"]["source"] == f"symbol:{world['sym']}"  # runs record the resolved form
+
+
+def test_recipe_with_bare_onnx_source_needs_no_input_name(tmp_path, monkeypatch, capsys):
+    """The file's own input name ('x') is used when the recipe does not set model.input_name."""
+    source = str(FIXTURES / "resnet_legacy_op13_nofold.onnx")  # PyTorch parameter names
+    recipe = {"name": "o", "model": {"source": source, "input_shape": [3, 32, 32]},
+              "rules": [{"match": "fc.*", "grad_req": "write"}, {"match": "layer1.*", "grad_req": "null"}]}
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(recipe))
+    code, out, err = run_cli(monkeypatch, capsys, "plan", "-r", str(tmp_path / "r.yaml"), "--json")
+    assert code == 0, err
+    params = {p["name"]: p for p in json.loads(out)["params"]}
+    assert params["fc.weight"]["grad_req"] == "write" and params["layer1.0.conv1.weight"]["grad_req"] == "null"

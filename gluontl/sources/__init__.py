@@ -229,15 +229,17 @@ def load_model(spec: str | ModelSpec, *, classes: int | None = None, ctx=None,
 
 
 def build_model(spec: ModelSpec, *, classes: int | None = None, head_init: str = "xavier", ctx=None,
-                input_shapes: Mapping[str, tuple[int, ...]] | None = None) -> tuple[HybridBlock, RestoreReport | None]:
+                input_shapes: Mapping[str, tuple[int, ...]] | None = None
+                ) -> tuple[HybridBlock, RestoreReport | None]:
     """``load_model`` + shapes made concrete + ``weights`` restored and checked against expectations.
 
     ``input_shapes`` (batch-first, every input in call order) defaults to the spec's one
-    input. Parameters that are not restored keep a fresh ``head_init`` initialization, so
-    a new head is initialized the way the recipe says.
+    input, named by ``model.input_name`` or else by the model itself. Parameters that are
+    not restored keep a fresh ``head_init`` initialization, so a new head is initialized
+    the way the recipe says.
     """
     ctx = ctx or mx.cpu()
-    shapes = dict(input_shapes or {spec.input_name: (1, *spec.input_shape)})
+    shapes = dict(input_shapes or {_input_name(spec): (1, *spec.input_shape)})
     net = load_model(spec, classes=classes, ctx=ctx, input_shapes=shapes)
     materialize(net, shapes, ctx, spec.source)
     if not spec.weights:
@@ -250,6 +252,14 @@ def build_model(spec: ModelSpec, *, classes: int | None = None, head_init: str =
         p = entries[name].param
         p.set_data(_init_array(init, p))
     return net, report
+
+
+def _input_name(spec: ModelSpec) -> str:
+    """``model.input_name``, or the model's own first input when the recipe leaves it out."""
+    if "input_name" in spec.model_fields_set or spec.source.startswith("zoo:"):
+        return spec.input_name
+    names = [n for n, _ in model_inputs(spec.source, epoch=spec.epoch)]
+    return names[0] if names else spec.input_name
 
 
 _INITS = {"xavier": mx.init.Xavier, "normal": lambda: mx.init.Normal(0.01), "uniform": mx.init.Uniform,
