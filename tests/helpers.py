@@ -86,6 +86,22 @@ def assert_f32_close(got, want, scale=None, terms: int = 1, depth: int = 1, err_
                            f"{np.nanmax(diff, initial=0.0):.3g}, bound {np.max(tol):.3g}")
 
 
+def assert_same_training(a: dict, b: dict, start: dict, steps: int, grad_err: float):
+    """Parameters after ``steps`` SGD steps from ``start``, trained two ways that differ only in
+    float rounding (summation order, contexts, cached features). Each step rounds the weights
+    at their size (:func:`f32_tol` of |w| over ``steps`` roundings) and each step's gradient
+    differs by the relative ``grad_err`` (``f32_tol(1, terms, depth)`` for another summation
+    order), which the updates carry into the weights at the size of the total update |w - start|.
+    A wrong number (a lost step, a wrong lr scale, other features) moves a weight by about the
+    update itself."""
+    assert a.keys() == b.keys()
+    for k in a:
+        start_k = start.get(k, np.zeros_like(a[k]))
+        bound = f32_tol(np.abs(a[k]).max(), steps) + 8 * grad_err * np.abs(a[k] - start_k).max()
+        diff = np.abs(a[k].astype(np.float64) - b[k]).max()
+        assert diff <= bound, f"{k}: the runs differ by {diff:.3g}, more than float rounding ({bound:.3g})"
+
+
 # ----------------------------------------------------------------- exact quantized arithmetic
 # The ONNX spec's formulas in numpy, integers held in int64: the oracle for every quantized
 # converter (onnxruntime's uint8×int8 kernels saturate int16 pair sums on CPUs without VNNI).
