@@ -22,6 +22,7 @@ import onnx.inliner
 from onnx import external_data_helper, helper, numpy_helper
 
 from ..errors import OnnxImportError
+from ..graphblock import GraphBlock
 from . import fold
 from .ops.quantize import integer_as_float
 from .ops.shape import range_over_batch
@@ -57,7 +58,7 @@ class ImportInfo:
     head: Any = None  # surgery's Head block, appended after ``outputs``
 
 
-class OnnxBlock(mx.gluon.SymbolBlock):
+class OnnxBlock(GraphBlock):
     """The imported model: a SymbolBlock whose multi-output calls return a tuple in
     graph-output order (SymbolBlock itself returns a list)."""
 

@@ -17,6 +17,7 @@ import mxnet as mx
 from mxnet.gluon import HybridBlock
 
 from ..errors import ModelSourceError, short_reason
+from ..graphblock import GraphBlock
 from ..naming import named_params
 from ..recipe import ModelSpec, resolve_source
 from .restore import RestoreReport, restore
@@ -108,7 +109,7 @@ def _symbol(prefix: str, input_names: list[str], epoch: int | None, ctx) -> Hybr
     try:
         with warnings.catch_warnings():  # input dtypes are known at the first call; the warning is noise
             warnings.filterwarnings("ignore", "Cannot decide type", UserWarning)
-            return mx.gluon.SymbolBlock.imports(str(sym_file), input_names, str(params), ctx=ctx)
+            return GraphBlock.from_files(str(sym_file), input_names, str(params), ctx=ctx)
     except Exception as e:
         raise ModelSourceError(f"Loading '{params}' into '{sym_file}' failed: {short_reason(e, 300)}.") from None
 
@@ -217,6 +218,8 @@ def load_model(spec: str | ModelSpec, *, classes: int | None = None, ctx=None,
         net = _zoo(rest, classes, spec.kwargs, spec.pretrained, ctx)
         if not spec.pretrained:
             net.initialize(mx.init.Xavier(), ctx=ctx)
+        # Gluon defers shapes to the first forward; callers get parameters they can read.
+        materialize(net, dict(input_shapes or {"data": (1, *spec.input_shape)}), ctx, spec.source)
         return net
     if classes is not None:
         raise ModelSourceError(f"A new classifier for {spec.source} needs surgery (cut_at / drop_last + head); "
@@ -241,7 +244,8 @@ def build_model(spec: ModelSpec, *, classes: int | None = None, head_init: str =
     ctx = ctx or mx.cpu()
     shapes = dict(input_shapes or {_input_name(spec): (1, *spec.input_shape)})
     net = load_model(spec, classes=classes, ctx=ctx, input_shapes=shapes)
-    materialize(net, shapes, ctx, spec.source)
+    if not spec.source.startswith("zoo:"):  # load_model ran zoo models at these shapes already
+        materialize(net, shapes, ctx, spec.source)
     if not spec.weights:
         return net, None
     report = restore(net, spec.weights, prefix_map=spec.restore.prefix_map, only=spec.restore.only)
