@@ -103,17 +103,9 @@ def test_zoo_model_params_aux_states_and_one_sgd_step(zoo):
 # ------------------------------------------------------------------ onnx light models
 
 LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
-LIGHT_EXPECTED_FAILURES: dict[str, str] = {}
 
 
-def _light_params():
-    for p in sorted(LIGHT.glob("light_*.onnx")):
-        marks = [pytest.mark.xfail(reason=LIGHT_EXPECTED_FAILURES[p.stem], strict=False)] \
-            if p.stem in LIGHT_EXPECTED_FAILURES else []
-        yield pytest.param(p, id=p.stem, marks=marks)
-
-
-@pytest.mark.parametrize("path", list(_light_params()))
+@pytest.mark.parametrize("path", [pytest.param(p, id=p.stem) for p in sorted(LIGHT.glob("light_*.onnx"))])
 def test_light_model_matches_stored_output(path):
     """Input as the onnx backend runner makes it: arange(n)/n in the declared shape."""
     model = onnx.load(str(path))
