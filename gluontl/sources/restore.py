@@ -112,7 +112,7 @@ def restore(block: HybridBlock, path: str | Path, *, prefix_map: dict[str, str] 
         if shape_of(e.param) != tuple(src.shape):
             report.mismatched.append((name, shape_of(e.param), tuple(src.shape)))
             continue
-        e.param.set_data(src.astype(e.param.dtype, copy=False))
+        e.param.set_data(src)  # casts to the parameter's dtype (a float64 file loads into float32)
         report.restored.append(name)
     return report
 

@@ -1,0 +1,142 @@
+#!/usr/bin/env python
+"""Mutation testing (mutmut 3) of the modules that carry gluontl's promises; prints kill rates.
+
+    scripts/mutation.py                 # every module, one after the other
+    scripts/mutation.py rules restore   # some of them
+    scripts/mutation.py --survivors checkpoint   # re-test only last run's survivors (after adding tests)
+    scripts/mutation.py --fresh verify  # forget cached results and mutants of that module
+    scripts/mutation.py --report        # kill rates of the last runs, nothing run
+
+Each module runs in its own work folder ``mutants/<module>/`` (git-ignored) holding symlinks to
+gluontl/ and tests/ and a generated setup.cfg: its ``[mutmut]`` section names the one file to
+mutate and the few test files that exercise it, so a mutant costs seconds, and the repo's own
+setup.cfg/pyproject.toml stay untouched (scripts/env.sh rebuilds the venv when they change).
+mutmut copies both into ``mutants/<module>/mutants/`` and runs pytest there; ``mutmut show NAME``
+or ``mutmut browse`` run inside ``mutants/<module>/`` inspect a mutant.
+
+Subprocess tests (CLI, kill -9) are left out of the selections: a child process imports the
+unmutated package, so they could never kill a mutant. Equivalent mutants and the kill rates are
+in docs/mutation.md.
+"""
+from __future__ import annotations
+
+import argparse
+import configparser
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# module -> (file to mutate, tests that exercise it; fast ones only)
+MODULES: dict[str, tuple[str, list[str]]] = {
+    "rules": ("gluontl/rules.py", ["tests/test_rules.py", "tests/test_graph_bn.py"]),
+    "restore": ("gluontl/sources/restore.py", ["tests/test_sources.py"]),
+    "checkpoint": ("gluontl/train/checkpoint.py", ["tests/train/test_checkpoint.py"]),
+    "verify": ("gluontl/export/verify.py", ["tests/test_export.py", "tests/test_export_patch.py"]),
+}
+
+# mutmut exit codes (mutmut.stats.status_by_exit_code) a mutant can end with
+DETECTED = {"killed", "timeout", "segfault", "caught by type check"}
+
+
+def _statuses(meta: Path) -> Counter:
+    from mutmut.stats import status_by_exit_code
+
+    codes = json.loads(meta.read_text())["exit_code_by_key"]
+    return Counter(status_by_exit_code[c] for c in codes.values())
+
+
+def _survivors(meta: Path) -> list[str]:
+    codes = json.loads(meta.read_text())["exit_code_by_key"]
+    return sorted(k for k, c in codes.items() if c == 0)
+
+
+def _prepare(name: str, fresh: bool) -> Path:
+    target, tests = MODULES[name]
+    work = ROOT / "mutants" / name
+    if fresh and work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True, exist_ok=True)
+    for link in ("gluontl", "tests"):
+        if not (work / link).is_symlink():
+            (work / link).symlink_to(ROOT / link, target_is_directory=True)
+    repo_cfg = configparser.ConfigParser(interpolation=None)
+    repo_cfg.read(ROOT / "setup.cfg")
+    cfg = configparser.ConfigParser(interpolation=None)
+    cfg["tool:pytest"] = dict(repo_cfg["tool:pytest"])  # the suite's own pytest options
+    cfg["mutmut"] = {
+        "source_paths": "gluontl",
+        "only_mutate": target,
+        "pytest_add_cli_args_test_selection": "\n" + "\n".join(tests),
+        "pytest_add_cli_args": "\n-p\nno:cacheprovider",
+    }
+    with open(work / "setup.cfg", "w") as fh:
+        cfg.write(fh)
+    return work
+
+
+def _meta(name: str) -> Path:
+    return ROOT / "mutants" / name / "mutants" / (MODULES[name][0] + ".meta")
+
+
+def run(name: str, *, fresh: bool, survivors: bool, max_children: int) -> None:
+    names: list[str] = []
+    if survivors:
+        if not _meta(name).is_file():
+            sys.exit(f"{name}: no previous run to take survivors from; run without --survivors first")
+        names = _survivors(_meta(name))
+        if not names:
+            print(f"{name}: no survivors to re-test")
+            return
+    work = _prepare(name, fresh)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children), *names]
+    print(f"== {name}: mutating {MODULES[name][0]} with {' '.join(MODULES[name][1])}", flush=True)
+    subprocess.run(cmd, cwd=work, env=env, check=True)
+
+
+def report(names: list[str]) -> int:
+    worst = 100.0
+    for name in names:
+        meta = _meta(name)
+        if not meta.is_file():
+            print(f"{name:<11} not run yet")
+            continue
+        s = _statuses(meta)
+        total = sum(s.values())
+        killed = sum(v for k, v in s.items() if k in DETECTED)
+        rate = 100.0 * killed / total if total else 100.0
+        worst = min(worst, rate)
+        other = ", ".join(f"{k} {v}" for k, v in sorted(s.items()) if k not in DETECTED)
+        print(f"{name:<11} {MODULES[name][0]:<28} killed {killed}/{total} = {rate:.1f} %  ({other or 'none left'})")
+        for m in _survivors(meta):
+            print(f"    survived: {m}")
+    return 0 if worst >= 90.0 else 1
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("modules", nargs="*", help=f"any of {', '.join(MODULES)} (default: all)")
+    ap.add_argument("--fresh", action="store_true", help="delete the module's work folder first")
+    ap.add_argument("--survivors", action="store_true", help="re-test only the last run's survivors")
+    ap.add_argument("--report", action="store_true", help="print the last runs' kill rates only")
+    ap.add_argument("--max-children", type=int, default=1,
+                    help="parallel mutants (default 1: the machine is shared)")
+    args = ap.parse_args()
+    names = args.modules or list(MODULES)
+    if unknown := [n for n in names if n not in MODULES]:
+        ap.error(f"unknown module(s) {unknown}; choose from {', '.join(MODULES)}")
+    if not args.report:
+        for name in names:  # one module at a time
+            run(name, fresh=args.fresh, survivors=args.survivors, max_children=args.max_children)
+    print()
+    return report(names)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
