@@ -101,3 +101,22 @@ def test_pool_geometry_matches_onnxruntime(data):
 def test_pool_fallback_gradients_match_central_differences(op, attrs):
     x = (np.random.permutation(2 * 5 * 6).reshape(1, 2, 5, 6) / 10.0 - 3).astype("f")  # distinct values: no max ties
     check_grad(op, {"x": x}, attrs, opset=19 if op != "MaxPool" else 12)
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+@pytest.mark.parametrize("attrs", [{"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]},
+                                   {"kernel_shape": [2, 2], "dilations": [2, 2]}])
+def test_max_pool_of_8_bit_integers_is_exact(dtype, attrs):
+    """MXNet pools floats only; float32 holds every 8-bit value, so the result is exact."""
+    info = np.iinfo(dtype)
+    x = np.random.RandomState(0).randint(info.min, info.max + 1, (2, 3, 7, 8)).astype(dtype)
+    got = check("MaxPool", {"x": x}, attrs, opset=12)
+    assert got[0].dtype == dtype
+
+
+def test_max_pool_of_wide_integers_is_refused():
+    """ONNX defines no int32 MaxPool (onnxruntime rejects the model): the converter alone."""
+    from opcheck import build_mx, make_model
+    x = {"x": np.zeros((1, 1, 4, 4), np.int32)}
+    with pytest.raises(OnnxImportError, match="int32 input"):
+        build_mx(make_model("MaxPool", x, {"kernel_shape": [2, 2]}, opset=12), x, opset=12)

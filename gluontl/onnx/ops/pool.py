@@ -7,6 +7,7 @@ windows, a max/sum over strided slices), with averages divided by an explicit co
 import itertools
 
 import mxnet as mx
+import numpy as np
 
 from ..registry import converter, ints
 from .conv import onnx_pads, pad_spatial, spatial_shape
@@ -118,7 +119,17 @@ def _pool(node, inputs, kind, data=None, name=None):
 
 @converter("MaxPool", since=1)
 def max_pool(node, inputs):
-    return _pool(node, inputs, "max")
+    """int8/uint8 inputs (opset 12+) pool in float32, which holds them exactly: MXNet's
+    pooling takes floats only."""
+    x = inputs[0]
+    dtype = np.dtype(x.dtype) if x.dtype is not None else np.dtype(np.float32)
+    if dtype.kind == "f":
+        return _pool(node, inputs, "max")
+    if dtype.itemsize > 2:
+        raise node.unsupported(f"{dtype} input: only float, int8 and uint8 MaxPool is defined")
+    as_float = mx.sym.Cast(x.sym, dtype="float32", name=node.sub("float_in"))
+    pooled = _pool(node, inputs, "max", data=as_float, name=node.sub("float_out"))
+    return mx.sym.Cast(pooled, dtype=dtype.name, name=node.name)
 
 
 @converter("AveragePool", since=1)
