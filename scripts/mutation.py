@@ -6,6 +6,7 @@
     scripts/mutation.py --survivors checkpoint   # re-test only last run's survivors (after adding tests)
     scripts/mutation.py --fresh verify  # forget cached results and mutants of that module
     scripts/mutation.py --report        # kill rates of the last runs, nothing run
+    scripts/mutation.py --show rules    # the diffs of the last run's survivors
 
 Each module runs in its own work folder ``mutants/<module>/`` (git-ignored) holding symlinks to
 gluontl/ and tests/ and a generated setup.cfg: its ``[mutmut]`` section names the one file to
@@ -100,6 +101,14 @@ def run(name: str, *, fresh: bool, survivors: bool, max_children: int) -> None:
     subprocess.run(cmd, cwd=work, env=env, check=True)
 
 
+def show(name: str) -> None:
+    work = ROOT / "mutants" / name
+    codes = json.loads(_meta(name).read_text())["exit_code_by_key"] if _meta(name).is_file() else {}
+    for m, code in sorted(codes.items()):
+        if code in (0, 5, 33):  # survived or reached by no selected test
+            subprocess.run([sys.executable, "-m", "mutmut", "show", m], cwd=work, check=True)
+
+
 def report(names: list[str]) -> int:
     worst = 100.0
     for name in names:
@@ -125,12 +134,17 @@ def main() -> int:
     ap.add_argument("--fresh", action="store_true", help="delete the module's work folder first")
     ap.add_argument("--survivors", action="store_true", help="re-test only the last run's survivors")
     ap.add_argument("--report", action="store_true", help="print the last runs' kill rates only")
+    ap.add_argument("--show", action="store_true", help="print the diffs of the last runs' survivors")
     ap.add_argument("--max-children", type=int, default=1,
                     help="parallel mutants (default 1: the machine is shared)")
     args = ap.parse_args()
     names = args.modules or list(MODULES)
     if unknown := [n for n in names if n not in MODULES]:
         ap.error(f"unknown module(s) {unknown}; choose from {', '.join(MODULES)}")
+    if args.show:
+        for name in names:
+            show(name)
+        return 0
     if not args.report:
         for name in names:  # one module at a time
             run(name, fresh=args.fresh, survivors=args.survivors, max_children=args.max_children)

@@ -1,0 +1,197 @@
+"""Checkpoints: three files bound by the SHA-256 hashes in the JSON; a resume trusts (and
+unpickles) nothing whose hash does not match, and restores the exact arrays and optimizer state."""
+import hashlib
+import json
+import pickle
+
+import mxnet as mx
+import numpy as np
+import pytest
+import helpers
+
+from gluontl.errors import TrainError
+from gluontl.naming import named_params
+from gluontl.recipe import parse_recipe
+from gluontl.train import checkpoint
+from gluontl.train.loop import finetune
+
+
+def _net(seed):
+    mx.random.seed(seed)
+    net = mx.gluon.nn.HybridSequential()
+    net.add(mx.gluon.nn.Dense(4, activation="relu"), mx.gluon.nn.Dense(3))
+    net.initialize(mx.init.Xavier())
+    net(mx.nd.zeros((2, 5)))
+    return net
+
+
+def _trainer(net):
+    return mx.gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1, "momentum": 0.9})
+
+
+def _step(net, trainer, seed):
+    rs = np.random.RandomState(seed)
+    x, y = mx.nd.array(rs.randn(6, 5)), mx.nd.array(rs.randint(0, 3, 6))
+    with mx.autograd.record():
+        loss = mx.gluon.loss.SoftmaxCrossEntropyLoss()(net(x), y)
+    loss.backward()
+    trainer.step(6)
+
+
+def _values(net):
+    return {n: e.param.data().asnumpy().copy() for n, e in named_params(net).items()}
+
+
+@pytest.fixture
+def saved(tmp_path):
+    """A checkpoint of a net after two momentum steps (non-zero optimizer state)."""
+    net = _net(1)
+    trainer = _trainer(net)
+    _step(net, trainer, 0)
+    _step(net, trainer, 1)
+    checkpoint.save(tmp_path, "last", net, trainer, {"epoch": 3, "global_step": 17})
+    return tmp_path, net, trainer
+
+
+def test_save_records_the_files_hashes_and_counters(saved):
+    folder, net, _ = saved
+    meta = json.loads((folder / "last.json").read_text())
+    for kind in ("params", "states"):
+        assert meta[f"{kind}_sha256"] == hashlib.sha256((folder / f"last.{kind}").read_bytes()).hexdigest()
+    assert checkpoint.load(folder, "last") == meta
+    assert meta["epoch"] == 3 and meta["global_step"] == 17
+    on_disk = {k: v.asnumpy() for k, v in mx.nd.load(str(folder / "last.params")).items()}
+    want = _values(net)
+    assert list(on_disk) == list(want)  # structural names, as restore and weights: read them
+    for n in want:
+        np.testing.assert_array_equal(on_disk[n], want[n])
+    assert sorted(p.name for p in folder.iterdir()) == ["last.json", "last.params", "last.states"]
+
+
+def test_save_removes_temp_files_left_by_a_killed_write(saved):
+    folder, net, trainer = saved
+    stale = [folder / ".last.params.abc123.tmp", folder / ".best.states.x.tmp"]
+    for p in stale:
+        p.write_bytes(b"half a file")
+    keep = folder / "notes.tmp"  # not one of ours (no leading dot)
+    keep.write_text("user file")
+    checkpoint.save(folder, "best", net, trainer, {"epoch": 1})
+    assert not any(p.exists() for p in stale)
+    assert keep.read_text() == "user file"
+    assert checkpoint.load(folder, "best")["epoch"] == 1
+
+
+def test_restore_into_gives_the_same_next_step(saved):
+    # the parameters and the momentum buffers both come back: one more step from the restored
+    # copy lands exactly where one more step from the original lands
+    folder, net, trainer = saved
+    other = _net(2)
+    assert any(not np.array_equal(a, b) for a, b in zip(_values(other).values(), _values(net).values()))
+    other_trainer = _trainer(other)
+    checkpoint.load(folder, "last")
+    checkpoint.restore_into(folder, "last", other, other_trainer, mx.cpu())
+    for n, v in _values(net).items():
+        np.testing.assert_array_equal(_values(other)[n], v, err_msg=n)
+    _step(net, trainer, 2)
+    _step(other, other_trainer, 2)
+    for n, v in _values(net).items():
+        np.testing.assert_array_equal(_values(other)[n], v, err_msg=n)
+
+
+def test_restore_into_without_trainer_sets_only_parameters(saved):
+    folder, net, _ = saved
+    other = _net(2)
+    checkpoint.restore_into(folder, "last", other, None, mx.cpu())
+    for n, v in _values(net).items():
+        np.testing.assert_array_equal(_values(other)[n], v, err_msg=n)
+
+
+def test_restore_into_refuses_another_models_checkpoint(saved):
+    folder, _, _ = saved
+    bigger = mx.gluon.nn.HybridSequential()
+    bigger.add(mx.gluon.nn.Dense(4), mx.gluon.nn.Dense(3), mx.gluon.nn.Dense(2), mx.gluon.nn.Dense(2))
+    bigger.initialize()
+    bigger(mx.nd.zeros((1, 5)))
+    before = _values(bigger)
+    # four names lack; the message names the first three
+    with pytest.raises(TrainError, match=rf"^Checkpoint '{folder / 'last'}.params' lacks "
+                                         r"\['2\.bias', '2\.weight', '3\.bias'\]: it belongs to another model\.$"):
+        checkpoint.restore_into(folder, "last", bigger, None, mx.cpu())
+    for n, v in before.items():  # refused before touching anything
+        np.testing.assert_array_equal(_values(bigger)[n], v)
+
+
+@pytest.mark.parametrize("kind", ["params", "states", "json"])
+def test_a_failed_write_is_a_train_error_and_leaves_no_checkpoint(tmp_path, kind):
+    # a folder where one of the three files should go makes that write fail
+    net = _net(1)
+    trainer = _trainer(net)
+    _step(net, trainer, 0)
+    (tmp_path / f"last.{kind}").mkdir()
+    with pytest.raises(TrainError, match=rf"Cannot write '{tmp_path / f'last.{kind}'}'"):
+        checkpoint.save(tmp_path, "last", net, trainer, {"epoch": 1})
+    with pytest.raises(TrainError):
+        checkpoint.load(tmp_path, "last")
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+@pytest.mark.parametrize("kind", ["params", "states"])
+@pytest.mark.parametrize("damage", ["modified", "replaced", "deleted"])
+def test_load_refuses_files_that_do_not_match_their_hash(saved, kind, damage):
+    folder, _, _ = saved
+    path = folder / f"last.{kind}"
+    if damage == "modified":  # one byte
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 1
+        path.write_bytes(bytes(data))
+    elif damage == "replaced":  # a valid file of the same kind from another run
+        net = _net(3)
+        trainer = _trainer(net)
+        _step(net, trainer, 5)
+        other = folder / "other"
+        other.mkdir()
+        checkpoint.save(other, "last", net, trainer, {"epoch": 3, "global_step": 17})
+        path.write_bytes((other / f"last.{kind}").read_bytes())
+    else:
+        path.unlink()
+    with pytest.raises(TrainError, match=rf"'{path}' does not match the hash recorded in 'last.json'"):
+        checkpoint.load(folder, "last")
+
+
+def test_load_refuses_a_missing_or_unreadable_json(saved):
+    folder, _, _ = saved
+    with pytest.raises(TrainError, match=r"No checkpoint 'best' in .*'best.json' is missing"):
+        checkpoint.load(folder, "best")
+    (folder / "last.json").write_text('{"epoch": 3, "params_sha')
+    with pytest.raises(TrainError, match=r"last.json' is unreadable"):
+        checkpoint.load(folder, "last")
+    (folder / "last.json").write_text("{}")  # no recorded hashes: nothing can match
+    with pytest.raises(TrainError, match="does not match the hash"):
+        checkpoint.load(folder, "last")
+
+
+class _Payload:
+    """Unpickling this creates ``marker``: proof that a file was unpickled."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return open, (self.marker, "w")
+
+
+def test_resume_unpickles_no_states_file_whose_hash_does_not_match(tmp_path):
+    # The README's promise: a resume loads nothing it did not write. An attacker (or a copy
+    # from another run) replaces last.states with a pickle that acts when loaded.
+    tiny = helpers.tiny_symbol(tmp_path, deep=False)
+    r = parse_recipe({"name": "ckpt", "model": {"source": f"symbol:{tiny}", "input_shape": [3, 16, 16]},
+                      "data": helpers.DIGITS_5_9, "train": {"epochs": 1, "lr": 0.05}})
+    part = finetune(r, runs_root=tmp_path / "runs", quiet=True, stop_after_steps=2)
+    states = part.run_dir / "checkpoints" / "last.states"
+    marker = tmp_path / "unpickled"
+    states.write_bytes(pickle.dumps(_Payload(marker)))
+    pickle.loads(pickle.dumps(_Payload(tmp_path / "probe")))  # the payload does act when unpickled
+    assert (tmp_path / "probe").exists()
+    with pytest.raises(TrainError, match="last.states' does not match the hash"):
+        finetune(r, runs_root=tmp_path / "runs", quiet=True, resume=part.run_dir)
+    assert not marker.exists()
