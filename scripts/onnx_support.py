@@ -79,9 +79,12 @@ def table(passed: dict[str, bool], typed: dict[str, bool]) -> str:
         "`input_shapes` fills the other unknown dims. `fixed_batch=True` pins the batch.",
         "- **Folding.** Nodes whose inputs are known at import (initializers, Constant nodes, "
         "Shape of statically shaped values) are evaluated with onnxruntime, at two batch sizes. "
-        "Batch-dependent shape vectors become batch-free: Reshape `0`/`-1`, Expand `1` plus a "
-        "run-time broadcast to the batch, Resize sizes `0`, Slice ends open-ended; other "
-        "batch-dependent values are computed at run time or refused with a clear error. "
+        "Batch-dependent shape vectors become batch-free: Reshape `0`/`-1`, Expand `1` and Tile "
+        "repeats of length-1 axes plus a run-time broadcast to the batch, Resize sizes `0`, "
+        "Slice ends open-ended; a Range over the batch (`arange(B) * C + ...`, dynamo's "
+        "`as_strided` and advanced-indexing decompositions) runs as `arange_like` of the batch "
+        "axis, its start and length taken as affine in the batch; other batch-dependent values "
+        "are computed at run time or refused with a clear error. "
         "An If whose condition folds becomes the branch it takes; model-local functions "
         "are inlined.",
         "- **Parameters.** Float tensors of rank >= 1 from initializers, Constant nodes and "
