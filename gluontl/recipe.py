@@ -326,10 +326,13 @@ class TrainSpec(Strict):
 
 
 class ExportSpec(Strict):
+    """Unset names and opset follow the model: an imported ONNX graph keeps its own (it is
+    exported as that graph, patched); zoo and symbol models get ``data``, ``output``, opset 13."""
+
     formats: list[Literal["symbol", "onnx"]] = Field(default_factory=lambda: ["onnx"])
-    opset: int = Field(default=13, ge=12, le=21)
-    input_names: list[str] = Field(default_factory=lambda: ["data"])
-    output_names: list[str] = Field(default_factory=lambda: ["output"])
+    opset: int | None = Field(default=None, ge=7, le=21)
+    input_names: list[str] | None = Field(default=None, min_length=1)
+    output_names: list[str] | None = Field(default=None, min_length=1)
     rtol: float = Field(default=1e-4, gt=0.0)
     lean: bool = True
 

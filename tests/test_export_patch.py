@@ -308,3 +308,31 @@ def test_inputs_keep_their_names_unless_others_are_given(tmp_path):
     renamed = onnx.load(export_onnx(block, tmp_path / "b.onnx", {"data": (1, *SHAPE)}))
     assert [i.name for i in renamed.graph.input] == ["data"]
     assert next(n for n in renamed.graph.node if n.name == "conv").input[0] == "data"
+
+
+def test_finetuned_onnx_recipe_exports_its_source_graph(tmp_path):
+    """The recipe path: an ONNX model cut, given a head and fine-tuned goes out as the source
+    graph up to the cut plus the head, under the source's input name and opset, holding the
+    trained head and the untouched backbone."""
+    from gluontl.recipe import load_recipe
+    from gluontl.train.loop import finetune
+    from gluontl.train.runs import export_run, load_run
+
+    recipe = load_recipe(Path(__file__).parents[1] / "recipes" / "onnx_resnet_cut.yaml", ["train.epochs=1"])
+    recipe = recipe.model_copy(update={"export": recipe.export.model_copy(update={"input_names": None})})
+    run = finetune(recipe, runs_root=tmp_path, quiet=True).run_dir
+    (path,) = export_run(run)
+    model = onnx.load(path)
+    source = onnx.load(recipe.model.source.split(":", 1)[1])
+    assert [i.name for i in model.graph.input] == ["x"]
+    assert model.opset_import[0].version == source.opset_import[0].version
+    assert _live_nodes(source, set()) >= {n.name for n in model.graph.node if not n.name.startswith("head/")}
+    assert "/layer2/layer2.1/Relu_1" in _node_names(model) and "/fc/Gemm" not in _node_names(model)
+    _, net = load_run(run)
+    values = _tensor_values(model)
+    for name, p in net.collect_params().items():
+        if name in values:
+            np.testing.assert_array_equal(values[name].astype(np.float32), p.data().asnumpy(), err_msg=name)
+    assert {"head.fc1.weight", "head.fc.weight"} <= set(values)
+    x = np.random.RandomState(2).standard_normal((2, 3, 32, 32)).astype(np.float32)
+    _assert_outputs_match(_ort(model.SerializeToString(), {"x": x}), _predict(net, x), [False])

@@ -128,8 +128,9 @@ def _numeric_rows(rows: list[Any], *keys: str) -> list[dict[str, Any]]:
 
 
 def export_block(block, out_dir: str | Path, name: str, input_shapes: Mapping[str, tuple[int, ...]], *,
-                 formats: list[str], opset: int = 13, rtol: float = 1e-4, lean: bool = True, force: bool = False,
-                 sample: Mapping[str, np.ndarray] | None = None) -> list[Path]:
+                 formats: list[str], opset: int | None = None, rtol: float = 1e-4, lean: bool = True,
+                 force: bool = False, sample: Mapping[str, np.ndarray] | None = None,
+                 output_names: list[str] | None = None) -> list[Path]:
     """Export to symbol/params and/or ONNX (verified against onnxruntime, on ``sample`` too).
 
     ``input_shapes`` maps each input name, in call order, to its batch-first shape.
@@ -150,7 +151,8 @@ def export_block(block, out_dir: str | Path, name: str, input_shapes: Mapping[st
         written += list(export_symbol(block, out / name, shapes, force=force))
     if "onnx" in formats:
         written.append(export_onnx(block, out / f"{name}.onnx", shapes, opset=opset, rtol=rtol, lean=lean,
-                                   force=force, sample=None if sample is None else dict(sample)))
+                                   force=force, sample=None if sample is None else dict(sample),
+                                   output_names=output_names))
     return written
 
 
@@ -160,12 +162,14 @@ def export_run(run_dir: str | Path, out_dir: str | Path | None = None, *, format
     from .data import load_split
 
     recipe, net = load_run(run_dir, tag)
+    from ..sources import _input_name
+
     spec = recipe.export
-    name = spec.input_names[0]
+    name = spec.input_names[0] if spec.input_names else _input_name(recipe.model)
     sample = None
     if recipe.data is not None:
         ds = load_split(recipe.data, recipe.data.val)
         sample = {name: np.stack([ds[i][0] for i in range(min(8, len(ds)))]).astype(np.float32)}
     return export_block(net, out_dir or Path(run_dir) / "export", recipe.name, {name: (1, *recipe.model.input_shape)},
                         formats=formats or list(spec.formats), opset=spec.opset, rtol=spec.rtol, lean=spec.lean,
-                        force=force, sample=sample)
+                        force=force, sample=sample, output_names=spec.output_names)
