@@ -1,6 +1,7 @@
 """Export a Gluon block to MXNet symbol/params or lean ONNX, verified before it is written."""
 from __future__ import annotations
 
+import bisect
 import contextlib
 import dataclasses
 import json
@@ -104,6 +105,35 @@ def _normalize_dense(traced: TracedBlock) -> TracedBlock:
         if attrs.get("flatten") != str(flatten):
             attrs["flatten"] = str(flatten)
             changed = True
+    if not changed:
+        return traced
+    return dataclasses.replace(traced, symbol=mx.sym.load_json(json.dumps(nodes)))
+
+
+def _prefix_free_names(traced: TracedBlock) -> TracedBlock:
+    """Rename layers whose name begins another node's name by appending ``~``.
+
+    mx.onnx names the helper tensors of layer ``X`` ``X_0``, ``X_1``, ``X_shape``...; graphs
+    imported from ONNX (PyTorch numbering: ``/attn/MatMul``, ``/attn/MatMul_1``) then get two
+    tensors of one name, and the second layer reads the first one's int64 helper. Output
+    identities keep their names (they are the file's output names and make no helpers).
+    """
+    nodes = json.loads(traced.symbol.tojson())
+    movable = [n for n in nodes["nodes"] if n["op"] != "null" and n["name"] not in traced.output_names]
+
+    def starts_another(name: str, pool: list[str]) -> bool:  # the names starting with it follow it
+        i = bisect.bisect_right(pool, name)
+        return i < len(pool) and pool[i].startswith(name)
+
+    changed = False
+    while True:
+        pool = sorted(n["name"] for n in nodes["nodes"])
+        clashing = [n for n in movable if starts_another(n["name"], pool)]
+        if not clashing:
+            break
+        for node in clashing:
+            node["name"] += "~"
+        changed = True
     if not changed:
         return traced
     return dataclasses.replace(traced, symbol=mx.sym.load_json(json.dumps(nodes)))
@@ -291,7 +321,7 @@ def export_onnx(
         if opset < 12:
             raise ExportError(f"opset {opset} is too old for mx.onnx; export with opset 12 or newer (13 recommended).")
         traced = trace_block(block, input_shapes, output_names)
-        model = _mx_to_onnx(_normalize_dense(traced), opset)
+        model = _mx_to_onnx(_prefix_free_names(_normalize_dense(traced)), opset)
         if lean:
             counts = make_lean(model)
             log.info("lean ONNX: folded %(folded_batchnorm)d BatchNorm, dropped %(dropped_noops)d no-op nodes", counts)
