@@ -330,3 +330,11 @@ def test_snapshot_is_a_copy():
     old = w.data().asnumpy().copy()
     w.set_data(w.data() + 1)
     np.testing.assert_array_equal(snap["0.weight"], old)
+
+
+def test_build_model_expect_missing_does_not_excuse_a_new_head(tmp_path):
+    _, path = _saved(tmp_path, classes=10)
+    spec = ModelSpec(source="zoo:resnet18_v1", weights=str(path), input_shape=SHAPE,
+                     restore={"expect_missing": ["output.*"], "expect_unexpected": ["output.*"]})
+    with pytest.raises(RestoreError, match=r"shape mismatch: output\.weight model \(3, 512\) file \(10, 512\)"):
+        build_model(spec, classes=3)
