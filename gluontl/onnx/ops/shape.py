@@ -205,6 +205,8 @@ def range_over_batch(node, inputs, *, values, batches, ref):
         raise node.unsupported(f"its length ({n[0]} at batch {b1}, {n[1]} at batch {b2}) or start "
                                f"is not a whole multiple of the batch size plus a constant")
     per_batch, extra = (n[1] - n[0]) // span, n[0] - (n[1] - n[0]) // span * b1
+    if per_batch == 0 and extra <= 0:
+        raise node.unsupported("it is empty, and MXNet cannot hold an empty tensor")
     start_per_batch, start = (s[1] - s[0]) // span, s[0] - (s[1] - s[0]) // span * b1
     dtype = mx_dtype(np.asarray(values[0][0]).dtype).name
     batch = mx.sym.contrib.arange_like(ref, axis=0, name=node.sub("batch"))
