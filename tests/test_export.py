@@ -489,3 +489,89 @@ def test_export_refuses_a_file_off_by_a_thousandth_of_the_range(zoo_export, tmp_
         assert not report.ok and 1e-4 < report.max_rel < 1e-2, report.describe()
     finally:
         last.set_data(original)
+
+
+# ------------------------------------------------------------------ compare(): inputs, outputs, the report
+
+def _cast_model(onnx_type: int, outputs: int = 1) -> bytes:
+    """x (of ``onnx_type``) -> float32 copies; what a block taking ids or masks exports to."""
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Cast", ["x"], [f"y{i}"], to=TensorProto.FLOAT) for i in range(outputs)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", onnx_type, ["N", 3])],
+                              [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, ["N", 3])
+                               for i in range(outputs)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]).SerializeToString()
+
+
+class _ToFloat(nn.HybridBlock):
+    def __init__(self, outputs=1, scale=1.0):
+        super().__init__()
+        self.outputs, self.scale = outputs, scale
+
+    def hybrid_forward(self, F, x):
+        y = F.cast(x, "float32") * self.scale
+        return y if self.outputs == 1 else [y] * self.outputs
+
+
+@pytest.mark.parametrize("onnx_type", ["FLOAT", "DOUBLE", "FLOAT16", "INT64", "INT32", "INT8", "UINT8", "BOOL"])
+def test_compare_feeds_each_input_in_the_files_type(onnx_type):
+    # onnxruntime refuses an input of the wrong type; compare casts what it is given
+    from onnx import TensorProto
+
+    from gluontl.export.verify import compare, ort_session
+
+    session = ort_session(_cast_model(getattr(TensorProto, onnx_type)), "cast model")
+    x = np.array([[0.0, 1.0, 1.0], [1.0, 0.0, 1.0]])  # float64, values every type holds exactly
+    report = compare(session, _ToFloat(), {"x": x}, rtol=0.0)
+    assert report.ok and report.max_abs == 0.0 and report.max_rel == 0.0
+
+
+def test_compare_refuses_inputs_and_outputs_that_do_not_fit():
+    from onnx import TensorProto
+
+    from gluontl.export.verify import compare, ort_session
+
+    session = ort_session(_cast_model(TensorProto.FLOAT), "cast model")
+    x = np.ones((2, 3), np.float32)
+    with pytest.raises(ExportError, match=r"^The ONNX file takes inputs \['x'\] but \['data'\] were given; "
+                                          r"pass one array per file input, keyed by its name\.$"):
+        compare(session, _ToFloat(), {"data": x}, rtol=1e-4)
+    with pytest.raises(ExportError, match=r"^The inputs \{'x': \(2, 4\)\} do not fit the ONNX file or the block "):
+        compare(session, _ToFloat(), {"x": np.ones((2, 4), np.float32)}, rtol=1e-4)
+    with pytest.raises(ExportError, match=r"^The ONNX file has 1 outputs \['y0'\] but the block returns 2; "
+                                          r"this file was not exported from this block\.$"):
+        compare(session, _ToFloat(outputs=2), {"x": x}, rtol=1e-4)
+
+
+def test_compare_reports_the_worst_output_and_judges_it_against_rtol():
+    from onnx import TensorProto
+
+    from gluontl.export.verify import compare, ort_session
+
+    session = ort_session(_cast_model(TensorProto.FLOAT, outputs=2), "cast model")
+    x = np.array([[0.0, 2.0, 4.0], [1.0, 3.0, 4.0]], np.float32)  # range 4
+    block = _ToFloat(outputs=2, scale=1.5)  # MXNet: 1.5 x (range 6); ONNX: x, off by up to 2 (= 1/3 of 6)
+    report = compare(session, block, {"x": x}, rtol=1 / 3)
+    assert [(o.name, o.shape) for o in report.outputs] == [("y0", (2, 3)), ("y1", (2, 3))]
+    assert report.max_abs == 2.0 and report.max_rel == pytest.approx(1 / 3) and report.rtol == 1 / 3
+    assert report.ok  # rel == rtol passes
+    assert not compare(session, block, {"x": x}, rtol=0.33).ok
+    assert report.describe() == ("y0[2, 3]: rel to range 3.33e-01, max abs 2.00e+00, "
+                                 "y1[2, 3]: rel to range 3.33e-01, max abs 2.00e+00")
+    # a saturating op's codomain is the scale when wider than the range
+    report = compare(session, block, {"x": x}, rtol=1.0, scales={"y1": 8.0})
+    assert [o.rel for o in report.outputs] == [pytest.approx(1 / 3), 0.25] and report.max_rel == pytest.approx(1 / 3)
+
+
+def test_ort_session_names_the_file_it_cannot_load(tmp_path):
+    from gluontl.export.verify import ort_session
+
+    bad = tmp_path / "cut.onnx"
+    bad.write_bytes(_cast_model(1)[:20])
+    with pytest.raises(ExportError, match=rf"^onnxruntime cannot load my label: .*A truncated or edited file "
+                                          r"needs re-exporting; if export_onnx itself produced it"):
+        ort_session(bad, "my label")
+    good = tmp_path / "cast.onnx"
+    good.write_bytes(_cast_model(1))
+    assert [i.name for i in ort_session(good, "x").get_inputs()] == ["x"]  # a path works as bytes do

@@ -241,3 +241,137 @@ def test_head_stays_head_after_global_pooling_mobilenetv2():
     plan = make_plan(net, [Rule(preset="freeze_all_but_head")], input_shape=SHAPE)
     assert {r.name for r in plan.rows if r.trainable} == {"output.0.weight"}
     assert {r.stage for r in plan.rows} == {"stem", 1, 2, 3, 4, "head"}
+
+
+# ------------------------------------------------------------ the plan as users read it; presets; errors
+
+
+def _small():
+    """conv -> BatchNorm -> dense: small enough to write its plan out by hand."""
+    net = mx.gluon.nn.HybridSequential()
+    net.add(mx.gluon.nn.Conv2D(4, 3, in_channels=3), mx.gluon.nn.BatchNorm(in_channels=4),
+            mx.gluon.nn.Dense(2, in_units=4 * 6 * 6))
+    net.initialize()
+    net(mx.nd.zeros((1, 3, 8, 8)))
+    return net
+
+
+def test_format_plan_totals_and_json_written_out_by_hand():
+    from gluontl.rules import format_plan
+
+    plan = make_plan(_small(), [Rule(match=["0.*"], grad_req="null", note="freeze the conv"),
+                                Rule(type=["BatchNorm"], bn="frozen", lr_mult=0.5, wd_mult=0.0)])
+    # trainable: gamma 4 + beta 4 + dense 288 + 2; frozen: conv 108 + 4, running mean/var 4 + 4
+    assert plan.totals() == {"params": 8, "trainable": 298, "frozen": 120, "trainable_bytes": 1192,
+                             "frozen_bytes": 480}
+    assert [line.rstrip() for line in format_plan(plan).splitlines()] == [
+        "rules (epoch 0):",
+        "  1: match=['0.*'], grad_req=null  # freeze the conv",
+        "  2: type=['BatchNorm'], lr_mult=0.5, wd_mult=0.0, bn=frozen",
+        "",
+        "name            mxnet name               shape    count  stage  grad_req  lr   wd  bn      rules g/lr/wd/bn",
+        "--------------  -----------------------  -------  -----  -----  --------  ---  --  ------  "
+        "-------------------------",
+        "0.weight        conv0_weight             4x3x3x3  108           null      1    1           "
+        "1/default/default/-",
+        "0.bias          conv0_bias               4        4             null      1    1           "
+        "1/default/default/-",
+        "1.gamma         batchnorm0_gamma         4        4             write     0.5  0   frozen  default/2/2/2",
+        "1.beta          batchnorm0_beta          4        4             write     0.5  0   frozen  default/2/2/2",
+        "1.running_mean  batchnorm0_running_mean  4        4             aux                frozen  aux/aux/aux/2",
+        "1.running_var   batchnorm0_running_var   4        4             aux                frozen  aux/aux/aux/2",
+        "2.weight        dense0_weight            2x144    288           write     1    1           "
+        "default/default/default/-",
+        "2.bias          dense0_bias              2        2             write     1    1           "
+        "default/default/default/-",
+        "",
+        "8 parameters: trainable 298 (0.0 MiB), frozen 120 (0.0 MiB)",
+    ]
+    js = plan.to_json()
+    assert (js["epoch"], js["totals"], js["notes"]) == (0, plan.totals(), [])
+    assert js["rules"] == [{"label": "1", "match": ["0.*"], "grad_req": "null", "note": "freeze the conv"},
+                           {"label": "2", "type": ["BatchNorm"], "lr_mult": 0.5, "wd_mult": 0.0, "bn": "frozen"}]
+    assert js["params"][4] == {"name": "1.running_mean", "global_name": "batchnorm0_running_mean", "shape": (4,),
+                               "size": 4, "layer": "1", "layer_type": "BatchNorm", "stage": None, "aux": True,
+                               "grad_req": "null", "lr_mult": 0.5, "wd_mult": 0.0, "bn": "frozen",
+                               "decided_by": {"grad_req": "aux", "lr_mult": "aux", "wd_mult": "aux", "bn": "2"}}
+    assert [p["name"] for p in js["params"]] == list(plan.by_name())
+    assert plan.settings()["2.weight"] == ("write", 1.0, 1.0, None)
+    assert plan.settings()["1.gamma"] == ("write", 0.5, 0.0, "frozen")
+
+
+def test_format_plan_lists_stages_and_notes_with_sizes_in_mib():
+    from gluontl.rules import format_plan
+
+    net = zoo("resnet18_v1")
+    text = format_plan(make_plan(net, [Rule(match=["features.*"], grad_req="null")], input_shape=SHAPE))
+    lines = text.splitlines()
+    row = next(line for line in lines if line.startswith("features.7.1.body.0.weight "))
+    assert row.split()[2:6] == ["512x512x3x3", "2,359,296", "4", "null"]
+    assert next(line for line in lines if line.startswith("output.weight ")).split()[2:5] == ["5x512", "2,560", "head"]
+    # resnet18_v1: 20 bias-free convs, 20 BatchNorms (4 arrays each), the dense head: 102 arrays.
+    # Backbone weights 11,176,512 (11,689,512 of ImageNet resnet18 less its 513,000-weight fc) plus
+    # the running mean/var of 4,800 BN channels (64 + 4·64 + 5·128 + 5·256 + 5·512) stay frozen;
+    # the 5-class head trains, 512·5 + 5 = 2,565. 11,186,112 · 4 bytes = 42.7 MiB.
+    assert lines[-2] == ("102 parameters: trainable 2,565 (0.0 MiB), frozen 11,186,112 (42.7 MiB)")
+    assert lines[-1].startswith("note: 20 BatchNorm layer(s) are in bn: train but neither they nor anything before "
+                                "them trains (e.g. features.1): MXNet updates running statistics")
+
+
+def test_preset_freeze_bn_freezes_every_batchnorm_and_nothing_else():
+    plan = make_plan(_small(), [Rule(preset="freeze_bn")])
+    rows = plan.by_name()
+    assert {n for n, r in rows.items() if r.trainable} == {"0.weight", "0.bias", "2.weight", "2.bias"}
+    assert {n: r.bn for n, r in rows.items() if r.bn} == dict.fromkeys(
+        ["1.gamma", "1.beta", "1.running_mean", "1.running_var"], "frozen")
+    assert rows["1.gamma"].decided_by == {"grad_req": "1.1", "lr_mult": "default", "wd_mult": "default", "bn": "1.1"}
+    assert [(p.label, p.rule.note) for p in plan.rules] == [("1.1", "freeze every BatchNorm")]
+
+
+def test_presets_take_the_rules_from_epoch_and_optional():
+    net = mx.gluon.nn.HybridSequential()
+    net.add(mx.gluon.nn.Dense(3, in_units=4))
+    net.initialize()
+    with pytest.raises(RuleError, match=r"rule 1\.1 \(type \['BatchNorm'\] \(this model has Dense\)\) matches no "
+                                        r"parameter \(names look like: 0\.weight, 0\.bias\)"):
+        make_plan(net, [Rule(preset="freeze_bn")])
+    assert all(r.trainable for r in make_plan(net, [Rule(preset="freeze_bn", optional=True)]).rows)
+    big = zoo("resnet18_v1")
+    rules = [Rule(preset="freeze_all_but_head", from_epoch=2)]
+    assert all(r.trainable for r in make_plan(big, rules, epoch=1, input_shape=SHAPE).rows if not r.aux)
+    late = make_plan(big, rules, epoch=2, input_shape=SHAPE)
+    assert {r.name for r in late.rows if r.trainable} == {"output.weight", "output.bias"} and late.epoch == 2
+    assert [(p.label, p.rule.from_epoch) for p in late.rules] == [("1.1", 2), ("1.2", 2)]
+
+
+def test_freeze_until_stage_stem_head_and_missing():
+    net = zoo("resnet18_v1")
+    stem = make_plan(net, [Rule(preset="freeze_until_stage", until_stage="stem")], input_shape=SHAPE)
+    assert {r.stage for r in stem.rows if not r.trainable and not r.aux} == {"stem"}
+    assert [p.rule.note for p in stem.rules] == ["freeze stem..stem"]
+    assert {r.name for r in stem.rows if r.stage == "stem"} == {"features.0.weight", "features.1.gamma",
+                                                                "features.1.beta", "features.1.running_mean",
+                                                                "features.1.running_var"}
+    two = make_plan(net, [Rule(preset="freeze_until_stage", until_stage=2)], input_shape=SHAPE)
+    assert {r.stage for r in two.rows if not r.trainable and not r.aux} == {"stem", 1, 2}
+    everything = make_plan(net, [Rule(preset="freeze_until_stage", until_stage="head")], input_shape=SHAPE)
+    assert not any(r.trainable for r in everything.rows[:-2])  # every stage up to 4 ...
+    assert all(r.trainable for r in everything.rows[-2:])  # ... but the head, which no stage number reaches
+    with pytest.raises(RuleError, match=r"^preset freeze_until_stage needs until_stage: N \(stem, 1, 2, …\)\.$"):
+        make_plan(net, [Rule(preset="freeze_until_stage")], input_shape=SHAPE)
+
+
+def test_rule_errors_name_every_rule_and_what_the_model_has():
+    net = zoo("resnet18_v1")
+    with pytest.raises(RuleError) as e:
+        make_plan(net, [Rule(match=["layer4.*"], type=["Conv"], stage=[4], grad_req="null"),
+                        Rule(match=["features.0.*"], bn="frozen")], input_shape=SHAPE)
+    assert str(e.value) == (
+        "The rules do not fit this model: rule 1 (match ['layer4.*'] and type ['Conv'] (this model has BatchNorm, "
+        "Conv, Dense) and stage [4] (this model has stem, 1, 2, 3, 4, head)) matches no parameter (names look "
+        "like: features.0.weight, features.1.gamma, features.1.beta); rule 2 sets bn: frozen but matches no "
+        "BatchNorm layer (it matches 1 parameters of Conv layers); bn applies only to BatchNorm — add type: "
+        "BatchNorm or fix match. Mark a rule optional: true if matching nothing is intended; `gluontl inspect` "
+        "lists every parameter name.")
+    with pytest.raises(RuleError, match=r"^stage selectors need the model's input shape \(model\.input_shape\)\.$"):
+        make_plan(net, [Rule(stage=[1], grad_req="null")])
