@@ -88,8 +88,9 @@ def integer_as_float(proto) -> list | None:
     """Integer-arithmetic ops rewritten as DequantizeLinear → float op (→ QuantizeLinear).
 
     The integer weights then fold into float parameters like QDQ weights, and the
-    graph computes in float what onnxruntime computes in integers (equal up to
-    float rounding of the accumulation). None for other ops.
+    graph computes in float32 what exact integer arithmetic gives: bit for bit while
+    partial sums stay below 2**24 (uint8×int8 dot products of up to 513 terms), the
+    requantized QLinear outputs up to float rounding next to a tie. None for other ops.
     """
     from onnx import helper
 
