@@ -20,6 +20,7 @@ import pytest
 from helpers import assert_f32_close
 from mxnet.gluon import rnn
 
+from gluontl.errors import ExportError
 from gluontl.export import export_onnx, export_symbol
 from gluontl.onnx import import_model
 from gluontl.sources import load_model
@@ -55,14 +56,15 @@ def _export_run(tmp_path: Path, block, shapes: dict[str, tuple[int, ...]],
 @pytest.mark.parametrize("dtype", ["float32", "int32"])
 def test_full_is_a_constant(tmp_path, dtype):
     """``_full`` (ONNX ConstantOfShape of a static shape), broadcast to the batch as the
-    importer does; an integer one is cast before use, so its dtype must survive."""
+    importer does; mx.onnx types a scalar op's constant by its input, so an integer ``_full``
+    must be known as one (an int32 + float Add is an invalid graph)."""
     x = mx.sym.var("x")
-    const = mx.sym.Cast(mx.sym.full((1, 4), 3, dtype=dtype), dtype="float32")
-    sym = x * mx.sym.broadcast_like(const, x, lhs_axes=(0,), rhs_axes=(0,)) + 0.5
+    const = mx.sym.Cast(mx.sym.full((1, 4), 3, dtype=dtype) + 1, dtype="float32")
+    sym = x * mx.sym.broadcast_like(const, x, lhs_axes=(0,), rhs_axes=(0,))
     data = np.random.RandomState(0).standard_normal((3, 4)).astype(np.float32)
     model, (got,) = _export_run(tmp_path, _symbol_block(sym, ["x"], {}), {"x": (1, 4)}, {"x": data})
     assert any(n.op_type == "Constant" for n in model.graph.node)
-    assert_f32_close(got, data * 3 + 0.5, terms=2)
+    np.testing.assert_array_equal(got, data * 4)  # one exactly rounded product
 
 
 @pytest.mark.parametrize("divisor", [2.5, -2.5, 0.0])
@@ -94,6 +96,33 @@ def test_broadcast_to_zero_keeps_the_axis(tmp_path):
     data = np.random.RandomState(3).standard_normal((2, 1, 3)).astype(np.float32)
     _, (got,) = _export_run(tmp_path, _symbol_block(sym, ["x"], {}), {"x": (1, 1, 3)}, {"x": data})
     np.testing.assert_array_equal(got, np.broadcast_to(data, (2, 4, 3)))
+
+
+def test_broadcast_maximum(tmp_path):
+    """Elementwise Max with broadcasting (the importer's Max, tensor-bounded Clip)."""
+    sym = mx.sym.broadcast_maximum(mx.sym.var("x"), mx.sym.var("y"))
+    rng = np.random.RandomState(8)
+    feeds = {"x": rng.standard_normal((2, 3, 4)).astype(np.float32), "y": rng.standard_normal((2, 1, 4)).astype(np.float32)}
+    _, (got,) = _export_run(tmp_path, _symbol_block(sym, ["x", "y"], {}), {"x": (1, 3, 4), "y": (1, 1, 4)}, feeds)
+    np.testing.assert_array_equal(got, np.maximum(feeds["x"], feeds["y"]))
+
+
+@pytest.mark.parametrize("sym", [
+    mx.sym.RNN(mx.sym.var("x"), mx.sym.var("p"), mx.sym.var("h"), mx.sym.var("c"), state_size=4, num_layers=1,
+               mode="lstm", lstm_state_clip_min=-1.0, lstm_state_clip_max=1.0, state_outputs=True),
+    mx.sym.contrib.BilinearResize2D(mx.sym.var("x"), mx.sym.var("y"), mode="like")],
+    ids=["lstm_state_clip", "resize_like"])
+def test_ops_without_an_exact_onnx_form_are_refused(tmp_path, sym):
+    """Options the converters do not write (ONNX's LSTM cannot clip cell states; resizing to
+    another tensor's size is not covered) stop the export with an ExportError naming them,
+    and nothing is written."""
+    args = sym.list_arguments()
+    shapes = {"x": (1, 3, 5), "h": (1, 3, 4), "c": (1, 3, 4)} if "p" in args else \
+        {"x": (1, 2, 4, 4), "y": (1, 2, 6, 6)}
+    block = _symbol_block(sym, [a for a in args if a != "p"], {"p": np.zeros(176, np.float32)})
+    with pytest.raises(ExportError, match="lstm_state_clip|mode 'like'"):
+        export_onnx(block, tmp_path / "m.onnx", shapes)
+    assert not (tmp_path / "m.onnx").exists()
 
 
 def _bilinear_ref(x: np.ndarray, size: tuple[int, int], corners: bool) -> np.ndarray:

@@ -38,6 +38,13 @@ def _erf(node, **kwargs):
     return create_basic_op_node("Erf", node, kwargs)
 
 
+@_register("broadcast_maximum")
+def _broadcast_maximum(node, **kwargs):
+    """The importer's elementwise Max, tensor-bounded Clip and dilated max pooling; mx.onnx
+    has ``broadcast_minimum`` but not its twin."""
+    return create_basic_op_node("Max", node, kwargs)
+
+
 @_register("_full")
 def _full(node, **kwargs):
     """A constant (``ConstantOfShape`` of a static shape, e.g. RNN initial states); mx.onnx has
@@ -137,10 +144,10 @@ def _rnn(node, **kwargs):
     """
     name, inputs, attrs = get_inputs(node, kwargs)
     mode = attrs["mode"]
-    if any(attrs.get(k, "None") not in ("None", "False", "0") for k in
-           ("use_sequence_length", "projection_size", "lstm_state_clip_min", "lstm_state_clip_max")):
-        raise NotImplementedError("RNN with use_sequence_length, projection_size or lstm_state_clip_* "
-                                  "has no ONNX equivalent")
+    options = [k for k in ("use_sequence_length", "projection_size", "lstm_state_clip_min", "lstm_state_clip_max")
+               if attrs.get(k, "None") not in ("None", "False", "0")]
+    if options:
+        raise NotImplementedError(f"RNN '{name}' uses {', '.join(options)}, which this export does not write")
     op, order = _RNN_MODES[mode]
     hidden, layers = int(attrs["state_size"]), int(attrs.get("num_layers", 1))
     dirs = 2 if attrs.get("bidirectional", "False") in ("True", "true", "1") else 1
