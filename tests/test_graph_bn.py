@@ -92,3 +92,50 @@ def test_bn_mode_on_graph_models(kind, mode, hybrid, tmp_path):
     want = MOMENTUM * before + (1 - MOMENTUM) * batch_mean
     assert np.abs(want - before).max() > 1e-2  # the update is large enough to tell apart
     np.testing.assert_allclose(after, want, rtol=0, atol=1e-5)
+
+
+def _two_bn_model(tmp_path):
+    """conv -> bn_a -> bn_b as a symbol checkpoint; both BatchNorm nodes with default attributes
+    (their JSON nodes have no ``attrs`` at all)."""
+    data = mx.sym.var("data")
+    conv = mx.sym.Convolution(data, num_filter=4, kernel=(3, 3), pad=(1, 1), no_bias=True, name="conv")
+    out = mx.sym.BatchNorm(mx.sym.BatchNorm(conv, name="bn_a"), name="bn_b")
+    rng = np.random.RandomState(7)
+    w = (rng.randn(4, 3, 3, 3) * 0.5).astype(np.float32)
+    arrays = {"arg:conv_weight": mx.nd.array(w)}
+    for bn in ("bn_a", "bn_b"):
+        arrays.update({f"arg:{bn}_gamma": mx.nd.ones(4), f"arg:{bn}_beta": mx.nd.zeros(4),
+                       f"aux:{bn}_moving_mean": mx.nd.zeros(4), f"aux:{bn}_moving_var": mx.nd.ones(4)})
+    out.save(str(tmp_path / "two-symbol.json"))
+    mx.nd.save(str(tmp_path / "two-0000.params"), arrays)
+    block = load_model(f"symbol:{tmp_path / 'two'}")
+    params = block.collect_params()
+    return block, w, params["bn_a_moving_mean"], params["bn_b_moving_mean"]
+
+
+@pytest.mark.parametrize("frozen", ["bn_a", "bn_b"])
+@pytest.mark.parametrize("hybrid", [False, True])
+def test_graph_bn_modes_are_per_layer(frozen, hybrid, tmp_path):
+    # one BatchNorm frozen, the other training: each keeps its own mode
+    block, w, mean_a, mean_b = _two_bn_model(tmp_path)
+    plan = make_plan(block, [Rule(type=["BatchNorm"], bn="train"), Rule(match=[f"{frozen}_*"], bn="frozen")])
+    apply_plan(block, plan)
+    if hybrid:
+        block.hybridize()
+    x = np.random.RandomState(2).standard_normal((4, 3, 6, 6)).astype(np.float32)
+    with mx.autograd.record():
+        loss = block(mx.nd.array(x)).sum()
+    loss.backward()
+    mx.nd.waitall()
+    a, b = mean_a.data().asnumpy(), mean_b.data().asnumpy()
+    conv_mean = _conv_np(x, w).mean(axis=(0, 2, 3))
+    eps = 1e-3  # MXNet's BatchNorm default
+    if frozen == "bn_a":
+        # bn_a normalizes with its stored statistics (mean 0, var 1): bn_b sees conv / sqrt(1 + eps)
+        np.testing.assert_array_equal(a, np.zeros(4))
+        want = (1 - MOMENTUM) * conv_mean / np.sqrt(1 + eps)
+        assert np.abs(want).max() > 1e-2
+        np.testing.assert_allclose(b, want, rtol=0, atol=1e-5)
+    else:
+        np.testing.assert_allclose(a, (1 - MOMENTUM) * conv_mean, rtol=0, atol=1e-5)
+        np.testing.assert_array_equal(b, np.zeros(4))
