@@ -375,3 +375,26 @@ def test_rule_errors_name_every_rule_and_what_the_model_has():
         "lists every parameter name.")
     with pytest.raises(RuleError, match=r"^stage selectors need the model's input shape \(model\.input_shape\)\.$"):
         make_plan(net, [Rule(stage=[1], grad_req="null")])
+
+
+class _Scale(mx.gluon.HybridBlock):
+    """A block holding its own parameter: a layer of no known type."""
+
+    def __init__(self):
+        super().__init__()
+        with self.name_scope():
+            self.w = self.params.get("w", shape=(3,))
+
+    def hybrid_forward(self, F, x, w):
+        return F.broadcast_mul(x, w)
+
+
+def test_type_selector_on_a_model_without_typed_layers():
+    net = mx.gluon.nn.HybridSequential()
+    net.add(_Scale())
+    net.initialize()
+    net(mx.nd.ones((1, 3)))
+    with pytest.raises(RuleError, match=r"rule 1 \(type \['Conv'\] \(this model has no typed layers\)\) matches no "
+                                        r"parameter \(names look like: 0\.w\)\. Mark a rule optional"):
+        make_plan(net, [Rule(type=["Conv"], grad_req="null")])
+    assert make_plan(net, [Rule(match=["0.*"], grad_req="null")]).by_name()["0.w"].grad_req == "null"
