@@ -17,9 +17,14 @@ from mxnet.onnx.mx2onnx._op_translations._op_translations_opset12 import (
     get_input_dtypes,
     get_inputs,
 )
-from onnx.helper import make_node, make_tensor
+from onnx.helper import make_node
 
 _INT64_MAX = np.iinfo(np.int64).max
+
+
+def _flag(attrs: dict[str, str], key: str, default: bool) -> bool:
+    """A boolean attribute as MXNet's JSON spells it ("True", "true", "1")."""
+    return attrs.get(key, str(default)) in ("True", "true", "1")
 
 
 def _register(op: str, *opsets: int):
@@ -99,7 +104,7 @@ def _bilinear_resize(node, **kwargs):
     name, inputs, attrs = get_inputs(node, kwargs)
     if attrs.get("mode", "size") != "size":
         raise NotImplementedError(f"BilinearResize2D mode '{attrs['mode']}' is not supported")
-    corners = attrs.get("align_corners", "True") in ("True", "true", "1")
+    corners = _flag(attrs, "align_corners", True)
     height, width = int(attrs.get("height", 0)), int(attrs.get("width", 0))
     init = kwargs["initializer"]
     create_tensor([], name + "_roi", init, dtype="float32")
@@ -150,7 +155,7 @@ def _rnn(node, **kwargs):
         raise NotImplementedError(f"RNN '{name}' uses {', '.join(options)}, which this export does not write")
     op, order = _RNN_MODES[mode]
     hidden, layers = int(attrs["state_size"]), int(attrs.get("num_layers", 1))
-    dirs = 2 if attrs.get("bidirectional", "False") in ("True", "true", "1") else 1
+    dirs = 2 if _flag(attrs, "bidirectional", False) else 1
     gates = len(order) * hidden
     rows = np.concatenate([np.arange(g * hidden, (g + 1) * hidden) for g in order])
     init, nodes = kwargs["initializer"], []
@@ -201,7 +206,7 @@ def _rnn(node, **kwargs):
         last_h.append(outs[1])
         last_c.extend(outs[2:])
     nodes.append(make_node("Identity", [x], [name], name=name))
-    if attrs.get("state_outputs", "False") in ("True", "true", "1"):
+    if _flag(attrs, "state_outputs", False):
         nodes.append(make_node("Concat", last_h, [name + "1"], axis=0))
         if mode == "lstm":
             nodes.append(make_node("Concat", last_c, [name + "2"], axis=0))
