@@ -226,7 +226,8 @@ def test_rnn_layers_and_directions(tmp_path, mode, layers, bidirectional):
     extra = {"activation": mode[4:]} if cls is rnn.RNN else {}
     layer = cls(H, layers, layout="NTC", bidirectional=bidirectional, input_size=I, **extra)
     block = _Recurrent(layer, mode == "lstm")
-    block.initialize(mx.init.Uniform(0.5))
+    mx.random.seed(5)
+    block.initialize(mx.init.Uniform(0.5))  # weights large enough for every gate to matter
     dirs = 2 if bidirectional else 1
     rng = np.random.RandomState(5)
     feeds = {"x": rng.standard_normal((N, T, I)), "h": rng.standard_normal((N, layers * dirs, H)) * 0.5}
