@@ -40,7 +40,7 @@ import mxnet as mx
 import numpy as np
 from mxnet.gluon import HybridBlock, ParameterDict, SymbolBlock, nn
 
-from .errors import OnnxImportError, SurgeryError
+from .errors import OnnxImportError, SurgeryError, short_reason
 from .recipe import HeadSpec, SurgerySpec
 from .sources import _INITS
 from .stages import _units
@@ -269,7 +269,7 @@ class _Graph:
             _, shapes, _ = self.internals.infer_shape_partial(**known)
         except mx.base.MXNetError as e:
             raise SurgeryError(f"after {what} the model does not fit inputs of shape {input_shape}: "
-                               f"{str(e).splitlines()[0][:200]}") from None
+                               f"{short_reason(e)}") from None
         by_name = dict(zip(self.internals.list_outputs(), shapes))
         return [tuple(by_name[o]) if by_name.get(o) else None for o in outs]
 
@@ -504,7 +504,7 @@ def _features(trunk: Trunk, input_shape: Shape, ctx: mx.Context, what: str, hint
             return trunk.features(mx.nd.zeros((1, *input_shape), ctx=ctx))
     except mx.base.MXNetError as e:
         raise SurgeryError(f"after {what} the model no longer runs on inputs of shape {input_shape}: "
-                           f"{str(e).splitlines()[0][:200]}.{hint}") from None
+                           f"{short_reason(e)}.{hint}") from None
 
 
 def list_nodes(block: HybridBlock, input_shape: Shape) -> list[NodeInfo]:

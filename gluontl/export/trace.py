@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import mxnet as mx
 import numpy as np
 
-from gluontl.errors import ExportError
+from gluontl.errors import ExportError, short_reason
 
 
 @dataclass(frozen=True)
@@ -138,7 +138,7 @@ def trace_block(
         predict(block, dummy_inputs(input_shapes, 1, seed=0))
     except (mx.base.MXNetError, ValueError) as err:
         raise ExportError(
-            f"The block failed on inputs of shape {input_shapes}: {str(err).splitlines()[0]}. "
+            f"The block failed on inputs of shape {input_shapes}: {short_reason(err)}. "
             "Check input_shapes (names in the block's argument order, batch-1 shapes) and that all "
             "parameters are initialised."
         ) from err

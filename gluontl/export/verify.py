@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from gluontl.errors import ExportError
+from gluontl.errors import ExportError, short_reason
 from gluontl.export.trace import predict
 
 _ORT_TYPES = {"tensor(float)": np.float32, "tensor(double)": np.float64, "tensor(float16)": np.float16,
@@ -129,7 +129,7 @@ def compare(session: ort.InferenceSession, block: mx.gluon.HybridBlock, inputs: 
         want = predict(block, ordered)
     except Exception as err:  # onnxruntime's InvalidArgument and MXNetError share no base class
         raise ExportError(
-            f"The inputs {shapes} do not fit the ONNX file or the block ({str(err).splitlines()[0]}); "
+            f"The inputs {shapes} do not fit the ONNX file or the block ({short_reason(err)}); "
             "pass arrays shaped like the export's input_shapes with any batch size."
         ) from err
     names = [o.name for o in session.get_outputs()]

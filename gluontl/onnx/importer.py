@@ -21,7 +21,7 @@ import onnx
 import onnx.inliner
 from onnx import external_data_helper, helper, numpy_helper
 
-from ..errors import OnnxImportError
+from ..errors import OnnxImportError, short_reason
 from ..graphblock import GraphBlock
 from . import fold
 from .ops.quantize import integer_as_float
@@ -663,7 +663,7 @@ class _Importer:
         except OnnxImportError:
             raise
         except Exception as e:
-            detail = (str(e).strip().splitlines() or [""])[0][:300]
+            detail = short_reason(e, 300)
             raise OnnxImportError(
                 f"{node.op_type} node '{node.name}' in '{self.source}' (opset {node.opset}) failed "
                 f"to convert: {type(e).__name__}: {detail}. This is a gluontl converter "
@@ -816,7 +816,7 @@ class _Importer:
         except mx.base.MXNetError as e:
             raise OnnxImportError(
                 f"'{self.source}': the converted graph is inconsistent "
-                f"({str(e).strip().splitlines()[0][:300]}); check the model with "
+                f"({short_reason(e, 300)}); check the model with "
                 f"onnx.checker.check_model and onnxruntime.") from None
         params = block.collect_params()
         for n, p in params.items():

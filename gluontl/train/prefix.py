@@ -24,7 +24,7 @@ import numpy as np
 from mxnet import autograd
 from mxnet.gluon import HybridBlock, SymbolBlock, nn
 
-from ..errors import TrainError
+from ..errors import TrainError, short_reason
 from ..rules import Plan
 from ..stages import _units
 
@@ -246,8 +246,8 @@ def choose_engine(kind: str, prefix: HybridBlock, input_shape: tuple[int, ...], 
     except Exception as e:  # export or session failures: fall back under auto, explain under onnxruntime
         if kind == "onnxruntime":
             raise TrainError(f"train.prefix_engine: onnxruntime, but the frozen prefix cannot run in onnxruntime "
-                             f"({str(e).splitlines()[0][:300]}). Use prefix_engine: mxnet or auto.") from None
-        return mx_engine, f"prefix engine: mxnet (onnxruntime export failed: {str(e).splitlines()[0][:200]})"
+                             f"({short_reason(e, 300)}). Use prefix_engine: mxnet or auto.") from None
+        return mx_engine, f"prefix engine: mxnet (onnxruntime export failed: {short_reason(e)})"
     want, got = mx_engine(probe), ort_engine(probe)
     rel = float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
     if rel > AGREE_RTOL:
