@@ -12,6 +12,13 @@ sys.path.insert(0, HERE)  # tests/helpers.py
 sys.path.insert(0, os.path.join(HERE, "onnx"))  # tests/onnx/opcheck.py
 
 
+def pytest_configure(config):
+    """pytest-randomly shuffles the order; the seeds are the fixture's below (it would reseed
+    from the order's seed before each test body), so a test's data never depends on the order."""
+    if hasattr(config.option, "randomly_reset_seed"):
+        config.option.randomly_reset_seed = False
+
+
 @pytest.fixture(autouse=True)
 def _independent_of_order(request):
     """Each test starts from the same global state whatever ran before it (pytest-randomly

@@ -163,4 +163,6 @@ def test_gradients_match_central_differences():
     check_grad("Pow", {"a": a, "b": b})
     check_grad("Div", {"a": a, "b": b})
     check_grad("Mean", {"a": a, "b": b, "c": f32(2, 1)})
-    check_grad("Max", {"a": a, "b": b})
+    # Max's kink: operands at least 0.1 apart, beyond the 1e-2 central-difference step
+    gap = np.random.uniform(0.1, 1.0, (2, 3)) * np.random.choice([-1, 1], (2, 3))
+    check_grad("Max", {"a": (b + gap).astype(np.float32), "b": b})
