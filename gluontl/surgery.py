@@ -259,8 +259,9 @@ class _Graph:
                 bypass=self.info.bypass + tuple(bypass), head=head)
         return new
 
-    def shapes(self, outs: Sequence[str], input_shape: Shape, what: str = "surgery") -> list[Shape | None]:
-        known = {self.inputs[0].name: (1, *input_shape)}
+    def shapes(self, outs: Sequence[str], input_shape: Shape, what: str = "surgery",
+               batch: int = 1) -> list[Shape | None]:
+        known = {self.inputs[0].name: (batch, *input_shape)}
         if self.info is not None:
             for name, shape in self.info.input_shapes.items():
                 if name not in known and shape is not None and None not in shape:
@@ -507,17 +508,17 @@ def _features(trunk: Trunk, input_shape: Shape, ctx: mx.Context, what: str, hint
                            f"{short_reason(e)}.{hint}") from None
 
 
-def list_nodes(block: HybridBlock, input_shape: Shape) -> list[NodeInfo]:
-    """Nodes (graphs) or units (Gluon blocks) with op type and batch-1 output shape, in order."""
+def list_nodes(block: HybridBlock, input_shape: Shape, batch: int = 1) -> list[NodeInfo]:
+    """Nodes (graphs) or units (Gluon blocks) with op type and output shape at ``batch``, in order."""
     if isinstance(block, SymbolBlock):
         g = _Graph(block)
         ops = _onnx_ops(g.info.source, g.names) if g.info is not None else {}
         names = list(ops) if ops else list(g.names)
         names.sort(key=lambda k: g.entry[g.names[k]])
-        shapes = g.shapes([g.names[k] for k in names], input_shape)
+        shapes = g.shapes([g.names[k] for k in names], input_shape, batch=batch)
         return [NodeInfo(k, ops.get(k) or g.nodes[g.entry[g.names[k]][0]]["op"], s) for k, s in zip(names, shapes)]
     units = block.units if isinstance(block, Trunk) else _units(block)
-    x = data = mx.nd.zeros((1, *input_shape), ctx=_ctx(block))
+    x = data = mx.nd.zeros((batch, *input_shape), ctx=_ctx(block))
     rows = []
     with mx.autograd.predict_mode():
         for path, unit in units:
@@ -546,8 +547,11 @@ def _onnx_ops(source: str, names: dict[str, str]) -> dict[str, str]:
 
 
 def feature_end(block: HybridBlock, input_shape: Shape) -> str:
-    """The last node whose output is still a feature map (rank ≥ 3): the default cut for a new head."""
-    maps = [n for n in list_nodes(block, input_shape) if n.shape is not None and len(n.shape) >= 3]
+    """The last node whose output is still a feature map (rank ≥ 3) of every sample: the default
+    cut for a new head. Shapes are taken at batch 2, so a node that keeps one sample (``t[:1]``)
+    is not mistaken for a feature map."""
+    maps = [n for n in list_nodes(block, input_shape, batch=2)
+            if n.shape is not None and len(n.shape) >= 3 and n.shape[0] == 2]
     if not maps:
         raise SurgeryError("this model has no feature-map node (rank ≥ 3) to put a new head on; "
                            "say where with surgery.cut_at or head.inputs.")

@@ -571,3 +571,24 @@ def test_cli_inspect_nodes_json_for_symbol_models(symbol_model):
     rows = json.loads(res.output)
     assert rows[0] == {"name": "r18_conv0_fwd", "op": "Convolution", "shape": [1, 64, 16, 16]}
     assert rows[-1] == {"name": "r18_dense0_fwd", "op": "FullyConnected", "shape": [1, 10]}
+
+
+def test_default_cut_skips_nodes_that_keep_one_sample():
+    """A head goes on the last feature map of every sample, not on a ``t[:1]`` slice of it."""
+    from gluontl.recipe import SurgerySpec
+
+    rng = np.random.RandomState(4)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+         helper.make_node("Relu", ["c"], ["r"], name="relu"),
+         helper.make_node("Slice", ["r", "zero", "one", "zero"], ["first"], name="first_sample"),
+         helper.make_node("GlobalAveragePool", ["first"], ["g"], name="gap")],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 8, 8])],
+        [helper.make_tensor_value_info("g", TensorProto.FLOAT, [1, 4, 1, 1])],
+        [numpy_helper.from_array(rng.randn(4, 3, 3, 3).astype("f"), "w"),
+         numpy_helper.from_array(np.array([0], np.int64), "zero"),
+         numpy_helper.from_array(np.array([1], np.int64), "one")])
+    block = import_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]))
+    assert S.feature_end(block, (3, 8, 8)) == "relu"
+    net = S.apply_surgery(block, SurgerySpec(head=HeadSpec(classes=2)), (3, 8, 8))
+    assert net(mx.nd.array(rng.randn(3, 3, 8, 8))).shape == (3, 2)
