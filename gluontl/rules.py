@@ -157,9 +157,9 @@ def make_plan(block: HybridBlock, rules: Iterable[Rule], *, epoch: int | None = 
                 raise
     values = {n: dict(DEFAULTS) for n in entries}
     decided = {n: {f: "default" for f in FIELDS} for n in entries}
-    bn_rank: dict[int, tuple[int, str, str]] = {}  # id(layer) → (order, value, label)
+    bn_rank: dict[int, tuple[str, str]] = {}  # id(layer) → (value, label) of the last rule setting bn
     errors = []
-    for order, pr in enumerate(planned):
+    for pr in planned:
         hits = [e for e in entries.values() if _selects(pr.rule, e, stages.get(e.name))]
         if not hits:
             if not pr.rule.optional:
@@ -180,7 +180,7 @@ def make_plan(block: HybridBlock, rules: Iterable[Rule], *, epoch: int | None = 
                     values[e.name][f] = v
                     decided[e.name][f] = pr.label
             if pr.rule.bn is not None and e.layer is not None and e.layer.type == "BatchNorm":
-                bn_rank[id(e.layer)] = (order, pr.rule.bn, pr.label)
+                bn_rank[id(e.layer)] = (pr.rule.bn, pr.label)
     if errors:
         raise RuleError("The rules do not fit this model: " + "; ".join(errors) +
                         ". Mark a rule optional: true if matching nothing is intended; "
@@ -191,7 +191,7 @@ def make_plan(block: HybridBlock, rules: Iterable[Rule], *, epoch: int | None = 
         v, d = values[n], decided[n]
         bn = None
         if e.layer is not None and e.layer.type == "BatchNorm":
-            _, bn, label = bn_rank.get(id(e.layer), (-1, DEFAULTS["bn"], "default"))
+            bn, label = bn_rank.get(id(e.layer), (DEFAULTS["bn"], "default"))
             d["bn"] = label
         else:
             d["bn"] = "-"
@@ -204,7 +204,7 @@ def make_plan(block: HybridBlock, rules: Iterable[Rule], *, epoch: int | None = 
                         grad_req="null" if aux else v["grad_req"], lr_mult=v["lr_mult"], wd_mult=v["wd_mult"],
                         bn=bn, decided_by=d))
     plan = Plan(rows=rows, rules=planned, epoch=epoch or 0, notes=[])
-    plan.notes = _notes(plan, entries)
+    plan.notes = _notes(plan)
     return plan
 
 
@@ -222,7 +222,7 @@ def _no_match(pr: PlannedRule, entries: dict[str, ParamEntry], stages: dict[str,
     return f"rule {pr.label} ({' and '.join(parts)}) matches no parameter (names look like: {example})"
 
 
-def _notes(plan: Plan, entries: dict[str, ParamEntry]) -> list[str]:
+def _notes(plan: Plan) -> list[str]:
     """Warn where MXNet will not do what the plan seems to say."""
     notes = []
     any_trainable_before = False

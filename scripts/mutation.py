@@ -49,6 +49,7 @@ MODULES: dict[str, tuple[str, list[str]]] = {
 
 # mutmut exit codes (mutmut.stats.status_by_exit_code) a mutant can end with
 DETECTED = {"killed", "timeout", "segfault", "caught by type check"}
+UNDETECTED = (0, 5, 33)  # survived; no tests (pytest's exit 5, mutmut's 33)
 
 
 def _statuses(meta: Path) -> Counter:
@@ -59,8 +60,9 @@ def _statuses(meta: Path) -> Counter:
 
 
 def _survivors(meta: Path) -> list[str]:
+    """Mutants that survived or that no selected test reached (tests added since may reach them)."""
     codes = json.loads(meta.read_text())["exit_code_by_key"]
-    return sorted(k for k, c in codes.items() if c == 0)
+    return sorted(k for k, c in codes.items() if c in UNDETECTED)
 
 
 def _prepare(name: str, fresh: bool) -> Path:
@@ -111,7 +113,7 @@ def show(name: str) -> None:
     work = ROOT / "mutants" / name
     codes = json.loads(_meta(name).read_text())["exit_code_by_key"] if _meta(name).is_file() else {}
     for m, code in sorted(codes.items()):
-        if code in (0, 5, 33):  # survived or reached by no selected test
+        if code in UNDETECTED:
             subprocess.run([sys.executable, "-m", "mutmut", "show", m], cwd=work, check=True)
 
 
@@ -130,7 +132,7 @@ def report(names: list[str]) -> int:
         other = ", ".join(f"{k} {v}" for k, v in sorted(s.items()) if k not in DETECTED)
         print(f"{name:<11} {MODULES[name][0]:<28} killed {killed}/{total} = {rate:.1f} %  ({other or 'none left'})")
         for m in _survivors(meta):
-            print(f"    survived: {m}")
+            print(f"    not killed: {m}")
     return 0 if worst >= 90.0 else 1
 
 

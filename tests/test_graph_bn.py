@@ -139,3 +139,48 @@ def test_graph_bn_modes_are_per_layer(frozen, hybrid, tmp_path):
     else:
         np.testing.assert_allclose(a, (1 - MOMENTUM) * conv_mean, rtol=0, atol=1e-5)
         np.testing.assert_array_equal(b, np.zeros(4))
+
+
+def test_graph_running_statistics_are_auxiliary_states(tmp_path):
+    # a graph model's moving mean/var are aux states of its graph (MXNet marks them
+    # differentiable like weights): no grad_req, never given to the Trainer
+    from gluontl.rules import trainable_params
+
+    block, _, _, _ = _two_bn_model(tmp_path)
+    plan = make_plan(block, [Rule(match=["*"], grad_req="write")])
+    aux = {r.name for r in plan.rows if r.aux}
+    assert aux == {f"{bn}_moving_{s}" for bn in ("bn_a", "bn_b") for s in ("mean", "var")}
+    apply_plan(block, plan)
+    params = block.collect_params()
+    assert all(params[n].grad_req == "null" for n in aux)
+    assert set(trainable_params(block)) == {"conv_weight", "bn_a_gamma", "bn_a_beta", "bn_b_gamma", "bn_b_beta"}
+
+
+def _bn_only(tmp_path, name):
+    data = mx.sym.var("data")
+    mx.sym.BatchNorm(data, name=name).save(str(tmp_path / f"{name}-symbol.json"))
+    mx.nd.save(str(tmp_path / f"{name}-0000.params"),
+               {f"arg:{name}_gamma": mx.nd.ones(3), f"arg:{name}_beta": mx.nd.zeros(3),
+                f"aux:{name}_moving_mean": mx.nd.zeros(3), f"aux:{name}_moving_var": mx.nd.ones(3)})
+    return load_model(f"symbol:{tmp_path / name}")
+
+
+@pytest.mark.parametrize("frozen", ["first", "second"])
+def test_bn_modes_of_two_graph_blocks_in_one_model(frozen, tmp_path):
+    net = mx.gluon.nn.HybridSequential()
+    net.add(_bn_only(tmp_path, "p"), _bn_only(tmp_path, "q"))
+    which = "0.*" if frozen == "first" else "1.*"
+    apply_plan(net, make_plan(net, [Rule(type=["BatchNorm"], bn="train"), Rule(match=[which], bn="frozen")]))
+    x = np.random.RandomState(3).standard_normal((4, 3, 5, 5)).astype(np.float32) + 0.5
+    with mx.autograd.record():
+        loss = net(mx.nd.array(x)).sum()
+    loss.backward()
+    mx.nd.waitall()
+    p, q = (net[i].collect_params()[f"{k}_moving_mean"].data().asnumpy() for i, k in ((0, "p"), (1, "q")))
+    batch_mean = x.astype(np.float64).mean(axis=(0, 2, 3))
+    if frozen == "first":  # p passes x / sqrt(1 + eps) on; q averages that
+        np.testing.assert_array_equal(p, np.zeros(3))
+        np.testing.assert_allclose(q, (1 - MOMENTUM) * batch_mean / np.sqrt(1 + 1e-3), rtol=0, atol=1e-5)
+    else:  # p normalizes the batch: q is frozen anyway
+        np.testing.assert_allclose(p, (1 - MOMENTUM) * batch_mean, rtol=0, atol=1e-5)
+        np.testing.assert_array_equal(q, np.zeros(3))

@@ -398,3 +398,53 @@ def test_type_selector_on_a_model_without_typed_layers():
                                         r"parameter \(names look like: 0\.w\)\. Mark a rule optional"):
         make_plan(net, [Rule(type=["Conv"], grad_req="null")])
     assert make_plan(net, [Rule(match=["0.*"], grad_req="null")]).by_name()["0.w"].grad_req == "null"
+
+
+@pytest.mark.parametrize("frozen,bn,note", [
+    ((1, 2), "train", False),  # conv0 trains: backward runs through bn2, its statistics move
+    ((0, 1), "train", False),  # bn2's own gamma/beta train
+    ((0, 1, 2), "train", True),  # nothing at or before bn2 trains: its statistics cannot move
+    ((0, 1, 2), "frozen", False),  # ... which bn: frozen says
+])
+def test_plan_notes_only_batchnorm_whose_statistics_cannot_move(frozen, bn, note):
+    net = mx.gluon.nn.HybridSequential()
+    net.add(mx.gluon.nn.Conv2D(4, 3, in_channels=3), mx.gluon.nn.Conv2D(4, 3, in_channels=4),
+            mx.gluon.nn.BatchNorm(in_channels=4))
+    net.initialize()
+    net(mx.nd.zeros((1, 3, 8, 8)))
+    rules = [Rule(match=[f"{i}.*"], grad_req="null") for i in frozen] + [Rule(type=["BatchNorm"], bn=bn)]
+    notes = make_plan(net, rules).notes
+    assert notes == ([f"1 BatchNorm layer(s) are in bn: train but neither they nor anything before them trains "
+                      f"(e.g. 2): MXNet updates running statistics during backward on CPU, so their statistics "
+                      f"will not move. Use bn: frozen to say so, or let the layer's gamma/beta train."] if note else [])
+
+
+def test_batchnorm_mode_defaults_to_train():
+    rows = make_plan(_small(), [Rule(match=["0.*"], grad_req="null")]).by_name()
+    assert (rows["1.gamma"].bn, rows["1.gamma"].decided_by["bn"]) == ("train", "default")
+    assert (rows["0.weight"].bn, rows["0.weight"].decided_by["bn"]) == (None, "-")
+
+
+def test_every_rule_error_is_reported_with_the_kinds_of_layers_matched():
+    net = zoo("resnet18_v1")
+    with pytest.raises(RuleError) as e:
+        make_plan(net, [Rule(match=["features.0.*", "output.*"], bn="frozen"),
+                        Rule(type=["BatchNorm"], grad_req="null"), Rule(match=["nothing*"], grad_req="null")])
+    msg = str(e.value)
+    assert ("rule 1 sets bn: frozen but matches no BatchNorm layer (it matches 3 parameters of Conv, Dense layers)"
+            in msg)
+    assert "rule 3 (match ['nothing*']) matches no parameter" in msg and "rule 2" not in msg
+
+
+def test_graph_parameter_outside_any_layer():
+    # a graph output that is a weight itself: the weight belongs to no layer
+    data = mx.sym.var("data")
+    out = mx.sym.Group([mx.sym.broadcast_mul(data, mx.sym.var("s", shape=(3,))), mx.sym.var("w", shape=(3,))])
+    blk = mx.gluon.SymbolBlock(out, [data])
+    blk.initialize()
+    blk(mx.nd.ones((1, 3)))
+    plan = make_plan(blk, [Rule(match=["w"], grad_req="null")])
+    assert [(r.name, r.layer, r.layer_type, r.aux, r.trainable) for r in plan.rows] == [
+        ("s", "broadcast_mul0", None, False, True), ("w", None, None, False, False)]
+    with pytest.raises(RuleError, match=r"matches no BatchNorm layer \(it matches 2 parameters of other layers\)"):
+        make_plan(blk, [Rule(match=["*"], bn="frozen")])
