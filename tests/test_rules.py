@@ -448,3 +448,16 @@ def test_graph_parameter_outside_any_layer():
         ("s", "broadcast_mul0", None, False, True), ("w", None, None, False, False)]
     with pytest.raises(RuleError, match=r"matches no BatchNorm layer \(it matches 2 parameters of other layers\)"):
         make_plan(blk, [Rule(match=["*"], bn="frozen")])
+
+
+def test_preset_rules_are_listed_with_their_notes():
+    from gluontl.rules import format_plan
+
+    plan = make_plan(zoo("resnet18_v1"), [Rule(preset="freeze_all_but_head")], input_shape=SHAPE)
+    assert format_plan(plan).splitlines()[:3] == [
+        "rules (epoch 0):",
+        "  1.1: match=['*'], grad_req=null, bn=frozen  # freeze everything",
+        "  1.2: stage=['head'], grad_req=write  # train the head"]
+    plan = make_plan(zoo("resnet18_v1"), [Rule(preset="freeze_until_stage", until_stage=2)], input_shape=SHAPE)
+    assert format_plan(plan).splitlines()[1] == ("  1.1: stage=['stem', 1, 2], grad_req=null, bn=frozen  "
+                                                 "# freeze stem..2")
