@@ -203,9 +203,7 @@ def make_plan(block: HybridBlock, rules: Iterable[Rule], *, epoch: int | None = 
                         stage=stages.get(n), aux=aux,
                         grad_req="null" if aux else v["grad_req"], lr_mult=v["lr_mult"], wd_mult=v["wd_mult"],
                         bn=bn, decided_by=d))
-    plan = Plan(rows=rows, rules=planned, epoch=epoch or 0, notes=[])
-    plan.notes = _notes(plan)
-    return plan
+    return Plan(rows=rows, rules=planned, epoch=epoch or 0, notes=_notes(rows))
 
 
 def _no_match(pr: PlannedRule, entries: dict[str, ParamEntry], stages: dict[str, Stage]) -> str:
@@ -222,14 +220,14 @@ def _no_match(pr: PlannedRule, entries: dict[str, ParamEntry], stages: dict[str,
     return f"rule {pr.label} ({' and '.join(parts)}) matches no parameter (names look like: {example})"
 
 
-def _notes(plan: Plan) -> list[str]:
+def _notes(rows: list[Row]) -> list[str]:
     """Warn where MXNet will not do what the plan seems to say."""
     notes = []
     any_trainable_before = False
     warned = set()
-    for row in plan.rows:
+    for row in rows:
         if row.bn == "train" and row.layer not in warned and row.layer_type == "BatchNorm":
-            layer_rows = [r for r in plan.rows if r.layer == row.layer]
+            layer_rows = [r for r in rows if r.layer == row.layer]
             if not any_trainable_before and not any(r.trainable for r in layer_rows):
                 warned.add(row.layer)
         any_trainable_before |= row.trainable

@@ -461,3 +461,27 @@ def test_preset_rules_are_listed_with_their_notes():
     plan = make_plan(zoo("resnet18_v1"), [Rule(preset="freeze_until_stage", until_stage=2)], input_shape=SHAPE)
     assert format_plan(plan).splitlines()[1] == ("  1.1: stage=['stem', 1, 2], grad_req=null, bn=frozen  "
                                                  "# freeze stem..2")
+
+
+def test_a_rule_waiting_for_its_epoch_does_not_hold_back_later_rules():
+    rules = [Rule(match=["0.*"], grad_req="null", from_epoch=3), Rule(match=["2.*"], lr_mult=0.1)]
+    rows = make_plan(_small(), rules, epoch=1).by_name()
+    assert (rows["0.weight"].grad_req, rows["2.weight"].lr_mult, rows["2.weight"].decided_by["lr_mult"]) == \
+        ("write", 0.1, "2")
+    assert make_plan(_small(), rules, epoch=3).by_name()["0.weight"].grad_req == "null"
+
+
+def test_format_plan_of_a_trainable_net_and_of_one_without_parameters():
+    from gluontl.rules import format_plan
+
+    # all of resnet18_v1 trains: 11,176,512 + 2,565 weights, 4 bytes each = 42.6 MiB; the
+    # 9,600 running statistics are the frozen part
+    text = format_plan(make_plan(zoo("resnet18_v1"), []))
+    assert text.splitlines()[-1] == "102 parameters: trainable 11,179,077 (42.6 MiB), frozen 9,600 (0.0 MiB)"
+    empty = mx.gluon.nn.HybridSequential()
+    empty.add(mx.gluon.nn.Activation("relu"))
+    assert format_plan(make_plan(empty, [])).splitlines() == [
+        "rules (epoch 0):", "",
+        "name  mxnet name  shape  count  stage  grad_req  lr  wd  bn  rules g/lr/wd/bn",
+        "----  ----------  -----  -----  -----  --------  --  --  --  ----------------", "",
+        "0 parameters: trainable 0 (0.0 MiB), frozen 0 (0.0 MiB)"]
