@@ -575,3 +575,37 @@ def test_ort_session_names_the_file_it_cannot_load(tmp_path):
     good = tmp_path / "cast.onnx"
     good.write_bytes(_cast_model(1))
     assert [i.name for i in ort_session(good, "x").get_inputs()] == ["x"]  # a path works as bytes do
+
+
+def test_verify_onnx_judges_a_saturated_sigmoid_on_its_codomain(tmp_path):
+    # outputs ~1e-7 everywhere: onnxruntime's Sigmoid is off by ~1e-7 absolute there, which
+    # is float noise on [0, 1] but most of these outputs' own range
+    net = nn.HybridSequential()
+    net.add(nn.Dense(3, in_units=4), nn.Activation("sigmoid"))
+    net.initialize()
+    net[0].weight.set_data(mx.nd.array(np.random.RandomState(0).uniform(-0.5, 0.5, (3, 4))))
+    net[0].bias.set_data(mx.nd.full((3,), -16.0))
+    net.hybridize()
+    path = export_onnx(net, tmp_path / "s.onnx", {"data": (1, 4)})
+    x = {"data": np.random.RandomState(1).uniform(-1, 1, (8, 4)).astype(np.float32)}
+    report = verify_onnx(net, path, x)
+    assert report.ok and report.max_rel <= 1e-6, report.describe()
+    net[0].bias.set_data(mx.nd.full((3,), -6.0))  # the file's outputs are now ~2e-3 too small
+    assert not verify_onnx(net, path, x).ok
+
+
+def test_verify_onnx_names_the_file_it_cannot_load_and_inputs_that_do_not_fit(tmp_path):
+    net = nn.HybridSequential()
+    net.add(nn.Dense(3, in_units=4))
+    net.initialize()
+    path = export_onnx(net, tmp_path / "d.onnx", {"data": (1, 4)})
+    cut = tmp_path / "cut.onnx"
+    cut.write_bytes(path.read_bytes()[:40])
+    with pytest.raises(ExportError, match=rf"^onnxruntime cannot load {cut}: "):
+        verify_onnx(net, cut, {"data": np.ones((2, 4), np.float32)})
+    with pytest.raises(ExportError) as e:
+        verify_onnx(net, path, {"data": np.ones((2, 5), np.float32)})
+    msg = str(e.value)
+    assert msg.startswith("The inputs {'data': (2, 5)} do not fit the ONNX file or the block (")
+    assert "Got invalid dimensions for input: data" in msg
+    assert msg.endswith("); pass arrays shaped like the export's input_shapes with any batch size.")
