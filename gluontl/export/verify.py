@@ -98,7 +98,7 @@ def ort_session(model: str | os.PathLike | bytes, label: str) -> ort.InferenceSe
     pairs into integer kernels, whose uint8×int8 products saturate on CPUs without VNNI, so
     the reference would depend on the machine.
     """
-    source = model if isinstance(model, bytes) else os.fspath(model)
+    source = os.fspath(model)  # a path as str; bytes pass through unchanged
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     try:
