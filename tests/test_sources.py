@@ -295,6 +295,7 @@ def test_check_message_shortens_long_lists():
     msg = str(e.value)
     assert "m0.weight, m1.weight, m2.weight, m3.weight, m4.weight, m5.weight (declare" in msg
     assert "head4.fc.weight model (5, 2) file (6, 2) (a new head?" in msg
+    assert "shape mismatch: head0.fc.weight model (1, 2) file (2, 2), head1.fc.weight model (2, 2) file (3, 2), " in msg
     rep = _report(7, 6)  # one more of each: the lists are cut
     with pytest.raises(RestoreError) as e:
         rep.check(expect_unexpected=["*"])
