@@ -1,20 +1,14 @@
 """Checkpoints that survive kill -9: params, optimizer state and counters, written atomically.
 
-A checkpoint is ``TAG.json`` naming and hashing (SHA-256) its ``TAG.<generation>.params``
-and ``.states`` files. Each save writes a new generation and then the JSON, atomically: a
-kill -9 at any moment leaves the JSON naming complete files, the old generation's or the new
-one's (rewriting TAG.params in place left the old JSON over new params when killed between
-the two). ``TAG.params``/``TAG.states`` are hard links to the committed generation for
-readers of the run folder. Trainer states are pickled by MXNet; we load them only after
+A checkpoint is three files (``TAG.params``, ``TAG.states``, ``TAG.json``); the JSON is
+written last and records the SHA-256 of the other two, so a reader trusts a checkpoint
+only when all three agree. Trainer states are pickled by MXNet; we load them only after
 their hash matches the one our own run wrote.
 """
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-import secrets
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -43,30 +37,10 @@ def save_params(block: HybridBlock, path: Path) -> Path:
 def save(folder: Path, tag: str, block: HybridBlock, trainer: mx.gluon.Trainer, state: dict[str, Any]) -> None:
     for stale in folder.glob(".*.tmp"):  # left by a kill -9 in the middle of a write
         stale.unlink(missing_ok=True)
-    gen = secrets.token_hex(4)
-    params = save_params(block, folder / f"{tag}.{gen}.params")
-    states = atomic_write(folder / f"{tag}.{gen}.states", lambda tmp: trainer.save_states(str(tmp)), TrainError)
-    meta = dict(state, params_file=params.name, states_file=states.name,
-                params_sha256=_sha(params), states_sha256=_sha(states))
-    write_text(folder / f"{tag}.json", json.dumps(meta, indent=1), TrainError)  # the commit
-    for kind, path in (("params", params), ("states", states)):
-        atomic_write(folder / f"{tag}.{kind}", lambda tmp, src=path: _link(src, tmp), TrainError)
-        for old in folder.glob(f"{tag}.*.{kind}"):
-            if old != path:
-                old.unlink(missing_ok=True)
-
-
-def _link(src: Path, dst: Path) -> None:
-    dst.unlink()
-    try:
-        os.link(src, dst)
-    except OSError:  # no hard links on this file system
-        shutil.copyfile(src, dst)
-
-
-def _files(folder: Path, tag: str, meta: dict[str, Any]) -> dict[str, Path]:
-    """The params/states files the checkpoint names (TAG.params/.states before generations)."""
-    return {kind: folder / meta.get(f"{kind}_file", f"{tag}.{kind}") for kind in ("params", "states")}
+    params = save_params(block, folder / f"{tag}.params")
+    states = atomic_write(folder / f"{tag}.states", lambda tmp: trainer.save_states(str(tmp)), TrainError)
+    meta = dict(state, params_sha256=_sha(params), states_sha256=_sha(states))
+    write_text(folder / f"{tag}.json", json.dumps(meta, indent=1), TrainError)
 
 
 def load(folder: Path, tag: str) -> dict[str, Any]:
@@ -79,7 +53,8 @@ def load(folder: Path, tag: str) -> dict[str, Any]:
         meta = json.loads(meta_path.read_text())
     except (OSError, ValueError) as e:
         raise TrainError(f"Checkpoint file '{meta_path}' is unreadable ({e}).") from None
-    for kind, path in _files(folder, tag, meta).items():
+    for kind in ("params", "states"):
+        path = folder / f"{tag}.{kind}"
         if not path.is_file() or _sha(path) != meta.get(f"{kind}_sha256"):
             raise TrainError(f"Checkpoint '{path}' does not match the hash recorded in '{meta_path.name}' "
                              f"(missing, modified or from another run); refusing to load it.")
@@ -87,8 +62,7 @@ def load(folder: Path, tag: str) -> dict[str, Any]:
 
 
 def restore_into(folder: Path, tag: str, block: HybridBlock, trainer: mx.gluon.Trainer | None, ctx) -> None:
-    files = _files(folder, tag, json.loads((folder / f"{tag}.json").read_text()))
-    arrays = mx.nd.load(str(files["params"]))
+    arrays = mx.nd.load(str(folder / f"{tag}.params"))
     entries = named_params(block)
     missing = sorted(set(entries) - set(arrays))
     if missing:
@@ -96,4 +70,4 @@ def restore_into(folder: Path, tag: str, block: HybridBlock, trainer: mx.gluon.T
     for n, e in entries.items():
         e.param.set_data(arrays[n])
     if trainer is not None:
-        trainer.load_states(str(files["states"]))
+        trainer.load_states(str(folder / f"{tag}.states"))
