@@ -570,7 +570,9 @@ def test_ort_session_names_the_file_it_cannot_load(tmp_path):
     bad = tmp_path / "cut.onnx"
     bad.write_bytes(_cast_model(1)[:20])
     with pytest.raises(ExportError, match=rf"^onnxruntime cannot load my label: .*A truncated or edited file "
-                                          r"needs re-exporting; if export_onnx itself produced it"):
+                                          r"needs re-exporting; if export_onnx itself produced it, the model has "
+                                          r"a layer mx\.onnx converts wrongly, so ship it with export_symbol and "
+                                          r"report the model\.$"):
         ort_session(bad, "my label")
     good = tmp_path / "cast.onnx"
     good.write_bytes(_cast_model(1))
@@ -609,3 +611,28 @@ def test_verify_onnx_names_the_file_it_cannot_load_and_inputs_that_do_not_fit(tm
     assert msg.startswith("The inputs {'data': (2, 5)} do not fit the ONNX file or the block (")
     assert "Got invalid dimensions for input: data" in msg
     assert msg.endswith("); pass arrays shaped like the export's input_shapes with any batch size.")
+
+
+def test_output_error_edge_cases_worked_out_by_hand():
+    from gluontl.export.verify import output_error
+
+    assert output_error(np.array([1.0]), np.array([2.0])) == (1.0, 0.5)  # one value: judged on its magnitude
+    assert output_error(np.zeros((0, 3)), np.zeros((0, 3))) == (0.0, 0.0)  # an empty output agrees
+    assert output_error(np.full(3, 1e-3), np.zeros(3)) == (1e-3, 1e-3)  # all-zero output: absolute error
+    want = np.array([100.0, 100.5])  # range 0.5 on an offset of 100: the range is the scale
+    assert output_error(want + [0.0, 1e-3], want)[1] == pytest.approx(2e-3)
+    # a NaN on either side fails, whatever the other side holds
+    assert output_error(np.array([np.nan, 1.0]), np.array([0.0, 1.0])) == (np.inf, np.inf)
+    assert output_error(np.array([0.0, 1.0]), np.array([np.nan, 1.0])) == (np.inf, np.inf)
+
+
+def test_compare_judges_small_outputs_on_their_own_range():
+    # outputs in [0, 4e-3] off by 1e-3 of themselves: 1e-3 of their range, however small it is
+    from onnx import TensorProto
+
+    from gluontl.export.verify import compare, ort_session
+
+    session = ort_session(_cast_model(TensorProto.FLOAT), "cast model")
+    x = np.array([[0.0, 2e-3, 4e-3], [1e-3, 3e-3, 4e-3]], np.float32)
+    report = compare(session, _ToFloat(scale=1.001), {"x": x}, rtol=1e-4)
+    assert report.max_rel == pytest.approx(1e-3, rel=1e-3) and not report.ok
