@@ -1,7 +1,10 @@
-"""Checkpoints: three files bound by the SHA-256 hashes in the JSON; a resume trusts (and
-unpickles) nothing whose hash does not match, and restores the exact arrays and optimizer state."""
+"""Checkpoints: the JSON names and hashes (SHA-256) one generation of params/states files and
+commits it atomically; a resume trusts (and unpickles) nothing whose hash does not match, and
+restores the exact arrays and optimizer state. ``TAG.params``/``TAG.states`` are hard links to
+the committed generation for readers of the run folder."""
 import hashlib
 import json
+import os
 import pickle
 
 import mxnet as mx
@@ -66,6 +69,64 @@ def test_save_records_the_files_hashes_and_counters(saved):
     for n in want:
         np.testing.assert_array_equal(on_disk[n], want[n])
     assert not list(folder.glob("*.tmp")) and not list(folder.glob(".*.tmp"))  # no half-written leftovers
+    named = {meta["params_file"], meta["states_file"]}
+    assert sorted(p.name for p in folder.iterdir()) == sorted(["last.json", "last.params", "last.states", *named])
+    for kind in ("params", "states"):
+        assert os.path.samefile(folder / f"last.{kind}", folder / meta[f"{kind}_file"])
+
+
+def test_a_new_save_replaces_the_previous_generation(saved):
+    folder, net, trainer = saved
+    first = json.loads((folder / "last.json").read_text())
+    _step(net, trainer, 3)
+    checkpoint.save(folder, "last", net, trainer, {"epoch": 4})
+    second = checkpoint.load(folder, "last")
+    assert second["params_file"] != first["params_file"] and second["epoch"] == 4
+    assert not (folder / first["params_file"]).exists() and not (folder / first["states_file"]).exists()
+    assert len(list(folder.iterdir())) == 5
+
+
+class _Killed(BaseException):
+    """Stands for the process dying (kill -9) at a given point of a save."""
+
+
+def test_a_save_killed_before_its_commit_leaves_the_previous_checkpoint(saved, monkeypatch):
+    """The JSON is the commit: dying after the new params/states are written but before the
+    JSON leaves the previous checkpoint whole (its JSON, files and hashes), and the next save
+    clears the orphaned generation."""
+    folder, net, trainer = saved
+    before = _values(net)
+    meta = checkpoint.load(folder, "last")
+    _step(net, trainer, 7)
+
+    def die(*args, **kwargs):
+        raise _Killed
+
+    monkeypatch.setattr(checkpoint, "write_text", die)
+    with pytest.raises(_Killed):
+        checkpoint.save(folder, "last", net, trainer, {"epoch": 4})
+    monkeypatch.undo()
+    assert len(list(folder.glob("last.*.params"))) == 2  # the new generation, written but not committed
+    assert checkpoint.load(folder, "last") == meta
+    other = _net(2)
+    checkpoint.restore_into(folder, "last", other, _trainer(other), mx.cpu())
+    for n, v in before.items():
+        np.testing.assert_array_equal(_values(other)[n], v, err_msg=n)
+    checkpoint.save(folder, "last", net, trainer, {"epoch": 4})
+    assert len(list(folder.glob("last.*.params"))) == 1 and checkpoint.load(folder, "last")["epoch"] == 4
+
+
+def test_a_json_naming_a_file_outside_its_folder_is_refused(saved):
+    folder, _, _ = saved
+    meta = json.loads((folder / "last.json").read_text())
+    (folder.parent / "elsewhere.states").write_bytes((folder / meta["states_file"]).read_bytes())
+    meta["states_file"] = "../elsewhere.states"
+    (folder / "last.json").write_text(json.dumps(meta))
+    with pytest.raises(TrainError, match=r"names '\.\./elsewhere\.states' as its states file"):
+        checkpoint.load(folder, "last")
+    (folder / "last.json").write_text("[1, 2]")
+    with pytest.raises(TrainError, match="not a checkpoint record"):
+        checkpoint.load(folder, "last")
 
 
 def test_save_removes_temp_files_left_by_a_killed_write(saved):
@@ -121,14 +182,13 @@ def test_restore_into_refuses_another_models_checkpoint(saved):
         np.testing.assert_array_equal(_values(bigger)[n], v)
 
 
-@pytest.mark.parametrize("kind", ["params", "states", "json"])
-def test_a_failed_write_is_a_train_error_and_leaves_no_checkpoint(tmp_path, kind):
-    # a folder where one of the three files should go makes that write fail
+def test_a_failed_commit_is_a_train_error_and_leaves_no_checkpoint(tmp_path):
+    # a folder where the JSON should go makes the commit fail
     net = _net(1)
     trainer = _trainer(net)
     _step(net, trainer, 0)
-    (tmp_path / f"last.{kind}").mkdir()
-    with pytest.raises(TrainError, match=rf"Cannot write '{tmp_path / f'last.{kind}'}'"):
+    (tmp_path / "last.json").mkdir()
+    with pytest.raises(TrainError, match=rf"Cannot write '{tmp_path / 'last.json'}'"):
         checkpoint.save(tmp_path, "last", net, trainer, {"epoch": 1})
     with pytest.raises(TrainError):
         checkpoint.load(tmp_path, "last")
@@ -136,10 +196,24 @@ def test_a_failed_write_is_a_train_error_and_leaves_no_checkpoint(tmp_path, kind
 
 
 @pytest.mark.parametrize("kind", ["params", "states"])
+def test_a_failed_link_after_the_commit_is_a_train_error_but_the_checkpoint_holds(tmp_path, kind):
+    # TAG.params/.states are conveniences written after the commit: when one cannot be written
+    # the save says so, and the committed checkpoint is still whole
+    net = _net(1)
+    trainer = _trainer(net)
+    _step(net, trainer, 0)
+    (tmp_path / f"last.{kind}").mkdir()
+    with pytest.raises(TrainError, match=rf"Cannot write '{tmp_path / f'last.{kind}'}'"):
+        checkpoint.save(tmp_path, "last", net, trainer, {"epoch": 1})
+    assert checkpoint.load(tmp_path, "last")["epoch"] == 1
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+@pytest.mark.parametrize("kind", ["params", "states"])
 @pytest.mark.parametrize("damage", ["modified", "replaced", "deleted"])
 def test_load_refuses_files_that_do_not_match_their_hash(saved, kind, damage):
     folder, _, _ = saved
-    path = folder / f"last.{kind}"
+    path = folder / json.loads((folder / "last.json").read_text())[f"{kind}_file"]
     if damage == "modified":  # one byte
         data = bytearray(path.read_bytes())
         data[len(data) // 2] ^= 1
@@ -187,11 +261,11 @@ def test_resume_unpickles_no_states_file_whose_hash_does_not_match(tmp_path):
     r = parse_recipe({"name": "ckpt", "model": {"source": f"symbol:{tiny}", "input_shape": [3, 16, 16]},
                       "data": helpers.DIGITS_5_9, "train": {"epochs": 1, "lr": 0.05}})
     part = finetune(r, runs_root=tmp_path / "runs", quiet=True, stop_after_steps=2)
-    states = part.run_dir / "checkpoints" / "last.states"
+    states = part.run_dir / "checkpoints" / "last.states"  # a hard link to the committed file
     marker = tmp_path / "unpickled"
     states.write_bytes(pickle.dumps(_Payload(marker)))
     pickle.loads(pickle.dumps(_Payload(tmp_path / "probe")))  # the payload does act when unpickled
     assert (tmp_path / "probe").exists()
-    with pytest.raises(TrainError, match="last.states' does not match the hash"):
+    with pytest.raises(TrainError, match=r"last\.[0-9a-f]+\.states' does not match the hash"):
         finetune(r, runs_root=tmp_path / "runs", quiet=True, resume=part.run_dir)
     assert not marker.exists()
