@@ -79,83 +79,36 @@ class Head(HybridBlock):
 
     def __init__(self, spec: HeadSpec, feature_shapes: Sequence[Shape]) -> None:
         super().__init__(prefix="head.")
-        self._act = spec.activation
-        self._pool: list[tuple[str | None, int]] = []  # (pool type or None, spatial rank)
+        self.activation = spec.activation
+        self.pools: list[tuple[str | None, int]] = []  # per feature: (pool type or None, spatial rank)
         units = 0
         for shape in feature_shapes:
             pool = {"auto": "avg", "none": None}.get(spec.pool, spec.pool) if len(shape) > 2 else None
-            self._pool.append((pool, len(shape) - 2))
+            self.pools.append((pool, len(shape) - 2))
             units += shape[1] if pool else int(np.prod(shape[1:]))
         with self.name_scope():
             self.drop = nn.Dropout(spec.dropout) if spec.dropout else None
-            self._hidden = []
+            self.hidden_layers = []
             for i, width in enumerate(spec.hidden, 1):
                 dense = nn.Dense(width, in_units=units, prefix=f"fc{i}.")
                 setattr(self, f"fc{i}", dense)
-                self._hidden.append(dense)
+                self.hidden_layers.append(dense)
                 units = width
             self.fc = nn.Dense(spec.classes, in_units=units, prefix="fc.")
 
     def hybrid_forward(self, F, *features):
         parts = []
-        for x, (pool, rank) in zip(features, self._pool):
+        for x, (pool, rank) in zip(features, self.pools):
             if pool:
                 x = F.Pooling(x, kernel=(1,) * rank, global_pool=True, pool_type=pool)
             parts.append(F.flatten(x))
         x = F.concat(*parts, dim=1) if len(parts) > 1 else parts[0]
         if self.drop is not None:
             x = self.drop(x)
-        for dense in self._hidden:
+        for dense in self.hidden_layers:
             x = dense(x)
-            x = F.LeakyReLU(x, act_type="gelu") if self._act == "gelu" else F.Activation(x, act_type=self._act)
+            x = F.LeakyReLU(x, act_type="gelu") if self.activation == "gelu" else F.Activation(x, act_type=self.activation)
         return self.fc(x)
-
-    def to_onnx(self, features: Sequence[str], taken: set[str]) -> tuple[list, list, str, int]:
-        """The head as standard ONNX nodes reading tensors ``features``, in inference mode (no
-        dropout): (nodes, initializers, output name, output width). Initializers carry the
-        parameters' structural names; node and tensor names start with ``head/``."""
-        from onnx import helper, numpy_helper
-
-        def fresh(base: str) -> str:
-            name, i = base, 0
-            while name in taken:
-                i += 1
-                name = f"{base}_{i}"
-            taken.add(name)
-            return name
-
-        nodes, inits = [], []
-
-        def node(op: str, inputs: list[str], tag: str, **attrs) -> str:
-            out = fresh(f"head/{tag}")
-            nodes.append(helper.make_node(op, inputs, [out], name=out, **attrs))
-            return out
-
-        def const(name: str, value: np.ndarray) -> str:
-            name = fresh(name)
-            inits.append(numpy_helper.from_array(np.asarray(value, dtype=np.float32), name))
-            return name
-
-        parts = []
-        for i, (x, (pool, _)) in enumerate(zip(features, self._pool)):
-            if pool:
-                x = node("GlobalAveragePool" if pool == "avg" else "GlobalMaxPool", [x], f"pool{i}")
-            parts.append(node("Flatten", [x], f"flatten{i}", axis=1))
-        x = node("Concat", parts, "concat", axis=1) if len(parts) > 1 else parts[0]
-        for dense in [*self._hidden, self.fc]:
-            w, b = dense.weight, dense.bias
-            x = node("Gemm", [x, const(w.name, w.data(w.list_ctx()[0]).asnumpy()),
-                              const(b.name, b.data(b.list_ctx()[0]).asnumpy())], dense.prefix[len(self.prefix):].strip("."),
-                     transB=1)
-            if dense is self.fc:
-                break
-            if self._act == "gelu":  # exact (erf) GELU, what MXNet's LeakyReLU(gelu) computes
-                scaled = node("Div", [x, const("head/sqrt2", np.sqrt(2.0))], "gelu_div")
-                erf1 = node("Add", [node("Erf", [scaled], "gelu_erf"), const("head/one", 1.0)], "gelu_add")
-                x = node("Mul", [node("Mul", [x, erf1], "gelu_mul"), const("head/half", 0.5)], "gelu")
-            else:
-                x = node({"relu": "Relu", "tanh": "Tanh", "sigmoid": "Sigmoid"}[self._act], [x], self._act)
-        return nodes, inits, x, int(self.fc.weight.shape[0])
 
 
 def _new_head(spec: HeadSpec, shapes: Sequence[Shape], ctx) -> Head:

@@ -192,3 +192,15 @@ def assert_requantized(got, want, real, slack: float, err_msg: str = ""):
     assert not wrong.any(), (f"{err_msg} {int(wrong.sum())}/{wrong.size} outputs differ from exact "
                              f"integer arithmetic (max step diff {diff.max():.0f}; "
                              f"{int(near_tie.sum())} near ties allowed ±1)")
+
+
+def conv3x3_np(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """3x3 convolution with padding 1, stride 1, written out in float64 (a reference for
+    gradients and BatchNorm statistics of layers behind a conv)."""
+    n, _, h, wd = x.shape
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    out = np.zeros((n, w.shape[0], h, wd))
+    for a in range(3):
+        for b in range(3):
+            out += np.einsum("nchw,oc->nohw", xp[:, :, a:a + h, b:b + wd], w[:, :, a, b].astype(np.float64))
+    return out

@@ -16,19 +16,9 @@ from gluontl.onnx import import_model
 from gluontl.recipe import Rule
 from gluontl.rules import apply_plan, make_plan
 from gluontl.sources import load_model
+from helpers import conv3x3_np
 
 MOMENTUM = 0.9
-
-
-def _conv_np(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """3x3 convolution, padding 1, in float64."""
-    n, _, h, wd = x.shape
-    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
-    out = np.zeros((n, w.shape[0], h, wd))
-    for a in range(3):
-        for b in range(3):
-            out += np.einsum("nchw,oc->nohw", xp[:, :, a:a + h, b:b + wd], w[:, :, a, b].astype(np.float64))
-    return out
 
 
 def _onnx_model():
@@ -88,7 +78,7 @@ def test_bn_mode_on_graph_models(kind, mode, hybrid, tmp_path):
     if mode == "frozen":
         np.testing.assert_array_equal(after, before)
         return
-    batch_mean = _conv_np(x, w).mean(axis=(0, 2, 3))
+    batch_mean = conv3x3_np(x, w).mean(axis=(0, 2, 3))
     want = MOMENTUM * before + (1 - MOMENTUM) * batch_mean
     assert np.abs(want - before).max() > 1e-2  # the update is large enough to tell apart
     np.testing.assert_allclose(after, want, rtol=0, atol=1e-5)
@@ -128,7 +118,7 @@ def test_graph_bn_modes_are_per_layer(frozen, hybrid, tmp_path):
     loss.backward()
     mx.nd.waitall()
     a, b = mean_a.data().asnumpy(), mean_b.data().asnumpy()
-    conv_mean = _conv_np(x, w).mean(axis=(0, 2, 3))
+    conv_mean = conv3x3_np(x, w).mean(axis=(0, 2, 3))
     eps = 1e-3  # MXNet's BatchNorm default
     if frozen == "bn_a":
         # bn_a normalizes with its stored statistics (mean 0, var 1): bn_b sees conv / sqrt(1 + eps)

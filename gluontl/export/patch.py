@@ -26,7 +26,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from gluontl.errors import ExportError
-from gluontl.export.lean import drop_dead_nodes, prune_initializers
+from gluontl.export.lean import _unique_name, drop_dead_nodes, prune_initializers
 from gluontl.onnx.importer import ImportInfo
 
 _DATA_FIELDS = ("raw_data", "float_data", "double_data", "int32_data", "int64_data")
@@ -190,7 +190,7 @@ def patch_model(block: mx.gluon.HybridBlock, info: ImportInfo, input_names: list
     if head is not None:
         taken = {n.name for n in graph.node} | {x for n in graph.node for x in (*n.input, *n.output)}
         taken |= {t.name for t in graph.initializer} | {i.name for i in graph.input}
-        nodes, inits, out, width = head.to_onnx(ends, taken)
+        nodes, inits, out, width = _head_nodes(head, ends, taken)
         graph.node.extend(nodes)
         graph.initializer.extend(inits)
         del graph.output[:]
@@ -223,3 +223,43 @@ def patch_model(block: mx.gluon.HybridBlock, info: ImportInfo, input_names: list
         shapes[v.name] = tuple(dims)
         dtypes[v.name] = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type))
     return Patched(model, shapes, dtypes, [o.name for o in graph.output])
+
+
+def _head_nodes(head, features: list[str], taken: set[str]) -> tuple[list, list, str, int]:
+    """Surgery's Head as standard ONNX nodes reading tensors ``features``, in inference mode (no
+    dropout): (nodes, initializers, output name, output width). Initializers carry the
+    parameters' structural names (``head.fc.weight``); node and tensor names start with ``head/``."""
+    nodes, inits = [], []
+
+    def node(op: str, inputs: list[str], tag: str, **attrs) -> str:
+        out = _unique_name(f"head/{tag}", taken)
+        nodes.append(helper.make_node(op, inputs, [out], name=out, **attrs))
+        return out
+
+    def const(name: str, value) -> str:
+        name = _unique_name(name, taken)
+        inits.append(numpy_helper.from_array(np.asarray(value, dtype=np.float32), name))
+        return name
+
+    def data(p) -> np.ndarray:
+        return p.data(p.list_ctx()[0]).asnumpy()
+
+    parts = []
+    for i, (x, (pool, _)) in enumerate(zip(features, head.pools)):
+        if pool:
+            x = node("GlobalAveragePool" if pool == "avg" else "GlobalMaxPool", [x], f"pool{i}")
+        parts.append(node("Flatten", [x], f"flatten{i}", axis=1))
+    x = node("Concat", parts, "concat", axis=1) if len(parts) > 1 else parts[0]
+    for dense in [*head.hidden_layers, head.fc]:
+        tag = dense.prefix[len(head.prefix):].strip(".")
+        x = node("Gemm", [x, const(dense.weight.name, data(dense.weight)), const(dense.bias.name, data(dense.bias))],
+                 tag, transB=1)
+        if dense is head.fc:
+            break
+        if head.activation == "gelu":  # exact (erf) GELU, what MXNet's LeakyReLU(gelu) computes
+            scaled = node("Div", [x, const("head/sqrt2", np.sqrt(2.0))], "gelu_div")
+            erf1 = node("Add", [node("Erf", [scaled], "gelu_erf"), const("head/one", 1.0)], "gelu_add")
+            x = node("Mul", [node("Mul", [x, erf1], "gelu_mul"), const("head/half", 0.5)], "gelu")
+        else:
+            x = node({"relu": "Relu", "tanh": "Tanh", "sigmoid": "Sigmoid"}[head.activation], [x], head.activation)
+    return nodes, inits, x, int(head.fc.weight.shape[0])

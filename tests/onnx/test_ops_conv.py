@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from helpers import conv3x3_np
 from opcheck import check, check_grad, run_ort
 
 from gluontl.errors import OnnxImportError
@@ -141,7 +142,7 @@ def test_one_channel_conv_transpose_after_conv_trains(kernel, stride):
         (y * weights).sum().backward()
     np.testing.assert_allclose(y.asnumpy(), ref, rtol=1e-4, atol=1e-4)
     params = block.collect_params()
-    h = _conv_np(x, cw)
+    h = conv3x3_np(x, cw)
     want = np.zeros_like(tw, dtype=np.float64)
     r = weights.asnumpy().astype(np.float64)
     for i in range(h.shape[2]):
@@ -152,17 +153,6 @@ def test_one_channel_conv_transpose_after_conv_trains(kernel, stride):
     bound = 1e-5 * np.abs(h).sum() * np.abs(r).max()  # float32 accumulation over every product
     assert np.abs(got - want).max() <= bound
     assert abs(params["tb"].grad().asnumpy()[0] - r.sum()) <= 1e-5 * np.abs(r).sum()
-
-
-def _conv_np(x, w):
-    """3x3 convolution with padding 1, float64, written out."""
-    n, _, hh, ww = x.shape
-    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
-    out = np.zeros((n, w.shape[0], hh, ww))
-    for a in range(3):
-        for b in range(3):
-            out += np.einsum("nchw,oc->nohw", xp[:, :, a:a + hh, b:b + ww], w[:, :, a, b].astype(np.float64))
-    return out
 
 
 def run_ort_model(model, feeds):
