@@ -70,7 +70,7 @@ def _files(folder: Path, tag: str, meta: dict[str, Any]) -> dict[str, Path]:
     out = {}
     for kind in ("params", "states"):
         name = str(meta.get(f"{kind}_file", f"{tag}.{kind}"))
-        if Path(name).name != name or name in ("", ".", ".."):
+        if Path(name).name != name or name in ("", ".."):  # "." has no name: caught by the first test
             raise TrainError(f"Checkpoint '{folder / tag}.json' names '{name}' as its {kind} file, which is not "
                              f"a file of {folder}; refusing to read it. The JSON was edited by hand or is damaged.")
         out[kind] = folder / name

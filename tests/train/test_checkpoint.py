@@ -6,6 +6,8 @@ import hashlib
 import json
 import os
 import pickle
+import tempfile
+from pathlib import Path
 
 import mxnet as mx
 import numpy as np
@@ -114,6 +116,49 @@ def test_a_save_killed_before_its_commit_leaves_the_previous_checkpoint(saved, m
         np.testing.assert_array_equal(_values(other)[n], v, err_msg=n)
     checkpoint.save(folder, "last", net, trainer, {"epoch": 4})
     assert len(list(folder.glob("last.*.params"))) == 1 and checkpoint.load(folder, "last")["epoch"] == 4
+
+
+def test_a_checkpoint_written_before_generations_still_loads(saved):
+    """Runs saved by gluontl before generation files have a JSON without file names: their
+    TAG.params/.states are the checkpoint."""
+    folder, net, _ = saved
+    meta = json.loads((folder / "last.json").read_text())
+    for kind in ("params", "states"):
+        named = folder / meta.pop(f"{kind}_file")
+        (folder / f"last.{kind}").unlink()
+        named.rename(folder / f"last.{kind}")
+    (folder / "last.json").write_text(json.dumps(meta))
+    assert checkpoint.load(folder, "last") == meta
+    other = _net(2)
+    checkpoint.restore_into(folder, "last", other, _trainer(other), mx.cpu())
+    for n, v in _values(net).items():
+        np.testing.assert_array_equal(_values(other)[n], v, err_msg=n)
+
+
+@pytest.mark.parametrize("name", ["", "..", "sub/last.params", "/etc/passwd"])
+def test_a_json_naming_no_file_of_its_folder_is_refused(saved, name):
+    folder, _, _ = saved
+    meta = json.loads((folder / "last.json").read_text())
+    meta["params_file"] = name
+    (folder / "last.json").write_text(json.dumps(meta))
+    with pytest.raises(TrainError, match="as its params file, which is not a file of"):
+        checkpoint.load(folder, "last")
+
+
+def test_a_failed_write_before_the_commit_is_a_train_error_and_keeps_the_previous(saved):
+    folder, net, trainer = saved
+    meta = checkpoint.load(folder, "last")
+
+    class DiskFull(mx.gluon.Trainer):
+        def save_states(self, fname):
+            raise OSError(28, "No space left on device")
+
+    full = DiskFull(net.collect_params(), "sgd", {"learning_rate": 0.1})
+    with pytest.raises(TrainError, match=r"Cannot write '.*last\.[0-9a-f]+\.states': No space left on device"):
+        checkpoint.save(folder, "last", net, full, {"epoch": 9})
+    assert checkpoint.load(folder, "last") == meta
+    with pytest.raises(TrainError, match=r"Cannot write '.*nowhere.*last\.[0-9a-f]+\.params'"):
+        checkpoint.save(folder / "nowhere", "last", net, trainer, {"epoch": 9})
 
 
 def test_a_json_naming_a_file_outside_its_folder_is_refused(saved):
@@ -269,3 +314,19 @@ def test_resume_unpickles_no_states_file_whose_hash_does_not_match(tmp_path):
     with pytest.raises(TrainError, match=r"last\.[0-9a-f]+\.states' does not match the hash"):
         finetune(r, runs_root=tmp_path / "runs", quiet=True, resume=part.run_dir)
     assert not marker.exists()
+
+
+def test_link_copies_where_a_hard_link_cannot_be_made(tmp_path):
+    """On file systems without hard links (or across devices) TAG.params is a copy."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or os.stat(shm).st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("needs a second file system (/dev/shm) to make os.link fail")
+    src = Path(tempfile.mkstemp(dir=shm)[1])
+    try:
+        src.write_bytes(b"generation bytes")
+        dst = tmp_path / "last.params"
+        dst.write_bytes(b"old")
+        checkpoint._link(src, dst)
+        assert dst.read_bytes() == b"generation bytes" and not os.path.samefile(src, dst)
+    finally:
+        src.unlink()
