@@ -37,7 +37,6 @@ class Patched:
     model: onnx.ModelProto
     input_shapes: dict[str, tuple[int | None, ...]]  # per graph input, batch dim None when free
     input_dtypes: dict[str, np.dtype]
-    output_names: list[str]
 
 
 def source_info(block: mx.gluon.HybridBlock) -> ImportInfo | None:
@@ -66,15 +65,11 @@ def _values(block: mx.gluon.HybridBlock) -> dict[str, np.ndarray]:
     return out
 
 
-def _tensor(value: np.ndarray, like: onnx.TensorProto | None, name: str, dims=None) -> onnx.TensorProto:
-    """``value`` as a TensorProto in the dtype and dims of ``like`` (MXNet keeps rank-0 values
-    as shape (1,) and bools as float 0/1)."""
-    if like is not None:
-        dtype = helper.tensor_dtype_to_np_dtype(like.data_type)
-        dims = list(like.dims)
-    else:
-        dtype = value.dtype
-    shape = tuple(dims) if dims is not None else value.shape
+def _tensor(value: np.ndarray, like: onnx.TensorProto | None, name: str) -> onnx.TensorProto:
+    """``value`` as a TensorProto in the dtype and dims of ``like``, if given (MXNet keeps rank-0
+    values as shape (1,) and bools as float 0/1)."""
+    dtype = helper.tensor_dtype_to_np_dtype(like.data_type) if like is not None else value.dtype
+    shape = tuple(like.dims) if like is not None else value.shape
     if int(np.prod(shape, dtype=np.int64)) != value.size:
         raise ExportError(f"Parameter '{name}' has {value.size} values but its ONNX tensor has shape {list(shape)}; "
                           "the block no longer fits the graph it was imported from (was the parameter replaced?).")
@@ -222,7 +217,7 @@ def patch_model(block: mx.gluon.HybridBlock, info: ImportInfo, input_names: list
         dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in tt.shape.dim]
         shapes[v.name] = tuple(dims)
         dtypes[v.name] = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type))
-    return Patched(model, shapes, dtypes, [o.name for o in graph.output])
+    return Patched(model, shapes, dtypes)
 
 
 def _head_nodes(head, features: list[str], taken: set[str]) -> tuple[list, list, str, int]:
