@@ -24,19 +24,27 @@ deterministic stand-in):
    ``((mean), (std))`` given as fractions of 255 like the ImageNet values.
 
 Shrinking uses area interpolation (no aliasing), enlarging bilinear.
+
+The deterministic form (:class:`Preprocess`: steps 1-3 and 6) is what evaluation, predict and
+exports use; :func:`preprocess` is its public entry point, and its JSON record travels in every
+export (ONNX ``metadata_props`` ``gluontl.preprocess``, ``NAME-preprocess.json``) so a model
+can be fed from its file alone.
 """
 from __future__ import annotations
 
 import contextlib
 import io
+import json
+import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import Any, BinaryIO, Iterator, Mapping, Union
 
 import cv2
 import numpy as np
 from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
 
-from ..errors import DataError
+from ..errors import DataError, ModelSourceError
 from ..recipe import TransformSpec
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -129,6 +137,108 @@ def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
     return np.random.default_rng([_SAMPLE_TAG, seed % 2**64, epoch, index])
 
 
+Step = tuple[str, int]  # (op, size): resize_shorter, center_crop, random_resized_crop
+
+
+def _steps(spec: TransformSpec, train: bool) -> tuple[Step, ...]:
+    """The geometric steps of ``spec``; without ``train`` only deterministic ones (see module doc)."""
+    steps: list[Step] = []
+    if spec.resize:
+        steps.append(("resize_shorter", spec.resize))
+    if spec.random_resized_crop:
+        if train:
+            steps.append(("random_resized_crop", spec.random_resized_crop))
+        else:
+            if not spec.resize:
+                steps.append(("resize_shorter", spec.random_resized_crop))
+            steps.append(("center_crop", spec.random_resized_crop))
+    if spec.center_crop:
+        steps.append(("center_crop", spec.center_crop))
+    elif spec.resize and not spec.random_resized_crop:
+        steps.append(("center_crop", spec.resize))
+    return tuple(steps)
+
+
+def _geometry(img: np.ndarray, steps: tuple[Step, ...], rng: np.random.Generator | None) -> np.ndarray:
+    for op, size in steps:
+        if op == "resize_shorter":
+            img = _shorter_side(img, size)
+        elif op == "center_crop":
+            img = _center_crop(img, size)
+        else:
+            img = _random_resized_crop(img, size, rng)
+    return img
+
+
+@dataclass(frozen=True)
+class Preprocess:
+    """The deterministic pipeline that evaluation, predict and exported models use.
+
+    It is what ``gluontl.preprocess`` runs and what every export records (``to_json``), so a
+    model can be fed outside gluontl from its file alone. See :func:`preprocess`.
+    """
+
+    steps: tuple[Step, ...]
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+
+    @classmethod
+    def from_spec(cls, spec: TransformSpec) -> "Preprocess":
+        """The evaluation form of a recipe transform (random steps replaced, see module doc)."""
+        mean, std = _mean_std(spec)
+        return cls(_steps(spec, False), tuple(mean), tuple(std))
+
+    def __call__(self, img: np.ndarray) -> np.ndarray:
+        return _to_tensor(_geometry(img, self.steps, None).astype(np.float32), self.mean, self.std)
+
+    def to_json(self, input_name: str, input_shape: tuple[int, ...]) -> dict[str, Any]:
+        """The ``gluontl.preprocess`` record; ``input_shape`` is the model's, batch first."""
+        return {"format": PREPROCESS_FORMAT, "version": PREPROCESS_VERSION,
+                "input": {"name": input_name, "shape": list(input_shape), "layout": "NCHW", "dtype": "float32"},
+                "color": "RGB", "steps": [{"op": op, "size": size} for op, size in self.steps],
+                "interpolation": dict(INTERPOLATION), "scale": 255.0,
+                "mean": list(self.mean), "std": list(self.std), "output": "logits"}
+
+    @classmethod
+    def from_json(cls, record: Mapping[str, Any], where: str) -> "Preprocess":
+        """Parse a ``gluontl.preprocess`` record; anything this version cannot reproduce is refused."""
+        def bad(what: str) -> ModelSourceError:
+            return ModelSourceError(f"The preprocessing record of {where} {what}; it was not written by this "
+                                    f"gluontl version (format {PREPROCESS_FORMAT} version {PREPROCESS_VERSION}). "
+                                    f"Re-export the model with this gluontl, or preprocess images yourself as "
+                                    f"the README's 'Preprocessing' section describes.")
+
+        if not isinstance(record, Mapping) or record.get("format") != PREPROCESS_FORMAT:
+            raise bad("is not a gluontl preprocessing record (no \"format\": \"gluontl.preprocess\")")
+        if record.get("version") != PREPROCESS_VERSION:
+            raise bad(f"has version {record.get('version')!r}")
+        fixed = {"color": "RGB", "scale": 255.0, "interpolation": INTERPOLATION}
+        for key, want in fixed.items():
+            if record.get(key) != want:
+                raise bad(f"asks for {key} {record.get(key)!r} (supported: {want!r})")
+        steps = []
+        for step in record.get("steps", None) or []:
+            ok = (isinstance(step, Mapping) and step.get("op") in ("resize_shorter", "center_crop")
+                  and isinstance(step.get("size"), int) and not isinstance(step.get("size"), bool)
+                  and step["size"] > 0)
+            if not ok:
+                raise bad(f"has a step {step!r} (supported: resize_shorter and center_crop with a size > 0)")
+            steps.append((step["op"], step["size"]))
+        mean, std = record.get("mean"), record.get("std")
+        for name, values in (("mean", mean), ("std", std)):
+            if not (isinstance(values, list) and len(values) == 3
+                    and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)):
+                raise bad(f"has {name} {values!r} (three numbers expected)")
+        if min(std) <= 0:
+            raise bad(f"has std {std!r} (values must be > 0)")
+        return cls(tuple(steps), tuple(float(v) for v in mean), tuple(float(v) for v in std))
+
+
+PREPROCESS_FORMAT = "gluontl.preprocess"
+PREPROCESS_VERSION = 1
+INTERPOLATION = {"library": "opencv", "shrink": "INTER_AREA", "enlarge": "INTER_LINEAR"}
+
+
 class Transform:
     """A built pipeline: ``t(img_hwc_uint8, rng) -> float32 CHW``.
 
@@ -139,38 +249,132 @@ class Transform:
         self.spec = spec
         self.train = train
         self.random = train and bool(spec.random_resized_crop or spec.flip or spec.color_jitter)
-        mean, std = _mean_std(spec)
-        self._mean = np.array(mean, np.float32).reshape(3, 1, 1)
-        self._std = np.array(std, np.float32).reshape(3, 1, 1)
+        self.eval = Preprocess.from_spec(spec)
+        self._steps = _steps(spec, train)
 
     def __call__(self, img: np.ndarray, rng: np.random.Generator | None = None) -> np.ndarray:
+        if not self.train:
+            return self.eval(img)
         if self.random and rng is None:
             raise ValueError("this transform is random; pass rng=sample_rng(seed, epoch, index)")
         s = self.spec
-        if s.resize:
-            img = _shorter_side(img, s.resize)
-        if s.random_resized_crop:
-            if self.train:
-                img = _random_resized_crop(img, s.random_resized_crop, rng)
-            else:
-                img = _center_crop(img if s.resize else _shorter_side(img, s.random_resized_crop),
-                                   s.random_resized_crop)
-        if s.center_crop:
-            img = _center_crop(img, s.center_crop)
-        elif s.resize and not s.random_resized_crop:
-            img = _center_crop(img, s.resize)
-        img = img.astype(np.float32)
-        if self.train and s.flip and rng.random() < 0.5:
+        img = _geometry(img, self._steps, rng).astype(np.float32)
+        if s.flip and rng.random() < 0.5:
             img = img[:, ::-1]
-        if self.train and s.color_jitter:
+        if s.color_jitter:
             img = _color_jitter(img, s.color_jitter, rng)
-        chw = np.ascontiguousarray(img.transpose(2, 0, 1)) / np.float32(255.0)
-        return (chw - self._mean) / self._std
+        return _to_tensor(img, self.eval.mean, self.eval.std)
 
 
 def build(spec: TransformSpec, train: bool) -> Transform:
     """The pipeline for ``spec``; ``train=False`` makes it deterministic (val, predict)."""
     return Transform(spec, train)
+
+
+def _to_tensor(img: np.ndarray, mean: tuple[float, ...], std: tuple[float, ...]) -> np.ndarray:
+    """HWC float32 pixels 0..255 -> normalised CHW float32, in the order the README documents."""
+    chw = np.ascontiguousarray(img.transpose(2, 0, 1)) / np.float32(255.0)
+    return (chw - np.array(mean, np.float32).reshape(3, 1, 1)) / np.array(std, np.float32).reshape(3, 1, 1)
+
+
+# ---------------------------------------------------------------- preprocess()
+
+ImageInput = Union[str, os.PathLike, bytes, np.ndarray]
+SpecInput = Union[TransformSpec, Mapping[str, Any], str, os.PathLike]
+
+
+def preprocess(image: ImageInput, spec: SpecInput) -> np.ndarray:
+    """The CHW float32 tensor gluontl feeds a model for ``image`` (add ``[None]`` for a batch).
+
+    Exactly what evaluation, ``gluontl predict`` and export verification compute: decode
+    (EXIF orientation applied) -> 8-bit RGB (gray replicated, alpha dropped) -> the recorded
+    steps (shorter-side resize with OpenCV's INTER_AREA when shrinking, INTER_LINEAR when
+    enlarging; centre crop) -> ``(pixel / 255 - mean) / std`` in float32 -> CHW.
+
+    ``image``: a file path, encoded bytes, or an HWC uint8 RGB (or HW gray) array.
+    ``spec``: a recipe's ``TransformSpec`` (its evaluation form), a ``gluontl.preprocess``
+    record (dict), or where one is stored: an exported ``.onnx`` file (its metadata), a
+    ``NAME-preprocess.json`` beside a symbol export, or a run folder (``preprocess.json``).
+    """
+    return load_preprocess(spec)[0](_as_rgb(image))
+
+
+def load_preprocess(spec: SpecInput) -> tuple[Preprocess, list[str] | None]:
+    """The pipeline ``spec`` describes and the class names stored with it (None if none are)."""
+    if isinstance(spec, TransformSpec):
+        return Preprocess.from_spec(spec), None
+    if isinstance(spec, Mapping):
+        record = spec.get("preprocess", spec)
+        return Preprocess.from_json(record, "the given record"), _classes(spec.get("classes"), "the given record")
+    path = Path(spec)
+    if path.is_dir():
+        path = path / "preprocess.json"
+    if path.suffix == ".onnx":
+        meta = onnx_metadata(path)
+        return (Preprocess.from_json(_json(meta[META_PREPROCESS], f"{path} ({META_PREPROCESS})"), str(path)),
+                _classes(_json(meta[META_CLASSES], f"{path} ({META_CLASSES})"), str(path)))
+    if not path.is_file():
+        raise ModelSourceError(f"'{path}' does not exist. Pass an exported .onnx file, a NAME-preprocess.json "
+                               f"written beside a symbol export, or a run folder with preprocess.json.")
+    try:
+        card = _json(path.read_text(encoding="utf-8"), str(path))
+    except (OSError, UnicodeDecodeError) as e:
+        raise ModelSourceError(f"Cannot read '{path}': {e}. Re-export the model.") from None
+    if not isinstance(card, dict) or "preprocess" not in card:
+        raise ModelSourceError(f"'{path}' has no \"preprocess\" entry; pass the NAME-preprocess.json of a "
+                               f"gluontl export or a run folder's preprocess.json.")
+    return Preprocess.from_json(card["preprocess"], str(path)), _classes(card.get("classes"), str(path))
+
+
+META_CLASSES = "gluontl.classes"
+META_PREPROCESS = "gluontl.preprocess"
+
+
+def onnx_metadata(path: str | Path) -> dict[str, str]:
+    """The gluontl metadata_props of an ONNX file (both keys present, else a clear error)."""
+    import onnx
+
+    path = Path(path)
+    if not path.is_file():
+        raise ModelSourceError(f"ONNX file '{path}' does not exist; pass the .onnx file a gluontl export wrote.")
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as e:  # protobuf has no single parse-error type
+        raise ModelSourceError(f"'{path}' is not a readable ONNX file ({e}); re-export it.") from None
+    meta = {p.key: p.value for p in model.metadata_props}
+    missing = [k for k in (META_CLASSES, META_PREPROCESS) if k not in meta]
+    if missing:
+        raise ModelSourceError(f"'{path}' has no {' and no '.join(missing)} metadata, so its class names and "
+                               f"preprocessing are unknown: it was not exported by gluontl from a run (or by an "
+                               f"older version). Export the run with `gluontl export runs/NAME`, or predict with "
+                               f"the run folder.")
+    return meta
+
+
+def _json(text: str, where: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        raise ModelSourceError(f"{where} is not valid JSON ({e}); re-export the model.") from None
+
+
+def _classes(value: Any, where: str) -> list[str] | None:
+    if value is None:
+        return None
+    if not (isinstance(value, list) and value and all(isinstance(c, str) for c in value)):
+        raise ModelSourceError(f"The class list of {where} is {value!r}, not a list of names; re-export the model.")
+    return value
+
+
+def _as_rgb(image: ImageInput) -> np.ndarray:
+    if isinstance(image, bytes):
+        return decode_image(image, "the given bytes")
+    if not isinstance(image, np.ndarray):
+        return load_image(image)
+    if image.dtype != np.uint8 or not (image.ndim == 2 or (image.ndim == 3 and image.shape[2] == 3)):
+        raise DataError(f"An image array must be HxWx3 RGB or HxW gray uint8, as decoded from a file; got "
+                        f"{image.dtype} {image.shape}. Pass the file path to let gluontl decode it.")
+    return np.repeat(image[:, :, None], 3, axis=2) if image.ndim == 2 else image
 
 
 def _mean_std(spec: TransformSpec) -> tuple[tuple[float, ...], tuple[float, ...]]:
