@@ -120,6 +120,9 @@ class ModelSpec(Strict):
     epoch: int | None = Field(default=None, ge=0, description="symbol: checkpoint epoch")
     input_shape: tuple[Annotated[int, Field(gt=0, le=1 << 16)], ...] = Field(default=(3, 224, 224), min_length=1, max_length=5)
     input_name: str = "data"
+    random_init: bool = Field(default=False, description="discard the source's weights: every parameter "
+                              "initialized afresh (Xavier; BatchNorm scale 1, shift 0, statistics 0/1) — the "
+                              "from-scratch baseline of a transfer-learning recipe")
 
     @field_validator("source")
     @classmethod
@@ -133,6 +136,8 @@ class ModelSpec(Strict):
     def _weights_once(self) -> "ModelSpec":
         if self.pretrained and self.weights:
             raise ValueError("choose one of pretrained: true (zoo download) or weights: FILE")
+        if self.random_init and (self.pretrained or self.weights):
+            raise ValueError("random_init: true discards weights; remove pretrained / weights, or random_init")
         if self.pretrained and not self.source.startswith("zoo:"):
             raise ValueError("pretrained: true is for zoo: sources; use weights: FILE for others")
         return self

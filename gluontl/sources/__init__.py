@@ -18,7 +18,7 @@ from mxnet.gluon import HybridBlock
 
 from ..errors import ModelSourceError, short_reason
 from ..graphblock import GraphBlock
-from ..naming import named_params
+from ..naming import graph_nodes, named_params, shape_of
 from ..recipe import ModelSpec, resolve_source
 from .restore import RestoreReport, restore
 
@@ -246,6 +246,8 @@ def build_model(spec: ModelSpec, *, classes: int | None = None, head_init: str =
     net = load_model(spec, classes=classes, ctx=ctx, input_shapes=shapes)
     if not spec.source.startswith("zoo:"):  # load_model ran zoo models at these shapes already
         materialize(net, shapes, ctx, spec.source)
+    if spec.random_init:
+        reinitialize(net)
     if not spec.weights:
         return net, None
     report = restore(net, spec.weights, prefix_map=spec.restore.prefix_map, only=spec.restore.only)
@@ -256,6 +258,32 @@ def build_model(spec: ModelSpec, *, classes: int | None = None, head_init: str =
         p = entries[name].param
         p.set_data(_init_array(init, p))
     return net, report
+
+
+# BatchNorm inputs after the data: scale, shift, running mean, running variance.
+_BN_INIT = (mx.init.One, mx.init.Zero, mx.init.Zero, mx.init.One)
+_GLUON_BN = ("gamma", "beta", "running_mean", "running_var")
+
+
+def reinitialize(net: HybridBlock) -> None:
+    """Every parameter afresh, as Gluon initializes a new layer: Xavier for weights, zero biases,
+    BatchNorm at identity. Imported graphs name tensors freely (``bn0.weight`` is a BN scale), so
+    a BatchNorm parameter's role comes from its input position on the node, not from its name."""
+    for e in named_params(net).values():
+        p, layer = e.param, e.layer
+        arr = mx.nd.zeros(shape_of(p), dtype=p.dtype)
+        if layer is not None and layer.type == "BatchNorm":
+            if layer.node is None:  # a Gluon block: gamma, beta, running_mean, running_var
+                role = _GLUON_BN.index(e.name.rsplit(".", 1)[-1])
+            else:
+                nodes = graph_nodes(layer.owner)
+                node = next(n for n in nodes if n["name"] == layer.node)
+                role = [nodes[i[0]]["name"] for i in node["inputs"]].index(p.name) - 1
+            init = _BN_INIT[role]()
+        else:
+            init = mx.init.Xavier() if arr.ndim >= 2 else mx.init.Zero()
+        init._init_weight(p.name, arr)
+        p.set_data(arr)
 
 
 def _input_name(spec: ModelSpec) -> str:
