@@ -121,3 +121,72 @@ def test_target_task_subset_and_split_independent_of_run_seed(cache, home, monke
 def test_unknown_demo_is_a_data_error():
     with pytest.raises(DataError, match="demo:digits"):
         load_split(DataSpec(source="demo:cifar"), "train")
+
+
+# ---------------------------------------------------------------- demo:elpv
+
+def _elpv_rows() -> list[tuple[str, float, str]]:
+    """labels.csv read here, independently of gluontl: (file name, probability, cell type)."""
+    import importlib.util
+
+    labels = Path(importlib.util.find_spec("elpv_dataset").origin).parent / "data" / "labels.csv"
+    rows = []
+    for line in labels.read_text().splitlines():
+        if line.strip():
+            path, prob, kind = line.split()
+            rows.append((Path(path).name, float(prob), kind))
+    return rows
+
+
+@pytest.fixture(scope="module")
+def elpv(home) -> Path:
+    return demo.elpv_folder(0.2, home)
+
+
+def test_elpv_split_is_stratified_on_level_and_cell_type(elpv):
+    rows = _elpv_rows()
+    assert len(rows) == 2624
+    where = {p.name: p for p in elpv.rglob("*.png")}
+    assert len(where) == 2624 and len(list(elpv.rglob("*.png"))) == 2624  # each once: disjoint splits
+    strata: dict[tuple[float, str], list[str]] = {}
+    for name, prob, kind in rows:
+        strata.setdefault((prob, kind), []).append(where[name].parent.parent.name)
+        assert where[name].parent.name == ("defective" if prob >= 0.5 else "functional")
+    assert len(strata) == 8  # 4 probability levels x mono/poly
+    for key, splits in strata.items():
+        assert splits.count("val") == round(0.2 * len(splits)), key
+    counts = {(s, c): len(list((elpv / s / c).glob("*.png")))
+              for s in ("train", "val") for c in ("functional", "defective")}
+    # from labels.csv: 1508 functional with p = 0, 295 at p = 1/3; 106 at 2/3, 715 at 1
+    assert counts[("train", "functional")] + counts[("val", "functional")] == 1508 + 295
+    assert counts[("train", "defective")] + counts[("val", "defective")] == 106 + 715
+
+
+def test_elpv_files_are_the_original_bytes(elpv):
+    import importlib.util
+
+    data = Path(importlib.util.find_spec("elpv_dataset").origin).parent / "data" / "images"
+    for p in sorted(elpv.rglob("*.png"))[::131]:
+        assert p.read_bytes() == (data / p.name).read_bytes()
+
+
+def test_elpv_loads_as_rgb_and_split_ignores_the_run_seed(elpv, home, monkeypatch):
+    monkeypatch.setenv("GLUONTL_HOME", str(home))
+    spec = DataSpec(source="demo:elpv", batch_size=8, val_transform=TransformSpec(normalize="none"))
+    a, b = load_split(spec, "val", seed=1), load_split(spec, "val", seed=2)
+    assert a.class_names == ["defective", "functional"]  # folder order unless data.classes says otherwise
+    assert a.items == b.items and len(a) == sum(1 for _ in (elpv / "val").rglob("*.png"))
+    x, y = a[0]
+    gray = np.asarray(Image.open(a.name(0)))
+    assert gray.shape == (300, 300) and x.shape == (3, 300, 300)
+    assert np.allclose(x * 255, gray[None].astype(np.float32), atol=1e-3)
+    assert a.class_names[int(y)] == Path(a.name(0)).parent.name
+
+
+def test_elpv_without_the_package_says_how_to_install(tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "elpv_dataset", None)  # what Python does for a blocked import
+    with pytest.raises(DataError, match="pip install elpv-dataset==1.0.0.post1"):
+        demo.elpv_folder(0.2, tmp_path)
+    assert list((tmp_path / "datasets" / "elpv").iterdir()) == []
