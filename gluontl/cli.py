@@ -230,13 +230,26 @@ def evaluate(run: Path = typer.Argument(..., help="run folder, e.g. runs/resnet1
 
 
 @app.command()
-def predict(run: Path = typer.Argument(..., help="run folder"),
+def predict(model: Path = typer.Argument(..., help="run folder (runs/NAME) or a .onnx file a run's export wrote"),
             images: List[Path] = typer.Argument(..., help="image files"),
-            topk: int = typer.Option(5, min=1, help="how many classes to show")) -> None:
-    """Top-k classes for image files with a run's best checkpoint."""
-    from .train.runs import predict as run_predict
+            topk: int = typer.Option(5, min=1, help="how many classes to show"),
+            checkpoint: str = CheckpointOpt,
+            as_json: bool = typer.Option(False, "--json", help="print the results as JSON (full precision)")) -> None:
+    """Top-k classes for image files: a run's checkpoint in MXNet, or an exported ONNX file in
+    onnxruntime with the preprocessing and class names stored in the file."""
+    from .train.runs import predict as run_predict, predict_onnx
 
-    for r in run_predict(run, [str(i) for i in images], topk):
+    _choice(checkpoint, CHECKPOINTS, "--checkpoint")
+    files = [str(i) for i in images]
+    if not model.exists():
+        raise GluontlError(f"'{model}' does not exist; pass a run folder (runs/NAME) or the .onnx file "
+                           f"`gluontl export runs/NAME` wrote.")
+    results = run_predict(model, files, topk, checkpoint) if model.is_dir() else predict_onnx(model, files, topk)
+    if as_json:
+        typer.echo(json.dumps([{"image": r["image"], "top": [[n, p] for n, p in r["top"]]} for r in results],
+                              indent=1))
+        return
+    for r in results:
         typer.echo(f"{r['image']}: " + ", ".join(f"{n} {p:.3f}" for n, p in r["top"]))
 
 

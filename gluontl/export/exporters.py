@@ -277,6 +277,16 @@ def _from_source(block: mx.gluon.HybridBlock, info, input_shapes: dict[str, tupl
     return model, shapes, patched.input_dtypes, sizes
 
 
+def _set_metadata(model: onnx.ModelProto, metadata: dict[str, str]) -> None:
+    """Set ``metadata`` in metadata_props, replacing keys of the same name. gluontl's own keys
+    inherited from an imported file are dropped: after training and surgery its class names and
+    preprocessing no longer describe the model unless this export states them again."""
+    kept = {p.key: p.value for p in model.metadata_props if not p.key.startswith("gluontl.")}
+    del model.metadata_props[:]
+    for key, value in {**kept, **metadata}.items():
+        model.metadata_props.add(key=str(key), value=str(value))
+
+
 def _opset_of(model: onnx.ModelProto) -> int:
     return next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
 
@@ -327,8 +337,7 @@ def export_onnx(
             log.info("lean ONNX: folded %(folded_batchnorm)d BatchNorm, dropped %(dropped_noops)d no-op nodes", counts)
         model = _finish(model, opset)
         shapes, dtypes, sizes = traced.input_shapes, {}, [1, 2]
-    for key, value in (metadata or {}).items():
-        model.metadata_props.add(key=str(key), value=str(value))
+    _set_metadata(model, metadata or {})
     if model.ByteSize() > _PROTOBUF_LIMIT:
         raise ExportError(f"The model is larger than 2 GB, the ONNX protobuf limit, so {path} cannot hold it; use export_symbol.")
     data = model.SerializeToString()

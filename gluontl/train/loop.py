@@ -286,6 +286,10 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
         run_dir = _new_run_dir(Path(runs_root), recipe.name)
         write_text(run_dir / "recipe.yaml", yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False))
         meta = None
+    from .runs import run_card  # preprocessing + class names: what predict and exports read
+
+    write_text(run_dir / "preprocess.json", json.dumps(run_card(recipe, recipe.data, loaders.class_names), indent=1),
+               TrainError)
     log = MetricsLog(run_dir / "metrics.jsonl", _read_metrics(run_dir / "metrics.jsonl"))
     loss_fn = _loss_fn(recipe, loaders.num_classes)
     n_batches = loaders.train_sampler.batches_per_epoch()

@@ -1,6 +1,8 @@
-"""Using a finished run folder: reload its model, evaluate, predict, plot."""
+"""Using a finished run folder: reload its model, evaluate, predict (also with its ONNX export),
+plot, export."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -57,26 +59,86 @@ def _data(recipe: Recipe, run_dir: str | Path) -> DataSpec:
     return recipe.data
 
 
+def run_card(recipe: Recipe, data: DataSpec, class_names: list[str]) -> dict[str, Any]:
+    """A run's ``preprocess.json``: the evaluation preprocessing of ``data`` (the recipe's) and
+    the class names, the input named as the run's exports name it."""
+    from .transforms import model_card
+
+    return model_card(data.val_transform, class_names, _export_input_name(recipe), recipe.model.input_shape)
+
+
+def stored_card(run_dir: str | Path, recipe: Recipe) -> dict[str, Any]:
+    """The run folder's ``preprocess.json`` (checked); runs from before it was written get it
+    computed from the recipe and the training split's class names."""
+    from .data import load_split
+    from .transforms import load_preprocess
+
+    path = Path(run_dir) / "preprocess.json"
+    if path.is_file():
+        load_preprocess(path)  # refuses an edited or foreign file
+        return json.loads(path.read_text(encoding="utf-8"))
+    data = _data(recipe, run_dir)
+    return run_card(recipe, data, load_split(data, data.train).class_names)
+
+
 def predict(run_dir: str | Path, images: list[str], topk: int = 5, tag: str = "best") -> list[dict[str, Any]]:
-    from .data import load_split  # class names come from the training split
-    from .transforms import build, load_image
+    """Top-``topk`` (class, probability) per image with the run's ``tag`` checkpoint."""
+    from .transforms import load_preprocess
+
+    decoded = _images(images)  # a bad image fails before the model loads
+    recipe, net = load_run(run_dir, tag)
+    prep, names = load_preprocess(stored_card(run_dir, recipe))
+    results = []
+    for path, image in zip(images, decoded):
+        with mx.autograd.predict_mode():
+            prob = mx.nd.softmax(net(mx.nd.array(prep(image)[None]))).asnumpy()[0]
+        results.append(_ranked(path, prob, names, topk))
+    return results
+
+
+def predict_onnx(onnx_path: str | Path, images: list[str], topk: int = 5) -> list[dict[str, Any]]:
+    """:func:`predict` with an exported ONNX file in onnxruntime, preprocessing and class names
+    from the file's metadata alone (what a deployment has)."""
+    from ..export.verify import ort_session
+    from .transforms import onnx_preprocess
+
+    path = Path(onnx_path)
+    prep, names = onnx_preprocess(path)  # no metadata: refused before any work
+    decoded = _images(images)
+    session = ort_session(path, f"'{path}'")
+    inputs, outputs = session.get_inputs(), session.get_outputs()
+    if len(inputs) != 1 or len(inputs[0].shape) != 4:
+        raise ExportError(f"'{path}' takes inputs {[(i.name, i.shape) for i in inputs]}; predict feeds one "
+                          f"N x C x H x W image batch. Predict with the run folder, or export the run again.")
+    results = []
+    for name, image in zip(images, decoded):
+        x = prep(image)[None]
+        want = inputs[0].shape[1:]
+        if any(isinstance(w, int) and w != d for w, d in zip(want, x.shape[1:])):
+            raise ExportError(f"'{path}' takes {inputs[0].name} of shape {inputs[0].shape} but its recorded "
+                              f"preprocessing makes {list(x.shape)} from '{name}'; the metadata does not belong "
+                              f"to this graph. Export the run again.")
+        logits = np.asarray(session.run([outputs[0].name], {inputs[0].name: x})[0], np.float64)
+        if logits.shape != (1, len(names)):
+            raise ExportError(f"'{path}' outputs {outputs[0].name} of shape {list(logits.shape)}, but its "
+                              f"metadata lists {len(names)} classes; export the run again.")
+        prob = np.exp(logits[0] - logits[0].max())
+        results.append(_ranked(name, prob / prob.sum(), names, topk))
+    return results
+
+
+def _images(images: list[str]) -> list[np.ndarray]:
+    from .transforms import load_image
 
     for path in images:
         if Path(path).is_dir():
             raise DataError(f"'{path}' is a directory; pass image files (e.g. {Path(path) / '*.jpg'}).")
-    decoded = [load_image(path) for path in images]  # a bad image fails before the model loads
-    recipe, net = load_run(run_dir, tag)
-    data = _data(recipe, run_dir)
-    names = load_split(data, data.train).class_names
-    transform = build(data.val_transform, False)
-    results = []
-    for path, image in zip(images, decoded):
-        x = mx.nd.array(transform(image)[None])
-        with mx.autograd.predict_mode():
-            prob = mx.nd.softmax(net(x)).asnumpy()[0]
-        order = np.argsort(-prob)[: min(topk, len(prob))]
-        results.append({"image": str(path), "top": [(names[i], float(prob[i])) for i in order]})
-    return results
+    return [load_image(path) for path in images]
+
+
+def _ranked(image: str, prob: np.ndarray, names: list[str], topk: int) -> dict[str, Any]:
+    order = np.argsort(-prob, kind="stable")[: min(topk, len(prob))]
+    return {"image": str(image), "top": [(names[i], float(prob[i])) for i in order]}
 
 
 def plot(run_dir: str | Path, out: str | Path | None = None) -> Path:
@@ -130,12 +192,16 @@ def _numeric_rows(rows: list[Any], *keys: str) -> list[dict[str, Any]]:
 def export_block(block, out_dir: str | Path, name: str, input_shapes: Mapping[str, tuple[int, ...]], *,
                  formats: list[str], opset: int | None = None, rtol: float = 1e-4, lean: bool = True,
                  force: bool = False, sample: Mapping[str, np.ndarray] | None = None,
-                 output_names: list[str] | None = None) -> list[Path]:
+                 output_names: list[str] | None = None, card: Mapping[str, Any] | None = None) -> list[Path]:
     """Export to symbol/params and/or ONNX (verified against onnxruntime, on ``sample`` too).
 
-    ``input_shapes`` maps each input name, in call order, to its batch-first shape.
+    ``input_shapes`` maps each input name, in call order, to its batch-first shape. ``card``
+    (a run's preprocessing and class names) goes into the ONNX metadata_props and beside the
+    symbol files as ``NAME-preprocess.json``; bare models have none.
     """
+    from ..atomic import write_text
     from ..export import export_onnx, export_symbol
+    from .transforms import onnx_props
 
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
@@ -148,11 +214,16 @@ def export_block(block, out_dir: str | Path, name: str, input_shapes: Mapping[st
     shapes = dict(input_shapes)
     written: list[Path] = []
     if "symbol" in formats:
+        card_path = out / f"{name}-preprocess.json"
+        if card is not None and card_path.exists() and not force:
+            raise ExportError(f"{card_path} already exists; refusing to overwrite it. Pass --force to replace it.")
         written += list(export_symbol(block, out / name, shapes, force=force))
+        if card is not None:
+            written.append(write_text(card_path, json.dumps(card, indent=1), ExportError))
     if "onnx" in formats:
         written.append(export_onnx(block, out / f"{name}.onnx", shapes, opset=opset, rtol=rtol, lean=lean,
                                    force=force, sample=None if sample is None else dict(sample),
-                                   output_names=output_names))
+                                   output_names=output_names, metadata=onnx_props(card) if card else None))
     return written
 
 
@@ -162,14 +233,19 @@ def export_run(run_dir: str | Path, out_dir: str | Path | None = None, *, format
     from .data import load_split
 
     recipe, net = load_run(run_dir, tag)
-    from ..sources import _input_name
-
+    card = stored_card(run_dir, recipe)
     spec = recipe.export
-    name = spec.input_names[0] if spec.input_names else _input_name(recipe.model)
+    name = _export_input_name(recipe)
     sample = None
     if recipe.data is not None:
         ds = load_split(recipe.data, recipe.data.val)
         sample = {name: np.stack([ds[i][0] for i in range(min(8, len(ds)))]).astype(np.float32)}
     return export_block(net, out_dir or Path(run_dir) / "export", recipe.name, {name: (1, *recipe.model.input_shape)},
                         formats=formats or list(spec.formats), opset=spec.opset, rtol=spec.rtol, lean=spec.lean,
-                        force=force, sample=sample, output_names=spec.output_names)
+                        force=force, sample=sample, output_names=spec.output_names, card=card)
+
+
+def _export_input_name(recipe: Recipe) -> str:
+    from ..sources import _input_name
+
+    return recipe.export.input_names[0] if recipe.export.input_names else _input_name(recipe.model)

@@ -192,9 +192,10 @@ class Preprocess:
         return _to_tensor(_geometry(img, self.steps, None).astype(np.float32), self.mean, self.std)
 
     def to_json(self, input_name: str, input_shape: tuple[int, ...]) -> dict[str, Any]:
-        """The ``gluontl.preprocess`` record; ``input_shape`` is the model's, batch first."""
+        """The ``gluontl.preprocess`` record; ``input_shape`` is the model's C, H, W (the batch
+        is recorded as null: any)."""
         return {"format": PREPROCESS_FORMAT, "version": PREPROCESS_VERSION,
-                "input": {"name": input_name, "shape": list(input_shape), "layout": "NCHW", "dtype": "float32"},
+                "input": {"name": input_name, "shape": [None, *input_shape], "layout": "NCHW", "dtype": "float32"},
                 "color": "RGB", "steps": [{"op": op, "size": size} for op, size in self.steps],
                 "interpolation": dict(INTERPOLATION), "scale": 255.0,
                 "mean": list(self.mean), "std": list(self.std), "output": "logits"}
@@ -310,9 +311,7 @@ def load_preprocess(spec: SpecInput) -> tuple[Preprocess, list[str] | None]:
     if path.is_dir():
         path = path / "preprocess.json"
     if path.suffix == ".onnx":
-        meta = onnx_metadata(path)
-        return (Preprocess.from_json(_json(meta[META_PREPROCESS], f"{path} ({META_PREPROCESS})"), str(path)),
-                _classes(_json(meta[META_CLASSES], f"{path} ({META_CLASSES})"), str(path)))
+        return onnx_preprocess(path)
     if not path.is_file():
         raise ModelSourceError(f"'{path}' does not exist. Pass an exported .onnx file, a NAME-preprocess.json "
                                f"written beside a symbol export, or a run folder with preprocess.json.")
@@ -328,6 +327,25 @@ def load_preprocess(spec: SpecInput) -> tuple[Preprocess, list[str] | None]:
 
 META_CLASSES = "gluontl.classes"
 META_PREPROCESS = "gluontl.preprocess"
+
+
+def model_card(spec: TransformSpec, classes: list[str], input_name: str,
+               input_shape: tuple[int, ...]) -> dict[str, Any]:
+    """What a run folder's ``preprocess.json`` and a symbol export's ``NAME-preprocess.json``
+    hold: the evaluation pipeline of ``spec`` as a record, and the class names in label order."""
+    return {"preprocess": Preprocess.from_spec(spec).to_json(input_name, input_shape), "classes": list(classes)}
+
+
+def onnx_props(card: Mapping[str, Any]) -> dict[str, str]:
+    """A :func:`model_card` as the ONNX ``metadata_props`` an export carries (JSON strings)."""
+    return {META_CLASSES: json.dumps(card["classes"]), META_PREPROCESS: json.dumps(card["preprocess"])}
+
+
+def onnx_preprocess(path: str | Path) -> tuple[Preprocess, list[str]]:
+    """The pipeline and class names an exported ONNX file's metadata_props record."""
+    meta = onnx_metadata(path)
+    return (Preprocess.from_json(_json(meta[META_PREPROCESS], f"{path} ({META_PREPROCESS})"), str(path)),
+            _class_list(_json(meta[META_CLASSES], f"{path} ({META_CLASSES})"), str(path)))
 
 
 def onnx_metadata(path: str | Path) -> dict[str, str]:
@@ -359,8 +377,10 @@ def _json(text: str, where: str) -> Any:
 
 
 def _classes(value: Any, where: str) -> list[str] | None:
-    if value is None:
-        return None
+    return None if value is None else _class_list(value, where)
+
+
+def _class_list(value: Any, where: str) -> list[str]:
     if not (isinstance(value, list) and value and all(isinstance(c, str) for c in value)):
         raise ModelSourceError(f"The class list of {where} is {value!r}, not a list of names; re-export the model.")
     return value
