@@ -11,7 +11,7 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -296,6 +296,19 @@ class ScheduleSpec(Strict):
     final_lr: float = Field(default=0.0, ge=0.0)
 
 
+GuardLevel = Literal["error", "warn", "off"]
+
+
+class GuardsSpec(Strict):
+    """What each guard against a run that cannot learn does (gluontl/train/guards.py);
+    ``train.guards: warn`` (one level) sets all four."""
+
+    random_backbone: GuardLevel = "error"
+    unloaded_bn_stats: GuardLevel = "error"
+    collapsed_features: GuardLevel = "error"
+    stuck_loss: GuardLevel = "warn"
+
+
 class TrainSpec(Strict):
     epochs: int = Field(default=5, gt=0, le=100_000)
     optimizer: Literal["sgd", "nag", "adam", "adamw"] = "sgd"
@@ -318,6 +331,17 @@ class TrainSpec(Strict):
     prefix_engine: Literal["auto", "mxnet", "onnxruntime"] = "auto"
     log_every: int = Field(default=10, gt=0, le=1 << 30)
     max_bad_steps: int = Field(default=10, ge=0, le=1 << 30)
+    guards: GuardsSpec = GuardsSpec()
+
+    @field_validator("guards", mode="before")
+    @classmethod
+    def _one_level(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            if v not in get_args(GuardLevel):
+                raise ValueError(f"'{v}' is not a guard level; use error, warn or off, or one per guard: "
+                                 f"{', '.join(GuardsSpec.model_fields)}")
+            return dict.fromkeys(GuardsSpec.model_fields, v)
+        return v
 
     @field_validator("ctx")
     @classmethod
@@ -364,8 +388,9 @@ class Recipe(Strict):
                 if mine.get(k) != theirs.get(k)]
 
     def digest(self, *sections: str) -> str:
-        """Hash of the sections that decide what a run computes (for resume checks)."""
-        data = self.model_dump(mode="json", include=set(sections) or None)
+        """Hash of the sections that decide what a run computes (for resume checks); guards
+        only watch a run, so a resume may change them."""
+        data = self.model_dump(mode="json", include=set(sections) or None, exclude={"train": {"guards"}})
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
