@@ -15,8 +15,12 @@ Folder sources ignore hidden files and folders (``.DS_Store``, ``.ipynb_checkpoi
 read class folders recursively. Labels come out as float32 (MXNet's convention, what
 ``SoftmaxCrossEntropyLoss`` and the metrics take); images as float32 CHW.
 
-Single-file ``list:`` and ``rec:`` sources (no ``{split}`` in the path) are split into train
-and val by a stratified hold-out of ``data.val_fraction`` with a fixed seed, like the demo.
+A ``folder:`` source is either split folders (``PATH/<split>/<class>/...``) or plain class
+folders (``PATH/<class>/...``, as torchvision's ImageFolder). Plain class folders and single-file
+``list:`` and ``rec:`` sources (no ``{split}`` in the path) are split into train and val by a
+stratified hold-out of ``data.val_fraction`` with the fixed ``SPLIT_SEED``, like the demos; the
+loaders then carry a :class:`SplitRecord` that training writes to the run folder as
+``split.json``, so which files were held out can be audited.
 """
 from __future__ import annotations
 
@@ -73,8 +77,10 @@ class ImageDataset(gluon.data.Dataset):
     """
 
     def __init__(self, items: list[str] | list[int], labels: np.ndarray, class_names: list[str],
-                 transform: Transform, seed: int, bad: BadImageReport, rec: str | None = None) -> None:
+                 transform: Transform, seed: int, bad: BadImageReport, rec: str | None = None,
+                 held_out: bool = False) -> None:
         self.items = items
+        self.held_out = held_out  # the split is a stratified hold-out of one pool (see SplitRecord)
         self.labels = labels.astype(np.int64)
         self.class_names = class_names
         self.transform = transform
@@ -147,6 +153,22 @@ class EpochSampler(gluon.data.Sampler):
 
 
 @dataclass
+class SplitRecord:
+    """An automatic train/val split, for audits: written as the run folder's ``split.json``."""
+
+    source: str
+    val_fraction: float
+    counts: dict[str, dict[str, int]]  # split -> class -> usable images
+    val: list[str]  # the held-out items (paths, or file.rec#key), in dataset order
+    seed: int = SPLIT_SEED
+    method: str = "stratified_holdout"
+
+    def to_json(self) -> dict:
+        return {"source": self.source, "method": self.method, "seed": self.seed,
+                "val_fraction": self.val_fraction, "counts": self.counts, "val": self.val}
+
+
+@dataclass
 class Loaders:
     """What the training loop needs; a loader not asked for is None."""
 
@@ -159,6 +181,7 @@ class Loaders:
     bad: BadImageReport
     train_sampler: EpochSampler | None = None
     val_sampler: EpochSampler | None = None
+    split: SplitRecord | None = None  # set when train/val come from an automatic hold-out
 
     def train_epoch(self, epoch: int, skip_batches: int = 0) -> gluon.data.DataLoader:
         """The train loader set to ``epoch``, starting at batch ``skip_batches`` (resume)."""
@@ -213,17 +236,26 @@ def make_loaders(spec: DataSpec, *, seed: int, shuffle_train: bool = True,
                    num_classes=len(class_names),
                    train_size=len(sets["train"]) if "train" in sets else 0,
                    val_size=len(sets["val"]) if "val" in sets else 0, bad=bad,
-                   train_sampler=samplers["train"], val_sampler=samplers["val"])
+                   train_sampler=samplers["train"], val_sampler=samplers["val"], split=_split_record(spec, sets))
+
+
+def _split_record(spec: DataSpec, sets: dict[str, ImageDataset]) -> SplitRecord | None:
+    if "val" not in sets or not sets["val"].held_out:
+        return None
+    counts = {w: {c: int(np.sum(ds.labels == i)) for i, c in enumerate(ds.class_names)} for w, ds in sets.items()}
+    val = sets["val"]
+    return SplitRecord(spec.source, spec.val_fraction, counts, [val.name(i) for i in range(len(val))])
 
 
 def stratified_holdout(labels: np.ndarray, val_fraction: float, seed: int = SPLIT_SEED) -> np.ndarray:
-    """Boolean mask of the val items: ``round(val_fraction * n_c)`` per class, at least one left
-    for training; depends only on the labels, the fraction and ``seed``."""
+    """Boolean mask of the val items: ``round(val_fraction * n_c)`` per class, but at least one
+    (so val sees every class) and at least one left for training; depends only on the labels, the
+    fraction and ``seed``."""
     rng = np.random.default_rng(seed)
     mask = np.zeros(len(labels), bool)
     for c in np.unique(labels):
         idx = np.flatnonzero(labels == c)
-        n_val = min(round(val_fraction * len(idx)), len(idx) - 1)
+        n_val = min(max(round(val_fraction * len(idx)), 1), len(idx) - 1)
         mask[rng.permutation(idx)[:n_val]] = True
     return mask
 
@@ -274,7 +306,7 @@ def _require_classes(labels: np.ndarray, class_names: list[str], where: list[str
 
 def _finish(items: list, labels: np.ndarray, names: list[str], problem, class_names: list[str],
             class_where: list[str] | None, spec: DataSpec, what: str, transform: Transform, seed: int,
-            rec: str | None = None) -> ImageDataset:
+            rec: str | None = None, held_out: bool = False) -> ImageDataset:
     keep, bad = _check(names, problem, spec, what)
     labels = labels[keep]
     if class_where is not None:  # classes were declared (folders, data.classes), not inferred
@@ -283,7 +315,7 @@ def _finish(items: list, labels: np.ndarray, names: list[str], problem, class_na
         raise DataError(f"{what} has no usable images. Check data.source and the split names "
                         f"data.train / data.val.")
     return ImageDataset([it for it, k in zip(items, keep) if k], labels, class_names, transform,
-                        seed, bad, rec)
+                        seed, bad, rec, held_out)
 
 
 def _file_problem(path: Path) -> str | None:
@@ -296,7 +328,41 @@ def _class_dirs(d: Path) -> list[str]:
     return sorted(p.name for p in d.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
+def _files(d: Path) -> list[Path]:
+    """Every non-hidden file under ``d``, recursively, sorted."""
+    return sorted(p for p in d.rglob("*") if p.is_file() and not any(s.startswith(".") for s in p.relative_to(d).parts))
+
+
+def _has_split_folders(root: Path, spec: DataSpec) -> bool:
+    """Which folder layout ``root`` has: split folders (True) or plain class folders (False)."""
+    trees = (f"either class folders, split automatically by data.val_fraction (PATH/<class>/<image>, e.g. "
+             f"PATH/cat/001.jpg, PATH/dog/002.jpg), or split folders (PATH/{spec.train}/<class>/<image> and "
+             f"PATH/{spec.val}/<class>/<image>, named by data.train and data.val)")
+    if not root.is_dir():
+        raise DataError(f"Image folder '{root}' {'is a file' if root.exists() else 'does not exist'}. A folder: "
+                        f"source takes {trees}. Fix data.source.")
+    dirs = _class_dirs(root)
+    if not dirs:
+        loose = [p.name for p in root.iterdir() if p.is_file() and not p.name.startswith(".")]
+        raise DataError(f"Image folder '{root}' has no sub-folders ({len(loose)} loose file(s)), so it has no "
+                        f"classes. A folder: source takes {trees}. Move the images into one folder per class, "
+                        f"or use a list: CSV of path,label lines.")
+    splits = {spec.train, spec.val} & set(dirs)
+    if not splits:
+        return False
+    mixed = [d for d in dirs if d not in splits and any(p.is_file() and not p.name.startswith(".")
+                                                      for p in (root / d).iterdir())]
+    if mixed:
+        raise DataError(f"Image folder '{root}' mixes split folders ({', '.join(sorted(splits))}) with class "
+                        f"folders holding images ({', '.join(mixed[:5])}), so gluontl cannot tell which layout "
+                        f"it is. A folder: source takes {trees}. Move the class folders into the split folders, "
+                        f"or point data.source at a folder with one layout.")
+    return True
+
+
 def _folder(root: Path, split: str, spec: DataSpec, transform: Transform, seed: int) -> ImageDataset:
+    if not _has_split_folders(root, spec):
+        return _class_folders(root, split, spec, transform, seed)
     split_dir = root / split
     if not split_dir.is_dir():
         have = _class_dirs(root) if root.is_dir() else []
@@ -321,13 +387,42 @@ def _folder(root: Path, split: str, spec: DataSpec, transform: Transform, seed: 
     paths: list[Path] = []
     labels: list[int] = []
     for label, c in enumerate(classes):
-        files = sorted(p for p in (split_dir / c).rglob("*")
-                       if p.is_file() and not any(s.startswith(".") for s in p.relative_to(split_dir).parts))
+        files = _files(split_dir / c)
         paths += files
         labels += [label] * len(files)
     return _finish([str(p) for p in paths], np.array(labels, np.int64), [str(p) for p in paths],
                    lambda i: _file_problem(paths[i]), list(classes), [str(split_dir / c) for c in classes],
                    spec, f"'{split_dir}'", transform, seed)
+
+
+def _class_folders(root: Path, split: str, spec: DataSpec, transform: Transform, seed: int) -> ImageDataset:
+    """``root/<class>/...`` split into train/val by a stratified hold-out over all class folders,
+    so the split does not move when data.classes picks a subset."""
+    if split not in (spec.train, spec.val):
+        raise DataError(f"Image folder '{root}' holds class folders without split folders, so its only splits "
+                        f"are {spec.train} and {spec.val} (a hold-out of data.val_fraction); it has no split "
+                        f"'{split}'. Use {spec.train} or {spec.val}, or arrange PATH/{split}/<class>/<image>.")
+    present = _class_dirs(root)
+    classes = spec.classes if spec.classes is not None else present
+    missing = [c for c in classes if c not in present]
+    if missing:
+        raise DataError(f"data.classes names {', '.join(missing)}, which are not class folders of '{root}'. "
+                        f"Valid class folder names: {', '.join(present)}.")
+    files = {c: _files(root / c) for c in present}
+    few = [f"{c} ({len(files[c])})" for c in classes if len(files[c]) < 2]
+    if few:
+        raise DataError(f"Class folder(s) {', '.join(few)} of '{root}' have fewer than 2 images; the automatic "
+                        f"train/val split needs one of each. Add images, leave the class out with data.classes, "
+                        f"or give the split yourself as {root}/{spec.train}/<class>/ and {root}/{spec.val}/<class>/.")
+    pool = [(p, c) for c in present for p in files[c]]
+    is_val = stratified_holdout(np.array([present.index(c) for _, c in pool]), spec.val_fraction)
+    want = split == spec.val
+    chosen = [(p, c) for (p, c), v in zip(pool, is_val) if v == want and c in classes]
+    paths = [p for p, _ in chosen]
+    return _finish([str(p) for p in paths], np.array([classes.index(c) for _, c in chosen], np.int64),
+                   [str(p) for p in paths], lambda i: _file_problem(paths[i]), list(classes),
+                   [str(root / c) for c in classes], spec, f"split '{split}' of '{root}'", transform, seed,
+                   held_out=True)
 
 
 def _role(spec: DataSpec, split: str) -> str:
@@ -408,7 +503,7 @@ def _listfile(path: str, split: str, spec: DataSpec, transform: Transform, seed:
     return _finish([str(p) for p in chosen], np.array([mapping[raw[r]] for r in rows], np.int64),
                    [str(p) for p in chosen], lambda i: _file_problem(chosen[i]), names,
                    _declared(spec, names, f), spec, f"split '{split}' of list '{f}'",
-                   transform, seed)
+                   transform, seed, held_out=whole)
 
 
 def _open_rec(rec: str) -> recordio.MXIndexedRecordIO:
@@ -446,4 +541,4 @@ def _recfile(path: str, split: str, spec: DataSpec, transform: Transform, seed: 
     return _finish(chosen, np.array([mapping[raw[r]] for r in rows], np.int64),
                    [f"{f}#{k}" for k in chosen], lambda i: problems[rows[i]], names,
                    _declared(spec, names, f), spec, f"split '{split}' of '{f}'",
-                   transform, seed, rec=str(f))
+                   transform, seed, rec=str(f), held_out=whole)

@@ -138,7 +138,8 @@ class Stepper:
     For gradient accumulation the caller puts the parameters in ``grad_req: add``
     (``_set_accumulation``) and passes ``update=False`` until the k-th batch; ``pending``
     counts the images the piled-up gradients cover. A non-finite loss discards them and
-    updates nothing.
+    updates nothing. ``correct`` is the batch's top-1 hits in training mode, so train
+    accuracy comes on the fly, without a second pass over the training set.
     """
 
     def __init__(self, net, trainer: gluon.Trainer, loss_fn: Callable, ctxs: list[mx.Context]) -> None:
@@ -146,15 +147,18 @@ class Stepper:
         self.params = list(trainable_params(net).values())
         self.pending = 0
         self.updated = False
+        self.correct = 0
 
     def step(self, x: mx.nd.NDArray, y: mx.nd.NDArray, update: bool = True) -> float:
         """Summed loss of the batch (synchronizes, like any loss read)."""
         xs = gluon.utils.split_and_load(x, self.ctxs, even_split=False)
         ys = gluon.utils.split_and_load(y, self.ctxs, even_split=False)
         with autograd.record():
-            losses = [self.loss_fn(self.net(xi), yi) for xi, yi in zip(xs, ys)]
+            outs = [self.net(xi) for xi in xs]
+            losses = [self.loss_fn(o, yi) for o, yi in zip(outs, ys)]
         autograd.backward(losses)
         batch_loss = sum(float(l.sum().asscalar()) for l in losses)
+        self.correct = sum(int((o.argmax(axis=1) == yi).sum().asscalar()) for o, yi in zip(outs, ys))
         self.updated = False
         if not np.isfinite(batch_loss):
             self._zero_grads()
@@ -285,6 +289,8 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
     else:
         run_dir = _new_run_dir(Path(runs_root), recipe.name)
         write_text(run_dir / "recipe.yaml", yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False))
+        if loaders.split is not None:  # an automatic hold-out: which files it held out, for audits
+            write_text(run_dir / "split.json", json.dumps(loaders.split.to_json(), indent=1), TrainError)
         meta = None
     from .runs import run_card  # preprocessing + class names: what predict and exports read
 
@@ -297,10 +303,10 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
 
     plan = prep.plan
     start_epoch, skip, global_step = 0, 0, 0
-    best, partial = None, (0.0, 0)
+    best, partial = None, (0.0, 0, 0)
     if meta is not None:
         start_epoch, skip, global_step = meta["epoch"], meta["batch_in_epoch"], meta["global_step"]
-        best, partial = meta.get("best"), tuple(meta.get("epoch_loss", (0.0, 0)))
+        best, partial = meta.get("best"), (*meta.get("epoch_loss", (0.0, 0)), meta.get("epoch_correct", 0))
         plan = make_plan(net, recipe.rules, epoch=start_epoch, input_shape=recipe.model.input_shape)
         apply_plan(net, plan)
     _set_accumulation(net, t.accumulate)
@@ -341,7 +347,7 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
                 stepper = Stepper(feed.net, trainer, loss_fn, ctxs)
                 feed.prepare(epoch)
                 bar = _bar(feed.train_batches(epoch, skip), epoch, t.epochs, quiet, skip, n_batches)
-                (run_loss, run_n), partial = partial, (0.0, 0)
+                (run_loss, run_n, run_correct), partial = partial, (0.0, 0, 0)
                 for i, (x, y) in enumerate(bar, start=skip):
                     mx.random.seed((t.seed * 1_000_003 + epoch * 10_007 + i) % 2**31)
                     lr = lr_at(t.schedule, t.lr, global_step, steps_per_epoch, t.epochs)
@@ -360,6 +366,7 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
                         steps_this_call += 1
                     run_loss += batch_loss
                     run_n += x.shape[0]
+                    run_correct += stepper.correct
                     ips = x.shape[0] / max(time.perf_counter() - tick, 1e-9)
                     if hasattr(bar, "set_postfix"):
                         bar.set_postfix(loss=f"{run_loss / run_n:.4f}", lr=f"{lr:.3g}", img_s=f"{ips:.0f}")
@@ -370,7 +377,8 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
                         if stepper.pending == 0:
                             checkpoint.save(run_dir / "checkpoints", "last", net, trainer,
                                             dict(state, epoch=epoch, batch_in_epoch=i + 1, global_step=global_step,
-                                                 best=best, epoch_loss=(run_loss, run_n)))
+                                                 best=best, epoch_loss=(run_loss, run_n),
+                                                 epoch_correct=run_correct))
                             stopped = True
                             break
                 if stopped:
@@ -379,6 +387,7 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
                 with autograd.predict_mode():
                     val = evaluate_loader(feed.net, feed.val_batches(), ctxs, loaders.num_classes, loss_fn)
                 row = {"step": global_step, "epoch": epoch + 1, "train_loss": run_loss / max(run_n, 1),
+                       "train_acc": run_correct / max(run_n, 1),
                        **{k: v for k, v in val.items() if k != "confusion"},
                        "seconds": time.perf_counter() - t0}
                 log.write(row)

@@ -117,13 +117,13 @@ def _bad_files(d: Path) -> dict[str, Path]:
 
 @pytest.mark.parametrize("kind", ["zero", "corrupt", "text", "truncated"])
 def test_bad_file_under_error_policy_names_the_path(tmp_path, kind):
-    _tree(tmp_path, {"a": 2})
+    _tree(tmp_path / "data", {"a": 2})
     bad = _bad_files(tmp_path / "x")[kind]
-    bad.rename(tmp_path / "train" / "a" / bad.name)
+    bad.rename(tmp_path / "data" / "train" / "a" / bad.name)
     with pytest.raises(DataError, match=rf"Bad image '.*train/a/{bad.name}'.*on_bad_image: skip"):
-        load_split(DataSpec(source=f"folder:{tmp_path}"), "train")
+        load_split(DataSpec(source=f"folder:{tmp_path / 'data'}"), "train")
     with pytest.raises(DataError, match=bad.name):
-        load_image(tmp_path / "train" / "a" / bad.name)
+        load_image(tmp_path / "data" / "train" / "a" / bad.name)
 
 
 def test_bad_files_under_skip_policy_are_excluded_and_reported(tmp_path):
@@ -378,4 +378,4 @@ def test_stratified_holdout_takes_the_fraction_of_every_class(labels, fraction):
     assert (mask == stratified_holdout(labels.copy(), fraction)).all()
     for c in np.unique(labels):
         n = int(np.sum(labels == c))
-        assert int(np.sum(mask[labels == c])) == min(round(fraction * n), n - 1)
+        assert int(np.sum(mask[labels == c])) == min(max(round(fraction * n), 1), n - 1)
