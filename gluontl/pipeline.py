@@ -34,8 +34,9 @@ def prepare(recipe: Recipe, *, ctx=None, apply: bool = True) -> Prepared:
     else:
         block, report = build_model(recipe.model, classes=head.classes if head else None,
                                     head_init=head.init if head else "xavier", ctx=ctx)
-    make_plan(block, recipe.rules, epoch=None, input_shape=recipe.model.input_shape)
-    plan = make_plan(block, recipe.rules, epoch=0, input_shape=recipe.model.input_shape)
+    shape = (1, *recipe.model.input_shape)  # batch-first: a recipe's 4-dim (C,D,H,W) shape is no N,C,H,W
+    make_plan(block, recipe.rules, epoch=None, input_shape=shape)
+    plan = make_plan(block, recipe.rules, epoch=0, input_shape=shape)
     if apply:
         apply_plan(block, plan)
     return Prepared(block, report, plan)

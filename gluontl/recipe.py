@@ -11,17 +11,24 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Iterable, Literal, Mapping, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .errors import ModelSourceError, RecipeError
+from .errors import ModelSourceError, RecipeError, RuleError
 
 GradReq = Literal["write", "null", "add"]
 BNMode = Literal["train", "frozen"]
 LAYER_TYPES = ("Conv", "Dense", "BatchNorm", "LayerNorm", "InstanceNorm", "GroupNorm", "Embedding",
                "PReLU", "RNN", "Deconv")
+
+
+def suggest(word: Any, valid: Iterable[str]) -> str:
+    """`` (did you mean 'x'? valid: a, b, c)`` for a misspelt name, GluonCV-style."""
+    valid = list(valid)
+    close = difflib.get_close_matches(word, valid, n=1, cutoff=0.6) if isinstance(word, str) else []
+    return f" ({f'did you mean {close[0]!r}? ' if close else ''}valid: {', '.join(valid)})"
 
 
 class Strict(BaseModel):
@@ -226,7 +233,7 @@ class Rule(Strict):
     def _types(cls, v: list[str] | None) -> list[str] | None:
         for t in v or []:
             if t not in LAYER_TYPES:
-                raise ValueError(f"unknown layer type '{t}'; allowed: {', '.join(LAYER_TYPES)}")
+                raise ValueError(f"unknown layer type '{t}'{suggest(t, LAYER_TYPES)}")
         return v
 
     @model_validator(mode="after")
@@ -234,12 +241,13 @@ class Rule(Strict):
         if self.preset is not None:
             from .rules import PRESETS
             if self.preset not in PRESETS:
-                raise ValueError(f"unknown preset '{self.preset}'; allowed: {', '.join(PRESETS)}")
+                raise ValueError(f"unknown preset '{self.preset}'{suggest(self.preset, PRESETS)}")
             return self
         if self.match is None and self.type is None and self.stage is None:
             raise ValueError("a rule needs a selector: match, type or stage (or a preset)")
         if all(getattr(self, k) is None for k in ("grad_req", "lr_mult", "wd_mult", "bn")):
-            raise ValueError("a rule needs at least one setting: grad_req, lr_mult, wd_mult or bn")
+            raise ValueError("a rule needs at least one setting: grad_req, lr_mult, wd_mult or bn (YAML reads "
+                             "a bare null as no value: write grad_req: \"null\")")
         return self
 
 
@@ -397,57 +405,139 @@ class Recipe(Strict):
 MAX_RECIPE_BYTES = 1 << 20
 
 
-def _describe(err: dict[str, Any]) -> str:
-    loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+def _key_path(loc: tuple) -> str:
+    """A key path as users write it: list items numbered from 1, as the plan numbers rules."""
+    return ".".join(str(p + 1) if isinstance(p, int) else str(p) for p in loc) or "(top level)"
+
+
+def _section(root: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
+    """The section model a key path leads to, for listing its valid keys."""
+    cls: type[BaseModel] | None = root
+    for p in loc:
+        if isinstance(p, str) and cls is not None:
+            field = cls.model_fields.get(p)
+            cls = _model_in(field.annotation) if field is not None else None
+    return cls
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return next((m for a in get_args(annotation) if (m := _model_in(a)) is not None), None)
+
+
+def _describe(err: Mapping[str, Any], root: type[BaseModel] = Recipe) -> str:
+    loc = _key_path(err["loc"])
     kind, msg = err["type"], err["msg"]
     if kind == "extra_forbidden":
-        return f"unknown key '{loc}'"
+        section = _section(root, err["loc"][:-1])
+        return f"unknown key '{loc}'" + (suggest(err["loc"][-1], section.model_fields) if section else "")
     if kind == "missing":
         return f"missing required key '{loc}'"
     msg = msg.removeprefix("Value error, ")
+    if kind == "literal_error":
+        expected = re.findall(r"'([^']*)'", str(err.get("ctx", {}).get("expected", "")))
+        close = difflib.get_close_matches(str(err.get("input")), expected, n=1, cutoff=0.6)
+        msg += f" (did you mean {close[0]!r}?)" if close else ""
     return f"'{loc}': {msg} (got {err.get('input')!r})" if "input" in err and kind != "model_type" else f"'{loc}': {msg}"
+
+
+def as_rules(rules: Iterable[Rule | Mapping[str, Any]]) -> list[Rule]:
+    """Rules as the API takes them: ``Rule`` objects or dicts with a recipe rule's keys."""
+    out = []
+    for i, r in enumerate(rules, 1):
+        if isinstance(r, Rule):
+            out.append(r)
+            continue
+        if not isinstance(r, Mapping):
+            raise RuleError(f"rule {i} is a {type(r).__name__}; give each rule as a dict with a recipe rule's keys "
+                            f"(e.g. {{'match': 'features.*', 'grad_req': 'null'}}) or as a gluontl.recipe.Rule.")
+        try:
+            out.append(Rule.model_validate(dict(r)))
+        except ValidationError as e:
+            problems = "; ".join(_describe(err, Rule) for err in e.errors())
+            raise RuleError(f"rule {i} is invalid: {problems}. Rules take the keys of a recipe's rules "
+                            f"(see the README's rule reference).") from None
+    return out
 
 
 def parse_recipe(data: Any, origin: str = "<recipe>",
                  overrides: list[str] | None = None) -> Recipe:
+    """A validated Recipe from YAML data and ``--set`` overrides.
+
+    A problem under a key that a ``--set`` wrote is blamed on that ``--set``, so users do not
+    search the recipe file for a value it does not contain.
+    """
     if not isinstance(data, dict):
         raise RecipeError(f"{origin}: a recipe must be a YAML mapping with keys name, model, "
                           f"surgery, rules, data, train, export; got {type(data).__name__}.")
     data = dict(data)
-    for ov in overrides or []:
-        _apply_override(data, ov, origin)
+    written = [(_apply_override(data, ov), ov) for ov in overrides or []]
     try:
         return Recipe(**data)
     except ValidationError as e:
-        problems = "; ".join(_describe(err) for err in e.errors())
+        found = [(_describe(err), _culprit(written, err["loc"])) for err in e.errors()]
+        if all(ov for _, ov in found):
+            problems = "; ".join(f"--set {ov!r}: {d}" for d, ov in found)
+            raise RecipeError(f"Invalid --set value: {problems}. Fix the value given with --set (list items, "
+                              f"rules included, are numbered from 1 as in `gluontl plan`).") from None
+        problems = "; ".join(d + (f" (from --set {ov!r})" if ov else "") for d, ov in found)
         raise RecipeError(f"{origin}: invalid recipe: {problems}. Fix these keys (see recipes/ for "
                           f"working examples and the README's recipe reference).") from None
     except TypeError as e:  # non-string keys at the top level
         raise RecipeError(f"{origin}: invalid recipe: {e}.") from None
 
 
-def _apply_override(data: dict[str, Any], spec: str, origin: str) -> None:
-    """``train.epochs=3`` style overrides from the CLI; the value is parsed as YAML."""
+def _culprit(written: list[tuple[tuple, str]], loc: tuple) -> str | None:
+    """The last ``--set`` that wrote at, above or below the key path of a problem."""
+    return next((ov for path, ov in reversed(written)
+                 if loc[:len(path)] == path or path[:len(loc)] == loc), None)
+
+
+def _apply_override(data: dict[str, Any], spec: str) -> tuple[str | int, ...]:
+    """``train.epochs=3`` or ``rules.2.lr_mult=0.1`` (list items from 1; one past the end
+    appends) from the CLI; the value is parsed as YAML. Returns the key path it wrote."""
     key, eq, raw = spec.partition("=")
-    if not eq or not key:
-        raise RecipeError(f"{origin}: override '{spec}' must look like section.key=value, e.g. train.epochs=3.")
+    parts = key.split(".")
+    if not eq or not all(parts):
+        raise RecipeError(f"--set '{spec}' must look like section.key=value, e.g. --set train.epochs=3 or "
+                          f"--set rules.1.lr_mult=0.1.")
     try:
         value = yaml.safe_load(raw)
+        if value is None and parts[-1] == "grad_req":  # YAML reads a bare null as "no value"
+            value = "null"
     except yaml.YAMLError as e:
-        raise RecipeError(f"{origin}: override '{spec}': the value is not valid YAML "
+        raise RecipeError(f"--set '{spec}': the value is not valid YAML "
                           f"({' '.join(str(e).split())}); write it as YAML, e.g. --set train.lr=0.01 or "
                           f"--set 'train.schedule={{kind: cosine}}'.") from None
-    node = data
-    parts = key.split(".")
-    for p in parts[:-1]:
-        nxt = node.get(p)
+    node: Any = data
+    path: list[str | int] = []
+    for depth, p in enumerate(parts):
+        where = ".".join(parts[:depth])
+        if isinstance(node, list):
+            if not (p.isdigit() and 1 <= int(p) <= len(node) + 1):
+                items = f"{where}.1 to {where}.{len(node)}, or " if node else ""
+                raise RecipeError(f"--set '{spec}': '{where}' is a list of {len(node)} item(s), numbered from 1 "
+                                  f"as in `gluontl plan`; use {items}{where}.{len(node) + 1} to add one, or set "
+                                  f"the whole list: --set '{where}=[...]'.")
+            k: str | int = int(p) - 1
+            if k == len(node):
+                node.append({})
+        else:
+            k = p
+        path.append(k)
+        if depth == len(parts) - 1:
+            node[k] = value
+            break
+        nxt = node[k] if isinstance(node, list) else node.get(k)
         if nxt is None:
-            nxt = node[p] = {}
-        if not isinstance(nxt, dict):
-            raise RecipeError(f"{origin}: override '{spec}': '{p}' is not a section.")
-        node[p] = nxt = dict(nxt)
+            nxt = [] if parts[depth + 1].isdigit() else {}
+        if not isinstance(nxt, (dict, list)):
+            raise RecipeError(f"--set '{spec}': '{where + '.' if where else ''}{p}' holds {nxt!r}, not a section "
+                              f"or a list.")
+        node[k] = nxt = type(nxt)(nxt)  # copies: the caller's data stays as it was
         node = nxt
-    node[parts[-1]] = value
+    return tuple(path)
 
 
 class _NoAliasLoader(yaml.SafeLoader):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import json
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 import mxnet as mx
 import numpy as np
@@ -23,7 +23,7 @@ from mxnet.gluon import HybridBlock, Parameter, SymbolBlock
 
 from .errors import RuleError
 from .naming import Layer, ParamEntry, named_params, shape_of
-from .recipe import Rule
+from .recipe import Rule, as_rules
 from .stages import HEAD, STEM, Stage, stage_map
 
 FIELDS = ("grad_req", "lr_mult", "wd_mult", "bn")
@@ -59,9 +59,12 @@ class PlannedRule:
     rule: Rule
 
 
-def expand(rules: Iterable[Rule]) -> list[PlannedRule]:
+RuleLike = Rule | Mapping[str, Any]
+
+
+def expand(rules: Iterable[RuleLike]) -> list[PlannedRule]:
     out = []
-    for i, r in enumerate(rules, 1):
+    for i, r in enumerate(as_rules(rules), 1):
         if r.preset:
             for j, sub in enumerate(PRESETS[r.preset](r), 1):
                 sub = sub.model_copy(update={"from_epoch": r.from_epoch, "optional": r.optional})
@@ -136,10 +139,13 @@ def _is_aux(e: ParamEntry) -> bool:
     return not e.param._differentiable
 
 
-def make_plan(block: HybridBlock, rules: Iterable[Rule], *, epoch: int | None = None,
+def make_plan(block: HybridBlock, rules: Iterable[RuleLike], *, epoch: int | None = None,
               input_shape: tuple[int, ...] | None = None) -> Plan:
     """Decide every parameter's settings; ``epoch`` keeps only rules active by then.
 
+    Rules are ``Rule`` objects or dicts with the recipe's keys. ``input_shape`` (C,H,W, or
+    N,C,H,W as ``load_model``/``export_onnx`` take it) gives the stage column; a model whose
+    stages cannot be mapped says so in the plan's notes rather than leaving it blank unexplained.
     ``epoch=None`` checks all rules (gradual-unfreezing rules included) for matches but
     plans epoch 0.
     """
@@ -147,14 +153,16 @@ def make_plan(block: HybridBlock, rules: Iterable[Rule], *, epoch: int | None = 
     entries = named_params(block)
     needs_stages = any(p.rule.stage is not None for p in planned)
     stages: dict[str, Stage] = {}
+    no_stages = None
     if needs_stages and input_shape is None:
         raise RuleError("stage selectors need the model's input shape (model.input_shape).")
     if input_shape is not None:
         try:
-            stages = stage_map(block, input_shape)
-        except RuleError:
+            stages = stage_map(block, image_shape(input_shape))
+        except RuleError as e:
             if needs_stages:
                 raise
+            no_stages = f"no stage column: {e}"
     values = {n: dict(DEFAULTS) for n in entries}
     decided = {n: {f: "default" for f in FIELDS} for n in entries}
     bn_rank: dict[int, tuple[str, str]] = {}  # id(layer) → (value, label) of the last rule setting bn
@@ -203,7 +211,28 @@ def make_plan(block: HybridBlock, rules: Iterable[Rule], *, epoch: int | None = 
                         stage=stages.get(n), aux=aux,
                         grad_req="null" if aux else v["grad_req"], lr_mult=v["lr_mult"], wd_mult=v["wd_mult"],
                         bn=bn, decided_by=d))
-    return Plan(rows=rows, rules=planned, epoch=epoch or 0, notes=_notes(rows))
+    notes = _notes(rows) + ([no_stages] if no_stages else [])
+    return Plan(rows=rows, rules=planned, epoch=epoch or 0, notes=notes)
+
+
+def image_shape(shape: Iterable[int] | Mapping[str, Iterable[int]]) -> tuple[int, ...]:
+    """C,H,W from C,H,W or N,C,H,W (or a one-input ``{name: N,C,H,W}`` as ``load_model`` takes).
+
+    Both conventions are in use (recipes write C,H,W; graph APIs take batch-first shapes),
+    so either works; any other rank is refused rather than mapped to a blank stage column.
+    """
+    if isinstance(shape, Mapping):
+        if len(shape) != 1:
+            raise RuleError(f"input_shape {dict(shape)} names {len(shape)} inputs; stages are mapped for a "
+                            f"model with one image input: pass its C,H,W or N,C,H,W.")
+        shape = next(iter(shape.values()))
+    dims = tuple(shape)
+    if not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d > 0 for d in dims) \
+            or len(dims) not in (3, 4):
+        raise RuleError(f"input_shape {dims} is neither C,H,W nor N,C,H,W (positive integers, e.g. 3,224,224 "
+                        f"or 1,3,224,224); stages are mapped for image models. Select by match: or type: "
+                        f"for other models.")
+    return tuple(int(d) for d in dims[-3:])
 
 
 def _no_match(pr: PlannedRule, entries: dict[str, ParamEntry], stages: dict[str, Stage]) -> str:
