@@ -68,8 +68,9 @@ def world(tmp_path_factory):
     (d / "run_empty").mkdir()
     broken("run_nockpt", lambda t: shutil.rmtree(t / "checkpoints"))
     broken("run_lastonly", lambda t: [p.unlink() for p in (t / "checkpoints").glob("best.*")])
-    broken("run_nodata", lambda t: (t / "recipe.yaml").write_text(
-        yaml.safe_dump({k: v for k, v in yaml.safe_load((t / "recipe.yaml").read_text()).items() if k != "data"})))
+    # no data: section and, like runs from before preprocess.json, no stored class names either
+    broken("run_nodata", lambda t: ((t / "preprocess.json").unlink(), (t / "recipe.yaml").write_text(
+        yaml.safe_dump({k: v for k, v in yaml.safe_load((t / "recipe.yaml").read_text()).items() if k != "data"}))))
     broken("run_badrecipe", lambda t: (t / "recipe.yaml").write_bytes(rs.bytes(512)))
     broken("run_binmetrics", lambda t: (t / "metrics.jsonl").write_bytes(rs.bytes(512)))
     broken("run_emptymetrics", lambda t: (t / "metrics.jsonl").write_text(""))
