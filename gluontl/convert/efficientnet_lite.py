@@ -17,6 +17,7 @@ central 224/(224+32) of the shorter side). The top-1 checks in the tests pin bot
 """
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib.util
 import json
@@ -84,10 +85,17 @@ def imagenet_classes() -> list[str]:
     """The 1000 ImageNet-1k class names in label order: the short names of GluonCV's
     ``gluoncv/data/imagenet/classification.py`` (``_ILSVRC2012_Attr``, synsets in the sorted
     order every ImageNet model uses; 'crane' and 'maillot' each name two classes there, as in
-    the synset words)."""
-    from gluoncv.data.imagenet.classification import _ILSVRC2012_Attr
-
-    return [short for _, short, _ in _ILSVRC2012_Attr]
+    the synset words). The list is read as a literal from the source file: importing gluoncv
+    would take seconds and pull in MXNet."""
+    spec = importlib.util.find_spec("gluoncv")
+    if spec is None or spec.origin is None:
+        raise ModelSourceError("The ImageNet class names come from the gluoncv package, which is not installed. "
+                               "Install gluontl's dependencies (bash scripts/env.sh).")
+    source = Path(spec.origin).parent / "data" / "imagenet" / "classification.py"
+    tree = ast.parse(source.read_text(encoding="utf-8"))
+    table = next(node.value for node in tree.body if isinstance(node, ast.Assign)
+                 and any(isinstance(t, ast.Name) and t.id == "_ILSVRC2012_Attr" for t in node.targets))
+    return [short for _, short, _ in ast.literal_eval(table)]
 
 
 def preprocess_record() -> dict:
