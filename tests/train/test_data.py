@@ -88,6 +88,54 @@ def test_folder_errors_name_the_problem(tmp_path):
         load_split(DataSpec(source=f"folder:{tmp_path}"), "val")
 
 
+def test_plain_class_folders_get_a_stratified_split_that_ignores_seeds_and_class_subsets(tmp_path):
+    pixels = _tree(tmp_path, {"a": 10, "b": 7, "c": 5}, split=".")
+    spec = DataSpec(source=f"folder:{tmp_path}", val_fraction=0.3, batch_size=2, val_transform=RAW)
+    train, val = load_split(spec, "train"), load_split(spec, "val")
+    assert train.class_names == val.class_names == ["a", "b", "c"]
+    # round(0.3 * n) per class: 3.0 -> 3, 2.1 -> 2, 1.5 -> 2 (round half to even)
+    assert [int(np.sum(val.labels == i)) for i in range(3)] == [3, 2, 2]
+    assert sorted(train.items + val.items) == sorted(pixels) and not set(train.items) & set(val.items)
+    for ds in (train, val):
+        assert all(Path(ds.name(i)).parent.name == ds.class_names[ds.labels[i]] for i in range(len(ds)))
+    a, b = make_loaders(spec, seed=0), make_loaders(spec, seed=7)
+    assert a.split.to_json() == b.split.to_json()
+    assert a.split.val == val.items and a.split.seed == 20240607 and a.split.val_fraction == 0.3
+    assert a.split.counts == {"train": {"a": 7, "b": 5, "c": 3}, "val": {"a": 3, "b": 2, "c": 2}}
+    sub = DataSpec(source=f"folder:{tmp_path}", val_fraction=0.3, classes=["c", "a"])
+    sub_val = load_split(sub, "val")
+    assert sub_val.class_names == ["c", "a"]
+    assert sorted(sub_val.items) == sorted(p for p in val.items if Path(p).parent.name in ("a", "c"))
+    with pytest.raises(DataError, match=r"no split 'test'.*PATH/test/<class>/<image>"):
+        load_split(spec, "test")
+    split_folders = tmp_path / "split"
+    _tree(split_folders, {"a": 2})
+    _tree(split_folders, {"a": 1}, split="val")
+    assert make_loaders(DataSpec(source=f"folder:{split_folders}", batch_size=1), seed=0).split is None
+
+
+def test_unclear_folder_layouts_are_refused_with_the_expected_trees(tmp_path):
+    trees = r"PATH/<class>/<image>.*PATH/train/<class>/<image> and PATH/val/<class>/<image>"
+    _tree(tmp_path / "mixed", {"cat": 2, "dog": 2})
+    _tree(tmp_path / "mixed", {"cat": 2, "dog": 2}, split=".")
+    with pytest.raises(DataError, match=rf"mixes split folders \(train\) with class folders holding images "
+                                        rf"\(cat, dog\).*{trees}"):
+        load_split(DataSpec(source=f"folder:{tmp_path / 'mixed'}"), "train")
+    _png(tmp_path / "loose" / "0.png", _rgb(0))
+    with pytest.raises(DataError, match=rf"no sub-folders \(1 loose file\(s\)\).*{trees}"):
+        load_split(DataSpec(source=f"folder:{tmp_path / 'loose'}"), "train")
+    with pytest.raises(DataError, match=rf"'{tmp_path / 'nowhere'}' does not exist.*{trees}"):
+        load_split(DataSpec(source=f"folder:{tmp_path / 'nowhere'}"), "train")
+    _tree(tmp_path / "tiny", {"cat": 3, "dog": 1}, split=".")
+    with pytest.raises(DataError, match=r"dog \(1\).*fewer than 2 images"):
+        load_split(DataSpec(source=f"folder:{tmp_path / 'tiny'}"), "train")
+    # a third split folder (no loose images) is not a class folder
+    _tree(tmp_path / "three", {"cat": 1})
+    _tree(tmp_path / "three", {"cat": 1}, split="val")
+    _tree(tmp_path / "three", {"cat": 1}, split="test")
+    assert len(load_split(DataSpec(source=f"folder:{tmp_path / 'three'}"), "test")) == 1
+
+
 def test_empty_class_folder_errors_or_is_reported(tmp_path):
     _tree(tmp_path, {"cat": 2})
     (tmp_path / "train" / "dog").mkdir()
@@ -379,3 +427,98 @@ def test_stratified_holdout_takes_the_fraction_of_every_class(labels, fraction):
     for c in np.unique(labels):
         n = int(np.sum(labels == c))
         assert int(np.sum(mask[labels == c])) == min(max(round(fraction * n), 1), n - 1)
+
+
+# ---------------------------------------------------------------- training from plain class folders
+
+COLOURS = {"blue": [2], "green": [1], "red": [0], "cyan": [1, 2], "yellow": [0, 1]}
+
+
+def _colour_classes(root: Path, names: list[str], n: int = 12) -> None:
+    """Classes of 16x16 noise with bright colour channels: a tiny net separates them."""
+    for k, name in enumerate(names):
+        for i in range(n):
+            rgb = np.random.default_rng(100 * k + i).integers(0, 90, (16, 16, 3)).astype(np.uint8)
+            rgb[..., COLOURS[name]] += 150
+            _png(root / name / f"{i:02d}.png", rgb)
+
+
+def _tiny_recipe(prefix: str, source: str, surgery: dict | None = None, **train):
+    from gluontl.recipe import parse_recipe
+
+    return parse_recipe({"name": "plain", "model": {"source": f"symbol:{prefix}", "input_shape": [3, 16, 16]},
+                         **({"surgery": surgery} if surgery else {}),
+                         "data": {"source": source, "batch_size": 6, "val_fraction": 0.25,
+                                  "train_transform": {"normalize": "none"}, "val_transform": {"normalize": "none"}},
+                         "train": {"log_every": 1, "hybridize": False, **train}})
+
+
+def test_finetune_from_plain_class_folders_records_a_stratified_seed_free_split(tmp_path):
+    import json
+
+    import helpers
+    from gluontl.train.loop import finetune
+
+    _colour_classes(tmp_path / "data", ["blue", "green", "red"])
+    prefix = helpers.tiny_symbol(tmp_path)
+    head = {"drop_last": 1, "head": {"classes": 3}}
+    runs = [finetune(_tiny_recipe(prefix, f"folder:{tmp_path / 'data'}", head, epochs=6, lr=0.1, seed=s),
+                     runs_root=tmp_path / "runs", quiet=True) for s in (0, 1)]
+    records = [json.loads((r.run_dir / "split.json").read_text()) for r in runs]
+    assert records[0] == records[1]  # the run seed does not move the split
+    rec = records[0]
+    assert rec["seed"] == 20240607 and rec["val_fraction"] == 0.25 and rec["method"] == "stratified_holdout"
+    assert rec["counts"] == {"train": {"blue": 9, "green": 9, "red": 9}, "val": {"blue": 3, "green": 3, "red": 3}}
+    val = {Path(p) for p in rec["val"]}
+    every = set((tmp_path / "data").rglob("*.png"))
+    assert len(val) == 9 and val <= every
+    spec = runs[0].run_dir / "recipe.yaml"
+    from gluontl.recipe import load_recipe
+
+    train = load_split(load_recipe(spec).data, "train")
+    assert {Path(p) for p in train.items} == every - val  # disjoint, and together every image
+    last = runs[0].metrics[-1]
+    assert last["epoch"] == 6 and 0 <= last["train_acc"] <= 1
+    assert max(r["val_top1"] for r in runs[0].metrics if "epoch" in r) == 1.0  # the colours are learnt
+
+
+def _template_symbol(folder: Path, weight: np.ndarray) -> str:
+    """GlobalAvgPool -> Dense with a given weight (no bias), as a symbol checkpoint."""
+    net = mx.gluon.nn.HybridSequential()
+    net.add(mx.gluon.nn.GlobalAvgPool2D(), mx.gluon.nn.Dense(len(weight), use_bias=False, in_units=3))
+    net.initialize()
+    net[1].weight.set_data(mx.nd.array(weight))
+    net.hybridize()
+    net(mx.nd.zeros((1, 3, 16, 16)))
+    net.export(str(folder / "template"))
+    return str(folder / "template")
+
+
+def test_train_acc_is_the_top1_of_the_training_batches(tmp_path):
+    """One epoch, one full batch, one step: train_acc is the initial net's accuracy on the
+    training split, counted here in numpy. The colour templates as weights score a two-channel
+    class above its one-channel neighbours, so some classes are right and some wrong."""
+    import helpers
+    from gluontl.train.loop import finetune
+
+    names = sorted(COLOURS)
+    _colour_classes(tmp_path / "data", names)
+    weight = np.zeros((5, 3), np.float32)
+    for k, name in enumerate(names):
+        weight[k, COLOURS[name]] = 1
+    prefix = _template_symbol(tmp_path, weight)
+    recipe = _tiny_recipe(prefix, f"folder:{tmp_path / 'data'}", epochs=1, lr=0.1)
+    recipe = recipe.model_copy(update={"data": recipe.data.model_copy(update={"batch_size": 45})})
+    result = finetune(recipe, runs_root=tmp_path / "runs", quiet=True)
+    (row,) = [r for r in result.metrics if "epoch" in r]
+    train = load_split(recipe.data, "train")
+    assert len(train) == 45
+    x = np.stack([np.asarray(Image.open(p), np.float64).transpose(2, 0, 1) / 255 for p in train.items])
+    scores = x.mean(axis=(2, 3)) @ weight.T.astype(np.float64)
+    labels = np.array([names.index(Path(p).parent.name) for p in train.items])
+    top2 = np.sort(scores, axis=1)[:, -2:]
+    close = top2[:, 1] - top2[:, 0] < helpers.f32_tol(2.0, 16 * 16 * 3)  # float32 may order these either way
+    sure_hits = int(np.sum((scores.argmax(axis=1) == labels) & ~close))
+    hits = row["train_acc"] * 45
+    assert hits == round(hits) and sure_hits <= hits <= sure_hits + int(close.sum())
+    assert 0 < sure_hits < 45 - close.sum()  # neither all right nor all wrong: the count is informative
