@@ -225,3 +225,19 @@ def test_predict_on_onnx_names_bad_images_and_bad_graphs(world, tmp_path, capsys
     onnx.save(other, str(tmp_path / "other.onnx"))
     msg = one_paragraph_error(capsys, "predict", str(tmp_path / "other.onnx"), world["images"][0])
     assert "[1, 3, 12, 12]" in msg and "does not belong" in msg
+
+
+def test_an_edited_run_card_is_refused_not_trusted(world, tmp_path, capsys):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(world["run"], run, ignore=shutil.ignore_patterns("feature_cache"))
+    card = json.loads((run / "preprocess.json").read_text())
+    del card["classes"]
+    (run / "preprocess.json").write_text(json.dumps(card))
+    msg = one_paragraph_error(capsys, "predict", str(run), world["images"][0])
+    assert str(run / "preprocess.json") in msg and "classes" in msg
+    card["classes"], card["preprocess"]["version"] = ["5", "6", "7", "8", "9"], 99
+    (run / "preprocess.json").write_text(json.dumps(card))
+    msg = one_paragraph_error(capsys, "predict", str(run), world["images"][0])
+    assert str(run / "preprocess.json") in msg and "version 99" in msg

@@ -38,6 +38,37 @@ def load_run(run_dir: str | Path, tag: str = "best", ctx=None) -> tuple[Recipe, 
     return recipe, prep.block
 
 
+def run_weights(ref: str | Path) -> Path | None:
+    """The params file of a run checkpoint named as ``RUN`` (its best), ``RUN/best`` or
+    ``RUN/last``, hash-checked; None when ``ref`` names no run folder."""
+    path, tag = Path(ref), "best"
+    if path.name in ("best", "last") and not path.is_dir() and (path.parent / "recipe.yaml").is_file():
+        path, tag = path.parent, path.name
+    if not (path / "recipe.yaml").is_file():
+        return None
+    folder = path / "checkpoints"
+    if not (folder / f"{tag}.json").is_file():
+        raise TrainError(f"Run '{path}' has no '{tag}' checkpoint ({folder / tag}.json is missing) to start from: "
+                         f"it stopped before finishing an epoch. Finish it with `gluontl finetune --resume {path}`"
+                         f"{', or name RUN/last' if tag == 'best' and (folder / 'last.json').is_file() else ''}.")
+    return checkpoint._files(folder, tag, checkpoint.load(folder, tag))["params"]
+
+
+def init_from(recipe: Recipe, run: str | Path) -> Recipe:
+    """``recipe`` starting from another run's checkpoint (``RUN``, ``RUN/best``, ``RUN/last``):
+    a new run, every parameter restored from it by name (``model.restore.only`` and
+    ``prefix_map`` were for the original weights file, so they are cleared), a fresh optimizer."""
+    from ..recipe import parse_recipe
+
+    if run_weights(run) is None:
+        raise TrainError(f"--init-from {run}: not a run folder (no recipe.yaml). Pass runs/NAME (its best "
+                         f"checkpoint), runs/NAME/best or runs/NAME/last.")
+    data = recipe.model_dump(mode="json")
+    data["model"].update(weights=str(run), weights_from=None, pretrained=False, random_init=False)
+    data["model"]["restore"].update(only=[], prefix_map={})
+    return parse_recipe(data, origin=f"--init-from {run}")
+
+
 def evaluate(run_dir: str | Path, split: str = "val", tag: str = "best") -> dict[str, Any]:
     from .data import load_split
     from .loop import evaluate_loader
@@ -75,7 +106,9 @@ def stored_card(run_dir: str | Path, recipe: Recipe) -> dict[str, Any]:
 
     path = Path(run_dir) / "preprocess.json"
     if path.is_file():
-        load_preprocess(path)  # refuses an edited or foreign file
+        if load_preprocess(path)[1] is None:  # which also refuses an edited or foreign record
+            raise TrainError(f"'{path}' has no \"classes\" list; it was edited. Delete it to have it computed "
+                             f"from {Path(run_dir) / 'recipe.yaml'} and the training data.")
         return json.loads(path.read_text(encoding="utf-8"))
     data = _data(recipe, run_dir)
     return run_card(recipe, data, load_split(data, data.train).class_names)
@@ -142,14 +175,14 @@ def _ranked(image: str, prob: np.ndarray, names: list[str], topk: int) -> dict[s
 
 
 def plot(run_dir: str | Path, out: str | Path | None = None) -> Path:
-    """PNG of loss, validation accuracy and learning-rate curves from metrics.jsonl."""
+    """PNG of loss, train/validation accuracy and learning-rate curves from metrics.jsonl."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     from ..atomic import atomic_write
-    from .loop import _read_metrics
+    from .logs import read_metrics
 
     run = Path(run_dir)
     path = run / "metrics.jsonl"
@@ -158,7 +191,7 @@ def plot(run_dir: str | Path, out: str | Path | None = None) -> Path:
         raise TrainError(f"'{run}' {what}; plot reads the metrics.jsonl gluontl finetune writes into a run "
                          f"folder: pass runs/NAME.")
     try:
-        rows = _read_metrics(path)
+        rows = read_metrics(path)
     except (OSError, UnicodeDecodeError) as e:
         raise TrainError(f"'{path}' is not a readable metrics log ({e}).") from None
     steps = _numeric_rows(rows, "step", "loss", "lr")
@@ -173,6 +206,9 @@ def plot(run_dir: str | Path, out: str | Path | None = None) -> Path:
     axes[1].plot([r["epoch"] for r in epochs], [r["val_top1"] for r in epochs], "o-", label="val top-1")
     if epochs and "val_top5" in epochs[0]:
         axes[1].plot([r["epoch"] for r in epochs], [r["val_top5"] for r in epochs], "o-", label="val top-5")
+    trained = _numeric_rows(epochs, "train_acc")  # runs from before train_acc have none
+    if trained:
+        axes[1].plot([r["epoch"] for r in trained], [r["train_acc"] for r in trained], "o--", label="train top-1")
     axes[1].set(title="accuracy", xlabel="epoch", ylim=(0, 1.02))
     axes[1].legend()
     axes[2].plot([r["step"] for r in steps], [r["lr"] for r in steps])
