@@ -522,3 +522,23 @@ def test_train_acc_is_the_top1_of_the_training_batches(tmp_path):
     hits = row["train_acc"] * 45
     assert hits == round(hits) and sure_hits <= hits <= sure_hits + int(close.sum())
     assert 0 < sure_hits < 45 - close.sum()  # neither all right nor all wrong: the count is informative
+
+
+def test_plot_draws_train_accuracy_in_the_accuracy_panel(tmp_path):
+    import json
+
+    from gluontl.train.runs import plot
+
+    rows = [{"step": s, "epoch_f": s / 2, "loss": 1.0 / s, "lr": 0.1, "img_per_s": 10.0} for s in range(1, 7)]
+    rows += [{"step": 2 * e, "epoch": e, "train_loss": 1.0 / e, "train_acc": 0.2 * e, "val_loss": 1.2 / e,
+              "val_top1": 0.9 - 0.1 * e} for e in (1, 2, 3)]
+    pngs = {}
+    for name, keep in (("with", rows), ("without", [{k: v for k, v in r.items() if k != "train_acc"} for r in rows])):
+        run = tmp_path / name / "run"  # same name: the figure title is the run's name
+        run.mkdir(parents=True)
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in keep))
+        pngs[name] = np.asarray(Image.open(plot(run, tmp_path / f"{name}.png")).convert("RGB"), np.int16)
+    assert pngs["with"].shape == pngs["without"].shape
+    cols = np.flatnonzero(np.abs(pngs["with"] - pngs["without"]).sum(axis=(0, 2)))
+    width = pngs["with"].shape[1]
+    assert len(cols) > 0 and width / 3 < cols.min() and cols.max() < 2 * width / 3  # only the middle panel
