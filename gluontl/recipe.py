@@ -269,7 +269,7 @@ class TransformSpec(Strict):
 
 
 class DataSpec(Strict):
-    source: str = Field(description="demo:digits | folder:PATH | rec:PATH.rec | list:PATH.csv")
+    source: str = Field(description="demo:digits | demo:elpv | folder:PATH | rec:PATH.rec | list:PATH.csv")
     train: str = "train"
     val: str = "val"
     batch_size: int = Field(default=32, gt=0, le=1 << 16)
@@ -278,7 +278,9 @@ class DataSpec(Strict):
     train_transform: TransformSpec = TransformSpec()
     val_transform: TransformSpec = TransformSpec()
     classes: list[str] | None = Field(default=None, description="class folders/labels to use, in label order")
-    val_fraction: float = Field(default=0.2, gt=0.0, lt=1.0, description="demo: share held out for val")
+    val_fraction: float = Field(default=0.2, gt=0.0, lt=1.0, description="share held out for val (fixed "
+                                "seed) where the source has no val split: demo:, plain class folders, one "
+                                "list/rec file")
 
     @field_validator("classes", mode="before")
     @classmethod
