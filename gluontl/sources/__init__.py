@@ -22,8 +22,8 @@ from ..naming import graph_nodes, named_params, shape_of
 from ..recipe import ModelSpec, resolve_source
 from .restore import RestoreReport, restore
 
-__all__ = ["load_model", "build_model", "input_shapes", "model_inputs", "resolve_source", "zoo_names",
-           "RestoreReport", "restore"]
+__all__ = ["load_model", "build_model", "input_shapes", "model_inputs", "resolve_source", "zoo_input_shape",
+           "zoo_names", "RestoreReport", "restore"]
 
 
 def zoo_names() -> list[str]:
@@ -56,7 +56,15 @@ def _zoo(name: str, classes: int | None, kwargs: dict[str, Any], pretrained: boo
     try:
         from gluoncv.model_zoo import get_model
 
-        net = get_model(key, pretrained=pretrained, ctx=ctx, **args)
+        if pretrained or "pretrained_base" in args:
+            net = get_model(key, pretrained=pretrained, ctx=ctx, **args)
+        else:  # GluonCV detection/segmentation models fetch ImageNet backbones unless told not to
+            try:
+                net = get_model(key, pretrained=False, ctx=ctx, pretrained_base=False, **args)
+            except TypeError as e:
+                if "pretrained_base" not in str(e):
+                    raise
+                net = get_model(key, pretrained=False, ctx=ctx, **args)
     except (OSError, ConnectionError) as e:
         raise ModelSourceError(
             f"Downloading pretrained weights for '{name}' failed ({type(e).__name__}: {str(e)[:160]}). Without "
@@ -68,6 +76,17 @@ def _zoo(name: str, classes: int | None, kwargs: dict[str, Any], pretrained: boo
     if not isinstance(net, HybridBlock):
         raise ModelSourceError(f"zoo model '{name}' is not a HybridBlock and cannot be hybridized.")
     return net
+
+
+class _ZooInit(mx.init.Xavier):
+    """Xavier for weights; vectors that GluonCV's symbol parts (SSD feature expanders) leave
+    without an initializer get ones (gamma, variance) or zeros, as Xavier cannot fill them."""
+
+    def _init_weight(self, name, arr):
+        if len(arr.shape) >= 2:
+            super()._init_weight(name, arr)
+        else:
+            arr[:] = 1.0 if str(name).endswith(("gamma", "_var")) else 0.0
 
 
 _EPOCH = re.compile(r"-(\d{4})\.params$")
@@ -130,7 +149,22 @@ def _symbol_inputs(prefix: str, epoch: int | None) -> list[str]:
 
 
 Shape = tuple[int | str | None, ...] | None
-_DEFAULT_SHAPE = (1, 3, 224, 224)
+_DEFAULT_SHAPE = (3, 224, 224)
+_ZOO_SHAPES = (  # C,H,W the zoo's own training/evaluation feeds, where it is not 224x224 (first match)
+    (r"inceptionv3|xception", (3, 299, 299)), (r"nasnet_6_4032$", (3, 331, 331)), (r"resnest101$", (3, 256, 256)),
+    (r"resnest200$", (3, 320, 320)), (r"resnest269$", (3, 416, 416)), (r"ssd_300", (3, 300, 300)),
+    (r"ssd_512|center_net", (3, 512, 512)), (r"yolo3", (3, 416, 416)), (r".*rcnn", (3, 600, 600)),
+    (r"fastscnn", (3, 1024, 1024)), (r"fcn|psp|deeplab|danet|icnet", (3, 480, 480)),
+    (r"simple_pose|mobile_pose", (3, 256, 192)), (r"alpha_pose", (3, 320, 256)),
+    (r"monodepth2.*_640x192", (3, 192, 640)),
+)
+
+
+def zoo_input_shape(name: str) -> tuple[int, ...]:
+    """C,H,W a zoo model is made for: zoo models declare no input, and 224x224 fails
+    segmentation models (480) and misrepresents detectors (SSD-512, YOLOv3 at 416)."""
+    key = name.lower().removeprefix("zoo:")
+    return next((shape for pattern, shape in _ZOO_SHAPES if re.match(pattern, key)), _DEFAULT_SHAPE)
 
 
 def model_inputs(source: str, *, epoch: int | None = None) -> list[tuple[str, Shape]]:
@@ -156,7 +190,8 @@ def input_shapes(source: str, given: Mapping[str | None, tuple[int, ...]] | None
 
     Checked before anything runs, so a wrong rank or a symbolic dimension without a value
     is a message naming the input, not an MXNet error. An input without a declared shape
-    (zoo, symbol) defaults to 1,3,224,224 when it is the model's only input.
+    defaults, when it is the model's only input, to the zoo model's own size
+    (``zoo_input_shape``) or 1,3,224,224 (symbol).
     """
     spec = resolve_source(source)
     declared = model_inputs(spec, epoch=epoch)
@@ -184,7 +219,7 @@ def input_shapes(source: str, given: Mapping[str | None, tuple[int, ...]] | None
             if len(declared) > 1:
                 raise ModelSourceError(f"Input '{name}' of {spec} has no declared shape; give each input's shape "
                                        f"with --input-shape {name}=1,C,H,W (repeatable).")
-            shapes[name] = _DEFAULT_SHAPE
+            shapes[name] = (1, *(zoo_input_shape(spec) if spec.startswith("zoo:") else _DEFAULT_SHAPE))
         else:
             free = [f"{d or '?'} (dim {i})" for i, d in enumerate(shape) if i and not isinstance(d, int)]
             if free:
@@ -217,9 +252,10 @@ def load_model(spec: str | ModelSpec, *, classes: int | None = None, ctx=None,
     if scheme == "zoo":
         net = _zoo(rest, classes, spec.kwargs, spec.pretrained, ctx)
         if not spec.pretrained:
-            net.initialize(mx.init.Xavier(), ctx=ctx)
+            net.initialize(_ZooInit(), ctx=ctx)
+        shape = spec.input_shape if "input_shape" in spec.model_fields_set else zoo_input_shape(rest)
         # Gluon defers shapes to the first forward; callers get parameters they can read.
-        materialize(net, dict(input_shapes or {"data": (1, *spec.input_shape)}), ctx, spec.source)
+        materialize(net, dict(input_shapes or {"data": (1, *shape)}), ctx, spec.source)
         return net
     if classes is not None:
         raise ModelSourceError(f"A new classifier for {spec.source} needs surgery (cut_at / drop_last + head); "
