@@ -314,6 +314,8 @@ def test_single_list_file_is_split_by_val_fraction(tmp_path):
     assert sorted(val.labels.tolist()) == [0, 0, 0, 1, 1, 1]
     mask = stratified_holdout(np.arange(20) % 2, 0.3)
     assert sorted(val.items) == sorted(str(tmp_path / f"{i}.png") for i in np.flatnonzero(mask))
+    record = make_loaders(spec.model_copy(update={"batch_size": 2}), seed=3).split
+    assert record.val == val.items and record.counts == {"train": {"0": 7, "1": 7}, "val": {"0": 3, "1": 3}}
 
 
 # ---------------------------------------------------------------- transforms
