@@ -27,6 +27,7 @@ from __future__ import annotations
 import csv
 import functools
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator, Literal
@@ -42,7 +43,7 @@ from .transforms import Transform, build, decode_image, image_problem, sample_rn
 
 SPLIT_SEED = 20240607  # hold-out splits must not move when the run seed changes
 _ORDER_TAG = 0x0DE4  # keeps the order stream apart from the per-sample streams
-_PROGRESS_MIN = 1000  # show a progress bar for the bad-image pass above this many items
+_PROGRESS_MIN = 1000  # show a progress bar for the bad-image pass above this many items (on a terminal)
 LastBatch = Literal["keep", "discard"]
 
 
@@ -279,7 +280,7 @@ def _check(names: list[str], problem, spec: DataSpec, what: str) -> tuple[np.nda
     keep = np.ones(len(names), bool)
     bad = BadImageReport()
     for i in tqdm(range(len(names)), desc=f"checking {what}", unit="img", leave=False,
-                  disable=len(names) < _PROGRESS_MIN):
+                  disable=len(names) < _PROGRESS_MIN or not sys.stderr.isatty()):
         reason = problem(i)
         if reason is None:
             continue
