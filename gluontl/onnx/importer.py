@@ -406,6 +406,8 @@ class _Importer:
                 raise OnnxImportError(f"input_shapes['{i.name}'] = {want}: dimensions must be "
                                       f"positive integers (or None) of sensible size.")
             declared = declared if declared is not None else (None,) * len(want)
+            if len(want) == len(declared) - 1:  # C,H,W as recipes write it: the batch is the file's own
+                want = (declared[0], *want)
             if len(declared) != len(want):
                 raise OnnxImportError(
                     f"input_shapes['{i.name}'] = {want} has rank {len(want)} but '{self.source}' "
