@@ -286,7 +286,7 @@ def main() -> None:
     try:
         code = app(standalone_mode=False)  # returns 130 after a KeyboardInterrupt outside finetune's loop
     except GluontlError as e:
-        _fail(str(e), e.exit_code)
+        _fail(_naming_sets(str(e), sys.argv[1:]), e.exit_code)
     except Interrupted as e:
         _fail(str(e), e.exit_code, "interrupted: ")
     except typer.TyperException as e:  # usage: missing argument, unknown option, a value of the wrong type
@@ -300,6 +300,15 @@ def main() -> None:
         _fail(f"internal error ({type(e).__name__}: {short_reason(e)}); this is a bug in gluontl, not in your "
               f"input. Set GLUONTL_DEBUG=1 for the traceback; please report it with the command you ran.", 1)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _naming_sets(msg: str, argv: Sequence[str]) -> str:
+    """An error that surfaces after the recipe loaded (a rule matching nothing, a missing file)
+    may come from a --set value: say which ones changed the recipe, as recipe errors do."""
+    sets = [v for a, v in zip(argv, argv[1:]) if a == "--set"] + [a[6:] for a in argv if a.startswith("--set=")]
+    if not sets or "--set" in msg:
+        return msg
+    return f"{msg.rstrip()} (The recipe was changed by --set {', --set '.join(sets)}.)"
 
 
 def _fail(msg: str, code: int, prefix: str = "error: ") -> NoReturn:
