@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import os
 import re
 from pathlib import Path
 from typing import Annotated, Any, Iterable, Literal, Mapping, get_args
@@ -60,16 +61,19 @@ def resolve_source(text: str) -> str:
 
     Bare paths and names are what users try first; resolving them where ``ModelSpec``
     validates ``source`` makes CLI arguments, recipes and the API agree. The model zoo
-    (a slow gluoncv import) is consulted only when nothing on disk matches.
+    (a slow gluoncv import) is consulted only when nothing on disk matches. Paths expand
+    ``~`` and ``$VAR``/``${VAR}`` as a shell would, so a recipe can name a file under
+    ``$GLUONTL_HOME``.
     """
     scheme, _, rest = text.partition(":")
     if scheme in ("zoo", "symbol", "onnx"):
         if not rest.strip():
             raise ModelSourceError(f"Model spec '{text}' names no model after '{scheme}:'. "
                                    f"Accepted forms: {SOURCE_FORMS}.")
-        return text
+        return text if scheme == "zoo" else f"{scheme}:{os.path.expandvars(os.path.expanduser(rest))}"
     if not text.strip():
         raise ModelSourceError(f"The model spec is empty. Accepted forms: {SOURCE_FORMS}.")
+    text = os.path.expandvars(os.path.expanduser(text))
     if text.lower().endswith(".onnx"):
         return f"onnx:{text}"
     if text.endswith("-symbol.json"):

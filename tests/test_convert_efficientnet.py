@@ -194,3 +194,16 @@ def test_ensure_reuses_a_valid_file_and_rebuilds_a_broken_one(onnx_path, tmp_pat
     broken.write_bytes(onnx_path.read_bytes()[:1000])
     assert E.ensure_imagenet_onnx() == broken
     assert broken.read_bytes() == onnx_path.read_bytes()
+
+
+def test_a_recipe_source_can_name_the_file_under_gluontl_home_or_home(onnx_path, monkeypatch):
+    from gluontl.recipe import ModelSpec, resolve_source
+
+    home = onnx_path.parent.parent
+    monkeypatch.setenv("GLUONTL_HOME", str(home))
+    monkeypatch.setenv("HOME", str(home.parent))
+    want = f"onnx:{onnx_path}"
+    assert ModelSpec(source=f"onnx:${{GLUONTL_HOME}}/models/{E.ONNX_NAME}").source == want
+    assert resolve_source(f"$GLUONTL_HOME/models/{E.ONNX_NAME}") == want
+    assert resolve_source(f"onnx:~/{home.name}/models/{E.ONNX_NAME}") == want
+    assert resolve_source("zoo:resnet18_v1") == "zoo:resnet18_v1"
