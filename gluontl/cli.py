@@ -72,8 +72,13 @@ def finetune(recipe: Optional[Path] = typer.Option(None, "--recipe", "-r", help=
              set_: Optional[List[str]] = SetOpt,
              resume: Optional[Path] = typer.Option(None, help="continue this run folder (runs/NAME)"),
              runs: Path = typer.Option(Path("runs"), help="where run folders are created"),
-             quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bars (CI, logs)")) -> None:
-    """Fine-tune per the recipe: plan, train, checkpoint, log metrics to runs/NAME."""
+             init_from: Optional[Path] = typer.Option(None, "--init-from", help="start a new run from another "
+                                                      "run's checkpoint: runs/NAME (best), runs/NAME/last"),
+             quiet: bool = typer.Option(False, "--quiet", "-q", help="only one line per epoch and the result "
+                                        "(progress bars show only on a terminal anyway)")) -> None:
+    """Fine-tune per the recipe: plan, train, checkpoint, log metrics to runs/NAME.
+
+    --resume RUN --set train.epochs=N extends a run to N epochs."""
     from .recipe import load_recipe
 
     if resume is not None and not (resume / "recipe.yaml").is_file():
@@ -83,7 +88,14 @@ def finetune(recipe: Optional[Path] = typer.Option(None, "--recipe", "-r", help=
                            f"from; start it again with --recipe {resume / 'recipe.yaml'}.")
     if recipe is None and resume is None:
         raise GluontlError("finetune needs --recipe FILE (or --resume runs/NAME to continue a run).")
+    if init_from is not None and resume is not None:
+        raise GluontlError(f"--init-from starts a new run and --resume continues one; to continue {resume} drop "
+                           f"--init-from, to start from it use --init-from {resume} without --resume.")
     r = load_recipe(resume / "recipe.yaml" if resume is not None and recipe is None else recipe, set_)
+    if init_from is not None:
+        from .train.runs import init_from as start_from
+
+        r = start_from(r, init_from)
     from .train.loop import finetune as run
 
     result = run(r, runs_root=runs, resume=resume, quiet=quiet)  # SIGINT/SIGTERM: Interrupted, see main()

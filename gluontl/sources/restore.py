@@ -67,10 +67,16 @@ def _few(names: list[str], k: int = 6) -> str:
 
 
 def read_params_file(path: str | Path) -> dict[str, mx.nd.NDArray]:
-    """A ``.params`` file as {name: array}; ``arg:``/``aux:`` prefixes of exported files stripped."""
+    """A ``.params`` file (or a run folder's checkpoint: ``runs/NAME[/best|/last]``) as
+    {name: array}; ``arg:``/``aux:`` prefixes of exported files stripped."""
     p = Path(path)
     if not p.is_file():
-        raise ModelSourceError(f"Weights file '{p}' does not exist. Check model.weights in the recipe "
+        from ..train.runs import run_weights
+
+        p = run_weights(p) or p
+    if not p.is_file():
+        raise ModelSourceError(f"Weights file '{p}' {'is a directory' if p.is_dir() else 'does not exist'}. Check "
+                               f"model.weights in the recipe: a .params file or a run folder runs/NAME[/best|/last] "
                                f"(relative paths are resolved from the working directory).")
     try:
         loaded = mx.nd.load(str(p))

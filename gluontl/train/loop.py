@@ -31,6 +31,7 @@ from ..rules import Plan, apply_plan, format_plan, make_plan, trainable_params
 from . import checkpoint
 from .cache import Feed, build_feed
 from .data import make_loaders
+from .guards import GuardLog, check_features, check_first_epoch, check_weights
 from .schedule import lr_at
 
 
@@ -275,6 +276,10 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
     if head is not None and head.classes != loaders.num_classes:
         raise TrainError(f"surgery.head.classes is {head.classes} but the data has {loaders.num_classes} "
                          f"classes ({', '.join(loaders.class_names[:10])}). Make them equal.")
+    guards = GuardLog(t.guards)
+    if resume is None:  # a resumed run was checked when it started
+        guards.handle(check_weights(recipe, prep))
+        guards.handle(check_features(recipe, net, prep.plan, loaders, ctxs[0]))
     if resume is not None:
         run_dir = Path(resume)
         meta = checkpoint.load(run_dir / "checkpoints", "last")
@@ -292,6 +297,7 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
         if loaders.split is not None:  # an automatic hold-out: which files it held out, for audits
             write_text(run_dir / "split.json", json.dumps(loaders.split.to_json(), indent=1), TrainError)
         meta = None
+    guards.attach(run_dir)
     from .runs import run_card  # preprocessing + class names: what predict and exports read
 
     write_text(run_dir / "preprocess.json", json.dumps(run_card(recipe, recipe.data, loaders.class_names), indent=1),
@@ -321,6 +327,7 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
     stopped = False
     steps_this_call = 0
     bad_steps = 0
+    first_losses: list[float] = []  # per-image loss of each batch of epoch 1, for the stuck-loss guard
     feed: Feed | None = None
     with _Stop() as stop:
         try:
@@ -366,6 +373,8 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
                         steps_this_call += 1
                     run_loss += batch_loss
                     run_n += x.shape[0]
+                    if epoch == 0:
+                        first_losses.append(batch_loss / x.shape[0])
                     run_correct += stepper.correct
                     ips = x.shape[0] / max(time.perf_counter() - tick, 1e-9)
                     if hasattr(bar, "set_postfix"):
@@ -399,6 +408,8 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
                                     dict(state, epoch=epoch + 1, batch_in_epoch=0, global_step=global_step, best=best))
                 checkpoint.save(run_dir / "checkpoints", "last", net, trainer,
                                 dict(state, epoch=epoch + 1, batch_in_epoch=0, global_step=global_step, best=best))
+                if epoch == 0 and meta is None:
+                    guards.handle(check_first_epoch(first_losses, global_step, loaders.num_classes))
                 if stop.requested and epoch + 1 < t.epochs:  # a signal during validation
                     stopped = True
                     break
@@ -412,7 +423,8 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
                    "restore": prep.restore.summary() if prep.restore else None, "bad_images": loaders.bad.summary(),
                    "bad_steps": bad_steps, "trainable": plan.totals()["trainable"],
                    "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "mxnet default"),
-                   "hybridized": t.hybridize, "feature_cache": feed.summary() if feed else None}
+                   "hybridized": t.hybridize, "feature_cache": feed.summary() if feed else None,
+                   "warnings": guards.warnings}
         write_text(run_dir / "summary.json", json.dumps(summary, indent=1), TrainError)
         _say(quiet, f"done: best val_top1 {best['val_top1']:.4f} at epoch {best['epoch']}; run folder {run_dir}")
         if len(loaders.bad):

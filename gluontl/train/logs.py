@@ -1,0 +1,128 @@
+"""What a run tells people: console lines, ``metrics.jsonl`` and TensorBoard events.
+
+Progress bars redraw themselves with carriage returns, which only a terminal shows as
+intended: redirected to a file or a CI log, one epoch of bars is hundreds of lines. So bars
+appear only when stderr is a TTY (and not ``-q``); otherwise every epoch is one plain line,
+and ``-q`` keeps those lines and the final one, dropping the rest of the chatter.
+
+``metrics.jsonl`` is the record; the TensorBoard events in the same folder carry the same
+numbers under the same names (``step/KEY`` per logged step, ``epoch/KEY`` per epoch), at the
+run's global step, so ``tensorboard --logdir runs`` shows every run.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+from ..atomic import write_text
+from ..errors import TrainError
+
+
+def bars_on(quiet: bool) -> bool:
+    """Progress bars only for a person watching a terminal."""
+    try:
+        return not quiet and sys.stderr.isatty()
+    except (AttributeError, ValueError):  # replaced or closed stderr
+        return False
+
+
+def show(msg: str, quiet: bool = False) -> None:
+    """Print a line the run's log always keeps (epoch lines, the result), above any bar."""
+    if bars_on(quiet):
+        from tqdm import tqdm
+
+        tqdm.write(msg)
+    else:
+        print(msg, flush=True)  # flushed: `tail -f` of a redirected log follows the run
+
+
+def say(quiet: bool, msg: str) -> None:
+    """Print a line of chatter (threads, cache choices), which ``-q`` drops."""
+    if not quiet:
+        show(msg)
+
+
+def progress(items: Iterable, quiet: bool, **bar: Any) -> Iterable:
+    """``items`` behind a tqdm bar on a terminal, unchanged otherwise."""
+    if not bars_on(quiet):
+        return items
+    from tqdm import tqdm
+
+    return tqdm(items, leave=False, dynamic_ncols=True, **bar)
+
+
+# (label on the line, metrics keys it may come from, format)
+_EPOCH_FIELDS = (("train_loss", ("train_loss",), ".4f"), ("train_acc", ("train_acc", "train_top1"), ".4f"),
+                 ("val_loss", ("val_loss",), ".4f"), ("val_acc", ("val_acc", "val_top1"), ".4f"),
+                 ("val_top5", ("val_top5",), ".4f"), ("lr", ("lr",), ".3g"))
+
+
+def epoch_line(row: dict[str, Any], epochs: int) -> str:
+    """``epoch 3/10 train_loss 0.4120 train_acc 0.8700 val_loss … val_acc … lr … time 12.3s``:
+    the fields the row has, so a metric added to the row needs no change here."""
+    parts = [f"epoch {row['epoch']}/{epochs}"]
+    for label, keys, fmt in _EPOCH_FIELDS:
+        key = next((k for k in keys if isinstance(row.get(k), (int, float))), None)
+        if key is not None:
+            parts.append(f"{label} {row[key]:{fmt}}")
+    if "seconds" in row:
+        parts.append(f"time {row['seconds']:.1f}s")
+    return " ".join(parts)
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            break  # a torn last line from kill -9
+    return rows
+
+
+_NOT_SCALARS = ("step", "epoch", "epoch_f")
+
+
+class MetricsLog:
+    """``metrics.jsonl`` plus its TensorBoard mirror in the run folder.
+
+    ``resume_step``: the checkpoint's global step. Rows logged after it (the run died before
+    its next checkpoint) are produced again, so they are dropped from the file and the event
+    writer purges them (``purge_step``) instead of showing each such step twice.
+    """
+
+    def __init__(self, run_dir: Path, resume_step: int | None = None) -> None:
+        self.path = run_dir / "metrics.jsonl"
+        self.rows: list[dict[str, Any]] = read_metrics(self.path)
+        if resume_step is not None:
+            self.rows = [r for r in self.rows if r.get("step", -1) <= resume_step]
+            write_text(self.path, "".join(json.dumps(r) + "\n" for r in self.rows), TrainError)
+        from tensorboardX import SummaryWriter
+
+        # Event files are named by the second they were opened; a resume within the same second
+        # would reopen (and truncate) the previous file, so the nanoseconds keep names unique
+        # and in order.
+        self.events = SummaryWriter(str(run_dir), purge_step=None if resume_step is None else resume_step + 1,
+                                    filename_suffix=f".{time.time_ns()}", flush_secs=30)
+
+    def write(self, row: dict[str, Any]) -> None:
+        self.rows.append(row)
+        with open(self.path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(row) + "\n")
+        kind = "epoch" if "epoch" in row else "step"
+        for key, value in row.items():
+            if key not in _NOT_SCALARS and isinstance(value, (int, float)) and not isinstance(value, bool):
+                self.events.add_scalar(f"{kind}/{key}", value, row["step"])
+        if kind == "epoch":
+            self.events.flush()
+
+    def close(self) -> None:
+        self.events.close()
+
+
+__all__ = ["MetricsLog", "bars_on", "epoch_line", "progress", "read_metrics", "say", "show"]
