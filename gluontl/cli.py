@@ -46,22 +46,30 @@ def plan(recipe: Path = RecipeOpt, set_: Optional[List[str]] = SetOpt,
     from .pipeline import prepare
     from .rules import format_plan
     from .train.cache import preview
+    from .train.guards import plan_flags
 
     pending = r.model.weights and r.model.weights_from and not Path(r.model.weights).is_file()
     if pending:  # planning must not cost a pretraining run
         r = r.model_copy(update={"model": r.model.model_copy(update={"weights": None})})
     prep = prepare(r, apply=False)
     cache = preview(r, prep.block, prep.plan)
+    # what the guards of finetune will say about these weights and rules
+    weights, flags = (f"weights: {r.model.weights} (not made yet)", []) if pending else plan_flags(r, prep)
     if as_json:
         out = prep.plan.to_json()
+        out["weights"] = weights
         out["restore"] = prep.restore.lines() if prep.restore else []
         out["feature_cache"] = cache
+        out["guards"] = flags
         typer.echo(json.dumps(out, indent=1))
         return
+    typer.echo(weights)
     if prep.restore:
         typer.echo("\n".join(prep.restore.lines()))
     typer.echo(format_plan(prep.plan))
     typer.echo(cache)
+    for line in flags:
+        typer.echo(line)
     if pending:
         typer.echo(f"note: weights not made yet; `gluontl finetune` makes them first with {r.model.weights_from}")
 

@@ -1,0 +1,275 @@
+"""Guards against runs that train and learn nothing: each one triggered by a real model in
+the state it guards against, and left silent by the same model done right."""
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import mxnet as mx
+import numpy as np
+import pytest
+import yaml
+import helpers
+from gluoncv.model_zoo import get_model
+
+from gluontl.errors import TrainError
+from gluontl.pipeline import prepare
+from gluontl.recipe import parse_recipe
+from gluontl.train.guards import (COLLAPSE_RTOL, STUCK_MIN_STEPS, check_first_epoch, check_weights, collapsed,
+                                  weights_of)
+from gluontl.train.loop import finetune
+
+ROOT = Path(__file__).parents[2]
+DATA = {**helpers.DIGITS_5_9, "classes": ["5", "6"]}
+HEAD_ONLY = [{"preset": "freeze_all_but_head"}]
+FROZEN_BN = [{"type": "BatchNorm", "bn": "frozen"}]
+
+
+def recipe(model, rules=(), surgery=None, **train):
+    return parse_recipe({"name": "g", "model": {"input_shape": [3, 16, 16], **model},
+                         "surgery": surgery or {}, "rules": list(rules), "data": DATA,
+                         "train": {"epochs": 1, "lr": 0.05, **train}})
+
+
+def zoo(name="resnet18_v1", **model):
+    return {"source": f"zoo:{name}", **model}
+
+
+def findings(r):
+    return [(f.guard, f.level) for f in check_weights(r, prepare(r))]
+
+
+@pytest.fixture(scope="module")
+def resnet_weights(tmp_path_factory):
+    """ResNet-18 weights with BN statistics moved off 0/1 (a stand-in for a pretrained file)."""
+    mx.random.seed(0)
+    net = get_model("resnet18_v1", classes=2)
+    net.initialize(mx.init.Xavier())
+    with mx.autograd.record():
+        net(mx.nd.random.uniform(shape=(8, 3, 16, 16)))
+    path = tmp_path_factory.mktemp("w") / "resnet.params"
+    net.save_parameters(str(path))
+    return str(path)
+
+
+# ------------------------------------------------------------ 1. random frozen backbone
+
+def test_frozen_zoo_backbone_without_weights_is_refused_before_a_run_folder_exists(tmp_path):
+    r = recipe(zoo(), HEAD_ONLY, {"head": {"classes": 2}})
+    with pytest.raises(TrainError) as e:
+        finetune(r, runs_root=tmp_path, quiet=True)
+    msg = str(e.value)
+    assert "none of them was loaded" in msg and "weights: none — random init (zoo:resnet18_v1" in msg
+    assert "features.0.weight" in msg and "rule 1.1" in msg and "train.guards.random_backbone: warn" in msg
+    assert not list(tmp_path.iterdir())  # refused before anything was written
+
+
+def test_restored_backbone_passes_and_a_random_one_trains_when_downgraded(resnet_weights, tmp_path):
+    good = recipe(zoo(weights=resnet_weights, restore={"only": ["features.*"]}), HEAD_ONLY, {"head": {"classes": 2}})
+    assert findings(good) == []
+    w = weights_of(good, prepare(good))
+    assert w.text.startswith(f"weights: {resnet_weights} (restored 100 of 102 arrays)")
+    assert w.fresh == ["output.weight", "output.bias"]
+    bad = recipe(zoo(), HEAD_ONLY, {"head": {"classes": 2}}, guards="warn")
+    res = finetune(bad, runs_root=tmp_path, quiet=True)
+    assert [r["epoch"] for r in res.metrics if "epoch" in r] == [1]  # trained anyway
+    summary = json.loads((res.run_dir / "summary.json").read_text())
+    assert [w["guard"] for w in summary["warnings"][:2]] == ["random_backbone", "unloaded_bn_stats"]
+    assert "set train.guards.random_backbone: off" in summary["warnings"][0]["message"]
+    assert json.loads((res.run_dir / "warnings.json").read_text()) == summary["warnings"]
+
+
+def test_frozen_layers_left_out_of_the_restore_are_a_warning(resnet_weights):
+    r = recipe(zoo(weights=resnet_weights, restore={"only": ["features.0.*", "features.1.*"]}), HEAD_ONLY,
+               {"head": {"classes": 2}})
+    found = check_weights(r, prepare(r))
+    # and the BatchNorm layers left out are frozen with statistics never loaded
+    assert [(f.guard, f.level) for f in found] == [("random_backbone", "warn"), ("unloaded_bn_stats", "error")]
+    assert "features.4.0.body.0.weight" in found[0].message and "features.0.weight" not in found[0].message
+    assert "features.1," not in found[1].message and "features.4.0.body.1" in found[1].message
+
+
+def test_layers_unfrozen_by_a_later_rule_are_not_a_frozen_backbone():
+    unfreeze = {"match": "features.*", "grad_req": "write", "from_epoch": 1}
+    r = recipe(zoo(), [*HEAD_ONLY, unfreeze], {"head": {"classes": 2}}, epochs=2)
+    assert ("random_backbone", "error") not in findings(r)
+    cut_short = recipe(zoo(), [*HEAD_ONLY, unfreeze], {"head": {"classes": 2}}, epochs=1)  # rule never starts
+    assert ("random_backbone", "error") in findings(cut_short)
+
+
+# ------------------------------------------------------------ 2. frozen BN without statistics
+
+def test_frozen_batchnorm_with_never_loaded_statistics_is_refused(tmp_path):
+    r = recipe(zoo("mobilenetv2_0.25"), FROZEN_BN, {"head": {"classes": 2}})
+    with pytest.raises(TrainError) as e:
+        finetune(r, runs_root=tmp_path, quiet=True)
+    msg = str(e.value)
+    assert "BatchNorm layer(s) are in bn: frozen (rule 1)" in msg and "features.1," in msg
+    assert "mean 0 / variance 1" in msg and "train.guards.unloaded_bn_stats: warn" in msg
+
+
+def test_frozen_batchnorm_passes_when_its_statistics_were_loaded(resnet_weights):
+    assert findings(recipe(zoo(weights=resnet_weights, restore={"only": ["features.*"]}), FROZEN_BN,
+                           {"head": {"classes": 2}})) == []
+    assert findings(recipe(zoo(), [{"type": "BatchNorm", "bn": "train"}], {"head": {"classes": 2}})) == []
+
+
+def test_statistics_loaded_from_a_file_count_even_at_zero_and_one(tmp_path):
+    """A BatchNorm exported before it saw data: mean 0 / var 1 in the file, but loaded from it."""
+    mx.random.seed(2)
+    net = mx.gluon.nn.HybridSequential()
+    net.add(mx.gluon.nn.Conv2D(4, 3), mx.gluon.nn.BatchNorm(), mx.gluon.nn.Activation("relu"),
+            mx.gluon.nn.GlobalAvgPool2D(), mx.gluon.nn.Dense(2))
+    net.initialize(mx.init.Xavier())
+    net.hybridize()
+    net(mx.nd.zeros((1, 3, 16, 16)))
+    net.export(str(tmp_path / "bn"))
+    r = recipe({"source": f"symbol:{tmp_path / 'bn'}"}, FROZEN_BN)
+    prep = prepare(r)
+    stats = [prep.block.collect_params()[row.global_name].data().asnumpy() for row in prep.plan.rows if row.aux]
+    assert len(stats) == 2 and {float(s.min()) for s in stats} == {0.0, 1.0}  # still at init, and loaded
+    assert check_weights(r, prep) == []
+    fresh = recipe({"source": f"symbol:{tmp_path / 'bn'}", "random_init": True}, FROZEN_BN)
+    assert findings(fresh) == [("unloaded_bn_stats", "error")]
+
+
+# ------------------------------------------------------------ 3. collapsed features at the boundary
+
+def _symbol(folder, scale=1.0, inf=False):
+    """tests/helpers' tiny conv net with its first convolution scaled (1e-9: a dead prefix),
+    or with an infinite bias (inf - inf in the next convolution: NaN)."""
+    prefix = helpers.tiny_symbol(folder)
+    params = mx.nd.load(f"{prefix}-0000.params")
+    w = next(k for k in params if k.endswith("conv0_weight"))
+    params[w] *= scale
+    bias = params[w.replace("weight", "bias")].asnumpy() * scale
+    if inf:
+        bias[0] = np.inf
+    params[w.replace("weight", "bias")] = mx.nd.array(bias)
+    mx.nd.save(f"{prefix}-0000.params", params)
+    return prefix
+
+
+def symbol_recipe(prefix, **train):
+    first_conv = ["*conv0_weight", "*conv0_bias"]
+    return recipe({"source": f"symbol:{prefix}"}, [{"match": first_conv, "grad_req": "null"}],
+                  **{"prefix_engine": "mxnet", **train})
+
+
+@pytest.mark.parametrize("scale", [1e-9, 0.0])
+def test_a_dead_frozen_prefix_is_refused_on_the_first_batch(tmp_path, scale):
+    r = symbol_recipe(_symbol(tmp_path, scale))
+    with pytest.raises(TrainError) as e:
+        finetune(r, runs_root=tmp_path / "runs", quiet=True)
+    msg = str(e.value)
+    assert "16 different images" in msg and "same for every image" in msg and "frozen prefix up to node" in msg
+    assert "train.guards.collapsed_features: warn" in msg
+    assert not (tmp_path / "runs").exists()
+
+
+def test_nan_weights_are_refused_before_training(tmp_path):
+    r = symbol_recipe(_symbol(tmp_path, inf=True))
+    with pytest.raises(TrainError, match=r"NaN/Inf for 16 image\(s\).*train\.guards\.collapsed_features"):
+        finetune(r, runs_root=tmp_path / "runs", quiet=True)
+
+
+def test_a_live_frozen_prefix_trains_without_warnings(tmp_path):
+    res = finetune(symbol_recipe(_symbol(tmp_path)), runs_root=tmp_path / "runs", quiet=True)
+    summary = json.loads((res.run_dir / "summary.json").read_text())
+    assert summary["feature_cache"]["boundary"] is not None and summary["warnings"] == []
+    assert not (res.run_dir / "warnings.json").exists()
+
+
+def test_collapse_threshold_by_hand():
+    rng = np.random.default_rng(0)
+    base = rng.standard_normal((1, 64))
+    assert collapsed(np.repeat(base, 8, axis=0))  # identical rows
+    # rms spread 1e-7 against a size of ~1: float32 rounding, not information
+    assert collapsed(base + 1e-7 * rng.standard_normal((8, 64)))
+    assert not collapsed(base + 1e-4 * rng.standard_normal((8, 64)))
+    # tiny features: rows of size ~1e-10 differing by 1e-10 are collapsed whatever their ratio
+    assert collapsed(1e-10 * rng.standard_normal((8, 64)))
+    assert not collapsed(10 * COLLAPSE_RTOL * rng.standard_normal((8, 64)))
+
+
+# ------------------------------------------------------------ 4. loss stuck at ln(classes)
+
+def test_stuck_loss_rule_by_hand():
+    c = math.log(5)
+    flat = [c * (1 + 0.004 * (-1) ** i) for i in range(40)]  # wobbles 0.4 % around ln 5
+    assert [f.guard for f in check_first_epoch(flat, 40, 5)] == ["stuck_loss"]
+    assert "ln(5) = 1.6094" in check_first_epoch(flat, 40, 5)[0].message
+    falling = [c * (1 - 0.5 * i / 39) for i in range(40)]
+    assert check_first_epoch(falling, 40, 5) == []
+    # mean within 1 % but the last quarter 2 % lower: it started learning
+    late = [c * 1.005] * 30 + [c * 0.98] * 10
+    assert abs(np.mean(late) - c) < 0.01 * c and check_first_epoch(late, 40, 5) == []
+    assert check_first_epoch(flat[:STUCK_MIN_STEPS - 1], STUCK_MIN_STEPS - 1, 5) == []  # too short to judge
+
+
+def _zero_classifier(folder):
+    """The tiny net with its classifier at zero: every logit 0, the loss exactly ln(classes)."""
+    prefix = helpers.tiny_symbol(folder)
+    params = mx.nd.load(f"{prefix}-0000.params")
+    for k in params:
+        if "dense" in k:
+            params[k] = mx.nd.zeros_like(params[k])
+    mx.nd.save(f"{prefix}-0000.params", params)
+    return prefix
+
+
+def stuck_recipe(prefix, lr, **train):
+    return parse_recipe({"name": "s", "model": {"source": f"symbol:{prefix}", "input_shape": [3, 16, 16]},
+                         "data": helpers.DIGITS_5_9, "train": {"epochs": 2, "lr": lr, **train}})
+
+
+def test_a_loss_stuck_at_chance_warns_after_epoch_1_and_training_goes_on(tmp_path):
+    res = finetune(stuck_recipe(_zero_classifier(tmp_path), lr=1e-9), runs_root=tmp_path / "runs", quiet=True)
+    assert [r["epoch"] for r in res.metrics if "epoch" in r] == [1, 2]
+    first = next(r for r in res.metrics if r.get("epoch") == 1)
+    assert abs(first["train_loss"] - math.log(5)) < 1e-5
+    warnings = json.loads((res.run_dir / "summary.json").read_text())["warnings"]
+    assert [w["guard"] for w in warnings] == ["stuck_loss"] and "train.guards.stuck_loss" in warnings[0]["message"]
+
+
+def test_a_stuck_loss_stops_the_run_when_set_to_error(tmp_path):
+    prefix = _zero_classifier(tmp_path)
+    with pytest.raises(TrainError, match="stayed at ln.5."):
+        finetune(stuck_recipe(prefix, lr=1e-9, guards={"stuck_loss": "error"}), runs_root=tmp_path / "runs",
+                 quiet=True)
+    meta = json.loads(next((tmp_path / "runs").glob("s*/checkpoints/last.json")).read_text())
+    assert meta["epoch"] == 1  # epoch 1 is checkpointed before the stop
+
+
+def test_a_learning_run_does_not_warn(tmp_path):
+    res = finetune(stuck_recipe(helpers.tiny_symbol(tmp_path), lr=0.01, optimizer="adam"),
+                   runs_root=tmp_path / "runs", quiet=True)
+    first = next(r for r in res.metrics if r.get("epoch") == 1)
+    assert first["train_loss"] < 0.99 * math.log(5)
+    assert json.loads((res.run_dir / "summary.json").read_text())["warnings"] == []
+
+
+# ------------------------------------------------------------ CLI
+
+def _gluontl(*args, cwd):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "gluontl", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_cli_plan_says_where_weights_come_from_and_finetune_exits_2(tmp_path):
+    data = {**DATA, "source": "demo:digits"}
+    r = {"name": "cli", "model": {"source": "zoo:resnet18_v1", "input_shape": [3, 16, 16]},
+         "surgery": {"head": {"classes": 2}}, "rules": HEAD_ONLY, "data": data, "train": {"epochs": 1}}
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(r))
+    plan = _gluontl("plan", "-r", "r.yaml", cwd=tmp_path)
+    assert plan.returncode == 0, plan.stderr
+    assert "weights: none — random init (zoo:resnet18_v1 without model.pretrained: true" in plan.stdout
+    assert "error at finetune: The rules freeze" in plan.stdout
+    run = _gluontl("finetune", "-r", "r.yaml", "--runs", "runs", "-q", cwd=tmp_path)
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    text = " ".join(run.stderr.split())
+    assert text.startswith("error: The rules freeze") and "train.guards.random_backbone: warn" in text
+    assert not (tmp_path / "runs").exists()
