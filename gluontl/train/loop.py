@@ -26,11 +26,12 @@ from mxnet import autograd, gluon
 from ..atomic import write_text
 from ..errors import Interrupted, TrainError
 from ..pipeline import prepare
-from ..recipe import Recipe
+from ..recipe import Recipe, ScheduleSpec, load_recipe
 from ..rules import Plan, apply_plan, format_plan, make_plan, trainable_params
 from . import checkpoint
 from .cache import Feed, build_feed
 from .data import make_loaders
+from .logs import MetricsLog, bars_on, epoch_line, progress, say, show
 from .guards import GuardLog, check_features, check_first_epoch, check_weights
 from .schedule import lr_at
 
@@ -92,6 +93,37 @@ class _Stop:
 
 
 _RESUME_SECTIONS = ("model", "surgery", "rules", "data", "train")
+_EXTENDABLE = ("train.epochs", "train.schedule.")  # what a resume may change: the schedule's length and shape
+
+
+def _resume_digest(recipe: Recipe) -> str:
+    """What a checkpoint records of its recipe: all that decides the computation but the
+    schedule, which a resume may lengthen or reshape to extend the run."""
+    fixed = recipe.train.model_copy(update={"epochs": 1, "schedule": ScheduleSpec()})
+    return recipe.model_copy(update={"train": fixed}).digest(*_RESUME_SECTIONS)
+
+
+def _check_resume(run_dir: Path, recipe: Recipe, meta: dict[str, Any], quiet: bool) -> None:
+    """Refuse a resume that would compute something else; accept (and record in the run's
+    recipe.yaml) a longer or different schedule."""
+    old = load_recipe(run_dir / "recipe.yaml")
+    diff = old.differences(recipe, *_RESUME_SECTIONS)
+    if meta.get("recipe_digest") not in (_resume_digest(recipe), recipe.digest(*_RESUME_SECTIONS)):
+        fixed = [d for d in diff if not d.startswith(_EXTENDABLE)]
+        raise TrainError(f"Cannot resume {run_dir}: the recipe differs from the one the run started with "
+                         f"({'; '.join(fixed[:8]) or 'recipe.yaml was edited'}). A resume may change only "
+                         f"train.epochs and train.schedule (to extend the run); resume with "
+                         f"`gluontl finetune --resume {run_dir}` (it uses {run_dir / 'recipe.yaml'}), or start a "
+                         f"new run from this one's weights with `--init-from {run_dir}`.")
+    done = meta["epoch"] + (1 if meta["batch_in_epoch"] else 0)
+    if recipe.train.epochs < done:
+        raise TrainError(f"Cannot resume {run_dir} with train.epochs={recipe.train.epochs}: it has already "
+                         f"trained {meta['epoch']} epochs{' and part of the next' if meta['batch_in_epoch'] else ''}. "
+                         f"Set train.epochs to {done} or more to continue it (e.g. --set "
+                         f"train.epochs={done + 5}).")
+    if diff:
+        say(quiet, f"extending {run_dir}: {'; '.join(diff)}")
+        write_text(run_dir / "recipe.yaml", yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False))
 
 
 def _new_run_dir(root: Path, name: str) -> Path:
@@ -179,36 +211,6 @@ class Stepper:
                 p.zero_grad()
 
 
-class MetricsLog:
-    def __init__(self, path: Path, keep: list[dict[str, Any]] | None = None) -> None:
-        self.path = path
-        self.rows: list[dict[str, Any]] = list(keep or [])
-
-    def write(self, row: dict[str, Any]) -> None:
-        self.rows.append(row)
-        with open(self.path, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(row) + "\n")
-
-    def truncate_to(self, global_step: int) -> None:
-        """On resume, drop rows logged after the checkpoint: they will be produced again."""
-        keep = [r for r in self.rows if r.get("step", -1) <= global_step]
-        self.rows = keep
-        text = "".join(json.dumps(r) + "\n" for r in keep)
-        write_text(self.path, text, TrainError)
-
-
-def _read_metrics(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        return []
-    rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            rows.append(json.loads(line))
-        except ValueError:
-            break  # a torn last line from kill -9
-    return rows
-
-
 def evaluate_loader(net, loader, ctxs, num_classes: int, loss_fn) -> dict[str, Any]:
     """Loss, top-1/top-5 and the confusion matrix over a loader, in inference mode."""
     total_loss, n = 0.0, 0
@@ -283,14 +285,7 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
     if resume is not None:
         run_dir = Path(resume)
         meta = checkpoint.load(run_dir / "checkpoints", "last")
-        if meta.get("recipe_digest") != recipe.digest(*_RESUME_SECTIONS):
-            from ..recipe import load_recipe
-
-            diff = load_recipe(run_dir / "recipe.yaml").differences(recipe, *_RESUME_SECTIONS)
-            raise TrainError(f"Cannot resume {run_dir}: the recipe differs from the one the run started with "
-                             f"({'; '.join(diff[:8]) or 'recipe.yaml was edited'}). Resume with "
-                             f"`gluontl finetune --resume {run_dir}` (it uses {run_dir / 'recipe.yaml'}), "
-                             f"or start a new run.")
+        _check_resume(run_dir, recipe, meta, quiet)
     else:
         run_dir = _new_run_dir(Path(runs_root), recipe.name)
         write_text(run_dir / "recipe.yaml", yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False))
@@ -302,7 +297,6 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
 
     write_text(run_dir / "preprocess.json", json.dumps(run_card(recipe, recipe.data, loaders.class_names), indent=1),
                TrainError)
-    log = MetricsLog(run_dir / "metrics.jsonl", _read_metrics(run_dir / "metrics.jsonl"))
     loss_fn = _loss_fn(recipe, loaders.num_classes)
     n_batches = loaders.train_sampler.batches_per_epoch()
     steps_per_epoch = max(1, n_batches // t.accumulate)
@@ -319,11 +313,11 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
     trainer = _make_trainer(net, recipe)
     if meta is not None:
         checkpoint.restore_into(run_dir / "checkpoints", "last", net, trainer, ctxs[0])
-        log.truncate_to(global_step)
+    log = MetricsLog(run_dir, resume_step=None if meta is None else global_step)
     if t.hybridize:
         net.hybridize(static_alloc=True, static_shape=True)
 
-    state = {"recipe_digest": recipe.digest(*_RESUME_SECTIONS)}
+    state = {"recipe_digest": _resume_digest(recipe)}
     stopped = False
     steps_this_call = 0
     bad_steps = 0
@@ -344,7 +338,8 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
                     _set_accumulation(net, t.accumulate)
                     trainer = _make_trainer(net, recipe)
                 if replan or feed is None:
-                    new_feed = build_feed(net, plan, recipe, loaders, ctxs[0], run_dir / "feature_cache", quiet, feed)
+                    new_feed = build_feed(net, plan, recipe, loaders, ctxs[0], run_dir / "feature_cache",
+                                          not bars_on(quiet), feed)
                     if new_feed is not feed:
                         _say(quiet, new_feed.log)
                         if feed is not None:
@@ -373,9 +368,9 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
                         steps_this_call += 1
                     run_loss += batch_loss
                     run_n += x.shape[0]
+                    run_correct += stepper.correct
                     if epoch == 0:
                         first_losses.append(batch_loss / x.shape[0])
-                    run_correct += stepper.correct
                     ips = x.shape[0] / max(time.perf_counter() - tick, 1e-9)
                     if hasattr(bar, "set_postfix"):
                         bar.set_postfix(loss=f"{run_loss / run_n:.4f}", lr=f"{lr:.3g}", img_s=f"{ips:.0f}")
@@ -398,10 +393,10 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
                 row = {"step": global_step, "epoch": epoch + 1, "train_loss": run_loss / max(run_n, 1),
                        "train_acc": run_correct / max(run_n, 1),
                        **{k: v for k, v in val.items() if k != "confusion"},
+                       "lr": lr_at(t.schedule, t.lr, max(global_step - 1, 0), steps_per_epoch, t.epochs),
                        "seconds": time.perf_counter() - t0}
                 log.write(row)
-                _say(quiet, "epoch {epoch}/{n}: train_loss {train_loss:.4f} val_loss {val_loss:.4f} "
-                            "val_top1 {val_top1:.4f} ({seconds:.1f}s)".format(n=t.epochs, **row))
+                show(epoch_line(row, t.epochs), quiet)
                 if best is None or row["val_top1"] > best["val_top1"]:
                     best = {"epoch": epoch + 1, "val_top1": row["val_top1"], "val_loss": row["val_loss"]}
                     checkpoint.save(run_dir / "checkpoints", "best", net, trainer,
@@ -414,6 +409,7 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
                     stopped = True
                     break
         finally:
+            log.close()
             if feed is not None:
                 feed.close()
 
@@ -426,7 +422,7 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
                    "hybridized": t.hybridize, "feature_cache": feed.summary() if feed else None,
                    "warnings": guards.warnings}
         write_text(run_dir / "summary.json", json.dumps(summary, indent=1), TrainError)
-        _say(quiet, f"done: best val_top1 {best['val_top1']:.4f} at epoch {best['epoch']}; run folder {run_dir}")
+        show(f"done: best val_acc {best['val_top1']:.4f} at epoch {best['epoch']}; run folder {run_dir}", quiet)
         if len(loaders.bad):
             _say(quiet, loaders.bad.summary())
     if stop.signum is not None:
@@ -440,20 +436,11 @@ def _write_plan(run_dir: Path, plan: Plan, feed: Feed) -> None:
                TrainError)
 
 
-def _say(quiet: bool, msg: str) -> None:
-    if not quiet:
-        from tqdm import tqdm
-
-        tqdm.write(msg)
+_say = say
 
 
 def _bar(loader, epoch: int, epochs: int, quiet: bool, initial: int, total: int):
-    if quiet:
-        return loader
-    from tqdm import tqdm
-
-    return tqdm(loader, total=total, initial=initial, desc=f"epoch {epoch + 1}/{epochs}",
-                leave=False, dynamic_ncols=True)
+    return progress(loader, quiet, total=total, initial=initial, desc=f"epoch {epoch + 1}/{epochs}")
 
 
 __all__ = ["finetune", "RunResult", "Stepper", "evaluate_loader", "parse_ctx"]
