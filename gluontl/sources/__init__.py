@@ -240,8 +240,9 @@ def load_model(spec: str | ModelSpec, *, classes: int | None = None, ctx=None,
                input_shapes: Mapping[str, tuple] | None = None) -> HybridBlock:
     """A model from ``zoo:NAME``, ``symbol:PREFIX`` or ``onnx:PATH`` (or a bare name or path),
     parameters initialized; ``input_shapes`` names a symbol's or ONNX file's inputs, batch
-    first (N,C,H,W) as ``export_onnx`` takes them; C,H,W is read as batch 1 for zoo models and
-    ONNX files, whose rank is known. Zoo models default to ``zoo_input_shape``.
+    first (N,C,H,W) as ``export_onnx`` takes them (ONNX files, whose rank is declared, also take
+    C,H,W). Zoo models default to ``zoo_input_shape``; a zoo model's C,H,W given here is refused,
+    as (1,H,W) from a shape missing its channels would read the same.
 
     ``classes`` rebuilds a zoo model's classifier for N classes (its own head layer,
     GluonCV ``reset_class`` style). Weights of zoo models come from ``pretrained`` (the
@@ -256,10 +257,8 @@ def load_model(spec: str | ModelSpec, *, classes: int | None = None, ctx=None,
         if not spec.pretrained:
             net.initialize(_ZooInit(), ctx=ctx)
         shape = spec.input_shape if "input_shape" in spec.model_fields_set else zoo_input_shape(rest)
-        # zoo models take batch-first images (or videos): a C,H,W given here can only mean batch 1
-        shapes = {n: (1, *s) if len(s) == 3 else tuple(s) for n, s in (input_shapes or {"data": shape}).items()}
         # Gluon defers shapes to the first forward; callers get parameters they can read.
-        materialize(net, shapes, ctx, spec.source)
+        materialize(net, dict(input_shapes or {"data": (1, *shape)}), ctx, spec.source)
         return net
     if classes is not None:
         raise ModelSourceError(f"A new classifier for {spec.source} needs surgery (cut_at / drop_last + head); "
