@@ -13,6 +13,7 @@ _API = {
     "load_model": ("gluontl.sources", "load_model"),
     "load_recipe": ("gluontl.recipe", "load_recipe"),
     "prepare": ("gluontl.pipeline", "prepare"),
+    "Rule": ("gluontl.recipe", "Rule"),
     "make_plan": ("gluontl.rules", "make_plan"),
     "apply_plan": ("gluontl.rules", "apply_plan"),
     "finetune": ("gluontl.train.loop", "finetune"),

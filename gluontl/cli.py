@@ -27,9 +27,11 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="gluontl: parameter-granular fine-tuning for MXNet Gluon.")
 
 RecipeOpt = typer.Option(..., "--recipe", "-r", help="YAML recipe (see recipes/)")
-SetOpt = typer.Option(None, "--set", help="override a recipe key, e.g. --set train.epochs=3")
+SetOpt = typer.Option(None, "--set", help="override a recipe key, e.g. --set train.epochs=3; list items "
+                      "count from 1 as in the plan: --set rules.2.lr_mult=0.1")
 ShapeOpt = typer.Option(None, "--input-shape", help="C,H,W of the first input, or NAME=1,C,H,W for input NAME "
-                        "(repeatable). Default: the model's own (ONNX: from the file; zoo/symbol: 3,224,224)")
+                        "(repeatable). Default: the model's own (ONNX: from the file; zoo: its family's size, "
+                        "e.g. 3,299,299 for inceptionv3, 3,512,512 for ssd_512_*; symbol: 3,224,224)")
 CheckpointOpt = typer.Option("best", help="run checkpoint: best or last")
 FORMATS = {"both": ["symbol", "onnx"], "symbol": ["symbol"], "onnx": ["onnx"]}
 CHECKPOINTS = ("best", "last")
