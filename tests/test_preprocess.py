@@ -13,7 +13,7 @@ from gluontl.train.transforms import Preprocess, load_preprocess, model_card, on
 
 
 def record(steps, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0)):
-    return Preprocess(tuple(steps), tuple(mean), tuple(std)).to_json("data", (3, 2, 2))
+    return Preprocess(tuple(steps), tuple(mean), tuple(std)).to_json("data", (None, 3, 2, 2))
 
 
 def test_enlarge_is_bilinear_then_centre_crop_by_hand():

@@ -191,11 +191,11 @@ class Preprocess:
     def __call__(self, img: np.ndarray) -> np.ndarray:
         return _to_tensor(_geometry(img, self.steps, None).astype(np.float32), self.mean, self.std)
 
-    def to_json(self, input_name: str, input_shape: tuple[int, ...]) -> dict[str, Any]:
-        """The ``gluontl.preprocess`` record; ``input_shape`` is the model's C, H, W (the batch
-        is recorded as null: any)."""
+    def to_json(self, input_name: str, input_shape: tuple[int | None, ...]) -> dict[str, Any]:
+        """The ``gluontl.preprocess`` record; ``input_shape`` is the model's, batch first (None:
+        any batch size, JSON null)."""
         return {"format": PREPROCESS_FORMAT, "version": PREPROCESS_VERSION,
-                "input": {"name": input_name, "shape": [None, *input_shape], "layout": "NCHW", "dtype": "float32"},
+                "input": {"name": input_name, "shape": list(input_shape), "layout": "NCHW", "dtype": "float32"},
                 "color": "RGB", "steps": [{"op": op, "size": size} for op, size in self.steps],
                 "interpolation": dict(INTERPOLATION), "scale": 255.0,
                 "mean": list(self.mean), "std": list(self.std), "output": "logits"}
@@ -332,8 +332,10 @@ META_PREPROCESS = "gluontl.preprocess"
 def model_card(spec: TransformSpec, classes: list[str], input_name: str,
                input_shape: tuple[int, ...]) -> dict[str, Any]:
     """What a run folder's ``preprocess.json`` and a symbol export's ``NAME-preprocess.json``
-    hold: the evaluation pipeline of ``spec`` as a record, and the class names in label order."""
-    return {"preprocess": Preprocess.from_spec(spec).to_json(input_name, input_shape), "classes": list(classes)}
+    hold: the evaluation pipeline of ``spec`` as a record for an input of C, H, W
+    ``input_shape`` and any batch size, and the class names in label order."""
+    return {"preprocess": Preprocess.from_spec(spec).to_json(input_name, (None, *input_shape)),
+            "classes": list(classes)}
 
 
 def onnx_props(card: Mapping[str, Any]) -> dict[str, str]:
