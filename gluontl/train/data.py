@@ -27,7 +27,6 @@ from __future__ import annotations
 import csv
 import functools
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator, Literal
@@ -35,10 +34,10 @@ from typing import Iterable, Iterator, Literal
 import numpy as np
 from mxnet import gluon, nd, recordio
 from mxnet.gluon.data.dataloader import default_batchify_fn, default_mp_batchify_fn
-from tqdm import tqdm
 
 from ..errors import DataError
 from ..recipe import DataSpec
+from .logs import progress
 from .transforms import Transform, build, decode_image, image_problem, sample_rng
 
 SPLIT_SEED = 20240607  # hold-out splits must not move when the run seed changes
@@ -279,8 +278,10 @@ def _check(names: list[str], problem, spec: DataSpec, what: str) -> tuple[np.nda
     """Run ``problem(i)`` over every item; keep-mask plus the report (or raise under ``error``)."""
     keep = np.ones(len(names), bool)
     bad = BadImageReport()
-    for i in tqdm(range(len(names)), desc=f"checking {what}", unit="img", leave=False,
-                  disable=len(names) < _PROGRESS_MIN or not sys.stderr.isatty()):
+    rows: Iterable[int] = range(len(names))
+    if len(names) >= _PROGRESS_MIN:
+        rows = progress(rows, False, desc=f"checking {what}", unit="img")
+    for i in rows:
         reason = problem(i)
         if reason is None:
             continue
