@@ -186,12 +186,17 @@ def test_onnx_without_metadata_is_refused_clearly(world, sources, tmp_path, caps
     msg = one_paragraph_error(capsys, "predict", str(sources["bare"]), img)
     assert str(sources["bare"]) in msg and "no gluontl.classes and no gluontl.preprocess metadata" in msg
     assert "gluontl export runs/NAME" in msg
-    # Re-exporting a run's file as a bare model drops the run's metadata: after import it could
-    # have had surgery, and stale class names would be silently wrong.
-    code, _, err = run_cli(capsys, "export", str(world["onnx"]), "--format", "onnx", "--out", str(tmp_path))
+    # Re-exporting a run's file as a bare model drops the run's class names and preprocessing:
+    # after import it could have had surgery, and stale class names would be silently wrong.
+    # Other keys (a converted file's provenance) stay.
+    model = onnx.load(str(world["onnx"]))
+    model.metadata_props.add(key="gluontl.converted", value="from somewhere")
+    onnx.save(model, str(tmp_path / "src.onnx"))
+    code, _, err = run_cli(capsys, "export", str(tmp_path / "src.onnx"), "--format", "onnx", "--out",
+                           str(tmp_path / "out"))
     assert code == 0, err
-    again = tmp_path / "t.onnx"
-    assert not [p.key for p in onnx.load(str(again)).metadata_props if p.key.startswith("gluontl.")]
+    again = tmp_path / "out" / "src.onnx"
+    assert {p.key: p.value for p in onnx.load(str(again)).metadata_props} == {"gluontl.converted": "from somewhere"}
     assert "gluontl.classes" in one_paragraph_error(capsys, "predict", str(again), img)
 
 

@@ -26,6 +26,7 @@ from gluontl.export.lean import make_lean
 from gluontl.export.patch import patch_model, source_info
 from gluontl.export.trace import TracedBlock, dummy_inputs, predict, trace_block
 from gluontl.export.verify import compare, ort_session, output_error, saturating_scales
+from gluontl.train.transforms import META_CLASSES, META_PREPROCESS
 
 log = logging.getLogger(__name__)
 
@@ -278,10 +279,11 @@ def _from_source(block: mx.gluon.HybridBlock, info, input_shapes: dict[str, tupl
 
 
 def _set_metadata(model: onnx.ModelProto, metadata: dict[str, str]) -> None:
-    """Set ``metadata`` in metadata_props, replacing keys of the same name. gluontl's own keys
-    inherited from an imported file are dropped: after training and surgery its class names and
-    preprocessing no longer describe the model unless this export states them again."""
-    kept = {p.key: p.value for p in model.metadata_props if not p.key.startswith("gluontl.")}
+    """Set ``metadata`` in metadata_props, replacing keys of the same name. Class names and
+    preprocessing inherited from an imported file are dropped: after training and surgery they
+    no longer describe the model unless this export states them again (other keys, such as a
+    converted file's provenance, stay)."""
+    kept = {p.key: p.value for p in model.metadata_props if p.key not in (META_CLASSES, META_PREPROCESS)}
     del model.metadata_props[:]
     for key, value in {**kept, **metadata}.items():
         model.metadata_props.add(key=str(key), value=str(value))
