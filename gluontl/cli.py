@@ -51,12 +51,13 @@ def plan(recipe: Path = RecipeOpt, set_: Optional[List[str]] = SetOpt,
     from .train.guards import plan_flags
 
     pending = r.model.weights and r.model.weights_from and not Path(r.model.weights).is_file()
+    weights = f"weights: {r.model.weights} (not made yet)"
     if pending:  # planning must not cost a pretraining run
         r = r.model_copy(update={"model": r.model.model_copy(update={"weights": None})})
     prep = prepare(r, apply=False)
     cache = preview(r, prep.block, prep.plan)
     # what the guards of finetune will say about these weights and rules
-    weights, flags = (f"weights: {r.model.weights} (not made yet)", []) if pending else plan_flags(r, prep)
+    weights, flags = (weights, []) if pending else plan_flags(r, prep)
     if as_json:
         out = prep.plan.to_json()
         out["weights"] = weights

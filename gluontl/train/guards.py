@@ -87,7 +87,8 @@ def weights_of(recipe: Recipe, prep: Prepared) -> Weights:
     elif spec.random_init:
         text = "weights: none — random init (model.random_init: true)"
     elif carried:
-        text = f"weights: {spec.source}" + (" pretrained (model zoo)" if scheme == "zoo" else f" ({rest})")
+        text = (f"weights: {spec.source} pretrained (model zoo)" if scheme == "zoo" else
+                f"weights: {rest} (from the {'ONNX file' if scheme == 'onnx' else 'symbol checkpoint'})")
     else:
         text = (f"weights: none — random init ({spec.source} without model.pretrained: true or "
                 f"model.weights)")
@@ -117,7 +118,7 @@ def check_weights(recipe: Recipe, prep: Prepared, weights: Weights | None = None
         rules = sorted({rows[n].decided_by["grad_req"] for n in random_frozen})
         if len(random_frozen) == len(frozen):
             found.append(Finding("random_backbone", (
-                f"The rules freeze {len(frozen)} parameters (grad_req null, rule {', '.join(rules)}) for the whole "
+                f"The rules freeze {len(frozen)} parameter(s) (grad_req null, rule {', '.join(rules)}) for the whole "
                 f"run, but none of them was loaded from anywhere — {w.text}. A frozen random backbone stays "
                 f"random: the trainable part learns on noise features (e.g. {_few(random_frozen)}). Load "
                 f"weights (model.pretrained: true for zoo models, model.weights: FILE, or an onnx:/symbol: "
