@@ -128,7 +128,7 @@ def test_gluontl_sees_named_conv_and_batchnorm_layers_in_stages(onnx_path):
     stages = stage_map(net, (3, 224, 224))
     assert {stages[n] for n in ("stem.weight", "stem.bn.running_var", "blocks.0.project.weight")} == {"stem"}
     assert stages["blocks.3.expand.weight"] == 1 and stages["blocks.14.depthwise.bn.weight"] == 4
-    assert stages["blocks.15.project.weight"] == stages["head.bn.weight"] == 4
+    assert stages["blocks.15.project.weight"] == stages["conv_head.bn.weight"] == 4
     assert stages["fc.weight"] == stages["fc.bias"] == "head"
 
 

@@ -9,7 +9,7 @@ model in eval mode: ``Conv2dStaticSamePadding`` (TensorFlow "SAME" padding compu
 table without squeeze-excite, stem and head not scaled, identity skip where a block keeps
 stride 1 and width. Nothing is folded: Conv, BatchNormalization and Clip stay separate nodes
 so rules such as ``bn: frozen`` see ordinary layers, named ``stem``,
-``blocks.15.project``, ``blocks.15.project.bn``, ``head.relu6``, ``fc``.
+``blocks.15.project``, ``blocks.15.project.bn``, ``conv_head.relu6``, ``fc``.
 
 Preprocessing is the TensorFlow Lite models' own: ``(pixel - 127) / 128`` on 0..255 RGB and
 a 224 centre crop of the image scaled to 256 on its shorter side (TF's eval crop is the
@@ -36,7 +36,7 @@ PTH_NAME = "efficientnet-lite0-57934424.pth"
 PTH_SHA256 = "579344248a93e23026e6b78f1f6faf0bc1d282386f6c881cdbaacd49cabf77db"
 ONNX_NAME = "efficientnet_lite0_imagenet.onnx"
 # Bumped whenever the graph or its metadata change, so cached files from older code are rebuilt.
-CONVERTER_VERSION = 1
+CONVERTER_VERSION = 2
 PROVENANCE = json.dumps({"weights": PTH_NAME, "sha256": PTH_SHA256, "converter": CONVERTER_VERSION})
 OPSET = 13
 IMAGE_SIZE = 224
@@ -167,7 +167,7 @@ def build_model(state: dict[str, np.ndarray], classes: list[str], preprocess: di
                 g.nodes.append(helper.make_node("Add", [x, inp], [f"{b}.add"], name=f"{b}.add"))
                 x = f"{b}.add"
             cin, i = cout, i + 1
-    x = g.conv_bn(x, "_conv_head", "_bn1", "head", cin, HEAD)
+    x = g.conv_bn(x, "_conv_head", "_bn1", "conv_head", cin, HEAD)  # "head" is what surgery adds
     g.nodes.append(helper.make_node("GlobalAveragePool", [x], ["pool"], name="pool"))
     g.nodes.append(helper.make_node("Flatten", ["pool"], ["flatten"], name="flatten", axis=1))
     w = g.weight("_fc.weight", "fc.weight", (len(classes), HEAD))
