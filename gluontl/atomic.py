@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Callable
@@ -43,6 +44,15 @@ def atomic_write(path: str | Path, write: Callable[[Path], None],
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
     return path
+
+
+def link_or_copy(src: str | Path, dst: str | Path) -> None:
+    """Hard-link ``dst`` to ``src`` (no bytes copied); a copy across file systems or where the
+    file system has no hard links."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copyfile(src, dst)
 
 
 def write_text(path: str | Path, text: str, error: type[GluontlError] = GluontlError) -> Path:

@@ -12,16 +12,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import secrets
-import shutil
 from pathlib import Path
 from typing import Any
 
 import mxnet as mx
 from mxnet.gluon import HybridBlock
 
-from ..atomic import atomic_write, write_text
+from ..atomic import atomic_write, link_or_copy, write_text
 from ..errors import TrainError
 from ..naming import named_params
 
@@ -58,10 +56,7 @@ def save(folder: Path, tag: str, block: HybridBlock, trainer: mx.gluon.Trainer, 
 
 def _link(src: Path, dst: Path) -> None:
     dst.unlink()
-    try:
-        os.link(src, dst)
-    except OSError:  # no hard links on this file system
-        shutil.copyfile(src, dst)
+    link_or_copy(src, dst)
 
 
 def _files(folder: Path, tag: str, meta: dict[str, Any]) -> dict[str, Path]:

@@ -30,6 +30,7 @@ import cv2
 import numpy as np
 from PIL import Image
 
+from ..atomic import link_or_copy
 from ..errors import DataError
 from .data import stratified_holdout
 
@@ -140,16 +141,9 @@ def elpv_folder(val_fraction: float, home: Path | None = None) -> Path:
         for src, p, val in zip(paths, probs, is_val):
             folder = tmp / ("val" if val else "train") / ELPV_CLASSES[int(p >= 0.5)]
             folder.mkdir(parents=True, exist_ok=True)
-            _link_or_copy(src, folder / src.name)
+            link_or_copy(src, folder / src.name)
 
     return _materialize(_cache_dir("elpv", val_fraction, home), "elpv", fill)
-
-
-def _link_or_copy(src: Path, dst: Path) -> None:
-    try:
-        os.link(src, dst)
-    except OSError:  # another file system, or one without hard links
-        shutil.copyfile(src, dst)
 
 
 def demo_folder(name: str, val_fraction: float) -> Path:

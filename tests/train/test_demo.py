@@ -1,6 +1,8 @@
 """The offline digits demo: cache layout, pixels, split, idempotence and atomic writes."""
 from __future__ import annotations
 
+import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -190,3 +192,23 @@ def test_elpv_without_the_package_says_how_to_install(tmp_path, monkeypatch):
     with pytest.raises(DataError, match="pip install elpv-dataset==1.0.0.post1"):
         demo.elpv_folder(0.2, tmp_path)
     assert list((tmp_path / "datasets" / "elpv").iterdir()) == []
+
+
+def test_elpv_cache_links_on_one_file_system_and_copies_across(elpv, tmp_path):
+    import importlib.util
+    import os
+
+    data = Path(importlib.util.find_spec("elpv_dataset").origin).parent / "data" / "images"
+    one = next(elpv.rglob("*.png"))
+    assert os.path.samefile(one, data / one.name) == (os.stat(elpv).st_dev == os.stat(data).st_dev)
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or os.stat(shm).st_dev == os.stat(data).st_dev:
+        pytest.skip("needs a second file system (/dev/shm) to make os.link fail")
+    home = Path(tempfile.mkdtemp(dir=shm))
+    try:
+        root = demo.elpv_folder(0.5, home)
+        files = sorted(root.rglob("*.png"))
+        assert len(files) == 2624 and not os.path.samefile(files[0], data / files[0].name)
+        assert files[0].read_bytes() == (data / files[0].name).read_bytes()
+    finally:
+        shutil.rmtree(home)
