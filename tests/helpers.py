@@ -1,9 +1,13 @@
 """Small shared helpers for tests: real models, real steps, no mocks."""
 from __future__ import annotations
 
+import sys
+
 import mxnet as mx
 import numpy as np
+import pytest
 
+from gluontl import cli
 from gluontl.rules import trainable_params
 from gluontl.sources.restore import snapshot  # noqa: F401  (re-exported for tests)
 
@@ -19,6 +23,20 @@ def sgd_step(net, x, y, lr=0.1, momentum=0.0, wd=0.0, steps=1):
         loss.backward()
         trainer.step(x.shape[0])
     return trainer
+
+
+def run_cli(capsys, *args):
+    """``gluontl ARGS`` through the console script's main(), in this process: (exit code, stdout, stderr)."""
+    old = sys.argv
+    sys.argv = ["gluontl", *args]
+    try:
+        with pytest.raises(SystemExit) as e:
+            cli.main()
+            raise SystemExit(0)
+    finally:
+        sys.argv = old
+    out = capsys.readouterr()
+    return e.value.code, out.out, out.err
 
 
 def batch(n=4, c=3, hw=32, classes=5, seed=0):

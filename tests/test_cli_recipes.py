@@ -7,7 +7,7 @@ import mxnet as mx
 import pytest
 from gluoncv.model_zoo import get_model
 
-from gluontl import cli
+from helpers import run_cli
 
 GOOD = """
 name: t
@@ -16,19 +16,6 @@ surgery: {head: {classes: 5}}
 rules:
   - preset: freeze_all_but_head
 """
-
-
-def run_cli(capsys, *args):
-    old = sys.argv
-    sys.argv = ["gluontl", *args]
-    try:
-        with pytest.raises(SystemExit) as e:
-            cli.main()
-            raise SystemExit(0)
-    finally:
-        sys.argv = old
-    out = capsys.readouterr()
-    return e.value.code, out.out, out.err
 
 
 @pytest.fixture()

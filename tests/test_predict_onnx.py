@@ -1,7 +1,6 @@
 """An exported ONNX file reproduces `gluontl predict` from its own metadata: preprocessing written
 here from the recorded steps alone (PIL decode, cv2.resize, numpy), run in onnxruntime."""
 import json
-import sys
 
 import cv2
 import mxnet as mx
@@ -14,7 +13,6 @@ from onnx import TensorProto, helper
 from PIL import Image, ImageOps
 
 import gluontl
-from gluontl import cli
 from gluontl.recipe import parse_recipe
 from gluontl.train.data import load_split
 from gluontl.train.loop import finetune
@@ -22,19 +20,6 @@ from gluontl.train.runs import export_run
 from gluontl.train.transforms import load_preprocess, onnx_props
 
 DATA = {**helpers.DIGITS_5_9, "val_transform": {"resize": 20, "center_crop": 16}}
-
-
-def run_cli(capsys, *args):
-    old = sys.argv
-    sys.argv = ["gluontl", *args]
-    try:
-        with pytest.raises(SystemExit) as e:
-            cli.main()
-            raise SystemExit(0)
-    finally:
-        sys.argv = old
-    out = capsys.readouterr()
-    return e.value.code, out.out, out.err
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +109,7 @@ def test_onnx_metadata_alone_reproduces_gluontl_predict(world, capsys):
     # logit difference; float32 softmax adds a few ulps.
     tol = 2 * helpers.f32_tol(np.abs(logits).max(), 8 * 9, depth=4) + 4 * helpers.EPS32
     for model in (world["run"], world["onnx"]):
-        code, out, err = run_cli(capsys, "predict", str(model), *world["images"], "--topk", "5", "--json")
+        code, out, err = helpers.run_cli(capsys, "predict", str(model), *world["images"], "--topk", "5", "--json")
         assert code == 0, err
         got = json.loads(out)
         assert [g["image"] for g in got] == world["images"]
@@ -176,7 +161,7 @@ def test_export_of_an_old_run_without_preprocess_json_computes_the_same(world, t
 
 
 def one_paragraph_error(capsys, *args):
-    code, out, err = run_cli(capsys, *args)
+    code, out, err = helpers.run_cli(capsys, *args)
     assert code == 2 and out == "" and err.startswith("error: ") and "Traceback" not in err, (code, out, err)
     return " ".join(err.split())
 
@@ -192,7 +177,7 @@ def test_onnx_without_metadata_is_refused_clearly(world, sources, tmp_path, caps
     model = onnx.load(str(world["onnx"]))
     model.metadata_props.add(key="gluontl.converted", value="from somewhere")
     onnx.save(model, str(tmp_path / "src.onnx"))
-    code, _, err = run_cli(capsys, "export", str(tmp_path / "src.onnx"), "--format", "onnx", "--out",
+    code, _, err = helpers.run_cli(capsys, "export", str(tmp_path / "src.onnx"), "--format", "onnx", "--out",
                            str(tmp_path / "out"))
     assert code == 0, err
     again = tmp_path / "out" / "src.onnx"
