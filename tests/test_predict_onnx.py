@@ -215,6 +215,26 @@ def test_predict_on_onnx_names_bad_images_and_bad_graphs(world, tmp_path, capsys
     onnx.save(other, str(tmp_path / "other.onnx"))
     msg = one_paragraph_error(capsys, "predict", str(tmp_path / "other.onnx"), world["images"][0])
     assert "[1, 3, 12, 12]" in msg and "does not belong" in msg
+    # Class names that do not fit the output; a graph onnxruntime cannot feed one image to.
+    other = onnx.load(str(world["onnx"]))
+    for p in other.metadata_props:
+        if p.key == "gluontl.classes":
+            p.value = json.dumps(["a", "b", "c"])
+    onnx.save(other, str(tmp_path / "three.onnx"))
+    msg = one_paragraph_error(capsys, "predict", str(tmp_path / "three.onnx"), world["images"][0])
+    assert "3 classes" in msg and "[1, 5]" in msg
+    graph = helper.make_graph(
+        [helper.make_node("GlobalAveragePool", ["x"], ["p"]), helper.make_node("Flatten", ["p"], ["f"]),
+         helper.make_node("Gemm", ["f", "w"], ["y"])], "pairs",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 5])],
+        [helper.make_tensor("w", TensorProto.FLOAT, [3, 5], np.zeros(15, np.float32))])
+    pairs = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    for k, v in onnx_props(json.loads(world["card"].read_text())).items():
+        pairs.metadata_props.add(key=k, value=v)
+    onnx.save(pairs, str(tmp_path / "pairs.onnx"))
+    msg = one_paragraph_error(capsys, "predict", str(tmp_path / "pairs.onnx"), world["images"][0])
+    assert "onnxruntime cannot run" in msg and world["images"][0] in msg
 
 
 def test_an_edited_run_card_is_refused_not_trusted(world, tmp_path, capsys):

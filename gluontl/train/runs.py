@@ -9,7 +9,7 @@ from typing import Any, Mapping
 import mxnet as mx
 import numpy as np
 
-from ..errors import DataError, ExportError, TrainError
+from ..errors import DataError, ExportError, TrainError, short_reason
 from ..pipeline import prepare
 from ..recipe import DataSpec, Recipe, load_recipe
 from . import checkpoint
@@ -151,7 +151,12 @@ def predict_onnx(onnx_path: str | Path, images: list[str], topk: int = 5) -> lis
             raise ExportError(f"'{path}' takes {inputs[0].name} of shape {inputs[0].shape} but its recorded "
                               f"preprocessing makes {list(x.shape)} from '{name}'; the metadata does not belong "
                               f"to this graph. Export the run again.")
-        logits = np.asarray(session.run([outputs[0].name], {inputs[0].name: x})[0], np.float64)
+        try:
+            logits = np.asarray(session.run([outputs[0].name], {inputs[0].name: x})[0], np.float64)
+        except Exception as err:  # onnxruntime's errors share no base class
+            raise ExportError(f"onnxruntime cannot run '{path}' on '{name}' ({short_reason(err)}); predict feeds "
+                              f"one float32 image at a time. Predict with the run folder, or export the run "
+                              f"again.") from None
         if logits.shape != (1, len(names)):
             raise ExportError(f"'{path}' outputs {outputs[0].name} of shape {list(logits.shape)}, but its "
                               f"metadata lists {len(names)} classes; export the run again.")
