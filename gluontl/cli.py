@@ -244,6 +244,10 @@ def evaluate(run: Path = typer.Argument(..., help="run folder, e.g. runs/resnet1
     out = run_eval(run, split, checkpoint)
     typer.echo(f"{run} [{checkpoint}] on {split} ({out['images']} images): loss {out['val_loss']:.4f} "
                f"top-1 {out['val_top1']:.4f}" + (f" top-5 {out['val_top5']:.4f}" if "val_top5" in out else ""))
+    support = out["confusion"].sum(axis=1)
+    typer.echo(f"balanced accuracy {out['val_balanced_acc']:.4f} (mean recall over classes); majority-class "
+               f"rate {support.max() / max(support.sum(), 1):.4f} (always answering "
+               f"'{out['class_names'][int(support.argmax())]}')")
     names = out["class_names"]
     width = max(5, *(len(n) for n in names))
     typer.echo("confusion (rows: true, columns: predicted)")

@@ -231,10 +231,19 @@ def evaluate_loader(net, loader, ctxs, num_classes: int, loss_fn) -> dict[str, A
             top5_hits += int((top == labels[:, None]).any(axis=1).sum())
             n += len(labels)
     n = max(n, 1)
-    out = {"val_loss": total_loss / n, "val_top1": float(np.trace(conf)) / n, "confusion": conf}
+    out = {"val_loss": total_loss / n, "val_top1": float(np.trace(conf)) / n,
+           "val_balanced_acc": balanced_accuracy(conf), "confusion": conf}
     if num_classes > 5:
         out["val_top5"] = top5_hits / n
     return out
+
+
+def balanced_accuracy(conf: np.ndarray) -> float:
+    """Mean recall over the classes present (rows: true labels): on imbalanced data top-1 can
+    look good for a model that always answers the majority class; this cannot."""
+    support = conf.sum(axis=1)
+    present = support > 0
+    return float(np.mean(np.diag(conf)[present] / support[present])) if present.any() else 0.0
 
 
 def _loss_fn(recipe: Recipe, num_classes: int) -> Callable:
