@@ -10,7 +10,7 @@ from mxnet.gluon import HybridBlock
 from .naming import named_params
 from .recipe import Recipe
 from .rules import Plan, apply_plan, make_plan
-from .sources import RestoreReport, build_model, restore
+from .sources import RestoreReport, _input_name, build_model, restore
 from .surgery import apply_surgery, needs_surgery
 
 
@@ -40,6 +40,16 @@ def prepare(recipe: Recipe, *, ctx=None, apply: bool = True) -> Prepared:
     if apply:
         apply_plan(block, plan)
     return Prepared(block, report, plan)
+
+
+def with_input_name(recipe: Recipe) -> Recipe:
+    """``model.input_name`` made the model's own first input where the recipe left it out: a run
+    folder's recipe.yaml writes every field, and reloaded it must not name a default ``data``
+    that an ONNX or symbol model does not have."""
+    name = _input_name(recipe.model)
+    if name == recipe.model.input_name:
+        return recipe
+    return recipe.model_copy(update={"model": recipe.model.model_copy(update={"input_name": name})})
 
 
 def _with_surgery(recipe: Recipe, ctx) -> tuple[HybridBlock, RestoreReport | None]:

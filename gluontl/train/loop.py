@@ -25,7 +25,7 @@ from mxnet import autograd, gluon
 
 from ..atomic import write_text
 from ..errors import Interrupted, TrainError
-from ..pipeline import prepare
+from ..pipeline import prepare, with_input_name
 from ..recipe import Recipe, ScheduleSpec, load_recipe
 from ..rules import Plan, apply_plan, format_plan, make_plan, trainable_params
 from . import checkpoint
@@ -273,6 +273,7 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
     from .weights import ensure_weights
 
     ensure_weights(recipe, quiet=quiet)
+    recipe = with_input_name(recipe)
     t = recipe.train
     _say(quiet, f"threads: OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset (mxnet default)')}; "
                 f"hybridize static_alloc/static_shape: {t.hybridize}")
