@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import sys
 from pathlib import Path
 from typing import Callable
 
@@ -31,6 +30,7 @@ from ..recipe import GuardsSpec, Recipe
 from ..rules import Plan, expand, make_plan
 from ..surgery import needs_surgery
 from .data import Loaders
+from .logs import show
 from .prefix import split_frozen_prefix
 
 # Features whose spread across the batch is below this share of their size differ only by
@@ -219,18 +219,11 @@ def check_first_epoch(batch_losses: list[float], steps: int, num_classes: int) -
         f"too small (train.lr), labels that do not match the images."))]
 
 
-def _to_stderr(msg: str) -> None:
-    """Warnings are shown even with -q, beside progress bars without breaking them."""
-    from tqdm import tqdm
-
-    tqdm.write(msg, file=sys.stderr)
-
-
 class GuardLog:
     """Applies ``train.guards`` to findings: errors raise, warnings are said and kept for the run folder."""
 
     def __init__(self, spec: GuardsSpec, say: Callable[[str], None] | None = None) -> None:
-        self.spec, self.say = spec, say or _to_stderr
+        self.spec, self.say = spec, say or show  # in the run's log, -q or not
         self.warnings: list[dict[str, str]] = []
         self.run_dir: Path | None = None
 

@@ -225,8 +225,9 @@ def stuck_recipe(prefix, lr, **train):
                          "data": helpers.DIGITS_5_9, "train": {"epochs": 2, "lr": lr, **train}})
 
 
-def test_a_loss_stuck_at_chance_warns_after_epoch_1_and_training_goes_on(tmp_path):
+def test_a_loss_stuck_at_chance_warns_after_epoch_1_and_training_goes_on(tmp_path, capsys):
     res = finetune(stuck_recipe(_zero_classifier(tmp_path), lr=1e-9), runs_root=tmp_path / "runs", quiet=True)
+    assert "warning: The train loss stayed at ln(5) = 1.6094" in capsys.readouterr().out  # in the log, -q or not
     assert [r["epoch"] for r in res.metrics if "epoch" in r] == [1, 2]
     first = next(r for r in res.metrics if r.get("epoch") == 1)
     assert abs(first["train_loss"] - math.log(5)) < 1e-5
