@@ -140,7 +140,7 @@ def _is_aux(e: ParamEntry) -> bool:
 
 
 def make_plan(block: HybridBlock, rules: Iterable[RuleLike], *, epoch: int | None = None,
-              input_shape: tuple[int, ...] | None = None) -> Plan:
+              input_shape: tuple[int, ...] | Mapping[str, tuple[int, ...]] | None = None) -> Plan:
     """Decide every parameter's settings; ``epoch`` keeps only rules active by then.
 
     Rules are ``Rule`` objects or dicts with the recipe's keys. ``input_shape`` (C,H,W, or
