@@ -173,6 +173,8 @@ def _flat(out) -> np.ndarray:
 def check_features(recipe: Recipe, net: HybridBlock, plan: Plan, loaders: Loaders, ctx: mx.Context
                    ) -> list[Finding]:
     """Guard 3: what the model, and its frozen prefix, make of the first training batch."""
+    if recipe.train.guards.collapsed_features == "off":  # spare the forward passes
+        return []
     split = split_frozen_prefix(net, plan, recipe.model.input_shape, ctx)
     ds = loaders.train._dataset
     order = loaders.train_sampler.order(0)[:recipe.data.batch_size]

@@ -169,6 +169,15 @@ def test_a_dead_frozen_prefix_is_refused_on_the_first_batch(tmp_path, scale):
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize("level", ["warn", "off"])
+def test_a_dead_prefix_trains_when_the_guard_is_downgraded(tmp_path, level):
+    res = finetune(symbol_recipe(_symbol(tmp_path, 1e-9), guards={"collapsed_features": level}),
+                   runs_root=tmp_path / "runs", quiet=True)
+    warnings = json.loads((res.run_dir / "summary.json").read_text())["warnings"]
+    assert [w["guard"] for w in warnings if w["guard"] != "stuck_loss"] == (["collapsed_features"] if level == "warn"
+                                                                              else [])
+
+
 def test_nan_weights_are_refused_before_training(tmp_path):
     r = symbol_recipe(_symbol(tmp_path, inf=True))
     with pytest.raises(TrainError, match=r"NaN/Inf for 16 image\(s\).*train\.guards\.collapsed_features"):
