@@ -6,7 +6,10 @@ plan, and errors a ``--set`` caused name it; misspelt names get a close match; z
 fetch weights unless ``pretrained: true``.
 """
 import json
+import os
 import socket
+import subprocess
+import sys
 
 import mxnet as mx
 import numpy as np
@@ -15,7 +18,8 @@ import pytest
 import yaml
 from gluoncv.model_zoo import get_model, model_store
 from mxnet.gluon.model_zoo import model_store as mx_model_store
-from test_cli_hostile import ONNX, _assert_one_paragraph, run_cli
+from helpers import run_cli
+from test_cli_hostile import ONNX, _assert_one_paragraph
 
 import gluontl
 from gluontl import sources
@@ -183,8 +187,8 @@ def recipe(tmp_path):
     return str(path)
 
 
-def test_cli_plan_with_set_on_a_rule(recipe, monkeypatch, capsys):
-    code, out, err = run_cli(monkeypatch, capsys, "plan", "-r", recipe, "--set", "rules.2.lr_mult=0.25", "--json")
+def test_cli_plan_with_set_on_a_rule(recipe, capsys):
+    code, out, err = run_cli(capsys, "plan", "-r", recipe, "--set", "rules.2.lr_mult=0.25", "--json")
     assert code == 0, err
     plan = json.loads(out)
     assert [r["label"] for r in plan["rules"]] == ["1", "2"] and plan["rules"][1]["lr_mult"] == 0.25
@@ -200,36 +204,43 @@ def test_cli_plan_with_set_on_a_rule(recipe, monkeypatch, capsys):
                                            "changed by --set rules.1.match=nothing*"], None),
     (["--set", "rules.1.grad_req=freeze"], ["'rules.1.grad_req'", "'write', 'null' or 'add'"], "my_recipe.yaml"),
 ])
-def test_cli_set_errors_exit_2_naming_the_set(recipe, monkeypatch, capsys, argv, needles, absent):
-    code, out, err = run_cli(monkeypatch, capsys, "plan", "-r", recipe, *argv)
+def test_cli_set_errors_exit_2_naming_the_set(recipe, capsys, argv, needles, absent):
+    code, out, err = run_cli(capsys, "plan", "-r", recipe, *argv)
     _assert_one_paragraph(code, out, err, needles)
     assert absent is None or absent not in err
 
 
+def test_cli_set_error_as_a_subprocess(recipe):
+    r = subprocess.run([sys.executable, "-m", "gluontl", "plan", "-r", recipe, "--set", "rules.9.lr_mult=1"],
+                       capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=120)
+    _assert_one_paragraph(r.returncode, r.stdout, r.stderr, ["--set 'rules.9.lr_mult=1'", "rules.1 to rules.2"])
+    assert "my_recipe.yaml" not in r.stderr
+
+
 @pytest.mark.parametrize("pattern, needles", [("xyz", ["No model-zoo name contains 'xyz'", "332 names"]),
                                               ("resnet18_v9", ["'resnet18_v9'", "close names:", "resnet18_v1,"])])
-def test_cli_zoo_without_a_match_exits_2(monkeypatch, capsys, pattern, needles):
-    code, out, err = run_cli(monkeypatch, capsys, "zoo", pattern)
+def test_cli_zoo_without_a_match_exits_2(capsys, pattern, needles):
+    code, out, err = run_cli(capsys, "zoo", pattern)
     _assert_one_paragraph(code, out, err, needles)
     assert out == ""
 
 
-def test_cli_zoo_lists_matches(monkeypatch, capsys):
+def test_cli_zoo_lists_matches(capsys):
     from gluoncv.model_zoo import get_model_list
 
-    code, out, err = run_cli(monkeypatch, capsys, "zoo", "ResNet18_V1")
+    code, out, err = run_cli(capsys, "zoo", "ResNet18_V1")
     assert code == 0, err
     assert out.split() == sorted({n.lower() for n in get_model_list() if "resnet18_v1" in n.lower()})
     assert "resnet18_v1b" in out.split()
 
 
-def test_cli_inspect_defaults_to_the_zoo_models_own_size(monkeypatch, capsys):
-    code, out, err = run_cli(monkeypatch, capsys, "inspect", "inceptionv3", "--nodes")
+def test_cli_inspect_defaults_to_the_zoo_models_own_size(capsys):
+    code, out, err = run_cli(capsys, "inspect", "inceptionv3", "--nodes")
     assert code == 0, err
     rows = out.strip().splitlines()
     # Inception-v3 is made for 299x299: its stem conv (3x3, stride 2, no padding) gives (299 - 3) // 2 + 1 = 149
     assert rows[0].split()[-1] == "1x32x149x149" and rows[-1].split()[-1] == "1x1000"
-    code, out, err = run_cli(monkeypatch, capsys, "inspect", "inceptionv3", "--nodes", "--input-shape", "3,224,224")
+    code, out, err = run_cli(capsys, "inspect", "inceptionv3", "--nodes", "--input-shape", "3,224,224")
     _assert_one_paragraph(code, out, err, ["zoo:inceptionv3", "(1, 3, 224, 224)", "--input-shape"])
 
 
