@@ -3,6 +3,7 @@ the state it guards against, and left silent by the same model done right."""
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -167,6 +168,17 @@ def test_a_dead_frozen_prefix_is_refused_on_the_first_batch(tmp_path, scale):
     assert "16 different images" in msg and "same for every image" in msg and "frozen prefix up to node" in msg
     assert "train.guards.collapsed_features: warn" in msg
     assert not (tmp_path / "runs").exists()
+
+
+def test_the_reported_mobilenetv2_collapse_is_caught_at_the_boundary(tmp_path):
+    """Random MobileNetV2 with frozen identity BN: features ~1e-10 (measured spread 3.9e-11), the
+    case that sat at ln 3 for 20 epochs — caught by the features alone, with guards 1 and 2 off."""
+    r = recipe(zoo("mobilenetv2_0.25"), HEAD_ONLY, {"head": {"classes": 2}},
+               guards={"random_backbone": "off", "unloaded_bn_stats": "off"})
+    with pytest.raises(TrainError, match=r"from output\.0 cannot tell") as e:
+        finetune(r, runs_root=tmp_path, quiet=True)
+    spread = float(re.search(r"spread across the batch is (\S+) at", str(e.value)).group(1))
+    assert 0 < spread < 1e-8
 
 
 @pytest.mark.parametrize("level", ["warn", "off"])
