@@ -63,17 +63,17 @@ def resolve_source(text: str) -> str:
     validates ``source`` makes CLI arguments, recipes and the API agree. The model zoo
     (a slow gluoncv import) is consulted only when nothing on disk matches. Paths expand
     ``~`` and ``$VAR``/``${VAR}`` as a shell would, so a recipe can name a file under
-    ``$GLUONTL_HOME``.
+    ``$GLUONTL_HOME`` (which means its default when unset, as everywhere in gluontl).
     """
     scheme, _, rest = text.partition(":")
     if scheme in ("zoo", "symbol", "onnx"):
         if not rest.strip():
             raise ModelSourceError(f"Model spec '{text}' names no model after '{scheme}:'. "
                                    f"Accepted forms: {SOURCE_FORMS}.")
-        return text if scheme == "zoo" else f"{scheme}:{os.path.expandvars(os.path.expanduser(rest))}"
+        return text if scheme == "zoo" else f"{scheme}:{_expand(rest)}"
     if not text.strip():
         raise ModelSourceError(f"The model spec is empty. Accepted forms: {SOURCE_FORMS}.")
-    text = os.path.expandvars(os.path.expanduser(text))
+    text = _expand(text)
     if text.lower().endswith(".onnx"):
         return f"onnx:{text}"
     if text.endswith("-symbol.json"):
@@ -101,6 +101,18 @@ def resolve_source(text: str) -> str:
     close = difflib.get_close_matches(text.lower(), names, n=5)
     raise ModelSourceError(f"'{text}' is not a file, a symbol prefix or a model-zoo name (close zoo names: "
                            f"{', '.join(close) or 'none'}). Accepted forms: {SOURCE_FORMS}.")
+
+
+def gluontl_home() -> Path:
+    """Where gluontl keeps what it makes once: demo datasets, converted models."""
+    return Path(os.environ.get("GLUONTL_HOME") or "~/.cache/gluontl").expanduser()
+
+
+def _expand(path: str) -> str:
+    path = os.path.expanduser(path)
+    if not os.environ.get("GLUONTL_HOME"):
+        path = re.sub(r"\$(GLUONTL_HOME\b|\{GLUONTL_HOME\})", lambda _: str(gluontl_home()), path)
+    return os.path.expandvars(path)
 
 
 def _exists(path: Path, test: str) -> bool:

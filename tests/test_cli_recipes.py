@@ -1,4 +1,5 @@
 """Bad recipes: every case exits with code 2 and one clear paragraph, never a traceback."""
+import math
 import subprocess
 import sys
 import textwrap
@@ -128,6 +129,9 @@ RECIPES = sorted((__import__("pathlib").Path(__file__).parent.parent / "recipes"
 def test_bundled_recipes_plan(path, capsys, monkeypatch):
     """Every recipe in recipes/ validates and plans (before any pretraining has run)."""
     monkeypatch.chdir(path.parent.parent)
+    if path.stem == "elpv_efficientnet_lite0":  # scripts/demo.sh makes its model first
+        from gluontl.convert.efficientnet_lite import ensure_imagenet_onnx
+        ensure_imagenet_onnx()
     code, out, err = run_cli(capsys, "plan", "--recipe", str(path.relative_to(path.parent.parent)), "--json")
     assert code == 0, err
     import json
@@ -135,6 +139,16 @@ def test_bundled_recipes_plan(path, capsys, monkeypatch):
     assert 0 < plan["totals"]["trainable"] and plan["totals"]["params"] == len(plan["params"])
     if path.stem == "resnet18_freeze":
         assert plan["totals"]["trainable"] == 5 * 512 + 5
+        assert all(p["bn"] == "frozen" for p in plan["params"] if p["layer_type"] == "BatchNorm")
+        assert plan["feature_cache"].startswith("feature cache: on")
+    if path.stem == "elpv_efficientnet_lite0":  # the last stage, conv_head and the new head train
+        import onnx
+        from gluontl.convert.efficientnet_lite import ensure_imagenet_onnx
+        graph = onnx.load(str(ensure_imagenet_onnx())).graph
+        stats = {n.input[i] for n in graph.node if n.op_type == "BatchNormalization" for i in (3, 4)}
+        want = sum(math.prod(t.dims) for t in graph.initializer
+                   if t.name not in stats and t.name.startswith(("blocks.15.", "conv_head.")))
+        assert plan["totals"]["trainable"] == want + 1280 * 2 + 2
         assert all(p["bn"] == "frozen" for p in plan["params"] if p["layer_type"] == "BatchNorm")
         assert plan["feature_cache"].startswith("feature cache: on")
 

@@ -215,3 +215,17 @@ def test_a_recipe_source_can_name_the_file_under_gluontl_home_or_home(onnx_path,
     assert resolve_source(f"$GLUONTL_HOME/models/{E.ONNX_NAME}") == want
     assert resolve_source(f"onnx:~/{home.name}/models/{E.ONNX_NAME}") == want
     assert resolve_source("zoo:resnet18_v1") == "zoo:resnet18_v1"
+
+
+def test_an_unset_gluontl_home_means_its_default_in_recipe_sources(tmp_path, monkeypatch):
+    from gluontl.recipe import resolve_source
+
+    monkeypatch.delenv("GLUONTL_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    default = tmp_path / ".cache" / "gluontl"
+    assert resolve_source("onnx:${GLUONTL_HOME}/models/m.onnx") == f"onnx:{default}/models/m.onnx"
+    assert resolve_source("symbol:$GLUONTL_HOME/ck") == f"symbol:{default}/ck"
+    monkeypatch.setenv("OTHER", "/x")  # other variables expand as set; $GLUONTL_HOMEX is another name
+    assert resolve_source("onnx:$OTHER/$GLUONTL_HOMEX.onnx") == "onnx:/x/$GLUONTL_HOMEX.onnx"
+    monkeypatch.setenv("GLUONTL_HOME", "/elsewhere")
+    assert resolve_source("onnx:${GLUONTL_HOME}/m.onnx") == "onnx:/elsewhere/m.onnx"

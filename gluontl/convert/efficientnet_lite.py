@@ -201,7 +201,7 @@ def ensure_imagenet_onnx(home: str | Path | None = None) -> Path:
     metadata names the same weights and converter version, and onnx accepts the graph); anything
     else is rebuilt, atomically.
     """
-    from ..train.demo import gluontl_home
+    from ..recipe import gluontl_home
 
     out = Path(home).expanduser() if home is not None else gluontl_home()
     out = out / "models" / ONNX_NAME

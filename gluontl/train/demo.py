@@ -32,16 +32,13 @@ from PIL import Image
 
 from ..atomic import link_or_copy
 from ..errors import DataError
+from ..recipe import gluontl_home
 from .data import stratified_holdout
 
 DEMOS = ("digits", "elpv")
 DIGITS_SIZE = 32
 ELPV_CLASSES = ("functional", "defective")
 _LAYOUT = "v1"  # bump when the pixels or the layout change, so stale caches are not reused
-
-
-def gluontl_home() -> Path:
-    return Path(os.environ.get("GLUONTL_HOME") or "~/.cache/gluontl").expanduser()
 
 
 def _materialize(final: Path, name: str, fill: Callable[[Path], None]) -> Path:

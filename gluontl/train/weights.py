@@ -12,7 +12,7 @@ from pathlib import Path
 from ..atomic import atomic_write
 from ..errors import RecipeError, TrainError
 from ..recipe import Recipe, load_recipe
-from .demo import gluontl_home
+from ..recipe import gluontl_home
 
 
 def ensure_weights(recipe: Recipe, *, quiet: bool = False, depth: int = 0) -> None:
