@@ -228,6 +228,14 @@ class Rule(Strict):
     until_stage: int | Literal["stem", "head"] | None = None
     note: str | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _bare_null(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and "grad_req" in data and data["grad_req"] is None:
+            raise ValueError("grad_req is empty: YAML reads a bare null as no value, not as the mode 'null'; "
+                             "write grad_req: \"null\" (quoted) to freeze, or leave grad_req out")
+        return data
+
     @field_validator("match", "type", mode="before")
     @classmethod
     def _listify(cls, v: Any) -> Any:
@@ -262,8 +270,7 @@ class Rule(Strict):
         if self.match is None and self.type is None and self.stage is None:
             raise ValueError("a rule needs a selector: match, type or stage (or a preset)")
         if all(getattr(self, k) is None for k in ("grad_req", "lr_mult", "wd_mult", "bn")):
-            raise ValueError("a rule needs at least one setting: grad_req, lr_mult, wd_mult or bn (YAML reads "
-                             "a bare null as no value: write grad_req: \"null\")")
+            raise ValueError("a rule needs at least one setting: grad_req, lr_mult, wd_mult or bn")
         return self
 
 
@@ -584,4 +591,9 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
                           f"(see recipes/).") from None
     except yaml.YAMLError as e:
         raise RecipeError(f"Recipe file '{p}' is not valid YAML: {' '.join(str(e).split())}.") from None
+    if p.name == "recipe.yaml" and (p.parent / "checkpoints").is_dir() and isinstance(data, dict) \
+            and isinstance(data.get("rules"), list):
+        # Run folders written before runs dropped unset fields hold `grad_req: null` for "not set".
+        data["rules"] = [{k: v for k, v in r.items() if v is not None} if isinstance(r, dict) else r
+                         for r in data["rules"]]
     return parse_recipe(data, origin=str(p), overrides=overrides)

@@ -123,7 +123,7 @@ def _check_resume(run_dir: Path, recipe: Recipe, meta: dict[str, Any], quiet: bo
                          f"train.epochs={done + 5}).")
     if diff:
         say(quiet, f"extending {run_dir}: {'; '.join(diff)}")
-        write_text(run_dir / "recipe.yaml", yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False))
+        write_text(run_dir / "recipe.yaml", yaml.safe_dump(recipe.model_dump(mode="json", exclude_none=True), sort_keys=False))
 
 
 def _new_run_dir(root: Path, name: str) -> Path:
@@ -298,7 +298,7 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
         _check_resume(run_dir, recipe, meta, quiet)
     else:
         run_dir = _new_run_dir(Path(runs_root), recipe.name)
-        write_text(run_dir / "recipe.yaml", yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False))
+        write_text(run_dir / "recipe.yaml", yaml.safe_dump(recipe.model_dump(mode="json", exclude_none=True), sort_keys=False))
         if loaders.split is not None:  # an automatic hold-out: which files it held out, for audits
             write_text(run_dir / "split.json", json.dumps(loaders.split.to_json(), indent=1), TrainError)
         meta = None

@@ -23,5 +23,7 @@ def test_onnx_run_without_input_name_records_and_exports_the_files_input(tmp_pat
     res = finetune(recipe, runs_root=tmp_path, quiet=True)
     saved = yaml.safe_load((res.run_dir / "recipe.yaml").read_text())
     assert saved["model"]["input_name"] == "x"
+    # unset fields are left out: a bare `grad_req: null` would be refused when the run is reloaded
+    assert saved["rules"][1] == {"type": ["BatchNorm"], "bn": "frozen", "optional": False, "from_epoch": 0}
     [path] = export_run(res.run_dir, tmp_path / "out", formats=["onnx"])
     assert [i.name for i in onnx.load(str(path)).graph.input] == ["x"]

@@ -1,0 +1,41 @@
+"""`grad_req: null` unquoted is YAML's "no value": refused, never silently read as "not set"."""
+import pytest
+import yaml
+import helpers
+
+from gluontl.errors import GluontlError, RecipeError
+from gluontl.recipe import load_recipe, parse_recipe
+from gluontl.rules import make_plan
+
+GOOD = {"name": "t", "model": {"source": "zoo:mobilenetv2_0.25", "input_shape": [3, 32, 32]},
+        "rules": [{"match": "*", "grad_req": "null"}, {"type": "BatchNorm", "bn": "frozen"}],
+        "data": helpers.DIGITS_5_9}
+
+
+def test_unquoted_null_next_to_another_setting_is_refused(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text("name: t\nmodel: {source: 'zoo:mobilenetv2_0.25', input_shape: [3, 32, 32]}\n"
+                    "rules:\n  - {match: '*', grad_req: null, bn: frozen}\n"
+                    "data: {source: 'demo:digits'}\n")
+    with pytest.raises(RecipeError, match=r"rules\.1.*grad_req: \\?\"null\\?\" \(quoted\)"):
+        load_recipe(path)
+    assert parse_recipe(GOOD).rules[0].grad_req == "null"  # quoted: the mode
+
+
+def test_rules_given_as_dicts_refuse_a_none_grad_req():
+    with pytest.raises(GluontlError, match="quoted"):
+        make_plan(__import__("mxnet").gluon.nn.Dense(2, in_units=3), [{"match": "*", "grad_req": None, "lr_mult": 2}])
+
+
+def test_a_run_folder_written_before_unset_fields_were_dropped_still_loads(tmp_path):
+    recipe = parse_recipe(GOOD)
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "recipe.yaml").write_text(yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False))
+    assert "grad_req: null" in (run / "recipe.yaml").read_text()  # the old layout: rule 2 says null for "not set"
+    again = load_recipe(run / "recipe.yaml")
+    assert again.rules[1].grad_req is None and again.rules[0].grad_req == "null"
+    assert again.differences(recipe) == []
+    (run / "elsewhere.yaml").write_text((run / "recipe.yaml").read_text())
+    with pytest.raises(RecipeError, match="quoted"):  # outside a run folder the same text is a user's recipe
+        load_recipe(run / "elsewhere.yaml")
