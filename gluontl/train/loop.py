@@ -288,6 +288,8 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
     if head is not None and head.classes != loaders.num_classes:
         raise TrainError(f"surgery.head.classes is {head.classes} but the data has {loaders.num_classes} "
                          f"classes ({', '.join(loaders.class_names[:10])}). Make them equal.")
+    if head is None:
+        _check_outputs(net, recipe, loaders.num_classes, loaders.class_names, ctxs[0])
     guards = GuardLog(t.guards)
     if resume is None:  # a resumed run was checked when it started
         guards.handle(check_weights(recipe, prep))
@@ -438,6 +440,18 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
     if stop.signum is not None:
         raise Interrupted(run_dir, stop.signum)
     return result
+
+
+def _check_outputs(net, recipe: Recipe, classes: int, names: list[str], ctx) -> None:
+    """Without a new head the model's own output must score the data's classes, one per column."""
+    with autograd.predict_mode():
+        out = net(mx.nd.zeros((1, *recipe.model.input_shape), ctx=ctx))
+    shape = tuple(out.shape) if isinstance(out, mx.nd.NDArray) else tuple(tuple(o.shape) for o in out)
+    if len(shape) != 2 or shape[1] != classes:
+        raise TrainError(f"The model's output has shape {shape} for one image, but the data has {classes} classes "
+                         f"({', '.join(names[:10])}): a classifier needs (1, {classes}). Attach a new head with "
+                         f"surgery.head: {{classes: {classes}}} (zoo models rebuild their own classifier), or cut "
+                         f"the model (surgery.cut_at / drop_last) and attach one there.")
 
 
 def _write_plan(run_dir: Path, plan: Plan, feed: Feed) -> None:
