@@ -165,7 +165,7 @@ def test_a_dead_frozen_prefix_is_refused_on_the_first_batch(tmp_path, scale):
     with pytest.raises(TrainError) as e:
         finetune(r, runs_root=tmp_path / "runs", quiet=True)
     msg = str(e.value)
-    assert "16 different images" in msg and "same for every image" in msg and "frozen prefix up to node" in msg
+    assert "8 different images checked" in msg and "same for every image" in msg and "frozen prefix up to node" in msg
     assert "train.guards.collapsed_features: warn" in msg
     assert not (tmp_path / "runs").exists()
 
@@ -192,7 +192,7 @@ def test_a_dead_prefix_trains_when_the_guard_is_downgraded(tmp_path, level):
 
 def test_nan_weights_are_refused_before_training(tmp_path):
     r = symbol_recipe(_symbol(tmp_path, inf=True))
-    with pytest.raises(TrainError, match=r"NaN/Inf for 16 image\(s\).*train\.guards\.collapsed_features"):
+    with pytest.raises(TrainError, match=r"NaN/Inf for 8 image\(s\).*train\.guards\.collapsed_features"):
         finetune(r, runs_root=tmp_path / "runs", quiet=True)
 
 
