@@ -28,9 +28,9 @@ HEAD_ONLY = [{"preset": "freeze_all_but_head"}]
 FROZEN_BN = [{"type": "BatchNorm", "bn": "frozen"}]
 
 
-def recipe(model, rules=(), surgery=None, **train):
+def recipe(model, rules=(), surgery=None, data=DATA, **train):
     return parse_recipe({"name": "g", "model": {"input_shape": [3, 16, 16], **model},
-                         "surgery": surgery or {}, "rules": list(rules), "data": DATA,
+                         "surgery": surgery or {}, "rules": list(rules), "data": data,
                          "train": {"epochs": 1, "lr": 0.05, **train}})
 
 
@@ -156,7 +156,7 @@ def _symbol(folder, scale=1.0, inf=False):
 def symbol_recipe(prefix, **train):
     first_conv = ["*conv0_weight", "*conv0_bias"]
     return recipe({"source": f"symbol:{prefix}"}, [{"match": first_conv, "grad_req": "null"}],
-                  **{"prefix_engine": "mxnet", **train})
+                  data=helpers.DIGITS_5_9, **{"prefix_engine": "mxnet", **train})  # its 5 outputs
 
 
 @pytest.mark.parametrize("scale", [1e-9, 0.0])
@@ -281,7 +281,7 @@ def _gluontl(*args, cwd):
                           text=True, timeout=600)
 
 
-def test_cli_plan_says_where_weights_come_from_and_finetune_exits_2(tmp_path):
+def test_cli_plan_says_where_weights_come_from_and_finetune_exits_2(tmp_path, capsys):
     data = {**DATA, "source": "demo:digits"}
     r = {"name": "cli", "model": {"source": "zoo:resnet18_v1", "input_shape": [3, 16, 16]},
          "surgery": {"head": {"classes": 2}}, "rules": HEAD_ONLY, "data": data, "train": {"epochs": 1}}
@@ -290,6 +290,12 @@ def test_cli_plan_says_where_weights_come_from_and_finetune_exits_2(tmp_path):
     assert plan.returncode == 0, plan.stderr
     assert "weights: none — random init (zoo:resnet18_v1 without model.pretrained: true" in plan.stdout
     assert "error at finetune: The rules freeze" in plan.stdout
+    code, out, err = helpers.run_cli(capsys, "plan", "-r", str(tmp_path / "r.yaml"), "--json")
+    assert code == 0, err
+    as_json = json.loads(out)
+    assert as_json["weights"].startswith("weights: none — random init")
+    assert [g.split(":")[0] for g in as_json["guards"]] == ["error at finetune", "error at finetune"]
+    assert "train.guards.unloaded_bn_stats: warn" in as_json["guards"][1]
     run = _gluontl("finetune", "-r", "r.yaml", "--runs", "runs", "-q", cwd=tmp_path)
     assert run.returncode == 2 and "Traceback" not in run.stderr
     text = " ".join(run.stderr.split())
