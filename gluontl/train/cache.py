@@ -13,6 +13,7 @@ tolerance. Features live in memory, or in a memory-mapped file in the run folder
 from __future__ import annotations
 
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -80,6 +81,7 @@ class FeatureCache:
         self.train: dict[int, np.ndarray] = {}
         self.val: np.ndarray | None = None
         self.bytes = 0
+        self.fill_seconds = 0.0  # the frozen prefix's share of the run's wall time
 
     def _fill(self, ds: ImageDataset, keys: list, what: str) -> np.ndarray:
         from tqdm import tqdm
@@ -88,6 +90,7 @@ class FeatureCache:
         loader = gluon.data.DataLoader(ds, batch_sampler=batches, num_workers=self.workers, thread_pool=False)
         out = None
         row = 0
+        start = time.perf_counter()
         for x, _ in tqdm(loader, total=len(batches), desc=f"caching {what} features", unit="batch",
                          leave=False, disable=self.quiet):
             f = self.engine(x.asnumpy())
@@ -95,6 +98,7 @@ class FeatureCache:
                 out = self._allocate((len(keys), *f.shape[1:]), what)
             out[row:row + len(f)] = f
             row += len(f)
+        self.fill_seconds += time.perf_counter() - start
         return out
 
     def _allocate(self, shape: tuple[int, ...], what: str) -> np.ndarray:
@@ -183,7 +187,8 @@ class Feed:
     def summary(self) -> dict[str, Any]:
         return {"cache": self.cache is not None, "prefix_engine": self.engine.name if self.engine else None,
                 "boundary": self.boundary, "log": self.log,
-                "cache_size": self.cache.describe() if self.cache is not None else None}
+                "cache_size": self.cache.describe() if self.cache is not None else None,
+                "cache_fill_seconds": round(self.cache.fill_seconds, 3) if self.cache is not None else None}
 
 
 def build_feed(net: HybridBlock, plan: Plan, recipe: Recipe, loaders: Loaders, ctx: mx.Context, folder: Path,

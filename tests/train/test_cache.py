@@ -92,6 +92,9 @@ def test_cached_training_equals_uncached(weights, uncached, tmp_path, rules, bou
     assert summary(off)["cache"] is False and "cache_features: off" in summary(off)["log"]
     s = summary(on)
     assert s["cache"] is True and s["boundary"] == boundary and "in memory" in s["cache_size"]
+    # the fill is part of the run's time: more than 0, less than the first epoch that includes it
+    first = next(r for r in on.metrics if "epoch" in r)
+    assert summary(off)["cache_fill_seconds"] is None and 0 < s["cache_fill_seconds"] < first["seconds"]
     assert f"training from {boundary}" in (on.run_dir / "plan.txt").read_text()
     assert_same_run(off, on, weights)
 
