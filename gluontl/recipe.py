@@ -528,7 +528,7 @@ def _apply_override(data: dict[str, Any], spec: str) -> tuple[str | int, ...]:
         raise RecipeError(f"--set '{spec}' must look like section.key=value, e.g. --set train.epochs=3 or "
                           f"--set rules.1.lr_mult=0.1.")
     try:
-        value = yaml.safe_load(raw)
+        value = yaml.load(raw, Loader=_NoAliasLoader)
         if value is None and parts[-1] == "grad_req":  # YAML reads a bare null as "no value"
             value = "null"
     except yaml.YAMLError as e:
@@ -573,6 +573,16 @@ class _NoAliasLoader(yaml.SafeLoader):
             ev = self.peek_event()
             raise yaml.YAMLError(f"aliases (*{ev.anchor}) are not allowed in recipes, line {ev.start_mark.line + 1}")
         return super().compose_node(parent, index)
+
+
+# YAML 1.2 booleans: only true/false. YAML 1.1 also reads on/off/yes/no as booleans, which turned
+# `cache_features: off` and `guards: off` into False; pydantic still reads those words as booleans
+# where a field is one (`flip: yes`).
+_BOOL = "tag:yaml.org,2002:bool"
+_NoAliasLoader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag != _BOOL]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_NoAliasLoader.add_implicit_resolver(_BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
 
 
 def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:

@@ -39,3 +39,19 @@ def test_a_run_folder_written_before_unset_fields_were_dropped_still_loads(tmp_p
     (run / "elsewhere.yaml").write_text((run / "recipe.yaml").read_text())
     with pytest.raises(RecipeError, match="quoted"):  # outside a run folder the same text is a user's recipe
         load_recipe(run / "elsewhere.yaml")
+
+
+def test_on_off_yes_no_stay_words_where_a_field_takes_words(tmp_path):
+    """YAML 1.1 reads off/on/yes/no as booleans; recipes read them as YAML 1.2 does (words), and
+    boolean fields still take them."""
+    path = tmp_path / "r.yaml"
+    path.write_text("name: t\nmodel: {source: 'zoo:mobilenetv2_0.25'}\n"
+                    "data: {source: 'demo:digits', train_transform: {resize: 32, flip: yes}}\n"
+                    "train: {cache_features: off, guards: off, hybridize: no}\n")
+    r = load_recipe(path)
+    assert r.train.cache_features == "off" and r.train.hybridize is False
+    assert set(r.train.guards.model_dump().values()) == {"off"}
+    assert r.data.train_transform.flip is True
+    again = load_recipe(path, ["train.guards=warn", "train.cache_features=on", "train.hybridize=true"])
+    assert set(again.train.guards.model_dump().values()) == {"warn"}
+    assert again.train.cache_features == "on" and again.train.hybridize is True
