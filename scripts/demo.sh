@@ -1,4 +1,9 @@
 #!/usr/bin/env bash
-# The main job on the bundled offline demo: fine-tune a digits-0-4 ResNet-18 on digits 5-9.
+# The main job: an ImageNet-pretrained EfficientNet-Lite0 (ONNX) fine-tuned to find defective solar
+# cells (ELPV) and exported as a verified ONNX; then the validation accuracy table of the run.
+# Arguments go to `gluontl finetune` (e.g. --set train.epochs=4).
 source "$(dirname "$0")/env.sh"
-gluontl finetune --recipe recipes/resnet18_freeze.yaml "$@"
+export GLUONTL_HOME="${GLUONTL_HOME:-$HOME/.cache/gluontl}"
+python scripts/make_imagenet_onnx.py
+gluontl finetune --recipe recipes/elpv_efficientnet_lite0.yaml "$@"
+gluontl evaluate "$(ls -td runs/elpv_efficientnet_lite0* | head -1)"
