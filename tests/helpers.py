@@ -68,6 +68,20 @@ def tiny_symbol(folder, deep=True) -> str:
 EPS32 = float(np.finfo(np.float32).eps)  # 2**-23 = twice float32's unit roundoff u
 
 
+def resnet18_weights(path) -> str:
+    """A ResNet-18 (2 classes) params file whose BN statistics moved off 0/1: a stand-in for a
+    pretrained backbone file."""
+    from gluoncv.model_zoo import get_model
+
+    mx.random.seed(0)
+    net = get_model("resnet18_v1", classes=2)
+    net.initialize(mx.init.Xavier())
+    with mx.autograd.record():
+        net(mx.nd.random.uniform(shape=(8, 3, 16, 16)))
+    net.save_parameters(str(path))
+    return str(path)
+
+
 def f32_tol(scale, terms: int, depth: int = 1):
     """The absolute difference two correct float32 evaluations of one value may show.
 

@@ -19,15 +19,7 @@ LAST_STAGE = [{"preset": "freeze_until_stage", "until_stage": 3}]
 
 @pytest.fixture(scope="module")
 def weights(tmp_path_factory):
-    """ResNet-18 weights with non-trivial BN statistics (a stand-in for a pretrained backbone)."""
-    mx.random.seed(0)
-    net = get_model("resnet18_v1", classes=2)
-    net.initialize(mx.init.Xavier())
-    with mx.autograd.record():
-        net(mx.nd.random.uniform(shape=(8, 3, 16, 16)))
-    path = tmp_path_factory.mktemp("w") / "w.params"
-    net.save_parameters(str(path))
-    return str(path)
+    return helpers.resnet18_weights(tmp_path_factory.mktemp("w") / "w.params")
 
 
 def recipe(weights, rules=HEAD_ONLY, data=None, **train):

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 import yaml
 import helpers
-from gluoncv.model_zoo import get_model
 
 from gluontl.errors import TrainError
 from gluontl.pipeline import prepare
@@ -44,15 +43,7 @@ def findings(r):
 
 @pytest.fixture(scope="module")
 def resnet_weights(tmp_path_factory):
-    """ResNet-18 weights with BN statistics moved off 0/1 (a stand-in for a pretrained file)."""
-    mx.random.seed(0)
-    net = get_model("resnet18_v1", classes=2)
-    net.initialize(mx.init.Xavier())
-    with mx.autograd.record():
-        net(mx.nd.random.uniform(shape=(8, 3, 16, 16)))
-    path = tmp_path_factory.mktemp("w") / "resnet.params"
-    net.save_parameters(str(path))
-    return str(path)
+    return helpers.resnet18_weights(tmp_path_factory.mktemp("w") / "resnet.params")
 
 
 # ------------------------------------------------------------ 1. random frozen backbone
