@@ -40,7 +40,6 @@ class _StorageType:
 
 @dataclasses.dataclass
 class _Storage:
-    key: str
     type: _StorageType
     size: int
     data: np.ndarray | None = None
@@ -113,7 +112,7 @@ class _Unpickler(pickle.Unpickler):
             raise _Refused(f"a malformed storage reference ({pid!r:.80})")
         if view is not None:
             raise _Refused(f"a storage view ({view!r:.60}), which this reader does not support")
-        storage = self._storages.setdefault(key, _Storage(key, kind, size))
+        storage = self._storages.setdefault(key, _Storage(kind, size))
         if (storage.type, storage.size) != (kind, size):
             raise _Refused(f"storage {key} declared twice with different types or sizes")
         return storage
@@ -170,7 +169,7 @@ def _read(f: io.BytesIO, data: bytes) -> dict[str, np.ndarray]:
 def _materialize(name: str, t: _TensorRef) -> np.ndarray:
     """A copy of the tensor's elements, after checking that they lie inside the storage."""
     assert t.storage.data is not None  # _read filled every storage the keys list names
-    if min((t.offset, *t.shape, *t.stride), default=0) < 0:
+    if min((t.offset, *t.shape, *t.stride)) < 0:
         raise _Refused(f"tensor {name} with a negative offset, size or stride")
     dtype = t.storage.type.dtype
     if math.prod(t.shape) == 0:
