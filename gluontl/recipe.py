@@ -228,14 +228,6 @@ class Rule(Strict):
     until_stage: int | Literal["stem", "head"] | None = None
     note: str | None = None
 
-    @model_validator(mode="before")
-    @classmethod
-    def _bare_null(cls, data: Any) -> Any:
-        if isinstance(data, Mapping) and "grad_req" in data and data["grad_req"] is None:
-            raise ValueError("grad_req is empty: YAML reads a bare null as no value, not as the mode 'null'; "
-                             "write grad_req: \"null\" (quoted) to freeze, or leave grad_req out")
-        return data
-
     @field_validator("match", "type", mode="before")
     @classmethod
     def _listify(cls, v: Any) -> Any:
@@ -601,9 +593,22 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
                           f"(see recipes/).") from None
     except yaml.YAMLError as e:
         raise RecipeError(f"Recipe file '{p}' is not valid YAML: {' '.join(str(e).split())}.") from None
-    if p.name == "recipe.yaml" and (p.parent / "checkpoints").is_dir() and isinstance(data, dict) \
-            and isinstance(data.get("rules"), list):
-        # Run folders written before runs dropped unset fields hold `grad_req: null` for "not set".
-        data["rules"] = [{k: v for k, v in r.items() if v is not None} if isinstance(r, dict) else r
-                         for r in data["rules"]]
+    rules = data.get("rules") if isinstance(data, dict) else None
+    if isinstance(rules, list):
+        if p.name == "recipe.yaml" and (p.parent / "checkpoints").is_dir():
+            # Run folders written before runs dropped unset fields hold `grad_req: null` for "not set".
+            data["rules"] = [{k: v for k, v in r.items() if v is not None} if isinstance(r, dict) else r
+                             for r in rules]
+        else:
+            _refuse_bare_null(rules, p)
     return parse_recipe(data, origin=str(p), overrides=overrides)
+
+
+def _refuse_bare_null(rules: list[Any], path: Path) -> None:
+    """YAML reads ``grad_req: null`` as no value, which beside another setting would silently
+    leave grad_req unset; in a recipe file it can only mean the mode ``"null"`` misspelt."""
+    for i, r in enumerate(rules, 1):
+        if isinstance(r, dict) and "grad_req" in r and r["grad_req"] is None:
+            raise RecipeError(f"{path}: rules.{i}.grad_req is empty: YAML reads a bare null as no value, not as "
+                              f"the mode 'null'. Write grad_req: \"null\" (quoted) to freeze, or leave "
+                              f"grad_req out.")

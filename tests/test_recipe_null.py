@@ -1,10 +1,11 @@
 """`grad_req: null` unquoted is YAML's "no value": refused, never silently read as "not set"."""
+import mxnet as mx
 import pytest
 import yaml
 import helpers
 
-from gluontl.errors import GluontlError, RecipeError
-from gluontl.recipe import load_recipe, parse_recipe
+from gluontl.errors import RecipeError
+from gluontl.recipe import Rule, load_recipe, parse_recipe
 from gluontl.rules import make_plan
 
 GOOD = {"name": "t", "model": {"source": "zoo:mobilenetv2_0.25", "input_shape": [3, 32, 32]},
@@ -17,14 +18,17 @@ def test_unquoted_null_next_to_another_setting_is_refused(tmp_path):
     path.write_text("name: t\nmodel: {source: 'zoo:mobilenetv2_0.25', input_shape: [3, 32, 32]}\n"
                     "rules:\n  - {match: '*', grad_req: null, bn: frozen}\n"
                     "data: {source: 'demo:digits'}\n")
-    with pytest.raises(RecipeError, match=r"rules\.1.*grad_req: \\?\"null\\?\" \(quoted\)"):
+    with pytest.raises(RecipeError, match=r"r\.yaml: rules\.1\.grad_req is empty.*grad_req: \"null\" \(quoted\)"):
         load_recipe(path)
     assert parse_recipe(GOOD).rules[0].grad_req == "null"  # quoted: the mode
 
 
-def test_rules_given_as_dicts_refuse_a_none_grad_req():
-    with pytest.raises(GluontlError, match="quoted"):
-        make_plan(__import__("mxnet").gluon.nn.Dense(2, in_units=3), [{"match": "*", "grad_req": None, "lr_mult": 2}])
+def test_rules_as_python_objects_round_trip_with_grad_req_unset():
+    """In Python, None is "not set" (what Rule.model_dump writes), never refused."""
+    rule = Rule(match="a.*", lr_mult=0.1)
+    assert Rule.model_validate(rule.model_dump()) == rule
+    plan = make_plan(mx.gluon.nn.Dense(2, in_units=3), [{"match": "*", "grad_req": None, "lr_mult": 2}])
+    assert {r.grad_req for r in plan.rows} == {"write"} and {r.lr_mult for r in plan.rows} == {2}
 
 
 def test_a_run_folder_written_before_unset_fields_were_dropped_still_loads(tmp_path):
