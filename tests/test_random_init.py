@@ -94,3 +94,21 @@ def test_random_init_with_weights_refused(extra):
             "data": {"source": "demo:digits"}}
     with pytest.raises(RecipeError, match="random_init"):
         parse_recipe(data)
+
+
+def test_gluon_norm_layers_at_identity_and_prelu_at_gluons_slope():
+    mx.random.seed(2)
+    net = mx.gluon.nn.HybridSequential()
+    net.add(mx.gluon.nn.Conv2D(4, 3), mx.gluon.nn.LayerNorm(axis=1), mx.gluon.nn.InstanceNorm(),
+            mx.gluon.nn.GroupNorm(2), mx.gluon.nn.PReLU(), mx.gluon.nn.Dense(3))
+    net.initialize(mx.init.Normal(5.0))
+    net(mx.nd.ones((1, 3, 8, 8)))  # shapes
+    from gluontl.sources import reinitialize
+    reinitialize(net)
+    got = {n: e.param.data().asnumpy() for n, e in named_params(net).items()}
+    for i in (1, 2, 3):
+        np.testing.assert_array_equal(got[f"{i}.gamma"], 1)
+        np.testing.assert_array_equal(got[f"{i}.beta"], 0)
+    np.testing.assert_array_equal(got["4.alpha"], 0.25)
+    _check_weight("5.weight", got["5.weight"], None)
+    np.testing.assert_array_equal(got["5.bias"], 0)

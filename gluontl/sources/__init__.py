@@ -299,26 +299,29 @@ def build_model(spec: ModelSpec, *, classes: int | None = None, head_init: str =
     return net, report
 
 
-# BatchNorm inputs after the data: scale, shift, running mean, running variance.
-_BN_INIT = (mx.init.One, mx.init.Zero, mx.init.Zero, mx.init.One)
-_GLUON_BN = ("gamma", "beta", "running_mean", "running_var")
+# Per layer type, the initializer of each parameter input after the data, in input order.
+_ROLE_INIT = {"BatchNorm": (mx.init.One, mx.init.Zero, mx.init.Zero, mx.init.One),  # scale, shift, mean, var
+              **dict.fromkeys(("LayerNorm", "GroupNorm", "InstanceNorm"), (mx.init.One, mx.init.Zero)),
+              "PReLU": (lambda: mx.init.Constant(0.25),)}  # Gluon's PReLU default slope
+_GLUON_ROLE = {"gamma": 0, "beta": 1, "running_mean": 2, "running_var": 3, "alpha": 0}
 
 
 def reinitialize(net: HybridBlock) -> None:
     """Every parameter afresh, as Gluon initializes a new layer: Xavier for weights, zero biases,
-    BatchNorm at identity. Imported graphs name tensors freely (``bn0.weight`` is a BN scale), so
-    a BatchNorm parameter's role comes from its input position on the node, not from its name."""
+    normalization at identity, PReLU slope 0.25. Imported graphs name tensors freely
+    (``bn0.weight`` is a BN scale), so such a parameter's role comes from its input position on
+    the node, not from its name."""
     for e in named_params(net).values():
         p, layer = e.param, e.layer
         arr = mx.nd.zeros(shape_of(p), dtype=p.dtype)
-        if layer is not None and layer.type == "BatchNorm":
-            if layer.node is None:  # a Gluon block: gamma, beta, running_mean, running_var
-                role = _GLUON_BN.index(e.name.rsplit(".", 1)[-1])
+        if layer is not None and layer.type in _ROLE_INIT:
+            if layer.node is None:  # a Gluon block: its attribute names say the role
+                role = _GLUON_ROLE[e.name.rsplit(".", 1)[-1]]
             else:
                 nodes = graph_nodes(layer.owner)
                 node = next(n for n in nodes if n["name"] == layer.node)
                 role = [nodes[i[0]]["name"] for i in node["inputs"]].index(p.name) - 1
-            init = _BN_INIT[role]()
+            init = _ROLE_INIT[layer.type][role]()
         else:
             init = mx.init.Xavier() if arr.ndim >= 2 else mx.init.Zero()
         init._init_weight(p.name, arr)
