@@ -34,7 +34,7 @@ def _sha(path: Path) -> str:
 
 def save_params(block: HybridBlock, path: Path) -> Path:
     """Parameters under their structural names (what ``weights:`` and restore read)."""
-    arrays = {n: e.param.data().copyto(mx.cpu()) for n, e in named_params(block).items()}
+    arrays = {n: e.param.list_data()[0].copyto(mx.cpu()) for n, e in named_params(block).items()}
     return atomic_write(path, lambda tmp: mx.nd.save(str(tmp), arrays), TrainError)
 
 

@@ -142,7 +142,7 @@ def check_weights(recipe: Recipe, prep: Prepared, weights: Weights | None = None
     for layer, aux in layers.items():
         if any(r.name in w.loaded for r in aux):
             continue
-        values = [entries[r.name].param.data().asnumpy() for r in aux]
+        values = [entries[r.name].param.list_data()[0].asnumpy() for r in aux]
         if all(np.all(v == 0) or np.all(v == 1) for v in values):
             stale.append(layer)
     if stale:
