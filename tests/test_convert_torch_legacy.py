@@ -344,3 +344,32 @@ def test_a_malformed_storage_reference(torch_names, pid, said):
     message = _refusal(legacy_file(state, storages), said)
     if said.startswith("a storage view"):
         assert "which this reader does not support" in message
+
+
+def _build(global_line: bytes, state) -> bytes:
+    """Opcodes that name a global and BUILD (set attributes on) it: GLOBAL, the state, BUILD."""
+    return b"c" + global_line + b"\n" + pickle.dumps(state, protocol=2)[2:-1] + b"b"
+
+
+def test_a_pickle_cannot_change_the_readers_globals_by_building_on_them(torch_names):
+    from gluontl.convert import torch_legacy as T
+
+    before = dict(T._STORAGE_TYPES), T._rebuild_tensor_v2.__defaults__
+    payload = (b"\x80\x02" + _build(b"torch\nFloatStorage", {"dtype": "<f8", "name": "LongStorage"})
+               + _build(b"torch._utils\n_rebuild_tensor_v2", (None, {"__defaults__": (True, 1, 2)}))
+               + b"\x86.")  # TUPLE2, STOP
+    built_storage, built_fn = T._Unpickler(io.BytesIO(payload), {}).load()
+    assert built_storage.dtype == "<f8"  # the pickle changed the object it was handed ...
+    assert (dict(T._STORAGE_TYPES), T._rebuild_tensor_v2.__defaults__) == before  # ... not the reader's
+    assert T._STORAGE_TYPES["FloatStorage"] == T._StorageType("FloatStorage", np.dtype("<f4"))
+    test_reads_a_hand_written_legacy_file_exactly(torch_names)  # and later reads are exact
+
+
+def test_a_storage_type_renamed_by_the_pickle_is_refused(torch_names):
+    from gluontl.convert import torch_legacy as T
+
+    renamed = _build(b"torch\nFloatStorage", {"name": "os.system"})
+    pid = b"(X\x07\x00\x00\x00storage" + renamed + b"X\x01\x00\x00\x000X\x03\x00\x00\x00cpuK\x01Nt"  # 6-tuple
+    payload = b"\x80\x02" + pid + b"Q."  # BINPERSID, STOP
+    with pytest.raises(T._Refused, match="storage type altered"):
+        T._Unpickler(io.BytesIO(payload), {}).load()

@@ -96,10 +96,17 @@ class _Unpickler(pickle.Unpickler):
 
     def find_class(self, module: str, name: str) -> object:
         try:
-            return _GLOBALS[(module, name)]
+            value = _GLOBALS[(module, name)]
         except KeyError:
             raise _Refused(f"the global {module}.{name}, which a state dict of float tensors never "
                            f"needs (allowed: {', '.join(f'{m}.{n}' for m, n in _GLOBALS)})") from None
+        # BUILD sets attributes on whatever object a pickle names, frozen dataclasses and
+        # functions included: hand out fresh ones, so a file changes nothing beyond its own read.
+        if isinstance(value, _StorageType):
+            return dataclasses.replace(value)
+        if value is _rebuild_tensor_v2:
+            return lambda *args: _rebuild_tensor_v2(*args)
+        return value  # OrderedDict: a built-in type, BUILD cannot set its attributes
 
     def persistent_load(self, pid: object) -> _Storage:
         if self._storages is None:
@@ -112,6 +119,9 @@ class _Unpickler(pickle.Unpickler):
             raise _Refused(f"a malformed storage reference ({pid!r:.80})")
         if view is not None:
             raise _Refused(f"a storage view ({view!r:.60}), which this reader does not support")
+        kind = _STORAGE_TYPES.get(kind.name) if isinstance(kind.name, str) else None  # as BUILD left it
+        if kind is None:
+            raise _Refused(f"a storage type altered by the pickle ({pid!r:.80})")
         storage = self._storages.setdefault(key, _Storage(kind, size))
         if (storage.type, storage.size) != (kind, size):
             raise _Refused(f"storage {key} declared twice with different types or sizes")
