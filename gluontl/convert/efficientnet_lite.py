@@ -36,7 +36,7 @@ PTH_NAME = "efficientnet-lite0-57934424.pth"
 PTH_SHA256 = "579344248a93e23026e6b78f1f6faf0bc1d282386f6c881cdbaacd49cabf77db"
 ONNX_NAME = "efficientnet_lite0_imagenet.onnx"
 # Bumped whenever the graph or its metadata change, so cached files from older code are rebuilt.
-CONVERTER_VERSION = 2
+CONVERTER_VERSION = 3
 PROVENANCE = json.dumps({"weights": PTH_NAME, "sha256": PTH_SHA256, "converter": CONVERTER_VERSION})
 OPSET = 13
 IMAGE_SIZE = 224
@@ -106,7 +106,7 @@ def preprocess_record() -> dict:
     from ..train.transforms import Preprocess
 
     prep = Preprocess((("resize_shorter", RESIZE), ("center_crop", CROP)), MEAN, STD)
-    return prep.to_json("input", (1, 3, IMAGE_SIZE, IMAGE_SIZE))
+    return prep.to_json("input", (None, 3, IMAGE_SIZE, IMAGE_SIZE))  # any batch, as the graph
 
 
 class _Graph:

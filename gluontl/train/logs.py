@@ -54,19 +54,19 @@ def progress(items: Iterable, quiet: bool, **bar: Any) -> Iterable:
     return tqdm(items, leave=False, dynamic_ncols=True, **bar)
 
 
-# (label on the line, metrics keys it may come from, format)
-_EPOCH_FIELDS = (("train_loss", ("train_loss",), ".4f"), ("train_acc", ("train_acc", "train_top1"), ".4f"),
-                 ("val_loss", ("val_loss",), ".4f"), ("val_acc", ("val_acc", "val_top1"), ".4f"),
-                 ("val_top5", ("val_top5",), ".4f"), ("lr", ("lr",), ".3g"))
+# (label on the line, metrics key, format); val_acc is val_top1, the name people grep logs for
+_EPOCH_FIELDS = (("train_loss", "train_loss", ".4f"), ("train_acc", "train_acc", ".4f"),
+                 ("val_loss", "val_loss", ".4f"), ("val_acc", "val_top1", ".4f"),
+                 ("val_balanced_acc", "val_balanced_acc", ".4f"), ("val_top5", "val_top5", ".4f"),
+                 ("lr", "lr", ".3g"))
 
 
 def epoch_line(row: dict[str, Any], epochs: int) -> str:
     """``epoch 3/10 train_loss 0.4120 train_acc 0.8700 val_loss … val_acc … lr … time 12.3s``:
-    the fields the row has, so a metric added to the row needs no change here."""
+    of the fields above, those the row has (a run without validation has no val_*)."""
     parts = [f"epoch {row['epoch']}/{epochs}"]
-    for label, keys, fmt in _EPOCH_FIELDS:
-        key = next((k for k in keys if isinstance(row.get(k), (int, float))), None)
-        if key is not None:
+    for label, key, fmt in _EPOCH_FIELDS:
+        if isinstance(row.get(key), (int, float)):
             parts.append(f"{label} {row[key]:{fmt}}")
     if "seconds" in row:
         parts.append(f"time {row['seconds']:.1f}s")

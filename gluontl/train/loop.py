@@ -275,7 +275,7 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
     ensure_weights(recipe, quiet=quiet)
     recipe = with_input_name(recipe)
     t = recipe.train
-    _say(quiet, f"threads: OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset (mxnet default)')}; "
+    say(quiet, f"threads: OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset (mxnet default)')}; "
                 f"hybridize static_alloc/static_shape: {t.hybridize}")
     seed_all(t.seed)
     ctxs = parse_ctx(t.ctx)
@@ -343,7 +343,7 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
                 replan = new_plan.settings() != plan.settings()
                 if replan:
                     changed = [n for n, s in new_plan.settings().items() if plan.settings()[n] != s]
-                    _say(quiet, f"epoch {epoch}: rules changed {len(changed)} parameters (e.g. {changed[0]}); "
+                    say(quiet, f"epoch {epoch}: rules changed {len(changed)} parameters (e.g. {changed[0]}); "
                                 f"rebuilding the trainer and the cached graph")
                     plan = new_plan
                     apply_plan(net, plan)
@@ -353,7 +353,7 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
                     new_feed = build_feed(net, plan, recipe, loaders, ctxs[0], run_dir / "feature_cache",
                                           not bars_on(quiet), feed)
                     if new_feed is not feed:
-                        _say(quiet, new_feed.log)
+                        say(quiet, new_feed.log)
                         if feed is not None:
                             feed.close()
                     feed = new_feed
@@ -436,7 +436,7 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
         write_text(run_dir / "summary.json", json.dumps(summary, indent=1), TrainError)
         show(f"done: best val_acc {best['val_top1']:.4f} at epoch {best['epoch']}; run folder {run_dir}", quiet)
         if len(loaders.bad):
-            _say(quiet, loaders.bad.summary())
+            say(quiet, loaders.bad.summary())
     if stop.signum is not None:
         raise Interrupted(run_dir, stop.signum)
     return result
@@ -460,7 +460,6 @@ def _write_plan(run_dir: Path, plan: Plan, feed: Feed) -> None:
                TrainError)
 
 
-_say = say
 
 
 def _bar(loader, epoch: int, epochs: int, quiet: bool, initial: int, total: int):

@@ -31,7 +31,7 @@ from gluontl.train.runs import init_from
 
 REPO = Path(__file__).resolve().parents[2]
 EPOCH_LINE = re.compile(r"epoch (\d+)/(\d+) train_loss (\d+\.\d{4}) train_acc (\d\.\d{4}) val_loss (\d+\.\d{4}) "
-                        r"val_acc (\d\.\d{4}) lr (\S+) time \d+\.\ds")
+                        r"val_acc (\d\.\d{4}) val_balanced_acc (\d\.\d{4}) lr (\S+) time \d+\.\ds")
 
 
 @pytest.fixture(scope="module")
@@ -134,9 +134,9 @@ def test_redirected_output_is_one_line_per_epoch(tiny_symbol, tmp_path):
             m = EPOCH_LINE.fullmatch(line)
             assert m, line
             assert int(m[1]) == row["epoch"] and m[2] == "2"
-            assert [float(m[i]) for i in (3, 4, 5, 6)] == [round(row[k], 4) for k in
-                                                          ("train_loss", "train_acc", "val_loss", "val_top1")]
-            assert float(m[7]) == float(f"{row['lr']:.3g}")
+            assert [float(m[i]) for i in (3, 4, 5, 6, 7)] == [round(row[k], 4) for k in (
+                "train_loss", "train_acc", "val_loss", "val_top1", "val_balanced_acc")]
+            assert float(m[8]) == float(f"{row['lr']:.3g}")
 
 
 def test_progress_bars_only_on_a_terminal(tiny_symbol, tmp_path):
