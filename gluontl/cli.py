@@ -271,6 +271,10 @@ def predict(model: Path = typer.Argument(..., help="run folder (runs/NAME) or a 
     if not model.exists():
         raise GluontlError(f"'{model}' does not exist; pass a run folder (runs/NAME) or the .onnx file "
                            f"`gluontl export runs/NAME` wrote.")
+    if not model.is_dir() and checkpoint != "best":
+        raise GluontlError(f"--checkpoint {checkpoint} picks a run folder's checkpoint, but '{model}' is an exported "
+                           f"file holding one set of weights. Pass the run folder, or export that checkpoint: "
+                           f"`gluontl export runs/NAME --checkpoint {checkpoint}`.")
     results = run_predict(model, files, topk, checkpoint) if model.is_dir() else predict_onnx(model, files, topk)
     if as_json:
         typer.echo(json.dumps([{"image": r["image"], "top": [[n, p] for n, p in r["top"]]} for r in results],

@@ -251,3 +251,9 @@ def test_an_edited_run_card_is_refused_not_trusted(world, tmp_path, capsys):
     (run / "preprocess.json").write_text(json.dumps(card))
     msg = one_paragraph_error(capsys, "predict", str(run), world["images"][0])
     assert str(run / "preprocess.json") in msg and "version 99" in msg
+
+
+def test_a_checkpoint_choice_for_an_exported_file_is_refused(capsys):
+    code, _, err = helpers.run_cli(capsys, "predict", "tests/onnx/fixtures/resnet_legacy_op13.onnx",
+                                   "tests/onnx/fixtures/MANIFEST.json", "--checkpoint", "last")
+    assert code == 2 and "--checkpoint last picks a run folder's checkpoint" in " ".join(err.split())
