@@ -246,8 +246,15 @@ class GuardLog:
         self.save()
 
     def attach(self, run_dir: Path) -> None:
-        """Warnings found before the run folder existed go into it now."""
+        """Warnings found before the run folder existed go into it now; a resumed run keeps the
+        warnings its start found (it is not checked again)."""
         self.run_dir = run_dir
+        earlier = run_dir / "warnings.json"
+        if not self.warnings and earlier.is_file():
+            try:
+                self.warnings = json.loads(earlier.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                pass  # a damaged file only loses the record of old warnings; training goes on
         self.save()
 
     def save(self) -> None:

@@ -16,7 +16,7 @@ import helpers
 
 from gluontl.errors import TrainError
 from gluontl.pipeline import prepare
-from gluontl.recipe import parse_recipe
+from gluontl.recipe import load_recipe, parse_recipe
 from gluontl.train.guards import (COLLAPSE_RTOL, STUCK_MIN_STEPS, check_first_epoch, check_weights, collapsed,
                                   weights_of)
 from gluontl.train.loop import finetune
@@ -245,6 +245,10 @@ def test_a_loss_stuck_at_chance_warns_after_epoch_1_and_training_goes_on(tmp_pat
     assert abs(first["train_loss"] - math.log(5)) < 1e-5
     warnings = json.loads((res.run_dir / "summary.json").read_text())["warnings"]
     assert [w["guard"] for w in warnings] == ["stuck_loss"] and "train.guards.stuck_loss" in warnings[0]["message"]
+    # extended, the run is not checked again, and its summary keeps what its start found
+    more = finetune(load_recipe(res.run_dir / "recipe.yaml", ["train.epochs=3"]), runs_root=tmp_path / "runs",
+                    resume=res.run_dir, quiet=True)
+    assert json.loads((more.run_dir / "summary.json").read_text())["warnings"] == warnings
 
 
 def test_a_stuck_loss_stops_the_run_when_set_to_error(tmp_path):
