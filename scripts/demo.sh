@@ -5,5 +5,8 @@
 source "$(dirname "$0")/env.sh"
 export GLUONTL_HOME="${GLUONTL_HOME:-$HOME/.cache/gluontl}"
 python scripts/make_imagenet_onnx.py
-gluontl finetune --recipe recipes/elpv_efficientnet_lite0.yaml "$@"
-gluontl evaluate "$(ls -td runs/elpv_efficientnet_lite0* | head -1)"
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+gluontl finetune --recipe recipes/elpv_efficientnet_lite0.yaml "$@" | tee "$log"
+# the run folder this finetune wrote, from its last line ("done: best …; run folder PATH")
+gluontl evaluate "$(sed -n 's/^done: .*; run folder //p' "$log" | tail -1)"
