@@ -165,6 +165,21 @@ class ModelSpec(Strict):
             raise ValueError("pretrained: true is for zoo: sources; use weights: FILE for others")
         return self
 
+    @model_validator(mode="before")
+    @classmethod
+    def _zoo_size(cls, data: Any) -> Any:
+        """Without ``input_shape`` a zoo model gets the size its family is made for (InceptionV3: 299)."""
+        if isinstance(data, Mapping) and "input_shape" not in data and isinstance(data.get("source"), str):
+            try:
+                source = resolve_source(data["source"])
+            except ModelSourceError:
+                return data  # the source field's own validation says what is wrong
+            if source.startswith("zoo:"):
+                from .sources import zoo_input_shape
+
+                data = {**data, "input_shape": zoo_input_shape(source)}
+        return data
+
 
 class HeadSpec(Strict):
     classes: int = Field(gt=0, le=1 << 20)

@@ -289,3 +289,12 @@ def test_zoo_detector_builds_offline_through_load_model(offline):
     betas = [e.param.data().asnumpy() for n, e in params.items() if "expand_trans_bn0_beta" in e.param.name]
     assert gammas and all((g == 1).all() for g in gammas) and betas and all((b == 0).all() for b in betas)
     assert offline == []
+
+
+@pytest.mark.parametrize("source, want", [("zoo:inceptionv3", (3, 299, 299)), ("resnet18_v1", (3, 224, 224)),
+                                          ("zoo:ssd_512_resnet50_v1_voc", (3, 512, 512))])
+def test_a_recipe_without_input_shape_takes_the_zoo_familys_size(source, want):
+    from gluontl.recipe import ModelSpec
+
+    assert ModelSpec(source=source).input_shape == want
+    assert ModelSpec(source=source, input_shape=(3, 64, 64)).input_shape == (3, 64, 64)  # given: kept
