@@ -110,8 +110,15 @@ def _check_resume(run_dir: Path, recipe: Recipe, meta: dict[str, Any], quiet: bo
     diff = old.differences(recipe, *_RESUME_SECTIONS)
     if meta.get("recipe_digest") not in (_resume_digest(recipe), recipe.digest(*_RESUME_SECTIONS)):
         fixed = [d for d in diff if not d.startswith(_EXTENDABLE)]
+        if not fixed:  # same settings, other digest: fields added since, or recipe.yaml edited by hand
+            raise TrainError(f"Cannot resume {run_dir}: its checkpoint records a recipe digest that this "
+                             f"gluontl does not compute from {run_dir / 'recipe.yaml'}, although the settings "
+                             f"agree: the run was written by an older gluontl (recipes have gained fields "
+                             f"since) or recipe.yaml was edited by hand. Start a new run from this one's "
+                             f"weights with `gluontl finetune --recipe {run_dir / 'recipe.yaml'} --init-from "
+                             f"{run_dir}`.")
         raise TrainError(f"Cannot resume {run_dir}: the recipe differs from the one the run started with "
-                         f"({'; '.join(fixed[:8]) or 'recipe.yaml was edited'}). A resume may change only "
+                         f"({'; '.join(fixed[:8])}). A resume may change only "
                          f"train.epochs and train.schedule (to extend the run); resume with "
                          f"`gluontl finetune --resume {run_dir}` (it uses {run_dir / 'recipe.yaml'}), or start a "
                          f"new run from this one's weights with `--init-from {run_dir}`.")

@@ -72,6 +72,12 @@ def test_resume_refuses_a_changed_recipe_and_tampered_files(tiny_symbol, tmp_pat
     part = finetune(recipe(tiny_symbol), runs_root=tmp_path, quiet=True, stop_after_steps=3)
     with pytest.raises(TrainError, match=r"recipe differs .*train\.lr: 0\.05 -> 0\.1"):
         finetune(recipe(tiny_symbol, lr=0.1), runs_root=tmp_path, quiet=True, resume=part.run_dir)
+    meta_path = part.run_dir / "checkpoints" / "last.json"
+    meta = json.loads(meta_path.read_text())
+    meta_path.write_text(json.dumps({**meta, "recipe_digest": "0" * 16}))  # as an older gluontl's digest
+    with pytest.raises(TrainError, match=r"settings agree: the run was written by an older gluontl.*--init-from"):
+        finetune(recipe(tiny_symbol), runs_root=tmp_path, quiet=True, resume=part.run_dir)
+    meta_path.write_text(json.dumps(meta))
     p = part.run_dir / "checkpoints" / "last.params"
     p.write_bytes(p.read_bytes()[:-8] + b"\0" * 8)
     with pytest.raises(TrainError, match="does not match the hash"):
