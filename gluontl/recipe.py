@@ -372,6 +372,9 @@ class TrainSpec(Strict):
     log_every: int = Field(default=10, gt=0, le=1 << 30)
     max_bad_steps: int = Field(default=10, ge=0, le=1 << 30)
     guards: GuardsSpec = GuardsSpec()
+    select: Literal["val_top1", "val_balanced_acc", "val_loss"] = Field(
+        default="val_top1", description="the validation metric that picks the best checkpoint (what export, "
+        "evaluate and predict use); val_balanced_acc suits imbalanced classes")
 
     @field_validator("guards", mode="before")
     @classmethod

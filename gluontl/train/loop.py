@@ -416,8 +416,9 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
                        "seconds": time.perf_counter() - t0}
                 log.write(row)
                 show(epoch_line(row, t.epochs), quiet)
-                if best is None or row["val_top1"] > best["val_top1"]:
-                    best = {"epoch": epoch + 1, "val_top1": row["val_top1"], "val_loss": row["val_loss"]}
+                if _better(row, best, t.select):
+                    best = {"epoch": epoch + 1, "select": t.select,
+                            **{k: row[k] for k in ("val_top1", "val_balanced_acc", "val_loss")}}
                     checkpoint.save(run_dir / "checkpoints", "best", net, trainer,
                                     dict(state, epoch=epoch + 1, batch_in_epoch=0, global_step=global_step, best=best))
                 checkpoint.save(run_dir / "checkpoints", "last", net, trainer,
@@ -441,12 +442,20 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
                    "hybridized": t.hybridize, "feature_cache": feed.summary() if feed else None,
                    "warnings": guards.warnings}
         write_text(run_dir / "summary.json", json.dumps(summary, indent=1), TrainError)
-        show(f"done: best val_acc {best['val_top1']:.4f} at epoch {best['epoch']}; run folder {run_dir}", quiet)
+        label = "val_acc" if t.select == "val_top1" else t.select  # val_acc: the epoch lines' name
+        show(f"done: best {label} {best[t.select]:.4f} at epoch {best['epoch']}; run folder {run_dir}", quiet)
         if len(loaders.bad):
             say(quiet, loaders.bad.summary())
     if stop.signum is not None:
         raise Interrupted(run_dir, stop.signum)
     return result
+
+
+def _better(row: dict[str, Any], best: dict[str, Any] | None, metric: str) -> bool:
+    """Whether this epoch's validation beats the best so far on ``train.select`` (ties keep the earlier)."""
+    if best is None:
+        return True
+    return row[metric] < best[metric] if metric == "val_loss" else row[metric] > best[metric]
 
 
 def _check_outputs(net, recipe: Recipe, classes: int, names: list[str], ctx) -> None:

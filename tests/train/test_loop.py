@@ -191,3 +191,25 @@ def test_export_run_writes_verified_files_and_refuses_to_overwrite(tiny_symbol, 
     with pytest.raises(ExportError, match="already exists"):
         export_run(res.run_dir, tmp_path / "out", formats=["onnx"])
     assert onnx_path.read_bytes() == before
+
+
+@pytest.mark.parametrize("select", ["val_top1", "val_balanced_acc", "val_loss"])
+def test_the_best_checkpoint_is_the_epoch_train_select_ranks_first(tiny_symbol, tmp_path, select):
+    res = finetune(recipe(tiny_symbol, epochs=4, lr=0.2, select=select), runs_root=tmp_path, quiet=True)
+    rows = [r for r in res.metrics if "epoch" in r]
+    values = np.array([r[select] for r in rows])
+    want = int(np.argmin(values) if select == "val_loss" else np.argmax(values)) + 1  # first of ties
+    assert res.best["epoch"] == want and res.best[select] == rows[want - 1][select]
+    meta = json.loads((res.run_dir / "checkpoints" / "best.json").read_text())
+    assert meta["epoch"] == want and meta["best"]["select"] == select
+
+
+def test_better_ranks_by_the_selected_metric_alone():
+    from gluontl.train.loop import _better
+
+    best = {"val_top1": 0.80, "val_balanced_acc": 0.60, "val_loss": 0.50}
+    row = {"val_top1": 0.78, "val_balanced_acc": 0.70, "val_loss": 0.55}  # worse top-1 and loss, better balance
+    assert [_better(row, best, m) for m in ("val_top1", "val_balanced_acc", "val_loss")] == [False, True, False]
+    lower_loss = {**best, "val_loss": 0.40}
+    assert _better(lower_loss, best, "val_loss") and not _better(best, best, "val_top1")  # a tie keeps the earlier
+    assert _better(row, None, "val_loss")
