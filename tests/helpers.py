@@ -82,6 +82,26 @@ def resnet18_weights(path) -> str:
     return str(path)
 
 
+def other_file_system(near, monkeypatch):
+    """A new folder on a file system other than ``near``'s (/dev/shm), where ``os.link`` across
+    fails; on a machine without one, ``os.link`` is made to fail the same way (EXDEV), so the
+    copy path runs everywhere. The caller removes the folder."""
+    import errno
+    import os
+    import tempfile
+    from pathlib import Path
+
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK) and os.stat(shm).st_dev != os.stat(near).st_dev:
+        return Path(tempfile.mkdtemp(dir=shm))
+
+    def cross_device(src, dst, *args, **kwargs):
+        raise OSError(errno.EXDEV, "Invalid cross-device link", str(dst))
+
+    monkeypatch.setattr(os, "link", cross_device)
+    return Path(tempfile.mkdtemp(dir=near))
+
+
 def f32_tol(scale, terms: int, depth: int = 1):
     """The absolute difference two correct float32 evaluations of one value may show.
 

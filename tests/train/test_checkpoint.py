@@ -6,7 +6,7 @@ import hashlib
 import json
 import os
 import pickle
-import tempfile
+import shutil
 from pathlib import Path
 
 import mxnet as mx
@@ -316,12 +316,10 @@ def test_resume_unpickles_no_states_file_whose_hash_does_not_match(tmp_path):
     assert not marker.exists()
 
 
-def test_link_copies_where_a_hard_link_cannot_be_made(tmp_path):
+def test_link_copies_where_a_hard_link_cannot_be_made(tmp_path, monkeypatch):
     """On file systems without hard links (or across devices) TAG.params is a copy."""
-    shm = Path("/dev/shm")
-    if not shm.is_dir() or os.stat(shm).st_dev == os.stat(tmp_path).st_dev:
-        pytest.skip("needs a second file system (/dev/shm) to make os.link fail")
-    src = Path(tempfile.mkstemp(dir=shm)[1])
+    other = helpers.other_file_system(tmp_path, monkeypatch)
+    src = other / "generation.params"
     try:
         src.write_bytes(b"generation bytes")
         dst = tmp_path / "last.params"
@@ -329,4 +327,4 @@ def test_link_copies_where_a_hard_link_cannot_be_made(tmp_path):
         checkpoint._link(src, dst)
         assert dst.read_bytes() == b"generation bytes" and not os.path.samefile(src, dst)
     finally:
-        src.unlink()
+        shutil.rmtree(other)

@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import pytest
+import helpers
 from PIL import Image
 from sklearn.datasets import load_digits
 
@@ -194,17 +194,14 @@ def test_elpv_without_the_package_says_how_to_install(tmp_path, monkeypatch):
     assert list((tmp_path / "datasets" / "elpv").iterdir()) == []
 
 
-def test_elpv_cache_links_on_one_file_system_and_copies_across(elpv, tmp_path):
+def test_elpv_cache_links_on_one_file_system_and_copies_across(elpv, tmp_path, monkeypatch):
     import importlib.util
     import os
 
     data = Path(importlib.util.find_spec("elpv_dataset").origin).parent / "data" / "images"
     one = next(elpv.rglob("*.png"))
     assert os.path.samefile(one, data / one.name) == (os.stat(elpv).st_dev == os.stat(data).st_dev)
-    shm = Path("/dev/shm")
-    if not shm.is_dir() or os.stat(shm).st_dev == os.stat(data).st_dev:
-        pytest.skip("needs a second file system (/dev/shm) to make os.link fail")
-    home = Path(tempfile.mkdtemp(dir=shm))
+    home = helpers.other_file_system(data, monkeypatch)
     try:
         root = demo.elpv_folder(0.5, home)
         files = sorted(root.rglob("*.png"))
