@@ -49,6 +49,17 @@ class RestoreSpec(Strict):
     expect_missing: list[str] = Field(default_factory=list)
     expect_unexpected: list[str] = Field(default_factory=list)
     expect_mismatch: list[str] = Field(default_factory=list)
+    type: Literal["detection", "classification", "none"] | None = Field(
+        default=None, description="task: detection only (TF Object Detection API's fine_tune_checkpoint_type): "
+        "detection (default) restores everything the file has, class rows per `reuse`; classification the "
+        "backbone only; none nothing")
+    reuse: dict[str, str] = Field(default_factory=dict, description="task: detection, restore.type detection: "
+                                  "new class -> old class (names or indices) whose prediction rows it starts from")
+
+    @field_validator("reuse", mode="before")
+    @classmethod
+    def _reuse_names(cls, v: Any) -> Any:
+        return {str(k): str(x) for k, x in v.items()} if isinstance(v, Mapping) else v
 
 
 SOURCE_FORMS = ("PATH.onnx or onnx:PATH (an ONNX file); PREFIX, PREFIX-symbol.json or symbol:PREFIX (an MXNet "
@@ -372,9 +383,10 @@ class TrainSpec(Strict):
     log_every: int = Field(default=10, gt=0, le=1 << 30)
     max_bad_steps: int = Field(default=10, ge=0, le=1 << 30)
     guards: GuardsSpec = GuardsSpec()
-    select: Literal["val_top1", "val_balanced_acc", "val_loss"] = Field(
+    select: Literal["val_top1", "val_balanced_acc", "val_loss", "val_map50", "val_map"] = Field(
         default="val_top1", description="the validation metric that picks the best checkpoint (what export, "
-        "evaluate and predict use); val_balanced_acc suits imbalanced classes")
+        "evaluate and predict use); val_balanced_acc suits imbalanced classes; detection: val_map50 (VOC "
+        "mAP@0.5, its default) or val_map (COCO mAP@[.5:.95])")
 
     @field_validator("guards", mode="before")
     @classmethod
@@ -409,14 +421,44 @@ class ExportSpec(Strict):
     lean: bool = True
 
 
+TASK_METRICS = {"classification": ("val_top1", "val_balanced_acc", "val_loss"),
+                "detection": ("val_map50", "val_map", "val_loss")}
+
+
 class Recipe(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}$")  # a run folder name: no "..", no "/"
+    task: Literal["classification", "detection"] = "classification"
     model: ModelSpec
     surgery: SurgerySpec = SurgerySpec()
     rules: list[Rule] = Field(default_factory=list)
     data: DataSpec | None = None
     train: TrainSpec = TrainSpec()
     export: ExportSpec = ExportSpec()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _task_select(cls, data: Any) -> Any:
+        """A detection recipe that does not choose picks its best checkpoint by mAP@0.5."""
+        if isinstance(data, Mapping) and data.get("task") == "detection":
+            train = data.get("train") if isinstance(data.get("train"), Mapping) else {}
+            if "select" not in train:
+                data = {**data, "train": {**train, "select": "val_map50"}}
+        return data
+
+    @model_validator(mode="after")
+    def _task_fits(self) -> "Recipe":
+        valid = TASK_METRICS[self.task]
+        if self.train.select not in valid:
+            raise ValueError(f"train.select {self.train.select} is not a {self.task} metric; use one of "
+                             f"{', '.join(valid)}")
+        if self.task == "classification" and (self.model.restore.type or self.model.restore.reuse):
+            raise ValueError("model.restore.type / reuse are for task: detection (which rows of a detector's "
+                             "heads to restore); classification restores by name (only, prefix_map, expect_*)")
+        if self.task == "detection" and self.surgery != SurgerySpec():
+            raise ValueError("surgery (cut_at, drop_last, ignore, head) is for classifiers; a detector gets its "
+                             "new classes from data.classes and keeps its own heads (model.restore.reuse "
+                             "chooses which class rows start from old ones)")
+        return self
 
     def differences(self, other: "Recipe", *sections: str) -> list[str]:
         """``key.path: old -> new`` for every leaf that differs (what a refused resume reports)."""

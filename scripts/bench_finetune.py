@@ -23,6 +23,7 @@ compares epochs 2..N and the final metrics.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -42,6 +43,7 @@ from mxnet import autograd, gluon  # noqa: E402
 
 from gluontl.recipe import Rule, parse_recipe  # noqa: E402
 from gluontl.rules import apply_plan, make_plan, trainable_params  # noqa: E402
+from gluontl.tasks.classification import classify  # noqa: E402
 from gluontl.train.cache import PER_STEP_MARGIN  # noqa: E402
 from gluontl.train.loop import Stepper, finetune  # noqa: E402
 from gluontl.train.prefix import OrtEngine, choose_engine, split_frozen_prefix  # noqa: E402
@@ -104,6 +106,7 @@ def bench_case(model: str, size: int, regime: str, modes: tuple[str, ...], a: ar
     x = mx.nd.array(rng.standard_normal((a.batch, 3, size, size)), ctx=ctx)
     y = mx.nd.array(rng.integers(0, 10, a.batch), ctx=ctx)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    fwd = functools.partial(classify, loss=loss_fn)  # what the classification task runs
 
     hand_trainer = gluon.Trainer([p for p in net.collect_params().values() if p.grad_req != "null"], "sgd", OPT)
 
@@ -117,14 +120,14 @@ def bench_case(model: str, size: int, regime: str, modes: tuple[str, ...], a: ar
         with autograd.predict_mode():
             net(x).wait_to_read()
 
-    stepper = Stepper(net, gluon.Trainer(list(trainable_params(net).values()), "sgd", OPT), loss_fn, [ctx])
+    stepper = Stepper(net, gluon.Trainer(list(trainable_params(net).values()), "sgd", OPT), fwd, [ctx])
     runs: dict[str, Callable[[], object]] = {"handwritten": handwritten, "step": lambda: stepper.step(x, y)}
     notes: dict[str, str] = {}
     if {"cache", "prefix_ort"} & set(modes) and regime != "full":
         split = split_frozen_prefix(net, plan, (3, size, size), ctx)
         split.suffix.hybridize(static_alloc=True, static_shape=True)
         suffix = Stepper(split.suffix, gluon.Trainer(list(trainable_params(split.suffix).values()), "sgd", OPT),
-                         loss_fn, [ctx])
+                         fwd, [ctx])
         probe = x.asnumpy()
         engine, notes["cache"] = choose_engine("auto", split.prefix, (3, size, size), ctx, probe)
         if "cache" in modes:

@@ -25,14 +25,14 @@ from mxnet import autograd, gluon
 
 from ..atomic import write_text
 from ..errors import Interrupted, TrainError
-from ..pipeline import prepare, with_input_name
+from ..pipeline import with_input_name
 from ..recipe import Recipe, ScheduleSpec, load_recipe
 from ..rules import Plan, apply_plan, format_plan, make_plan, trainable_params
+from ..tasks import get_task
 from . import checkpoint
-from .cache import Feed, build_feed
-from .data import make_loaders
+from .cache import Feed
 from .logs import MetricsLog, bars_on, epoch_line, progress, say, show
-from .guards import GuardLog, check_features, check_first_epoch, check_weights
+from .guards import GuardLog
 from .schedule import lr_at
 
 
@@ -170,35 +170,37 @@ def _set_accumulation(net, k: int) -> None:
 
 
 class Stepper:
-    """One training step over a batch split across contexts: forward, backward and, when
-    ``update`` says so, the optimizer update.
+    """One training step over a batch split across contexts: the task's forward + loss,
+    backward and, when ``update`` says so, the optimizer update.
 
     The loop, the feature-cache path (``net`` is then the trainable suffix) and
     ``scripts/bench_finetune.py`` share it, so the benchmark times the step that trains.
     For gradient accumulation the caller puts the parameters in ``grad_req: add``
     (``_set_accumulation``) and passes ``update=False`` until the k-th batch; ``pending``
     counts the images the piled-up gradients cover. A non-finite loss discards them and
-    updates nothing. ``correct`` is the batch's top-1 hits in training mode, so train
-    accuracy comes on the fly, without a second pass over the training set.
+    updates nothing. ``correct`` is the batch's hits in training mode (classification: top-1;
+    None where the task has no such count), so train accuracy comes on the fly, without a
+    second pass over the training set.
+
+    ``forward(net, xs, ys) -> (losses, hits)`` is the task's (``gluontl.tasks``).
     """
 
-    def __init__(self, net, trainer: gluon.Trainer, loss_fn: Callable, ctxs: list[mx.Context]) -> None:
-        self.net, self.trainer, self.loss_fn, self.ctxs = net, trainer, loss_fn, ctxs
+    def __init__(self, net, trainer: gluon.Trainer, forward: Callable, ctxs: list[mx.Context]) -> None:
+        self.net, self.trainer, self.forward, self.ctxs = net, trainer, forward, ctxs
         self.params = list(trainable_params(net).values())
         self.pending = 0
         self.updated = False
-        self.correct = 0
+        self.correct: int | None = 0
 
     def step(self, x: mx.nd.NDArray, y: mx.nd.NDArray, update: bool = True) -> float:
         """Summed loss of the batch (synchronizes, like any loss read)."""
         xs = gluon.utils.split_and_load(x, self.ctxs, even_split=False)
         ys = gluon.utils.split_and_load(y, self.ctxs, even_split=False)
         with autograd.record():
-            outs = [self.net(xi) for xi in xs]
-            losses = [self.loss_fn(o, yi) for o, yi in zip(outs, ys)]
+            losses, hits = self.forward(self.net, xs, ys)
         autograd.backward(losses)
         batch_loss = sum(float(l.sum().asscalar()) for l in losses)
-        self.correct = sum(int((o.argmax(axis=1) == yi).sum().asscalar()) for o, yi in zip(outs, ys))
+        self.correct = None if hits is None else sum(int(h.asscalar()) for h in hits)
         self.updated = False
         if not np.isfinite(batch_loss):
             self._zero_grads()
@@ -216,54 +218,6 @@ class Stepper:
         for p in self.params:
             if not only_add or p.grad_req == "add":
                 p.zero_grad()
-
-
-def evaluate_loader(net, loader, ctxs, num_classes: int, loss_fn) -> dict[str, Any]:
-    """Loss, top-1/top-5 and the confusion matrix over a loader, in inference mode."""
-    total_loss, n = 0.0, 0
-    conf = np.zeros((num_classes, num_classes), dtype=np.int64)
-    top5_hits = 0
-    for x, y in loader:
-        xs = gluon.utils.split_and_load(x, ctxs, even_split=False)
-        ys = gluon.utils.split_and_load(y, ctxs, even_split=False)
-        for xi, yi in zip(xs, ys):
-            out = net(xi)
-            total_loss += float(loss_fn(out, yi).sum().asscalar())
-            scores = out.asnumpy()
-            labels = yi.asnumpy().astype(np.int64)
-            pred = scores.argmax(axis=1)
-            np.add.at(conf, (labels, pred), 1)
-            k = min(5, num_classes)
-            top = np.argsort(-scores, axis=1)[:, :k]
-            top5_hits += int((top == labels[:, None]).any(axis=1).sum())
-            n += len(labels)
-    n = max(n, 1)
-    out = {"val_loss": total_loss / n, "val_top1": float(np.trace(conf)) / n,
-           "val_balanced_acc": balanced_accuracy(conf), "confusion": conf}
-    if num_classes > 5:
-        out["val_top5"] = top5_hits / n
-    return out
-
-
-def balanced_accuracy(conf: np.ndarray) -> float:
-    """Mean recall over the classes present (rows: true labels): on imbalanced data top-1 can
-    look good for a model that always answers the majority class; this cannot."""
-    support = conf.sum(axis=1)
-    present = support > 0
-    return float(np.mean(np.diag(conf)[present] / support[present])) if present.any() else 0.0
-
-
-def _loss_fn(recipe: Recipe, num_classes: int) -> Callable:
-    eps = recipe.train.label_smoothing
-    if eps == 0:
-        return gluon.loss.SoftmaxCrossEntropyLoss()
-    ce = gluon.loss.SoftmaxCrossEntropyLoss(sparse_label=False)
-
-    def smoothed(out, label):
-        target = mx.nd.one_hot(label, num_classes) * (1 - eps) + eps / num_classes
-        return ce(out, target.as_in_context(out.context))
-
-    return smoothed
 
 
 def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Path | None = None,
@@ -286,21 +240,14 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
                 f"hybridize static_alloc/static_shape: {t.hybridize}")
     seed_all(t.seed)
     ctxs = parse_ctx(t.ctx)
-    prep = prepare(recipe, ctx=ctxs[0])
+    task = get_task(recipe)
+    prep, loaders = task.setup(recipe, ctxs[0], seed=t.seed)
     net = prep.block
-    if len(ctxs) > 1:
-        net.collect_params().reset_ctx(ctxs)
-    loaders = make_loaders(recipe.data, seed=t.seed)
-    head = recipe.surgery.head
-    if head is not None and head.classes != loaders.num_classes:
-        raise TrainError(f"surgery.head.classes is {head.classes} but the data has {loaders.num_classes} "
-                         f"classes ({', '.join(loaders.class_names[:10])}). Make them equal.")
-    if head is None:
-        _check_outputs(net, recipe, loaders.num_classes, loaders.class_names, ctxs[0])
     guards = GuardLog(t.guards)
     if resume is None:  # a resumed run was checked when it started
-        guards.handle(check_weights(recipe, prep))
-        guards.handle(check_features(recipe, net, prep.plan, loaders, ctxs[0]))
+        task.check(recipe, prep, loaders, ctxs[0], guards)
+    if len(ctxs) > 1:
+        net.collect_params().reset_ctx(ctxs)
     if resume is not None:
         run_dir = Path(resume)
         meta = checkpoint.load(run_dir / "checkpoints", "last")
@@ -312,11 +259,8 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
             write_text(run_dir / "split.json", json.dumps(loaders.split.to_json(), indent=1), TrainError)
         meta = None
     guards.attach(run_dir)
-    from .runs import run_card  # preprocessing + class names: what predict and exports read
-
-    write_text(run_dir / "preprocess.json", json.dumps(run_card(recipe, recipe.data, loaders.class_names), indent=1),
-               TrainError)
-    loss_fn = _loss_fn(recipe, loaders.num_classes)
+    # preprocessing + class names: what predict and exports read
+    write_text(run_dir / "preprocess.json", json.dumps(task.card(recipe, loaders), indent=1), TrainError)
     n_batches = loaders.train_sampler.batches_per_epoch()
     steps_per_epoch = max(1, n_batches // t.accumulate)
 
@@ -357,15 +301,15 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
                     _set_accumulation(net, t.accumulate)
                     trainer = _make_trainer(net, recipe)
                 if replan or feed is None:
-                    new_feed = build_feed(net, plan, recipe, loaders, ctxs[0], run_dir / "feature_cache",
-                                          not bars_on(quiet), feed)
+                    new_feed = task.feed(net, plan, recipe, loaders, ctxs[0], run_dir / "feature_cache",
+                                         not bars_on(quiet), feed)
                     if new_feed is not feed:
                         say(quiet, new_feed.log)
                         if feed is not None:
                             feed.close()
                     feed = new_feed
                     _write_plan(run_dir, plan, feed)
-                stepper = Stepper(feed.net, trainer, loss_fn, ctxs)
+                stepper = Stepper(feed.net, trainer, task.forward, ctxs)
                 feed.prepare(epoch)
                 bar = _bar(feed.train_batches(epoch, skip), epoch, t.epochs, quiet, skip, n_batches)
                 (run_loss, run_n, run_correct), partial = partial, (0.0, 0, 0)
@@ -387,7 +331,7 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
                         steps_this_call += 1
                     run_loss += batch_loss
                     run_n += x.shape[0]
-                    run_correct += stepper.correct
+                    run_correct = None if stepper.correct is None else run_correct + stepper.correct
                     if epoch == 0:
                         first_losses.append(batch_loss / x.shape[0])
                     ips = x.shape[0] / max(time.perf_counter() - tick, 1e-9)
@@ -408,23 +352,22 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
                     break
                 skip = 0
                 with autograd.predict_mode():
-                    val = evaluate_loader(feed.net, feed.val_batches(), ctxs, loaders.num_classes, loss_fn)
+                    val = task.evaluate(feed.net, feed.val_batches(), ctxs)
                 row = {"step": global_step, "epoch": epoch + 1, "train_loss": run_loss / max(run_n, 1),
-                       "train_acc": run_correct / max(run_n, 1),
-                       **{k: v for k, v in val.items() if k != "confusion"},
+                       **({} if run_correct is None else {"train_acc": run_correct / max(run_n, 1)}),
+                       **{k: v for k, v in val.items() if isinstance(v, (int, float))},
                        "lr": lr_at(t.schedule, t.lr, max(global_step - 1, 0), steps_per_epoch, t.epochs),
                        "seconds": time.perf_counter() - t0}
                 log.write(row)
                 show(epoch_line(row, t.epochs), quiet)
                 if _better(row, best, t.select):
-                    best = {"epoch": epoch + 1, "select": t.select,
-                            **{k: row[k] for k in ("val_top1", "val_balanced_acc", "val_loss")}}
+                    best = {"epoch": epoch + 1, "select": t.select, **{k: row[k] for k in task.metrics}}
                     checkpoint.save(run_dir / "checkpoints", "best", net, trainer,
                                     dict(state, epoch=epoch + 1, batch_in_epoch=0, global_step=global_step, best=best))
                 checkpoint.save(run_dir / "checkpoints", "last", net, trainer,
                                 dict(state, epoch=epoch + 1, batch_in_epoch=0, global_step=global_step, best=best))
                 if epoch == 0 and meta is None:
-                    guards.handle(check_first_epoch(first_losses, global_step, loaders.num_classes))
+                    guards.handle(task.first_epoch(first_losses, global_step, loaders))
                 if stop.requested and epoch + 1 < t.epochs:  # a signal during validation
                     stopped = True
                     break
@@ -458,18 +401,6 @@ def _better(row: dict[str, Any], best: dict[str, Any] | None, metric: str) -> bo
     return row[metric] < best[metric] if metric == "val_loss" else row[metric] > best[metric]
 
 
-def _check_outputs(net, recipe: Recipe, classes: int, names: list[str], ctx) -> None:
-    """Without a new head the model's own output must score the data's classes, one per column."""
-    with autograd.predict_mode():
-        out = net(mx.nd.zeros((1, *recipe.model.input_shape), ctx=ctx))
-    shape = tuple(out.shape) if isinstance(out, mx.nd.NDArray) else tuple(tuple(o.shape) for o in out)
-    if len(shape) != 2 or shape[1] != classes:
-        raise TrainError(f"The model's output has shape {shape} for one image, but the data has {classes} classes "
-                         f"({', '.join(names[:10])}): a classifier needs (1, {classes}). Attach a new head with "
-                         f"surgery.head: {{classes: {classes}}} (zoo models rebuild their own classifier), or cut "
-                         f"the model (surgery.cut_at / drop_last) and attach one there.")
-
-
 def _write_plan(run_dir: Path, plan: Plan, feed: Feed) -> None:
     write_text(run_dir / "plan.txt", format_plan(plan) + f"\n{feed.log}\n", TrainError)
     write_text(run_dir / "plan.json", json.dumps({**plan.to_json(), "feature_cache": feed.summary()}, indent=1),
@@ -482,4 +413,4 @@ def _bar(loader, epoch: int, epochs: int, quiet: bool, initial: int, total: int)
     return progress(loader, quiet, total=total, initial=initial, desc=f"epoch {epoch + 1}/{epochs}")
 
 
-__all__ = ["finetune", "RunResult", "Stepper", "evaluate_loader", "parse_ctx"]
+__all__ = ["finetune", "RunResult", "Stepper", "parse_ctx"]

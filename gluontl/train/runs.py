@@ -71,7 +71,7 @@ def init_from(recipe: Recipe, run: str | Path) -> Recipe:
 
 def evaluate(run_dir: str | Path, split: str = "val", tag: str = "best") -> dict[str, Any]:
     from .data import load_split
-    from .loop import evaluate_loader
+    from ..tasks.classification import evaluate_loader
 
     recipe, net = load_run(run_dir, tag)
     ds = load_split(_data(recipe, run_dir), split)

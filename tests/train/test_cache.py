@@ -1,5 +1,6 @@
 """Frozen-prefix feature cache and prefix engines: same numbers as training through the whole net."""
 import json
+from functools import partial
 
 import mxnet as mx
 import helpers
@@ -202,6 +203,7 @@ def test_the_benchmarked_step_is_the_handwritten_step(weights):
     from mxnet import autograd, gluon
 
     from gluontl.rules import trainable_params
+    from gluontl.tasks.classification import classify
     from gluontl.train.loop import Stepper
 
     def net_and_trainer():
@@ -221,7 +223,7 @@ def test_the_benchmarked_step_is_the_handwritten_step(weights):
         loss.backward()
         ta.step(4)
     b, tb = net_and_trainer()
-    stepper = Stepper(b, tb, loss_fn, [mx.cpu()])
+    stepper = Stepper(b, tb, partial(classify, loss=loss_fn), [mx.cpu()])
     for x, y in batches:
         stepper.step(x, y)
     for (k, pa), pb in zip(a.collect_params().items(), b.collect_params().values()):

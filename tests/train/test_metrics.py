@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from mxnet import gluon
 
-from gluontl.train.loop import balanced_accuracy, evaluate_loader
+from gluontl.tasks.classification import balanced_accuracy, evaluate_loader
 
 
 @pytest.mark.parametrize("conf, want", [

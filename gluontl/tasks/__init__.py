@@ -1,0 +1,57 @@
+"""The task seam: what differs between classification and detection, and nothing else.
+
+The training loop (``gluontl.train.loop``) owns contexts, accumulation, schedules, checkpoints,
+resume, the feature cache decision, progress and logs; a task owns its data, the model it
+builds from the recipe, the forward + loss of a batch, its metrics and its run card. A new task
+is a new module implementing :class:`Task` and one entry in ``TASKS``.
+"""
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any, Protocol, Sequence
+
+import mxnet as mx
+
+from ..recipe import TASK_METRICS, Recipe
+
+Batch = tuple[mx.nd.NDArray, mx.nd.NDArray]
+
+
+class Task(Protocol):
+    metrics: Sequence[str]  # what `best` records; train.select is one of them
+
+    def setup(self, recipe: Recipe, ctx: mx.Context, *, seed: int) -> tuple[Any, Any]:
+        """(Prepared model, Loaders), each checked against the other."""
+
+    def check(self, recipe: Recipe, prep: Any, loaders: Any, ctx: mx.Context, guards: Any) -> None:
+        """Checks of a new run before its folder exists (guards against runs that cannot learn)."""
+
+    def feed(self, net, plan, recipe: Recipe, loaders, ctx: mx.Context, folder: Path, quiet: bool, previous):
+        """What trains and what it is fed (``gluontl.train.cache.Feed``)."""
+
+    def forward(self, net, xs: list[mx.nd.NDArray], ys: list[mx.nd.NDArray]
+                ) -> tuple[list[mx.nd.NDArray], list[mx.nd.NDArray] | None]:
+        """Inside ``autograd.record``: per-context losses whose sum over images, divided by the
+        image count, is the objective; and per-context counts of correct answers, read after
+        backward (None: no such notion for the task)."""
+
+    def evaluate(self, net, batches, ctxs: list[mx.Context]) -> dict[str, Any]:
+        """Validation metrics; numbers go to the metrics log, other values to evaluate's report."""
+
+    def first_epoch(self, batch_losses: list[float], steps: int, loaders) -> list:
+        """Guard findings after epoch 1."""
+
+    def card(self, recipe: Recipe, loaders) -> dict[str, Any]:
+        """The run's preprocess.json: what predict and exports read."""
+
+
+TASKS = {"classification": "gluontl.tasks.classification:Classification",
+         "detection": "gluontl.tasks.detection:Detection"}
+
+
+def get_task(recipe: Recipe) -> Task:
+    module, _, cls = TASKS[recipe.task].partition(":")
+    task = getattr(importlib.import_module(module), cls)()
+    task.metrics = TASK_METRICS[recipe.task]
+    return task
