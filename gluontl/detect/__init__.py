@@ -1,0 +1,1 @@
+"""Object detection: data, metrics, drawing and export (issue 12)."""

@@ -1,0 +1,235 @@
+"""Detection metrics: VOC mAP@0.5 (our numpy) and COCO mAP@[.5:.95] (pycocotools), from the
+same accumulated arrays, plus the PR-curve plot.
+
+Conventions, chosen so both metrics see the same IoU:
+
+- Boxes are continuous pixel coordinates and IoU has no "+1". GluonCV's ``VOCMApMetric`` adds 1
+  to xmax/ymax because its ``VOCDetection`` subtracts 1 from all four VOC coordinates (inclusive
+  integers); our box contract subtracts 1 from xmin/ymin only, so widths, hence IoU, equal the VOC
+  devkit's on VOC data, and COCO (x, y, w, h, no +1) agrees on the same arrays.
+- A detection matches at IoU >= 0.5 (GluonCV, pycocotools; the MATLAB devkit uses >).
+- VOC matching is the devkit's: per image and class, in descending score, a detection goes to the
+  ground truth it overlaps most; if that one is already taken it is a false positive (no fall-back
+  to the second best); if it is ``difficult`` the detection is ignored. Equal scores keep the
+  order of arrival (stable sort), so results never depend on the sort algorithm.
+- A class without non-difficult ground truth has AP ``nan`` and is left out of the mean
+  (GluonCV's ``nanmean``, pycocotools' -1).
+- VOC07 11-point AP samples recall at exactly k/10 (integer comparison); the Python ports'
+  ``np.arange(0, 1.1, 0.1)`` holds 0.30000000000000004, 0.6000000000000001 and 0.7000000000000001,
+  so a recall of exactly 3/10, 6/10 or 7/10 misses its point there.
+- For COCO, ``difficult`` boxes become ``iscrowd=1``, COCO's only way to ignore a ground truth
+  (its IoU with a crowd box is intersection over the detection's area, a little more lenient),
+  and COCO keeps at most 100 detections per image and class.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+
+from ..errors import DataError, GluontlError
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+
+def iou_matrix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """IoU of every box of ``a`` (n, 4) with every box of ``b`` (m, 4), xyxy, float64."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    lt = np.maximum(a[:, None, :2], b[None, :, :2])
+    rb = np.minimum(a[:, None, 2:4], b[None, :, 2:4])
+    inter = np.prod(np.clip(rb - lt, 0, None), axis=2)
+    area_a = np.prod(np.clip(a[:, 2:4] - a[:, :2], 0, None), axis=1)
+    area_b = np.prod(np.clip(b[:, 2:4] - b[:, :2], 0, None), axis=1)
+    union = area_a[:, None] + area_b[None, :] - inter
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(union > 0, inter / union, 0.0)
+
+
+class DetectionEval:
+    """Accumulates one split's detections and ground truth, image by image.
+
+    ``update`` takes one image's arrays (detections ``(K, 6)`` ``[class, score, x1, y1, x2, y2]``,
+    ground truth ``(N, 6)`` ``[x1, y1, x2, y2, class, difficult]``) or a batch of them
+    (``(B, K, 6)``, ``(B, M, 6)``); rows with class -1 are padding. Both metrics are computed
+    from everything accumulated, so ``voc()`` and ``coco()`` can be called in any order.
+    """
+
+    def __init__(self, class_names: Sequence[str]) -> None:
+        self.class_names = list(class_names)
+        self._images: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def update(self, dets: Any, gts: Any) -> None:
+        d, g = _numpy(dets), _numpy(gts)
+        if d.ndim == 3 and g.ndim == 3 and len(d) == len(g):
+            for di, gi in zip(d, g):
+                self._add(di, gi)
+        else:
+            self._add(d, g)
+
+    def __len__(self) -> int:
+        return len(self._images)
+
+    def _add(self, det: np.ndarray, gt: np.ndarray) -> None:
+        if det.ndim != 2 or det.shape[1] != 6 or gt.ndim != 2 or gt.shape[1] != 6:
+            raise DataError(f"Detection metrics take one image's detections as (K, 6) [class, score, x1, y1, x2, y2] "
+                            f"and its ground truth as (N, 6) [x1, y1, x2, y2, class, difficult] (or batches of "
+                            f"both); got {det.shape} and {gt.shape}.")
+        det = det[det[:, 0] >= 0].astype(np.float64)
+        gt = gt[gt[:, 4] >= 0].astype(np.float64)
+        for what, ids in (("detection", det[:, 0]), ("ground-truth", gt[:, 4])):
+            bad = ids[(ids != np.round(ids)) | (ids >= len(self.class_names))]
+            if bad.size:
+                raise DataError(f"A {what} row has class id {bad[0]:g}, but there are {len(self.class_names)} class "
+                                f"names ({', '.join(self.class_names[:5])}{', ...' if len(self.class_names) > 5 else ''}). "
+                                f"The model's classes and the dataset's class list must be the same.")
+        self._images.append((det, gt))
+
+    def voc(self, eleven_point: bool = False) -> dict[str, Any]:
+        """VOC mAP@0.5: the area under the interpolated PR curve (VOC2010+), or the VOC2007
+        11-point mean with ``eleven_point``. ``pr`` holds each class's raw precision/recall
+        arrays in descending score (classes without ground truth have none)."""
+        n = len(self.class_names)
+        scores: list[list[np.ndarray]] = [[] for _ in range(n)]
+        matches: list[list[np.ndarray]] = [[] for _ in range(n)]
+        n_pos = np.zeros(n, np.int64)
+        for det, gt in self._images:
+            for c in np.union1d(det[:, 0], gt[:, 4]).astype(int):
+                dc, gc = det[det[:, 0] == c], gt[gt[:, 4] == c]
+                dc = dc[np.argsort(-dc[:, 1], kind="stable")]
+                difficult = gc[:, 5] > 0
+                n_pos[c] += int((~difficult).sum())
+                scores[c].append(dc[:, 1])
+                matches[c].append(_match(dc[:, 2:6], gc[:, :4], difficult))
+        per_class: dict[str, float] = {}
+        pr: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        for c, name in enumerate(self.class_names):
+            if n_pos[c] == 0:
+                per_class[name] = math.nan
+                continue
+            s = np.concatenate(scores[c]) if scores[c] else np.zeros(0)
+            m = np.concatenate(matches[c]) if matches[c] else np.zeros(0, np.int8)
+            m = m[np.argsort(-s, kind="stable")]
+            m = m[m >= 0]  # detections of difficult objects count neither way
+            tp = np.cumsum(m == 1)
+            precision = tp / np.arange(1, len(m) + 1)
+            recall = tp / n_pos[c]
+            per_class[name] = float(_ap_11(precision, tp, int(n_pos[c])) if eleven_point else _ap_area(precision, recall))
+            pr[name] = (precision, recall)
+        return {"map50": _nanmean(list(per_class.values())), "per_class": per_class, "pr": pr,
+                "n_gt": {name: int(k) for name, k in zip(self.class_names, n_pos)},
+                "method": "11-point" if eleven_point else "area"}
+
+    def coco(self) -> dict[str, Any]:
+        """COCO mAP@[.5:.95], mAP@0.5 and mAP@0.75 (area "all", 100 detections) from pycocotools,
+        and each class's mAP@[.5:.95]."""
+        try:
+            from pycocotools.coco import COCO
+            from pycocotools.cocoeval import COCOeval
+        except ImportError as e:
+            raise GluontlError(f"COCO mAP needs pycocotools, a dependency of gluontl that does not import here ({e}). "
+                               f"Reinstall gluontl into this environment (pip install -e . in the gluontl checkout); "
+                               f"gluontl never installs packages while it runs.") from None
+        n = len(self.class_names)
+        images, anns, results = [], [], []
+        for i, (det, gt) in enumerate(self._images, 1):
+            images.append({"id": i})
+            for x1, y1, x2, y2, c, difficult in gt.tolist():
+                anns.append({"id": len(anns) + 1, "image_id": i, "category_id": int(c), "bbox": [x1, y1, x2 - x1, y2 - y1],
+                             "area": (x2 - x1) * (y2 - y1), "iscrowd": int(difficult > 0)})
+            for c, score, x1, y1, x2, y2 in det.tolist():
+                # an inverted box (IoU 0) would get a negative area, which pycocotools ignores instead of counting a miss
+                results.append({"image_id": i, "category_id": int(c), "score": score,
+                                "bbox": [x1, y1, max(x2 - x1, 0.0), max(y2 - y1, 0.0)]})
+        n_pos = np.bincount([a["category_id"] for a in anns if not a["iscrowd"]], minlength=n)
+        # precision[t, r, k]: IoU threshold .5:.05:.95, recall .00:.01:1, class; -1 = class without ground truth
+        precision = np.where(n_pos > 0, 0.0, -1.0) * np.ones((10, 101, 1))
+        if results:  # loadRes fails on an empty list; without detections every AP is 0
+            with contextlib.redirect_stdout(io.StringIO()):
+                gt_api = COCO()
+                gt_api.dataset = {"images": images, "annotations": anns,
+                                  "categories": [{"id": c, "name": name} for c, name in enumerate(self.class_names)]}
+                gt_api.createIndex()
+                ev = COCOeval(gt_api, gt_api.loadRes(results), "bbox")
+                ev.evaluate()
+                ev.accumulate()
+            precision = ev.eval["precision"][:, :, :, 0, -1]
+        return {"map": _coco_mean(precision), "map50": _coco_mean(precision[0]), "map75": _coco_mean(precision[5]),
+                "per_class": {name: _coco_mean(precision[:, :, c]) for c, name in enumerate(self.class_names)}}
+
+
+def pr_figure(voc: dict[str, Any]) -> "Figure":
+    """A matplotlib Figure of ``DetectionEval.voc()``'s raw PR curves, one line per class
+    (AP in its label, mAP as the legend title); drawn with the Agg backend, no display needed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    for name, (precision, recall) in voc["pr"].items():
+        ax.plot(recall, precision, lw=1.2, label=f"{name} {voc['per_class'][name]:.3f}")
+    ax.set(xlabel="recall", ylabel="precision", xlim=(0, 1.01), ylim=(0, 1.02),
+           title=f"precision-recall at IoU 0.5 ({voc['method']} AP)")
+    ax.grid(alpha=0.3)
+    ax.legend(title=f"mAP@0.5 {voc['map50']:.3f}", fontsize="small", loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.tight_layout()
+    return fig
+
+
+def plot_pr(voc: dict[str, Any], path: str | Path) -> Path:
+    """Write ``pr_figure(voc)`` as a PNG, atomically."""
+    import matplotlib.pyplot as plt
+
+    from ..atomic import atomic_write
+
+    fig = pr_figure(voc)
+    try:
+        return atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=90))
+    finally:
+        plt.close(fig)
+
+
+def _match(det_boxes: np.ndarray, gt_boxes: np.ndarray, difficult: np.ndarray) -> np.ndarray:
+    """Per detection (in descending score): 1 true positive, 0 false positive, -1 ignored."""
+    out = np.zeros(len(det_boxes), np.int8)
+    if len(det_boxes) == 0 or len(gt_boxes) == 0:
+        return out
+    iou = iou_matrix(det_boxes, gt_boxes)
+    best = iou.argmax(axis=1)
+    hit = iou[np.arange(len(best)), best] >= 0.5
+    out[hit & difficult[best]] = -1
+    candidates = np.flatnonzero(hit & ~difficult[best])
+    _, first = np.unique(best[candidates], return_index=True)  # a ground truth's first claimant wins
+    out[candidates[first]] = 1
+    return out
+
+
+def _ap_area(precision: np.ndarray, recall: np.ndarray) -> float:
+    mrec = np.concatenate(([0.0], recall, [1.0]))
+    mpre = np.maximum.accumulate(np.concatenate(([0.0], precision, [0.0]))[::-1])[::-1]
+    i = np.flatnonzero(mrec[1:] != mrec[:-1])
+    return float(np.sum((mrec[i + 1] - mrec[i]) * mpre[i + 1]))
+
+
+def _ap_11(precision: np.ndarray, tp: np.ndarray, n_pos: int) -> float:
+    points = [precision[tp * 10 >= k * n_pos] for k in range(11)]  # recall >= k/10, exactly
+    return float(sum(p.max() if p.size else 0.0 for p in points) / 11)
+
+
+def _nanmean(values: list[float]) -> float:
+    real = [v for v in values if not math.isnan(v)]
+    return float(np.mean(real)) if real else math.nan
+
+
+def _coco_mean(p: np.ndarray) -> float:
+    real = p[p > -1]
+    return float(real.mean()) if real.size else math.nan
+
+
+def _numpy(a: Any) -> np.ndarray:
+    return a.asnumpy() if hasattr(a, "asnumpy") else np.asarray(a)
