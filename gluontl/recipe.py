@@ -231,8 +231,8 @@ class SurgerySpec(Strict):
 
 
 class StageRange(Strict):
-    start: int | Literal["stem", "head"]
-    end: int | Literal["stem", "head"]
+    start: int | Literal["stem", "neck", "head"]
+    end: int | Literal["stem", "neck", "head"]
 
 
 class Rule(Strict):
@@ -243,7 +243,7 @@ class Rule(Strict):
 
     match: list[str] | None = None
     type: list[str] | None = None
-    stage: list[int | Literal["stem", "head"]] | None = None
+    stage: list[int | Literal["stem", "neck", "head"]] | None = None
     grad_req: GradReq | None = None
     lr_mult: float | None = Field(default=None, ge=0.0)
     wd_mult: float | None = Field(default=None, ge=0.0)
@@ -251,7 +251,7 @@ class Rule(Strict):
     optional: bool = False
     from_epoch: int = Field(default=0, ge=0, le=100_000)
     preset: str | None = None
-    until_stage: int | Literal["stem", "head"] | None = None
+    until_stage: int | Literal["stem", "neck", "head"] | None = None
     note: str | None = None
 
     @field_validator("match", "type", mode="before")
@@ -293,11 +293,11 @@ class Rule(Strict):
 
 
 def _stage_order(s: int | str) -> int:
-    return {"stem": 0, "head": 10**6}.get(s, s) if isinstance(s, str) else int(s)
+    return {"stem": 0, "neck": 10**5, "head": 10**6}.get(s, s) if isinstance(s, str) else int(s)
 
 
 def _stage_name(i: int) -> int | str:
-    return {0: "stem", 10**6: "head"}.get(i, i)
+    return {0: "stem", 10**5: "neck", 10**6: "head"}.get(i, i)
 
 
 class TransformSpec(Strict):

@@ -24,7 +24,7 @@ from mxnet.gluon import HybridBlock, Parameter, SymbolBlock
 from .errors import RuleError
 from .naming import Layer, ParamEntry, named_params, shape_of
 from .recipe import Rule, as_rules
-from .stages import HEAD, STEM, Stage, stage_map
+from .stages import HEAD, NECK, STEM, Stage, stage_map
 
 FIELDS = ("grad_req", "lr_mult", "wd_mult", "bn")
 DEFAULTS: dict[str, Any] = {"grad_req": "write", "lr_mult": 1.0, "wd_mult": 1.0, "bn": "train"}
@@ -38,8 +38,9 @@ def _preset_head_only(rule: Rule) -> list[Rule]:
 def _preset_until_stage(rule: Rule) -> list[Rule]:
     if rule.until_stage is None:
         raise RuleError("preset freeze_until_stage needs until_stage: N (stem, 1, 2, …).")
-    last = 0 if rule.until_stage == STEM else int(rule.until_stage) if rule.until_stage != HEAD else 99
-    stages: list[int | str] = [STEM] + list(range(1, last + 1))
+    last = 0 if rule.until_stage == STEM else 99 if rule.until_stage in (NECK, HEAD) else int(rule.until_stage)
+    stages: list[int | str] = [STEM] + list(range(1, last + 1)) + ([NECK] if rule.until_stage != STEM and
+                                                                  not isinstance(rule.until_stage, int) else [])
     return [Rule(stage=stages, grad_req="null", bn="frozen", note=f"freeze stem..{rule.until_stage}")]
 
 

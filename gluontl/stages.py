@@ -17,7 +17,7 @@ from mxnet.gluon import HybridBlock, SymbolBlock, nn
 from .errors import RuleError
 from .naming import graph_nodes, named_params
 
-STEM, HEAD = "stem", "head"
+STEM, NECK, HEAD = "stem", "neck", "head"  # neck: a detector's layers between backbone and heads
 _GLOBAL_POOLS = (nn.GlobalAvgPool2D, nn.GlobalMaxPool2D, nn.GlobalAvgPool1D, nn.GlobalMaxPool1D)
 Stage = int | str
 
@@ -47,6 +47,10 @@ def stage_map(net: HybridBlock, input_shape: tuple[int, ...]) -> dict[str, Stage
     if len(input_shape) != 3:
         raise RuleError(f"stage selectors need an image model (input C,H,W); this model's input shape "
                         f"is {input_shape}. Select by match: or type: instead.")
+    from .detect.models import is_detector, stage_map as detector_stage_map
+
+    if is_detector(net):
+        return detector_stage_map(net, input_shape)
     if isinstance(net, SymbolBlock):
         return _graph_stage_map(net, input_shape)
     # Probe at ≥ 224² so small training inputs (32² digits) do not shrink stage 4 to 1×1.
@@ -113,4 +117,4 @@ def _graph_stage_map(net: SymbolBlock, input_shape: tuple[int, ...]) -> dict[str
 
 
 def _order(s: Stage) -> int:
-    return 0 if s == STEM else 10**6 if s == HEAD else int(s)
+    return {STEM: 0, NECK: 10**5, HEAD: 10**6}[s] if isinstance(s, str) else int(s)

@@ -1,0 +1,262 @@
+"""Detectors from the GluonCV zoo with new classes, restored the TF Object Detection API way.
+
+``restore.type`` follows ``fine_tune_checkpoint_type``: ``classification`` takes the backbone
+only (every parameter outside the class/box heads), ``detection`` takes everything the file
+has, ``none`` nothing. A head whose width depends on the class count is rebuilt for the new
+classes; under ``detection`` its class-independent rows (SSD's background row, YOLOv3's box
+and objectness rows) always come from the file and a new class's rows come from the old class
+that ``restore.reuse`` names, while unlisted classes start fresh. GluonCV's own
+``reset_class`` would re-initialize YOLOv3's box and objectness rows unless a reuse map is
+given, so the rows are copied here, by layout, for both families.
+
+Pitfalls handled here, each pinned by a test: ``reset_class`` before ``initialize()`` raises
+(we build with the classes instead); SSD's extra layers get GluonCV's Uniform init on their
+BatchNorm, negative variances included (ONNX Runtime then computes NaN), so every BatchNorm
+starts at identity; ``YOLOV3.num_class`` raises, so the class count comes from ``classes``;
+GluonCV names SymbolBlock parameters after a per-process counter (``ssd0_``, ``ssd1_``),
+so detectors are built in a fresh name scope and a file saved by one process loads in another.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import fnmatch
+from typing import Any
+
+import mxnet as mx
+import numpy as np
+from mxnet.gluon import HybridBlock
+
+from ..errors import ModelSourceError, RestoreError
+from ..naming import named_params, shape_of
+from ..recipe import Recipe
+from ..sources import _ZooInit, _zoo, materialize
+from ..sources.restore import RestoreReport, read_params_file
+
+FAMILIES = ("ssd", "yolo3")
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadLayout:
+    """Rows of a class-dependent prediction layer: per anchor a block of ``kept + classes`` rows,
+    the first ``kept`` independent of the classes (SSD: background; YOLOv3: box + objectness)."""
+
+    glob: str  # structural names of the layer's weight and bias
+    kept: int
+
+    def block(self, classes: int) -> int:
+        return self.kept + classes
+
+
+LAYOUTS = {"ssd": HeadLayout("class_predictors.*.predictor.*", 1),
+           "yolo3": HeadLayout("yolo_outputs.*.prediction.*", 5)}
+# What `restore.type: classification` leaves out: every head (class-dependent or not).
+HEADS = {"ssd": ("class_predictors.*", "box_predictors.*"), "yolo3": ("yolo_outputs.*.prediction.*",)}
+# Constant buffers GluonCV keeps as parameters; they follow the input size, never a file.
+BUFFERS = {"ssd": ("anchor_generators.*",), "yolo3": ("yolo_outputs.*.anchors", "yolo_outputs.*.offsets")}
+
+
+def family(net: HybridBlock) -> str:
+    from gluoncv.model_zoo.ssd.ssd import SSD
+    from gluoncv.model_zoo.yolo.yolo3 import YOLOV3
+
+    if isinstance(net, SSD):
+        return "ssd"
+    if isinstance(net, YOLOV3):
+        return "yolo3"
+    raise ModelSourceError(f"{type(net).__name__} is not a detector gluontl can fine-tune yet; supported "
+                           f"families: SSD (ssd_*) and YOLOv3 (yolo3_*) from the GluonCV zoo "
+                           f"(`gluontl zoo ssd`, `gluontl zoo yolo3`).")
+
+
+def build_detector(recipe: Recipe, classes: list[str], ctx: mx.Context | None = None
+                   ) -> tuple[HybridBlock, RestoreReport | None]:
+    """The recipe's zoo detector for ``classes``, initialized, then restored per ``model.restore``."""
+    spec = recipe.model
+    ctx = ctx or mx.cpu()
+    scheme, _, name = spec.source.partition(":")
+    if scheme != "zoo":
+        raise ModelSourceError(f"task: detection needs a GluonCV zoo detector as model.source (e.g. "
+                               f"zoo:ssd_300_mobilenet0.25_custom or zoo:yolo3_mobilenet0.25_custom), got "
+                               f"{spec.source}. Detectors from ONNX or symbol files have no trainable loss.")
+    if spec.pretrained:
+        raise ModelSourceError("task: detection: pretrained: true would download COCO/VOC weights for the "
+                               "zoo's own classes; give the detector file as model.weights instead (and "
+                               "model.restore.type: detection|classification).")
+    with mx.name.NameManager():  # parameter names do not depend on how many nets this process built
+        net = _zoo(name, None, _with_classes(name, spec.kwargs, classes), False, ctx)
+    fam = family(net)
+    net.initialize(_ZooInit(), ctx=ctx)
+    materialize(net, {"data": (1, *spec.input_shape)}, ctx, spec.source)
+    if list(net.classes) != list(classes):  # a _voc/_coco name: its own classes, now replaced
+        net.reset_class(classes)
+        materialize(net, {"data": (1, *spec.input_shape)}, ctx, spec.source)
+    identity_batchnorm(net)
+    kind = spec.restore.type or ("detection" if spec.weights else "none")
+    if kind == "none" or not spec.weights:
+        if spec.weights:
+            raise RestoreError(f"model.restore.type is none but model.weights is {spec.weights}; remove one.")
+        if kind != "none":
+            raise RestoreError(f"model.restore.type: {kind} needs model.weights (a .params file or a run "
+                               f"folder to restore from).")
+        return net, None
+    return net, restore_detector(net, fam, spec.weights, kind, classes, spec.restore, old_classes(spec.weights))
+
+
+def _with_classes(name: str, kwargs: dict[str, Any], classes: list[str]) -> dict[str, Any]:
+    return {**kwargs, "classes": classes} if name.endswith("_custom") else dict(kwargs)
+
+
+def identity_batchnorm(net: HybridBlock) -> None:
+    """Every BatchNorm at identity (scale 1, shift 0, mean 0, var 1); GluonCV's SSD expanders
+    otherwise start with Uniform(-0.07, 0.07) variances."""
+    for n, e in named_params(net).items():
+        if e.layer is not None and e.layer.type == "BatchNorm" or n.rsplit("_", 1)[-1] in ("var", "mean"):
+            last = n.rsplit("_", 1)[-1].rsplit(".", 1)[-1]
+            value = 1.0 if last in ("gamma", "var") else 0.0
+            e.param.set_data(mx.nd.full(shape_of(e.param), value, dtype=e.param.dtype))
+
+
+def num_classes(net: HybridBlock) -> int:
+    """The detector's class count (``YOLOV3.num_class`` raises AttributeError)."""
+    return len(net.classes)
+
+
+def old_classes(weights: str) -> list[str] | None:
+    """Class names of a run folder's detector (its preprocess.json), for name-based reuse maps."""
+    import json
+    from pathlib import Path
+
+    from ..train.runs import run_weights
+
+    if run_weights(weights) is None:
+        return None
+    p = Path(weights)
+    for card in (p / "preprocess.json", p.parent / "preprocess.json", p.parent.parent / "preprocess.json"):
+        if card.is_file():
+            return list(json.loads(card.read_text(encoding="utf-8"))["classes"])
+    return None
+
+
+def restore_detector(net: HybridBlock, fam: str, weights: str, kind: str, classes: list[str], spec,
+                     old_names: list[str] | None) -> RestoreReport:
+    """Restore ``weights`` into ``net`` per ``kind``; the report lists the class-dependent heads as
+    shape mismatches (rebuilt, rows copied), which the strict check expects."""
+    arrays = read_params_file(weights)
+    entries = named_params(net)
+    report = RestoreReport(file=str(weights))
+    layout = LAYOUTS[fam]
+    skip = BUFFERS[fam] + (HEADS[fam] if kind == "classification" else ())
+    used = set()
+    for name, e in entries.items():
+        if any(fnmatch.fnmatchcase(name, g) for g in skip):
+            continue
+        key = _key(name, spec.prefix_map)
+        if key not in arrays:
+            report.missing.append(name)
+            continue
+        used.add(key)
+        src = arrays[key]
+        if fnmatch.fnmatchcase(name, layout.glob) and kind == "detection":
+            anchors = shape_of(e.param)[0] // layout.block(len(classes))
+            old_count = src.shape[0] // anchors - layout.kept
+            if src.shape[0] % anchors or old_count < 1 or src.shape[1:] != shape_of(e.param)[1:]:
+                raise RestoreError(f"'{weights}': {name} has shape {tuple(src.shape)}, which is not {anchors} "
+                                   f"anchors x ({layout.kept} + classes) rows over {shape_of(e.param)[1:]}; "
+                                   f"the file is of another detector (family, backbone or anchors).")
+            mapping = _reuse(spec.reuse, classes, old_names, old_count)
+            _copy_rows(e.param, src.asnumpy(), layout, len(classes), mapping)
+            if len(mapping) == len(classes) == old_count and all(i == j for i, j in mapping.items()):
+                report.restored.append(name)  # the same classes: the whole layer
+            else:
+                report.mismatched.append((name, shape_of(e.param), tuple(src.shape)))
+        elif shape_of(e.param) == tuple(src.shape):
+            e.param.set_data(src)
+            report.restored.append(name)
+        else:
+            report.mismatched.append((name, shape_of(e.param), tuple(src.shape)))
+    ignored = set(BUFFERS[fam]) | (set(HEADS[fam]) if kind == "classification" else set())
+    report.unexpected = sorted(k for k in set(arrays) - used if not any(fnmatch.fnmatchcase(k, g) for g in ignored))
+    expect_mismatch = [*spec.expect_mismatch, layout.glob]
+    report.check(spec.expect_missing, spec.expect_unexpected, expect_mismatch)
+    if kind == "detection" and not report.restored:
+        raise RestoreError(f"Restoring detector '{weights}' (restore.type: detection) matched no parameter "
+                           f"names; is it a file of this detector family? Use restore.prefix_map to map names, "
+                           f"or restore.type: classification for a backbone file.")
+    return report
+
+
+def _key(name: str, prefix_map: dict[str, str]) -> str:
+    for prefix in sorted(prefix_map, key=len, reverse=True):
+        if name.startswith(prefix):
+            return prefix_map[prefix] + name[len(prefix):]
+    return name
+
+
+def _reuse(reuse: dict[str, str], classes: list[str], old_names: list[str] | None, old_count: int
+           ) -> dict[int, int]:
+    """``restore.reuse`` as {new index: old index}; names resolve against the new classes and
+    the old run's classes, integers as indices. Without a map, classes keep the rows of the old
+    class of the same name (old names known) or of the same index (same count, names unknown)."""
+    if not reuse:
+        if old_names is not None:
+            return {i: old_names.index(c) for i, c in enumerate(classes) if c in old_names}
+        return {i: i for i in range(len(classes))} if old_count == len(classes) else {}
+    return {_index(new, classes, "new", len(classes)): _index(old, old_names, "old", old_count)
+            for new, old in reuse.items()}
+
+
+def _index(label: str, names: list[str] | None, which: str, count: int) -> int:
+    if names is not None and label in names:
+        return names.index(label)
+    if label.lstrip("-").isdigit() and 0 <= int(label) < count:
+        return int(label)
+    known = f"; {which} classes: {', '.join(names)}" if names else ""
+    close = difflib.get_close_matches(label, names or [], n=1)
+    raise RestoreError(f"model.restore.reuse names {which} class '{label}', which is not one of the {count} "
+                       f"{which} classes{f' (did you mean {close[0]!r}?)' if close else ''}{known}. Use names "
+                       f"(old names come from the weights' run folder) or indices 0..{count - 1}.")
+
+
+def _copy_rows(param, old: np.ndarray, layout: HeadLayout, classes: int, reuse: dict[int, int]) -> None:
+    new = param.data().asnumpy()
+    anchors = new.shape[0] // layout.block(classes)
+    old_block = old.shape[0] // anchors
+    for a in range(anchors):
+        o, n = a * old_block, a * layout.block(classes)
+        new[n:n + layout.kept] = old[o:o + layout.kept]
+        for i, j in reuse.items():
+            new[n + layout.kept + i] = old[o + layout.kept + j]
+    param.set_data(mx.nd.array(new, dtype=param.dtype))
+
+
+NECK = "neck"
+
+
+def stage_map(net: HybridBlock, input_shape: tuple[int, ...]) -> dict:
+    """Detector stages: the backbone numbered by output stride as for classifiers (stem, 1, 2, …),
+    then ``neck`` (SSD's extra feature layers; YOLOv3's transitions and detection blocks) and
+    ``head`` (the class/box predictors), so "freeze the backbone" and "backbone + neck" are
+    ``freeze_until_stage`` with a number or ``neck``."""
+    from ..stages import HEAD, _graph_stage_map, _stage_of
+
+    fam = family(net)
+    names = named_params(net)
+    if fam == "ssd":
+        inner = _graph_stage_map(net.features, input_shape)
+        out = {f"features.{k}": (NECK if "_expand_" in k else v) for k, v in inner.items()}
+    else:
+        out = {}
+        ctx = next(iter(net.collect_params().values())).list_ctx()[0]
+        x = mx.nd.zeros((1, *input_shape), ctx=ctx)
+        with mx.autograd.predict_mode():
+            for i, stage in enumerate(net.stages):
+                x = stage(x)
+                st = _stage_of(tuple(x.shape), input_shape[1], False)
+                out.update({n: st for n in names if n.startswith(f"stages.{i}.")})
+        out.update({n: NECK for n in names if n.startswith(("transitions.", "yolo_blocks."))})
+    return {n: out.get(n, HEAD) for n in names}
+
+
+def is_detector(net: HybridBlock) -> bool:
+    return type(net).__module__.startswith(("gluoncv.model_zoo.ssd.", "gluoncv.model_zoo.yolo."))
