@@ -310,7 +310,8 @@ class TransformSpec(Strict):
 
 
 class DataSpec(Strict):
-    source: str = Field(description="demo:digits | demo:elpv | folder:PATH | rec:PATH.rec | list:PATH.csv")
+    source: str = Field(description="demo:digits | demo:elpv | folder:PATH | rec:PATH.rec | list:PATH.csv; "
+                        "detection: voc:PATH | coco:PATH | yolo:PATH | demo:digits_det")
     train: str = "train"
     val: str = "val"
     batch_size: int = Field(default=32, gt=0, le=1 << 16)
@@ -332,8 +333,9 @@ class DataSpec(Strict):
     @classmethod
     def _scheme(cls, v: str) -> str:
         scheme, _, rest = v.partition(":")
-        if scheme not in ("demo", "folder", "rec", "list") or not rest:
-            raise ValueError(f"'{v}' is not a data source; use demo:digits, folder:PATH, rec:PATH or list:PATH")
+        if scheme not in ("demo", "folder", "rec", "list", "voc", "coco", "yolo") or not rest:
+            raise ValueError(f"'{v}' is not a data source; use demo:digits, demo:elpv, folder:PATH, rec:PATH or "
+                             f"list:PATH, or for detection voc:PATH, coco:PATH, yolo:PATH or demo:digits_det")
         return v
 
 
