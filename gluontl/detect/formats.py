@@ -15,8 +15,8 @@ Coordinate conventions (what the writers invert):
   ``xmin == xmax``). GluonCV subtracts 1 from all four, which shrinks every box by a pixel; we
   do not. Allowed: ``1 <= xmin <= xmax <= width`` - no tolerance, since a 0 or ``width + 1``
   means the file was written by a 0-based tool and every box of it is one pixel off. The
-  writer rounds each edge to the nearest pixel edge (at most 0.5 px per edge; a box narrower
-  than that becomes the one pixel holding its left/top edge), so integer boxes round-trip
+  writer rounds each edge to the nearest pixel edge (at most 0.5 px per edge; a side that
+  rounds to nothing becomes the one pixel holding its left/top edge), so integer boxes round-trip
   exactly. A missing ``<difficult>`` is 0; a missing ``<size>`` is read from the image.
 - **COCO** ``bbox`` is ``[x, y, w, h]`` in pixels: ``[x, y, x + w, y + h]``; ``iscrowd`` is
   the ``difficult`` flag (both are left out of mAP rather than counted as misses). Classes
