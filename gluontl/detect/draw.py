@@ -15,6 +15,7 @@ import numpy as np
 
 from ..atomic import atomic_write, write_text
 from ..errors import DataError
+from .metrics import check_class_ids
 
 
 def class_color(class_id: int) -> tuple[int, int, int]:
@@ -49,9 +50,7 @@ def draw_detections(image: np.ndarray, dets: np.ndarray, class_names: Sequence[s
     if image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
         raise ValueError(f"draw_detections takes an HWC uint8 RGB image, got {image.dtype} {image.shape}")
     rows = kept(dets, score_thresh)
-    if len(rows) and rows[:, 0].max() >= len(class_names):
-        raise DataError(f"A detection has class id {rows[:, 0].max():g}, but there are {len(class_names)} class "
-                        f"names; the model's classes and the class list must be the same.")
+    check_class_ids(rows[:, 0], class_names, "detection")
     out = np.ascontiguousarray(image).copy()
     h, w = out.shape[:2]
     thick = thickness or max(1, round(min(h, w) / 250))

@@ -81,12 +81,8 @@ class DetectionEval:
                             f"both); got {det.shape} and {gt.shape}.")
         det = det[det[:, 0] >= 0].astype(np.float64)
         gt = gt[gt[:, 4] >= 0].astype(np.float64)
-        for what, ids in (("detection", det[:, 0]), ("ground-truth", gt[:, 4])):
-            bad = ids[(ids != np.round(ids)) | (ids >= len(self.class_names))]
-            if bad.size:
-                raise DataError(f"A {what} row has class id {bad[0]:g}, but there are {len(self.class_names)} class "
-                                f"names ({', '.join(self.class_names[:5])}{', ...' if len(self.class_names) > 5 else ''}). "
-                                f"The model's classes and the dataset's class list must be the same.")
+        check_class_ids(det[:, 0], self.class_names, "detection")
+        check_class_ids(gt[:, 4], self.class_names, "ground-truth")
         self._images.append((det, gt))
 
     def voc(self, eleven_point: bool = False) -> dict[str, Any]:
@@ -118,7 +114,8 @@ class DetectionEval:
             tp = np.cumsum(m == 1)
             precision = tp / np.arange(1, len(m) + 1)
             recall = tp / n_pos[c]
-            per_class[name] = float(_ap_11(precision, tp, int(n_pos[c])) if eleven_point else _ap_area(precision, recall))
+            ap = _ap_11(precision, tp, int(n_pos[c])) if eleven_point else _ap_area(precision, recall)
+            per_class[name] = float(ap)
             pr[name] = (precision, recall)
         return {"map50": _nanmean(list(per_class.values())), "per_class": per_class, "pr": pr,
                 "n_gt": {name: int(k) for name, k in zip(self.class_names, n_pos)},
@@ -139,10 +136,11 @@ class DetectionEval:
         for i, (det, gt) in enumerate(self._images, 1):
             images.append({"id": i})
             for x1, y1, x2, y2, c, difficult in gt.tolist():
-                anns.append({"id": len(anns) + 1, "image_id": i, "category_id": int(c), "bbox": [x1, y1, x2 - x1, y2 - y1],
-                             "area": (x2 - x1) * (y2 - y1), "iscrowd": int(difficult > 0)})
+                anns.append({"id": len(anns) + 1, "image_id": i, "category_id": int(c),
+                             "bbox": [x1, y1, x2 - x1, y2 - y1], "area": (x2 - x1) * (y2 - y1),
+                             "iscrowd": int(difficult > 0)})
             for c, score, x1, y1, x2, y2 in det.tolist():
-                # an inverted box (IoU 0) would get a negative area, which pycocotools ignores instead of counting a miss
+                # an inverted box (IoU 0) would get a negative area: pycocotools ignores it instead of counting a miss
                 results.append({"image_id": i, "category_id": int(c), "score": score,
                                 "bbox": [x1, y1, max(x2 - x1, 0.0), max(y2 - y1, 0.0)]})
         n_pos = np.bincount([a["category_id"] for a in anns if not a["iscrowd"]], minlength=n)
@@ -160,6 +158,31 @@ class DetectionEval:
             precision = ev.eval["precision"][:, :, :, 0, -1]
         return {"map": _coco_mean(precision), "map50": _coco_mean(precision[0]), "map75": _coco_mean(precision[5]),
                 "per_class": {name: _coco_mean(precision[:, :, c]) for c, name in enumerate(self.class_names)}}
+
+
+def table(voc: dict[str, Any], coco: dict[str, Any] | None = None) -> str:
+    """The per-class report ``evaluate`` prints: objects (non-difficult), VOC AP@0.5 and, with
+    ``coco``, COCO AP@[.5:.95]; "-" for a class without objects (left out of the means)."""
+    def cells(count: int, ap50: float, ap: Any) -> str:
+        values = [ap50] if coco is None else [ap50, ap]
+        return f"{count:>8}" + "".join(f" {'-' if math.isnan(v) else f'{v:.3f}':>8}" for v in values)
+
+    names = list(voc["per_class"])
+    width = max(len("class"), *map(len, names))
+    lines = [f"{'class':<{width}} {'objects':>8} {'AP50':>8}" + ("" if coco is None else f" {'AP50:95':>8}")]
+    for n in names:
+        lines.append(f"{n:<{width}} " + cells(voc["n_gt"][n], voc["per_class"][n], coco and coco["per_class"][n]))
+    lines.append(f"{'all':<{width}} " + cells(sum(voc["n_gt"].values()), voc["map50"], coco and coco["map"]))
+    return "\n".join(lines)
+
+
+def check_class_ids(ids: np.ndarray, class_names: Sequence[str], what: str) -> None:
+    """Refuse class ids that name no class: a model and a class list that do not belong together."""
+    bad = ids[(ids != np.round(ids)) | (ids >= len(class_names))]
+    if bad.size:
+        raise DataError(f"A {what} row has class id {bad[0]:g}, but there are {len(class_names)} class names "
+                        f"({', '.join(class_names[:5])}{', ...' if len(class_names) > 5 else ''}). The model's "
+                        f"classes and the class list must be the same.")
 
 
 def pr_figure(voc: dict[str, Any]) -> "Figure":

@@ -103,7 +103,8 @@ def test_voc07_samples_recall_exactly_at_tenths():
     ev.update(det, gt)
     assert ev.voc(eleven_point=True)["map50"] == pytest.approx(4 / 11, abs=1e-15)
     m = VOC07MApMetric(class_names=["a"])
-    m.update(det[None, :, 2:] - [0, 0, 1, 1], det[None, :, 0], det[None, :, 1], gt[None, :, :4] - [0, 0, 1, 1], gt[None, :, 4])
+    m.update(det[None, :, 2:] - [0, 0, 1, 1], det[None, :, 0], det[None, :, 1],
+             gt[None, :, :4] - [0, 0, 1, 1], gt[None, :, 4])
     assert m.get()[1][0] == pytest.approx(3 / 11, abs=1e-15)
 
 
@@ -324,3 +325,19 @@ def test_pr_plot_draws_the_metric_arrays_into_a_png(tmp_path):
     with Image.open(path) as im:
         assert im.format == "PNG" and im.size[0] > 300
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pr.png"]  # no temp file left
+
+
+def test_table_lists_objects_and_aps_per_class_with_a_dash_for_no_objects():
+    gt = _boxes([0, 0, 10, 10, 0, 0], [20, 20, 30, 30, 1, 0], [40, 40, 50, 50, 1, 1])
+    det = _boxes([0, 0.9, 0, 0, 10, 7.2], [1, 0.8, 50, 50, 60, 60])
+    ev = DetectionEval(["a", "bb", "c"])
+    ev.update(det, gt)
+    from gluontl.detect.metrics import table
+
+    assert table(ev.voc(), ev.coco()).splitlines() == [
+        "class  objects     AP50  AP50:95",
+        "a            1    1.000    0.500",
+        "bb           1    0.000    0.000",
+        "c            0        -        -",
+        "all          2    0.500    0.250"]
+    assert table(ev.voc()).splitlines()[-1] == "all          2    0.500"

@@ -65,7 +65,7 @@ def test_write_predictions_images_and_json_in_original_pixels(tmp_path):
     assert first["detections"] == [
         {"class": "cat", "class_id": 0, "score": pytest.approx(0.95), "box": [0.0, 180.0, 150.0, 200.0]},
         {"class": "dog", "class_id": 1, "score": pytest.approx(0.9), "box": [30.0, 40.0, 120.0, 120.0]}]
-    assert second["output"] == "x_2.jpg" and second["detections"] == [] and (second["width"], second["height"]) == (80, 50)
+    assert (second["output"], second["width"], second["height"], second["detections"]) == ("x_2.jpg", 80, 50, [])
     assert sorted(p.name for p in out.iterdir()) == ["detections.json", "x.jpg", "x_2.jpg"]
     with Image.open(out / "x.jpg") as im:
         assert im.format == "JPEG" and im.size == (300, 200)
