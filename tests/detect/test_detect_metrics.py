@@ -92,6 +92,13 @@ def _boxes(*rows):
     return np.array(rows, np.float32).reshape(-1, 6)
 
 
+def _single(det, gt, names=("a",)):
+    """An evaluation of one image."""
+    ev = DetectionEval(names)
+    ev.update(det, gt)
+    return ev
+
+
 def test_voc07_samples_recall_exactly_at_tenths():
     """10 objects, 3 found first with precision 1, then only false positives: recall 0.3 is
     reached, so points 0, .1, .2, .3 see precision 1: AP = 4/11 (GluonCV's 0.30000000000000004
@@ -99,8 +106,7 @@ def test_voc07_samples_recall_exactly_at_tenths():
     gt = _boxes(*[[i * 20, 0, i * 20 + 10, 10, 0, 0] for i in range(10)])
     det = _boxes(*[[0, 0.9 - i / 100, i * 20, 0, i * 20 + 10, 10] for i in range(3)],
                  *[[0, 0.5 - i / 100, 500, 500, 510, 510] for i in range(5)])
-    ev = DetectionEval(["a"])
-    ev.update(det, gt)
+    ev = _single(det, gt)
     assert ev.voc(eleven_point=True)["map50"] == pytest.approx(4 / 11, abs=1e-15)
     m = VOC07MApMetric(class_names=["a"])
     m.update(det[None, :, 2:] - [0, 0, 1, 1], det[None, :, 0], det[None, :, 1],
@@ -108,13 +114,13 @@ def test_voc07_samples_recall_exactly_at_tenths():
     assert m.get()[1][0] == pytest.approx(3 / 11, abs=1e-15)
 
 
-def test_hand_computed_two_boxes_with_a_false_positive_between():
-    """2 objects; ranked: hit A (P=1, R=.5), miss (P=1/2, R=.5), hit B (P=2/3, R=1).
-    Area: .5 * 1 + .5 * 2/3 = 5/6. 11-point: recall points 0-.5 see 1, .6-1 see 2/3: (6 + 5*2/3)/11."""
-    gt = _boxes([0, 0, 10, 10, 0, 0], [20, 20, 30, 30, 0, 0])
-    det = _boxes([0, 0.9, 0, 0, 10, 10], [0, 0.8, 50, 50, 60, 60], [0, 0.7, 20, 20, 30, 30])
-    ev = DetectionEval(["a"])
-    ev.update(det, gt)
+@pytest.mark.parametrize("second", [[50, 50, 60, 60], [0.5, 0.5, 10.5, 10.5]], ids=["miss", "duplicate"])
+def test_hand_computed_two_boxes_with_a_false_positive_between(second):
+    """2 objects; ranked: hit A (P=1, R=.5), a miss or a second hit on A, which is a false
+    positive too (P=1/2, R=.5), hit B (P=2/3, R=1). Area: .5 * 1 + .5 * 2/3 = 5/6.
+    11-point: recall points 0-.5 see 1, .6-1 see 2/3: (6 + 5*2/3)/11."""
+    ev = _single(_boxes([0, 0.9, 0, 0, 10, 10], [0, 0.8, *second], [0, 0.7, 20, 20, 30, 30]),
+                 _boxes([0, 0, 10, 10, 0, 0], [20, 20, 30, 30, 0, 0]))
     area = ev.voc()
     assert area["map50"] == pytest.approx(5 / 6, abs=1e-15)
     precision, recall = area["pr"]["a"]
@@ -123,23 +129,11 @@ def test_hand_computed_two_boxes_with_a_false_positive_between():
     assert ev.voc(eleven_point=True)["map50"] == pytest.approx((6 + 5 * 2 / 3) / 11, abs=1e-15)
 
 
-def test_a_second_detection_of_the_same_object_is_a_false_positive():
-    """Same numbers as above with the miss replaced by a duplicate of A: 5/6, not 1."""
-    gt = _boxes([0, 0, 10, 10, 0, 0], [20, 20, 30, 30, 0, 0])
-    det = _boxes([0, 0.9, 0, 0, 10, 10], [0, 0.8, 0.5, 0.5, 10.5, 10.5], [0, 0.7, 20, 20, 30, 30])
-    ev = DetectionEval(["a"])
-    ev.update(det, gt)
-    result = ev.voc()
-    assert result["map50"] == pytest.approx(5 / 6, abs=1e-15)
-    np.testing.assert_allclose(result["pr"]["a"][0], [1, 1 / 2, 2 / 3], rtol=0, atol=1e-15)
-
-
 @pytest.mark.parametrize("height, ap", [(49, 0.0), (50, 1.0), (51, 1.0)])
 def test_iou_threshold_is_inclusive_at_one_half(height, ap):
     """Box (0,0,100,100) vs (0,0,100,h): IoU = h/100 exactly: 0.49 misses, 0.50 and 0.51 hit;
     COCO's mAP@0.5 agrees (its thresholds are inclusive too)."""
-    ev = DetectionEval(["a"])
-    ev.update(_boxes([0, 0.9, 0, 0, 100, height]), _boxes([0, 0, 100, 100, 0, 0]))
+    ev = _single(_boxes([0, 0.9, 0, 0, 100, height]), _boxes([0, 0, 100, 100, 0, 0]))
     assert ev.voc()["map50"] == ap
     assert ev.coco()["map50"] == pytest.approx(ap, abs=1e-12)
 
@@ -151,9 +145,7 @@ def test_ranking_decides_ap(order, ap):
     gt = _boxes([0, 0, 10, 10, 0, 0], [20, 20, 30, 30, 0, 0])
     hits, misses = iter([[0, 0, 10, 10], [20, 20, 30, 30]]), iter([[50, 50, 60, 60], [70, 70, 80, 80]])
     det = _boxes(*[[0, 1 - i / 10, *next(hits if c == "T" else misses)] for i, c in enumerate(order)])
-    rng = np.random.default_rng(0)
-    ev = DetectionEval(["a"])
-    ev.update(det[rng.permutation(4)], gt)  # the order of rows does not matter, the scores do
+    ev = _single(det[np.random.default_rng(0).permutation(4)], gt)  # the rows' order does not matter, the scores do
     assert ev.voc()["map50"] == pytest.approx(ap, abs=1e-15)
 
 
@@ -175,14 +167,11 @@ def test_shifting_the_boxes_drops_ap_as_iou_predicts():
     gt = _boxes(*[[i * 300, 0, i * 300 + 100, 100, 0, 0] for i in range(4)])
     for shift, ap in ((33, 1.0), (34, 0.0)):
         det = _boxes(*[[0, 0.9 - i / 10, i * 300 + shift, 0, i * 300 + 100 + shift, 100] for i in range(4)])
-        ev = DetectionEval(["a"])
-        ev.update(det, gt)
-        assert ev.voc()["map50"] == ap
+        assert _single(det, gt).voc()["map50"] == ap
     # half of them shifted out of reach, the best-scored ones: P = 0, 0, 1/3, 1/2 at R = 0, 0, .25, .5 -> .5 * .5
     det = _boxes(*[[0, 0.9 - i / 10, i * 300 + (34 if i < 2 else 0), 0, i * 300 + 100 + (34 if i < 2 else 0), 100]
                    for i in range(4)])
-    ev = DetectionEval(["a"])
-    ev.update(det, gt)
+    ev = _single(det, gt)
     assert ev.voc()["map50"] == pytest.approx(0.25, abs=1e-15)
 
 
@@ -191,8 +180,7 @@ def test_difficult_objects_count_neither_way():
     ignored, the single real object is found with precision 1."""
     gt = _boxes([0, 0, 10, 10, 0, 1], [20, 20, 30, 30, 0, 0])
     det = _boxes([0, 0.9, 0, 0, 10, 10], [0, 0.8, 20, 20, 30, 30])
-    ev = DetectionEval(["a"])
-    ev.update(det, gt)
+    ev = _single(det, gt)
     result = ev.voc()
     assert result["map50"] == 1.0 and result["n_gt"] == {"a": 1}
     np.testing.assert_array_equal(result["pr"]["a"][0], [1.0])
@@ -201,8 +189,7 @@ def test_difficult_objects_count_neither_way():
 def test_a_class_without_ground_truth_is_nan_and_left_out_of_the_mean():
     gt = _boxes([0, 0, 10, 10, 0, 0], [20, 20, 30, 30, 1, 0])
     det = _boxes([0, 0.9, 0, 0, 10, 10], [2, 0.8, 50, 50, 60, 60], [1, 0.7, 70, 70, 80, 80])
-    ev = DetectionEval(["a", "b", "c"])
-    ev.update(det, gt)
+    ev = _single(det, gt, ["a", "b", "c"])
     voc, coco = ev.voc(), ev.coco()
     assert voc["per_class"]["a"] == 1.0 and voc["per_class"]["b"] == 0.0 and math.isnan(voc["per_class"]["c"])
     assert voc["map50"] == 0.5 and "c" not in voc["pr"]
@@ -210,8 +197,7 @@ def test_a_class_without_ground_truth_is_nan_and_left_out_of_the_mean():
 
 
 def test_no_detections_at_all():
-    ev = DetectionEval(["a", "b"])
-    ev.update(np.full((5, 6), -1, np.float32), _boxes([0, 0, 10, 10, 0, 0]))
+    ev = _single(np.full((5, 6), -1, np.float32), _boxes([0, 0, 10, 10, 0, 0]), ["a", "b"])
     assert ev.voc()["map50"] == 0.0
     coco = ev.coco()
     assert coco["map"] == 0.0 and math.isnan(coco["per_class"]["b"])
@@ -236,8 +222,7 @@ def test_batches_with_padding_equal_images_one_by_one():
 
 def test_coco_hand_case_iou_072():
     """IoU .72 is a hit at thresholds .50-.70 (5 of 10) and a miss above: mAP .5, mAP50 1, mAP75 0."""
-    ev = DetectionEval(["a"])
-    ev.update(_boxes([0, 0.9, 0, 0, 100, 72]), _boxes([0, 0, 100, 100, 0, 0]))
+    ev = _single(_boxes([0, 0.9, 0, 0, 100, 72]), _boxes([0, 0, 100, 100, 0, 0]))
     coco = ev.coco()
     assert coco["map"] == pytest.approx(0.5, abs=1e-12)
     assert coco["map50"] == pytest.approx(1.0, abs=1e-12) and coco["map75"] == 0.0
@@ -248,8 +233,7 @@ def test_coco_and_voc_agree_when_the_interpolated_precision_is_flat():
     precision is 3/4 at every recall, so 101-point sampling and the area give the same 0.75."""
     gt = _boxes(*[[i * 20, 0, i * 20 + 10, 10, 0, 0] for i in range(3)])
     det = _boxes([0, 0.9, 500, 500, 510, 510], *[[0, 0.8 - i / 10, i * 20, 0, i * 20 + 10, 10] for i in range(3)])
-    ev = DetectionEval(["a"])
-    ev.update(det, gt)
+    ev = _single(det, gt)
     assert ev.voc()["map50"] == pytest.approx(0.75, abs=1e-15)
     assert ev.coco()["map50"] == pytest.approx(0.75, abs=1e-12)
 
@@ -276,8 +260,7 @@ def test_an_inverted_box_is_a_false_positive_in_both_metrics():
     """(10, 0, 0, 10), inverted in x, ranked before a hit: P = 0, 1/2 at R = 0, 1, AP 1/2. Given
     w = -10, pycocotools would compute a negative area, put the box outside every area range and
     ignore it (AP 1)."""
-    ev = DetectionEval(["a"])
-    ev.update(_boxes([0, 0.9, 10, 0, 0, 10], [0, 0.8, 0, 0, 10, 10]), _boxes([0, 0, 10, 10, 0, 0]))
+    ev = _single(_boxes([0, 0.9, 10, 0, 0, 10], [0, 0.8, 0, 0, 10, 10]), _boxes([0, 0, 10, 10, 0, 0]))
     assert ev.voc()["map50"] == 0.5 and ev.coco()["map50"] == pytest.approx(0.5, abs=1e-12)
 
 
@@ -289,8 +272,7 @@ def test_coco_prints_nothing(capsys):
 def test_without_pycocotools_coco_asks_for_a_reinstall(monkeypatch):
     monkeypatch.setitem(sys.modules, "pycocotools", None)
     monkeypatch.setitem(sys.modules, "pycocotools.coco", None)
-    ev = DetectionEval(["a"])
-    ev.update(_boxes([0, 0.9, 0, 0, 10, 10]), _boxes([0, 0, 10, 10, 0, 0]))
+    ev = _single(_boxes([0, 0.9, 0, 0, 10, 10]), _boxes([0, 0, 10, 10, 0, 0]))
     with pytest.raises(GluontlError, match=r"pip install -e \."):
         ev.coco()
 
@@ -330,8 +312,7 @@ def test_pr_plot_draws_the_metric_arrays_into_a_png(tmp_path):
 def test_table_lists_objects_and_aps_per_class_with_a_dash_for_no_objects():
     gt = _boxes([0, 0, 10, 10, 0, 0], [20, 20, 30, 30, 1, 0], [40, 40, 50, 50, 1, 1])
     det = _boxes([0, 0.9, 0, 0, 10, 7.2], [1, 0.8, 50, 50, 60, 60])
-    ev = DetectionEval(["a", "bb", "c"])
-    ev.update(det, gt)
+    ev = _single(det, gt, ["a", "bb", "c"])
     from gluontl.detect.metrics import table
 
     assert table(ev.voc(), ev.coco()).splitlines() == [
