@@ -36,7 +36,7 @@ _MX_ONNX_MAX_OPSET = 13
 _PROTOBUF_LIMIT = 2**31 - 1
 
 
-def _check_target(path: Path, force: bool) -> None:
+def check_target(path: Path, force: bool) -> None:
     """Fail before any work if ``path`` exists (without ``force``) or its folder is unusable.
 
     Writability is probed by creating a file: permission bits do not stop root, and
@@ -204,7 +204,7 @@ def _set_batch_dims(graph: onnx.GraphProto, traced: TracedBlock) -> None:
                 dim.dim_param = "batch"
 
 
-def _finish(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
+def finish_model(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
     if opset > _MX_ONNX_MAX_OPSET:
         try:
             model = version_converter.convert_version(model, opset)
@@ -278,7 +278,7 @@ def _from_source(block: mx.gluon.HybridBlock, info, input_shapes: dict[str, tupl
     return model, shapes, patched.input_dtypes, sizes
 
 
-def _set_metadata(model: onnx.ModelProto, metadata: dict[str, str]) -> None:
+def set_metadata(model: onnx.ModelProto, metadata: dict[str, str]) -> None:
     """Set ``metadata`` in metadata_props, replacing keys of the same name. Class names and
     preprocessing inherited from an imported file are dropped: after training and surgery they
     no longer describe the model unless this export states them again (other keys, such as a
@@ -291,6 +291,20 @@ def _set_metadata(model: onnx.ModelProto, metadata: dict[str, str]) -> None:
 
 def _opset_of(model: onnx.ModelProto) -> int:
     return next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+
+
+def convert_block(block: mx.gluon.HybridBlock, input_shapes: dict[str, tuple[int, ...]], *, opset: int = 13,
+                  lean: bool = True, output_names: list[str] | None = None) -> tuple[onnx.ModelProto, TracedBlock]:
+    """``mx.onnx``'s conversion of ``block`` (lean unless ``lean`` is False), checked at ``opset`` but not
+    yet verified against the block; with the trace it came from."""
+    if opset < 12:
+        raise ExportError(f"opset {opset} is too old for mx.onnx; export with opset 12 or newer (13 recommended).")
+    traced = trace_block(block, input_shapes, output_names)
+    model = _mx_to_onnx(_prefix_free_names(_normalize_dense(traced)), opset)
+    if lean:
+        counts = make_lean(model)
+        log.info("lean ONNX: folded %(folded_batchnorm)d BatchNorm, dropped %(dropped_noops)d no-op nodes", counts)
+    return finish_model(model, opset), traced
 
 
 def export_onnx(
@@ -321,7 +335,7 @@ def export_onnx(
     metadata_props (e.g. class names, preprocessing).
     """
     path = Path(path)
-    _check_target(path, force)
+    check_target(path, force)
     info = source_info(block)
     if info is not None:
         model, shapes, dtypes, sizes = _from_source(block, info, input_shapes, output_names, opset)
@@ -329,17 +343,10 @@ def export_onnx(
         if not input_shapes:
             raise ExportError("input_shapes is empty: pass one batch-1 shape per block input, e.g. "
                               "{'data': (1, 3, 224, 224)}.")
-        opset = 13 if opset is None else opset
-        if opset < 12:
-            raise ExportError(f"opset {opset} is too old for mx.onnx; export with opset 12 or newer (13 recommended).")
-        traced = trace_block(block, input_shapes, output_names)
-        model = _mx_to_onnx(_prefix_free_names(_normalize_dense(traced)), opset)
-        if lean:
-            counts = make_lean(model)
-            log.info("lean ONNX: folded %(folded_batchnorm)d BatchNorm, dropped %(dropped_noops)d no-op nodes", counts)
-        model = _finish(model, opset)
+        model, traced = convert_block(block, input_shapes, opset=13 if opset is None else opset, lean=lean,
+                                      output_names=output_names)
         shapes, dtypes, sizes = traced.input_shapes, {}, [1, 2]
-    _set_metadata(model, metadata or {})
+    set_metadata(model, metadata or {})
     if model.ByteSize() > _PROTOBUF_LIMIT:
         raise ExportError(f"The model is larger than 2 GB, the ONNX protobuf limit, so {path} cannot hold it; use export_symbol.")
     data = model.SerializeToString()
@@ -380,7 +387,7 @@ def export_symbol(
     prefix = os.fspath(prefix)
     json_path, params_path = Path(f"{prefix}-symbol.json"), Path(f"{prefix}-{epoch:04d}.params")
     for target in (json_path, params_path):
-        _check_target(target, force)
+        check_target(target, force)
     traced = trace_block(block, input_shapes)
     params = {f"arg:{k}": v for k, v in traced.arg_params.items()}
     params.update({f"aux:{k}": v for k, v in traced.aux_params.items()})

@@ -1,0 +1,314 @@
+"""Export a GluonCV detector (SSD, YOLOv3) to MXNet symbol/params and to ONNX with per-class NMS.
+
+``mx.onnx`` translates ``box_nms`` into class-agnostic NMS (it ignores ``id_index`` and
+``force_suppress=False``), so two overlapping boxes of different classes lose one in ONNX.
+The ONNX file is therefore the network's decoded per-class candidates (``set_nms(-1, -1, -1)``)
+followed by ONNX ops that redo MXNet's ``box_nms(id_index=0, force_suppress=False)`` step by
+step: drop scores <= ``score_thresh``, keep the global top ``nms_topk`` by score (a stable
+sort, ties to the lower index, as MXNet's), greedy IoU > ``nms_thresh`` suppression within each
+class (``NonMaxSuppression``, whose scores are per class), then the kept rows in that order,
+``post_nms`` of them, padded with -1 rows. Outputs: ``ids`` and ``scores`` (B, P, 1) and
+``bboxes`` (B, P, 4), as the MXNet net returns them.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import mxnet as mx
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from gluontl.atomic import atomic_write
+from gluontl.errors import ExportError, short_reason
+from gluontl.export.exporters import check_target, convert_block, finish_model, set_metadata
+from gluontl.export.trace import dummy_inputs
+from gluontl.export.verify import ort_session
+
+log = logging.getLogger(__name__)
+
+META_NMS = "gluontl.nms"
+OUTPUT_NAMES = ("ids", "scores", "bboxes")
+# GluonCV's SSD and YOLOv3 forwards call box_nms with valid_thresh=0.01.
+GLUONCV_SCORE_THRESH = 0.01
+_OPSET = 13
+_PREFIX = "gluontl_nms/"
+
+
+def _nms_nodes(ids: str, scores: str, boxes: str, outputs: Sequence[str], *, num_classes: int,
+               num_candidates: int, nms_thresh: float, nms_topk: int, post_nms: int,
+               score_thresh: float) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
+    """Nodes computing MXNet's per-class ``box_nms`` + ``post_nms`` slice from candidate
+    tensors ``ids``/``scores`` (B, M, 1) and ``boxes`` (B, M, 4) into ``outputs``.
+
+    Class -1 is a class of its own, as in MXNet (which groups by the integer id); SSD marks
+    sub-threshold candidates with it, and those never pass ``score_thresh``.
+    """
+    m = num_candidates
+    k = m if nms_topk <= 0 else min(nms_topk, m)
+    p = m if post_nms <= 0 else post_nms
+    kept = min(p, k)
+
+    def n(name: str) -> str:
+        return _PREFIX + name
+
+    inits = [
+        numpy_helper.from_array(np.array([2], np.int64), n("axis2")),
+        numpy_helper.from_array(np.array([1], np.int64), n("axis1")),
+        numpy_helper.from_array(np.array([-1], np.int64), n("axis_last")),
+        numpy_helper.from_array(np.array(score_thresh, np.float32), n("score_thresh")),
+        numpy_helper.from_array(np.array(-1.0, np.float32), n("minus_one")),
+        numpy_helper.from_array(np.array([k], np.int64), n("k")),
+        numpy_helper.from_array(np.array([kept], np.int64), n("kept")),
+        numpy_helper.from_array(np.array([k], np.int64), n("max_per_class")),
+        numpy_helper.from_array(np.array([nms_thresh], np.float32), n("iou")),
+        numpy_helper.from_array(np.array([score_thresh], np.float32), n("score_thresh_1d")),
+        numpy_helper.from_array(np.arange(-1, num_classes, dtype=np.float32).reshape(1, -1, 1), n("classes")),
+        numpy_helper.from_array(np.array([0, 2], np.int64), n("batch_and_box")),
+        numpy_helper.from_array(np.array(0.0, np.float32), n("zero")),
+        numpy_helper.from_array(np.array(0.5, np.float32), n("half")),
+        numpy_helper.from_array(np.array([0], np.int64), n("zero_i")),
+    ]
+    node = helper.make_node
+    nodes = [
+        node("Squeeze", [scores, n("axis2")], [n("s")]),  # (B, M)
+        node("Squeeze", [ids, n("axis2")], [n("i")]),
+        # valid_thresh: invalid candidates sort below every valid one (valid scores are > thresh >= 0)
+        node("Greater", [n("s"), n("score_thresh")], [n("valid")]),
+        node("Where", [n("valid"), n("s"), n("minus_one")], [n("key")]),
+        # global topk before NMS, stable: ONNX TopK breaks ties to the lower index like MXNet's sort
+        node("TopK", [n("key"), n("k")], [n("top_s"), n("top_j")], axis=1, largest=1, sorted=1),
+        node("GatherElements", [n("i"), n("top_j")], [n("top_i")], axis=1),  # (B, K)
+        node("Unsqueeze", [n("top_j"), n("axis_last")], [n("top_j3")]),
+        node("GatherND", [boxes, n("top_j3")], [n("top_b")], batch_dims=1),  # (B, K, 4)
+        # per-class scores (B, C+1, K): a candidate scores only in its own class's row
+        node("Unsqueeze", [n("top_i"), n("axis1")], [n("top_i3")]),
+        node("Equal", [n("top_i3"), n("classes")], [n("own")]),
+        node("Unsqueeze", [n("top_s"), n("axis1")], [n("top_s3")]),
+        node("Where", [n("own"), n("top_s3"), n("minus_one")], [n("class_s")]),
+        node("NonMaxSuppression", [n("top_b"), n("class_s"), n("max_per_class"), n("iou"), n("score_thresh_1d")],
+             [n("selected")], center_point_box=0),  # (S, 3): batch, class, box
+        node("Gather", [n("selected"), n("batch_and_box")], [n("sel_bk")], axis=1),
+        node("Shape", [n("selected")], [n("sel_shape")]),
+        node("Slice", [n("sel_shape"), n("zero_i"), n("axis1")], [n("sel_count1")]),  # [S]
+        node("ConstantOfShape", [n("sel_count1")], [n("ones")], value=helper.make_tensor("", TensorProto.FLOAT, [1], [1.0])),
+        node("Mul", [n("top_s"), n("zero")], [n("zeros")]),
+        node("ScatterND", [n("zeros"), n("sel_bk"), n("ones")], [n("keep")]),  # 1 where kept
+        # the kept candidates in score order (ties: lower position first), then -1 rows
+        node("Greater", [n("keep"), n("half")], [n("kept_mask")]),
+        node("Where", [n("kept_mask"), n("top_s"), n("minus_one")], [n("key2")]),
+        node("TopK", [n("key2"), n("kept")], [n("out_s"), n("out_j")], axis=1, largest=1, sorted=1),
+        node("Greater", [n("out_s"), n("minus_one")], [n("out_valid")]),
+        node("GatherElements", [n("top_i"), n("out_j")], [n("out_i_raw")], axis=1),
+        node("Where", [n("out_valid"), n("out_i_raw"), n("minus_one")], [n("out_i")]),
+        node("Unsqueeze", [n("out_j"), n("axis_last")], [n("out_j3")]),
+        node("GatherND", [n("top_b"), n("out_j3")], [n("out_b_raw")], batch_dims=1),
+        node("Unsqueeze", [n("out_valid"), n("axis_last")], [n("out_valid3")]),
+        node("Where", [n("out_valid3"), n("out_b_raw"), n("minus_one")], [n("out_b")]),
+        node("Unsqueeze", [n("out_i"), n("axis_last")], [n("out_i3")]),
+        node("Unsqueeze", [n("out_s"), n("axis_last")], [n("out_s3")]),
+    ]
+    for src, dst in zip((n("out_i3"), n("out_s3"), n("out_b")), outputs):
+        if p > kept:  # fewer candidates survive topk than post_nms rows: MXNet pads with -1
+            if n("pad") not in {t.name for t in inits}:
+                inits.append(numpy_helper.from_array(np.array([0, 0, 0, 0, p - kept, 0], np.int64), n("pad")))
+            nodes.append(node("Pad", [src, n("pad"), n("minus_one")], [dst], mode="constant"))
+        else:
+            nodes.append(node("Identity", [src], [dst]))
+    return nodes, inits
+
+
+def box_nms_model(num_classes: int, num_candidates: int, *, nms_thresh: float, nms_topk: int = -1,
+                  post_nms: int = -1, score_thresh: float = GLUONCV_SCORE_THRESH) -> onnx.ModelProto:
+    """The NMS step alone: inputs ``cand_ids``, ``cand_scores`` (B, M, 1) and ``cand_boxes``
+    (B, M, 4), outputs as :func:`export_detector`'s. Lets hand-made candidates be checked
+    against ``mx.nd.contrib.box_nms`` without a network."""
+    _check_settings(nms_thresh, nms_topk, post_nms, score_thresh, num_candidates)
+    names = ("cand_ids", "cand_scores", "cand_boxes")
+    nodes, inits = _nms_nodes(*names, OUTPUT_NAMES, num_classes=num_classes, num_candidates=num_candidates,
+                              nms_thresh=nms_thresh, nms_topk=nms_topk, post_nms=post_nms, score_thresh=score_thresh)
+    p = num_candidates if post_nms <= 0 else post_nms
+    inputs = [helper.make_tensor_value_info(nm, TensorProto.FLOAT, ["batch", num_candidates, w])
+              for nm, w in zip(names, (1, 1, 4))]
+    outputs = [helper.make_tensor_value_info(nm, TensorProto.FLOAT, ["batch", p, w])
+               for nm, w in zip(OUTPUT_NAMES, (1, 1, 4))]
+    graph = helper.make_graph(nodes, "box_nms", inputs, outputs, inits)
+    opsets = [helper.make_opsetid("", _OPSET)]
+    model = helper.make_model(graph, opset_imports=opsets, producer_name="gluontl",
+                              ir_version=helper.find_min_ir_version_for(opsets))
+    return finish_model(model, _OPSET)
+
+
+def _check_settings(nms_thresh: float, nms_topk: int, post_nms: int, score_thresh: float, num_candidates: int) -> None:
+    if not 0 < nms_thresh < 1:
+        raise ExportError(f"nms_thresh is {nms_thresh}; give an IoU threshold strictly between 0 and 1 (GluonCV "
+                          "skips NMS altogether outside it, and an export without NMS is not a detector).")
+    if not 0 <= score_thresh < 1:
+        raise ExportError(f"score_thresh is {score_thresh}; give a score threshold in [0, 1).")
+    if post_nms > num_candidates:
+        raise ExportError(f"post_nms is {post_nms} but the network makes only {num_candidates} candidates at this "
+                          f"input size (MXNet itself fails slicing them); use post_nms <= {num_candidates}, or -1 "
+                          "for all.")
+    if int(nms_topk) != nms_topk or int(post_nms) != post_nms:
+        raise ExportError(f"nms_topk ({nms_topk}) and post_nms ({post_nms}) must be integers (-1: no limit).")
+
+
+def mxnet_box_nms(ids: mx.nd.NDArray, scores: mx.nd.NDArray, boxes: mx.nd.NDArray, settings: Mapping[str, Any]
+                  ) -> list[np.ndarray]:
+    """MXNet's own NMS on candidates, called exactly as GluonCV's SSD/YOLOv3 forwards call it
+    (with ``settings``' thresholds): the reference the ONNX file is verified against."""
+    result = mx.nd.contrib.box_nms(
+        mx.nd.concat(ids, scores, boxes, dim=-1), overlap_thresh=settings["nms_thresh"], topk=settings["nms_topk"],
+        valid_thresh=settings["score_thresh"], id_index=0, score_index=1, coord_start=2, force_suppress=False)
+    if settings["post_nms"] > 0:
+        result = result.slice_axis(axis=1, begin=0, end=settings["post_nms"])
+    out = result.asnumpy()
+    return [out[..., :1], out[..., 1:2], out[..., 2:6]]
+
+
+def _candidates(net: mx.gluon.HybridBlock, x: np.ndarray) -> list[mx.nd.NDArray]:
+    ctx = next(iter(net.collect_params().values())).list_ctx()[0]
+    with mx.autograd.predict_mode():
+        return [a.as_in_context(mx.cpu()) for a in net(mx.nd.array(x, ctx=ctx))]
+
+
+def _compare(got: list[np.ndarray], want: list[np.ndarray], box_scale: float, rtol: float) -> str | None:
+    """Why ``got`` (onnxruntime) is not MXNet's ``want``, or None. Ids exactly; scores live in
+    [0, 1], so ``rtol`` is their absolute tolerance; boxes are pixel coordinates, judged
+    relative to the larger of the input size and the largest coordinate."""
+    ids, scores, boxes = (np.asarray(a) for a in got)
+    want_ids, want_scores, want_boxes = want
+    if ids.shape != want_ids.shape or boxes.shape != want_boxes.shape:
+        return f"shapes {ids.shape}/{boxes.shape} instead of {want_ids.shape}/{want_boxes.shape}"
+    if not np.array_equal(ids, want_ids):
+        b, r = np.argwhere(ids != want_ids)[0][:2]
+        return (f"image {b}, row {r}: class id {ids[b, r, 0]:g} (score {scores[b, r, 0]:.6f}) where MXNet has "
+                f"{want_ids[b, r, 0]:g} (score {want_scores[b, r, 0]:.6f}); a near-tie of two scores, or an "
+                "overlap within float rounding of nms_thresh, can order or suppress them differently")
+    score_err = float(np.max(np.abs(scores - want_scores), initial=0.0))
+    scale = max(box_scale, float(np.max(np.abs(want_boxes), initial=0.0)))
+    box_err = float(np.max(np.abs(boxes - want_boxes), initial=0.0))
+    if not score_err <= rtol or not box_err <= rtol * scale:  # also NaN
+        return f"scores differ by up to {score_err:.2e} (tolerance {rtol:.0e}), boxes by {box_err:.2e} " \
+               f"(tolerance {rtol * scale:.2e})"
+    return None
+
+
+def _detector_onnx(net: mx.gluon.HybridBlock, input_name: str, shape: tuple[int, ...], num_classes: int,
+                   settings: Mapping[str, Any]) -> onnx.ModelProto:
+    """The net's decoded per-class candidates through mx.onnx (lean), then the NMS nodes.
+    The net must be set to ``set_nms(-1, -1, -1)``."""
+    cand = ["cand_ids", "cand_scores", "cand_boxes"]
+    model, traced = convert_block(net, {input_name: shape}, opset=_OPSET, output_names=cand)
+    graph = model.graph
+    taken = {t for node in graph.node for t in (*node.input, *node.output)} | {t.name for t in graph.initializer}
+    clash = sorted(t for t in taken if t in OUTPUT_NAMES or t.startswith(_PREFIX))
+    if clash:
+        raise ExportError(f"The network already has tensors named {clash}, the names the NMS step adds; rename "
+                          "those layers before exporting.")
+    num_candidates = traced.batched_output_shapes(1)[0][1]
+    _check_settings(settings["nms_thresh"], settings["nms_topk"], settings["post_nms"], settings["score_thresh"],
+                    num_candidates)
+    nodes, inits = _nms_nodes(*cand, OUTPUT_NAMES, num_classes=num_classes, num_candidates=num_candidates,
+                              **settings)
+    graph.node.extend(nodes)
+    graph.initializer.extend(inits)
+    p = num_candidates if settings["post_nms"] <= 0 else settings["post_nms"]
+    del graph.output[:]
+    graph.output.extend(helper.make_tensor_value_info(nm, TensorProto.FLOAT, ["batch", p, w])
+                        for nm, w in zip(OUTPUT_NAMES, (1, 1, 4)))
+    return finish_model(model, _OPSET)
+
+
+def _batches(sample: np.ndarray | None, shape: tuple[int, ...]) -> list[tuple[str, np.ndarray]]:
+    """A batch of 1 and batches of up to 8 covering ``sample`` (preprocessed images), or two
+    random batches (1 and 2) without one."""
+    if sample is None:
+        return [(f"random batch of {b}", dummy_inputs({"x": shape}, b, seed=b)["x"]) for b in (1, 2)]
+    sample = np.asarray(sample, np.float32)
+    if sample.ndim != 4 or sample.shape[1:] != shape[1:] or not len(sample):
+        raise ExportError(f"sample has shape {sample.shape}; pass preprocessed images shaped (N, "
+                          f"{', '.join(map(str, shape[1:]))}) with N >= 1.")
+    return [("sample image 0", sample[:1])] + [(f"sample images {i}-{min(i + 8, len(sample)) - 1}", sample[i:i + 8])
+                                               for i in range(0, len(sample), 8)]
+
+
+def export_detector(net: mx.gluon.HybridBlock, out_dir: str | Path, name: str, input_shape: tuple[int, int, int], *,
+                    class_names: Sequence[str], card: Mapping[str, Any] | None = None,
+                    nms_thresh: float | None = None, nms_topk: int | None = None, post_nms: int | None = None,
+                    score_thresh: float = GLUONCV_SCORE_THRESH, sample: np.ndarray | None = None,
+                    formats: Sequence[str] = ("symbol", "onnx"), input_name: str = "data", rtol: float = 1e-4,
+                    force: bool = False) -> list[Path]:
+    """Write a GluonCV SSD/YOLOv3 as ``NAME-symbol.json``/``NAME-0000.params`` (+
+    ``NAME-preprocess.json``) and/or ``NAME.onnx`` with per-class NMS (see the module doc).
+
+    NMS settings default to the net's own (``net.nms_thresh``...); the net gets them back
+    afterwards. The ONNX file is written only if onnxruntime reproduces MXNet's ``box_nms`` on
+    the net's candidates (GluonCV's forward) on ``sample`` (preprocessed images, N x C x H x W;
+    random inputs without it): class ids exactly, scores and boxes within ``rtol``. ``card``
+    (a run's ``preprocess.json`` record) plus ``class_names`` and the NMS settings go into the
+    metadata. The symbol export is MXNet's own graph, whose score threshold GluonCV fixes at 0.01.
+    """
+    classes = [str(c) for c in class_names]
+    net_classes = list(getattr(net, "classes", []))
+    if len(classes) != len(net_classes):
+        raise ExportError(f"class_names has {len(classes)} names but the network predicts {len(net_classes)} "
+                          f"classes ({net_classes}); pass one name per class, in the network's order.")
+    settings = {"nms_thresh": float(net.nms_thresh if nms_thresh is None else nms_thresh),
+                "nms_topk": int(net.nms_topk if nms_topk is None else nms_topk),
+                "post_nms": int(net.post_nms if post_nms is None else post_nms),
+                "score_thresh": float(score_thresh)}
+    unknown = sorted(set(formats) - {"symbol", "onnx"})
+    if unknown:
+        raise ExportError(f"Unknown export formats {unknown}; use 'symbol' and/or 'onnx'.")
+    if "symbol" in formats and settings["score_thresh"] != GLUONCV_SCORE_THRESH:
+        raise ExportError(f"score_thresh {score_thresh} cannot go into the symbol export: GluonCV's graph fixes it at "
+                          f"{GLUONCV_SCORE_THRESH}. Export only 'onnx' with it, or keep the default.")
+    shape = (1, *(int(d) for d in input_shape))
+    full_card = {**(card or {}), "classes": classes, "nms": settings}
+    from gluontl.train.runs import export_block  # the training package imports this one lazily too
+    from gluontl.train.transforms import META_CLASSES, onnx_props
+
+    saved = (net.nms_thresh, net.nms_topk, net.post_nms)
+    written: list[Path] = []
+    try:
+        if "symbol" in formats:
+            net.set_nms(settings["nms_thresh"], settings["nms_topk"], settings["post_nms"])
+            written += export_block(net, out_dir, name, {input_name: shape}, formats=["symbol"], force=force,
+                                    card=full_card)
+        if "onnx" in formats:
+            path = Path(out_dir) / f"{name}.onnx"
+            Path(out_dir).mkdir(parents=True, exist_ok=True)
+            check_target(path, force)
+            net.set_nms(-1, -1, -1)
+            model = _detector_onnx(net, input_name, shape, len(classes), settings)
+            meta = onnx_props(full_card) if "preprocess" in full_card else {META_CLASSES: json.dumps(classes)}
+            set_metadata(model, {**meta, META_NMS: json.dumps(settings)})
+            data = model.SerializeToString()
+            _verify(data, net, path, _batches(sample, shape), settings, max(shape[2:]), rtol)
+            written.append(atomic_write(path, lambda p: p.write_bytes(data), ExportError))
+    finally:
+        net.set_nms(*saved)
+    return written
+
+
+def _verify(data: bytes, net: mx.gluon.HybridBlock, path: Path, batches: list[tuple[str, np.ndarray]],
+            settings: Mapping[str, Any], box_scale: float, rtol: float) -> None:
+    session = ort_session(data, f"the export for {path} (not written)")
+    input_name = session.get_inputs()[0].name
+    for label, x in batches:
+        try:
+            got = session.run(None, {input_name: x})
+        except Exception as err:  # onnxruntime's errors share no base class
+            raise ExportError(f"Export to {path} was not written: onnxruntime failed on a {label} "
+                              f"({short_reason(err)}); please report the model.") from err
+        want = mxnet_box_nms(*_candidates(net, x), settings)
+        why = _compare(got, want, box_scale, rtol)
+        if why is not None:
+            raise ExportError(f"Export to {path} was not written: onnxruntime disagrees with MXNet's box_nms on the "
+                              f"{label}: {why}. Verify on other images (sample=...), or ship the symbol export.")
+        log.info("verified %s on %s", path, label)
