@@ -51,7 +51,7 @@ from mxnet import gluon, nd
 from ..errors import DataError
 from ..recipe import DataSpec
 from ..train.data import (BadImageReport, EpochSampler, LastBatch, Loaders, SplitRecord, _check,
-                          _require_classes, stratified_holdout)
+                          _require_classes, split_sampler, stratified_holdout)
 from ..train.transforms import decode_image, image_problem, sample_rng
 from .augment import DetectionTransform
 from .formats import (Annotation, image_size, images_in, read_coco, read_voc_xml, read_yolo, unknown_class,
@@ -131,13 +131,7 @@ def make_detection_loaders(spec: DataSpec, input_shape: Sequence[int], *, seed: 
     for w, ds in sets.items():
         ds.max_objects = m
         bad.extend(ds.bad)
-        is_train = w == "train"
-        sampler = EpochSampler(len(ds), spec.batch_size, seed=seed, shuffle=is_train and shuffle_train,
-                               last_batch=last_batch if is_train else "keep")
-        if len(sampler) == 0:
-            raise DataError(f"The {w} split '{getattr(spec, w)}' of {spec.source} has {len(ds)} usable "
-                            f"images, fewer than data.batch_size {spec.batch_size}, so an epoch would "
-                            f"have no batches. Lower data.batch_size or add images.")
+        sampler = split_sampler(spec, w, len(ds), seed=seed, shuffle_train=shuffle_train, last_batch=last_batch)
         loaders[w] = CpuLoader(ds, batch_sampler=sampler, batchify_fn=_stack, num_workers=spec.workers,
                                thread_pool=False)
         samplers[w] = sampler

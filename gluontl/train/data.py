@@ -221,13 +221,7 @@ def make_loaders(spec: DataSpec, *, seed: int, shuffle_train: bool = True,
     for w, ds in sets.items():
         ds.class_names = class_names
         bad.extend(ds.bad)
-        is_train = w == "train"
-        sampler = EpochSampler(len(ds), spec.batch_size, seed=seed, shuffle=is_train and shuffle_train,
-                               last_batch=last_batch if is_train else "keep")
-        if len(sampler) == 0:
-            raise DataError(f"The {w} split '{getattr(spec, w)}' of {spec.source} has {len(ds)} usable "
-                            f"images, fewer than data.batch_size {spec.batch_size}, so an epoch would "
-                            f"have no batches. Lower data.batch_size or add images.")
+        sampler = split_sampler(spec, w, len(ds), seed=seed, shuffle_train=shuffle_train, last_batch=last_batch)
         batchify = functools.partial(_batchify, shared=spec.workers > 0, split=getattr(spec, w))
         loaders[w] = gluon.data.DataLoader(ds, batch_sampler=sampler, batchify_fn=batchify,
                                            num_workers=spec.workers, thread_pool=False)
@@ -237,6 +231,19 @@ def make_loaders(spec: DataSpec, *, seed: int, shuffle_train: bool = True,
                    train_size=len(sets["train"]) if "train" in sets else 0,
                    val_size=len(sets["val"]) if "val" in sets else 0, bad=bad,
                    train_sampler=samplers["train"], val_sampler=samplers["val"], split=_split_record(spec, sets))
+
+
+def split_sampler(spec: DataSpec, which: Literal["train", "val"], n: int, *, seed: int, shuffle_train: bool,
+                  last_batch: LastBatch) -> EpochSampler:
+    """The sampler of split ``which`` (val: in order, all batches); no batch at all is a DataError."""
+    is_train = which == "train"
+    sampler = EpochSampler(n, spec.batch_size, seed=seed, shuffle=is_train and shuffle_train,
+                           last_batch=last_batch if is_train else "keep")
+    if len(sampler) == 0:
+        raise DataError(f"The {which} split '{getattr(spec, which)}' of {spec.source} has {n} usable "
+                        f"images, fewer than data.batch_size {spec.batch_size}, so an epoch would "
+                        f"have no batches. Lower data.batch_size or add images.")
+    return sampler
 
 
 def _split_record(spec: DataSpec, sets: dict[str, ImageDataset]) -> SplitRecord | None:
