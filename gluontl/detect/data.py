@@ -124,6 +124,11 @@ def make_detection_loaders(spec: DataSpec, input_shape: Sequence[int], *, seed: 
     """Train/val loaders (see the module doc for the batches); train drops its last partial batch."""
     sets = {w: load_detection_split(spec, getattr(spec, w), input_shape, train=(w == "train"), seed=seed)
             for w in dict.fromkeys(which)}
+    names = {w: ds.class_names for w, ds in sets.items()}
+    if len({tuple(n) for n in names.values()}) > 1:
+        listed = "; ".join(f"{w}: {', '.join(n)}" for w, n in names.items())
+        raise DataError(f"The splits of {spec.source} declare different classes ({listed}), so a class id would "
+                        f"mean different things. Make the class lists agree, or pick classes with data.classes.")
     m = max(ds.max_objects for ds in sets.values())
     bad = BadImageReport()
     loaders: dict[str, CpuLoader | None] = {"train": None, "val": None}
@@ -298,11 +303,14 @@ def _finish(anns: list[Annotation], classes: list[str], spec: DataSpec, what: st
         if not a.image.is_file():
             return "file does not exist"
         reason = image_problem(a.image)
-        if reason is None and a.size != image_size(a.image):
-            actual = image_size(a.image)
-            reason = (f"the image is {actual[0]}x{actual[1]} but {a.source} says "
-                      f"{a.size[0]}x{a.size[1]}" if a.size and actual else "its size cannot be read")
-        return reason
+        if reason is not None:
+            return reason
+        actual = image_size(a.image)
+        if actual is None or a.size is None:
+            return "its size cannot be read"
+        if actual != a.size:
+            return f"the image is {actual[0]}x{actual[1]} but {a.source} says {a.size[0]}x{a.size[1]}"
+        return None
 
     keep, bad = _check([str(a.image) for a in anns], problem, spec, what)
     anns = [a for a, k in zip(anns, keep) if k]

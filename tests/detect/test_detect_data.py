@@ -280,3 +280,13 @@ def test_recipe_accepts_detection_sources_and_lists_every_form():
     assert DataSpec(source="yolo:/data/x").source == "yolo:/data/x"
     with pytest.raises(pydantic.ValidationError, match="voc:PATH, coco:PATH, yolo:PATH or demo:digits_det"):
         DataSpec(source="vox:/data/x")
+
+
+def test_splits_declaring_different_classes_are_refused(voc, tmp_path):
+    _, anns = voc
+    write_coco(tmp_path / "c", {"train": anns[:6]}, NAMES)
+    write_coco(tmp_path / "c", {"val": anns[6:]}, ["cat", "dog", "horse"])
+    with pytest.raises(DataError, match="declare different classes.*train: cat, dog, person; val: cat, dog, horse"):
+        make_detection_loaders(_spec(f"coco:{tmp_path / 'c'}"), (3, 32, 32), seed=0)
+    loaders = make_detection_loaders(_spec(f"coco:{tmp_path / 'c'}", classes=["dog", "cat"]), (3, 32, 32), seed=0)
+    assert loaders.class_names == ["dog", "cat"]
