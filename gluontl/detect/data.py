@@ -49,7 +49,7 @@ import numpy as np
 from mxnet import gluon, nd
 
 from ..errors import DataError
-from ..recipe import DataSpec
+from ..recipe import DataSpec, suggest
 from ..train.data import (BadImageReport, EpochSampler, LastBatch, Loaders, SplitRecord, _check,
                           _require_classes, split_sampler, stratified_holdout)
 from ..train.transforms import decode_image, image_problem, sample_rng
@@ -239,8 +239,8 @@ def _voc_classes(anns: list[Annotation], names: list[str], classes: list[str], s
                 labels[k, 4] = classes.index(names[c])
             elif spec.classes is None:
                 raise DataError(f"{a.source}: class {names[c]!r} does not occur in the train split "
-                                f"'{spec.train}' (classes there: {', '.join(classes)}), so it has no label. "
-                                f"Fix the name, or list the classes to use in data.classes.")
+                                f"'{spec.train}'{suggest(names[c], classes)}, so it has no label. Fix the "
+                                f"name, or list the classes to use in data.classes.")
             else:
                 labels[k, 4] = -1  # dropped by _select
         out.append(Annotation(a.image, a.size, labels, a.source))

@@ -217,8 +217,9 @@ def test_unknown_class_name_suggests_the_close_one(voc):
 def test_voc_val_class_missing_from_train_is_an_error(voc):
     root, _ = voc
     xml = root / "Annotations" / "i7.xml"
-    xml.write_text(xml.read_text().replace("<name>dog</name>", "<name>horse</name>"))
-    with pytest.raises(DataError, match=r"i7\.xml: class 'horse' does not occur in the train split"):
+    xml.write_text(xml.read_text().replace("<name>dog</name>", "<name>dogs</name>"))
+    with pytest.raises(DataError, match=r"i7\.xml: class 'dogs' does not occur in the train split 'train' "
+                                        r"\(did you mean 'dog'\? valid: cat, dog, person\)"):
         load_detection_split(_spec(f"voc:{root}"), "val", (3, 32, 32))
     assert len(load_detection_split(_spec(f"voc:{root}", classes=["cat"]), "val", (3, 32, 32))) == 4
 
