@@ -147,11 +147,16 @@ def restore_detector(net: HybridBlock, fam: str, weights: str, kind: str, classe
     report = RestoreReport(file=str(weights))
     layout = LAYOUTS[fam]
     skip = BUFFERS[fam] + (HEADS[fam] if kind == "classification" else ())
+    # Gluon's save_parameters (GluonCV's scripts and zoo files) names SSD's feature SymbolBlock
+    # parameters without its prefix ("features.expand_bn0_beta", not "features.ssd0_expand_bn0_beta").
+    saved = {id(p): k for k, p in net._collect_params_with_prefix().items()}
     used = set()
     for name, e in entries.items():
         if any(fnmatch.fnmatchcase(name, g) for g in skip):
             continue
         key = _key(name, spec.prefix_map)
+        if key not in arrays and saved.get(id(e.param)) in arrays:
+            key = saved[id(e.param)]
         if key not in arrays:
             report.missing.append(name)
             continue
