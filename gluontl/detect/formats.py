@@ -17,7 +17,9 @@ Coordinate conventions (what the writers invert):
   means the file was written by a 0-based tool and every box of it is one pixel off. The
   writer rounds each edge to the nearest pixel edge (at most 0.5 px per edge; a side that
   rounds to nothing becomes the one pixel holding its left/top edge), so integer boxes round-trip
-  exactly. A missing ``<difficult>`` is 0; a missing ``<size>`` is read from the image.
+  exactly. A missing ``<difficult>`` is 0; a missing ``<size>`` is read from the image. The
+  image is ``<filename>`` in the images folder, or, where no such file exists, the image
+  named like the XML file (any image extension).
 - **COCO** ``bbox`` is ``[x, y, w, h]`` in pixels: ``[x, y, x + w, y + h]``; ``iscrowd`` is
   the ``difficult`` flag (both are left out of mAP rather than counted as misses). Classes
   are the ``categories`` in id order. Round-trips exactly (float32 values as JSON doubles).
@@ -114,8 +116,7 @@ def read_voc_xml(xml: Path, image_dir: Path) -> tuple[Annotation, list[str]]:
         root = ET.parse(xml).getroot()
     except (ET.ParseError, OSError) as e:
         raise DataError(f"Cannot read VOC annotation '{xml}': {e}. Fix or delete the file.") from None
-    name = root.findtext("filename")
-    image = image_dir / (name.strip() if name and name.strip() else f"{xml.stem}.jpg")
+    image = _voc_image(root.findtext("filename"), xml, image_dir)
     size_el = root.find("size")
     if size_el is not None:
         try:
@@ -150,6 +151,16 @@ def read_voc_xml(xml: Path, image_dir: Path) -> tuple[Annotation, list[str]]:
         names.append(cls)
         rows.append([x0 - 1, y0 - 1, x1, y1, len(names) - 1, 1.0 if difficult else 0.0])
     return Annotation(image, size, _labels(rows), str(xml)), names
+
+
+def _voc_image(filename: str | None, xml: Path, image_dir: Path) -> Path:
+    """``<filename>``; where that file is absent (no tag, or a tag without or with another
+    extension, as converted datasets have), the image named like the XML, if there is one."""
+    named = image_dir / filename.strip() if filename and filename.strip() else None
+    if named is not None and named.is_file():
+        return named
+    same_stem = [image_dir / f"{xml.stem}{ext}" for ext in IMAGE_EXTENSIONS]
+    return next((p for p in same_stem if p.is_file()), named or same_stem[0])
 
 
 def voc_xml(ann: Annotation, class_names: Sequence[str]) -> str:

@@ -279,3 +279,14 @@ def test_yolo_round_trip_within_its_decimals(tmp_path_factory, seed):
             # 8 decimals of a value normalized by <= 300 px: <= 0.5e-8 * 300 * 2 px, plus float32 rounding
             # of coordinates < 300 (ulp 3e-5)
             np.testing.assert_allclose(got[a.image.name].labels, want, rtol=0, atol=1e-4)
+
+
+def test_voc_image_falls_back_to_the_xml_name_when_filename_is_absent(tmp_path):
+    xml = _voc(tmp_path, _obj("dog", 1, 1, 5, 5), name="a")
+    xml.write_text(xml.read_text().replace("<filename>a.jpg</filename>", "<filename>a</filename>"))
+    (tmp_path / "JPEGImages" / "a.jpg").rename(tmp_path / "JPEGImages" / "a.png")
+    ann, _ = read_voc_xml(xml, tmp_path / "JPEGImages")
+    assert ann.image == tmp_path / "JPEGImages" / "a.png"
+    (tmp_path / "JPEGImages" / "a.png").unlink()
+    ann, _ = read_voc_xml(xml, tmp_path / "JPEGImages")
+    assert ann.image == tmp_path / "JPEGImages" / "a"  # what the file names, reported missing by the loader
