@@ -28,6 +28,8 @@ from gluontl.errors import ExportError, short_reason
 from gluontl.export.exporters import check_target, convert_block, finish_model, set_metadata
 from gluontl.export.trace import dummy_inputs
 from gluontl.export.verify import ort_session
+from gluontl.train.runs import export_block
+from gluontl.train.transforms import META_CLASSES, onnx_props
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +47,8 @@ def _nms_nodes(ids: str, scores: str, boxes: str, outputs: Sequence[str], *, num
     """Nodes computing MXNet's per-class ``box_nms`` + ``post_nms`` slice from candidate
     tensors ``ids``/``scores`` (B, M, 1) and ``boxes`` (B, M, 4) into ``outputs``.
 
-    Class -1 is a class of its own, as in MXNet (which groups by the integer id); SSD marks
-    sub-threshold candidates with it, and those never pass ``score_thresh``.
+    Candidates of id -1 (box_nms's default ``background_id``; SSD's mark for sub-threshold
+    scores) are dropped before the top-k whatever their score, as MXNet drops them.
     """
     m = num_candidates
     k = m if nms_topk <= 0 else min(nms_topk, m)
@@ -67,7 +69,7 @@ def _nms_nodes(ids: str, scores: str, boxes: str, outputs: Sequence[str], *, num
         numpy_helper.from_array(np.array([k], np.int64), n("max_per_class")),
         numpy_helper.from_array(np.array([nms_thresh], np.float32), n("iou")),
         numpy_helper.from_array(np.array([score_thresh], np.float32), n("score_thresh_1d")),
-        numpy_helper.from_array(np.arange(-1, num_classes, dtype=np.float32).reshape(1, -1, 1), n("classes")),
+        numpy_helper.from_array(np.arange(num_classes, dtype=np.float32).reshape(1, -1, 1), n("classes")),
         numpy_helper.from_array(np.array([0, 2], np.int64), n("batch_and_box")),
         numpy_helper.from_array(np.array(0.0, np.float32), n("zero")),
         numpy_helper.from_array(np.array(0.5, np.float32), n("half")),
@@ -77,15 +79,19 @@ def _nms_nodes(ids: str, scores: str, boxes: str, outputs: Sequence[str], *, num
     nodes = [
         node("Squeeze", [scores, n("axis2")], [n("s")]),  # (B, M)
         node("Squeeze", [ids, n("axis2")], [n("i")]),
-        # valid_thresh: invalid candidates sort below every valid one (valid scores are > thresh >= 0)
-        node("Greater", [n("s"), n("score_thresh")], [n("valid")]),
+        # valid: score > valid_thresh and id != background_id (-1); invalid candidates sort
+        # below every valid one (valid scores are > thresh >= 0)
+        node("Greater", [n("s"), n("score_thresh")], [n("above")]),
+        node("Equal", [n("i"), n("minus_one")], [n("background")]),
+        node("Not", [n("background")], [n("not_background")]),
+        node("And", [n("above"), n("not_background")], [n("valid")]),
         node("Where", [n("valid"), n("s"), n("minus_one")], [n("key")]),
         # global topk before NMS, stable: ONNX TopK breaks ties to the lower index like MXNet's sort
         node("TopK", [n("key"), n("k")], [n("top_s"), n("top_j")], axis=1, largest=1, sorted=1),
         node("GatherElements", [n("i"), n("top_j")], [n("top_i")], axis=1),  # (B, K)
         node("Unsqueeze", [n("top_j"), n("axis_last")], [n("top_j3")]),
         node("GatherND", [boxes, n("top_j3")], [n("top_b")], batch_dims=1),  # (B, K, 4)
-        # per-class scores (B, C+1, K): a candidate scores only in its own class's row
+        # per-class scores (B, C, K): a candidate scores only in its own class's row
         node("Unsqueeze", [n("top_i"), n("axis1")], [n("top_i3")]),
         node("Equal", [n("top_i3"), n("classes")], [n("own")]),
         node("Unsqueeze", [n("top_s"), n("axis1")], [n("top_s3")]),
@@ -153,8 +159,6 @@ def _check_settings(nms_thresh: float, nms_topk: int, post_nms: int, score_thres
         raise ExportError(f"post_nms is {post_nms} but the network makes only {num_candidates} candidates at this "
                           f"input size (MXNet itself fails slicing them); use post_nms <= {num_candidates}, or -1 "
                           "for all.")
-    if int(nms_topk) != nms_topk or int(post_nms) != post_nms:
-        raise ExportError(f"nms_topk ({nms_topk}) and post_nms ({post_nms}) must be integers (-1: no limit).")
 
 
 def mxnet_box_nms(ids: mx.nd.NDArray, scores: mx.nd.NDArray, boxes: mx.nd.NDArray, settings: Mapping[str, Any]
@@ -270,19 +274,14 @@ def export_detector(net: mx.gluon.HybridBlock, out_dir: str | Path, name: str, i
                           f"{GLUONCV_SCORE_THRESH}. Export only 'onnx' with it, or keep the default.")
     shape = (1, *(int(d) for d in input_shape))
     full_card = {**(card or {}), "classes": classes, "nms": settings}
-    from gluontl.train.runs import export_block  # the training package imports this one lazily too
-    from gluontl.train.transforms import META_CLASSES, onnx_props
-
     saved = (net.nms_thresh, net.nms_topk, net.post_nms)
-    written: list[Path] = []
     try:
-        if "symbol" in formats:
-            net.set_nms(settings["nms_thresh"], settings["nms_topk"], settings["post_nms"])
-            written += export_block(net, out_dir, name, {input_name: shape}, formats=["symbol"], force=force,
-                                    card=full_card)
+        net.set_nms(settings["nms_thresh"], settings["nms_topk"], settings["post_nms"])
+        # creates the folder (with its errors) also when only ONNX is asked for
+        written = export_block(net, out_dir, name, {input_name: shape}, formats=[f for f in formats if f == "symbol"],
+                               force=force, card=full_card)
         if "onnx" in formats:
             path = Path(out_dir) / f"{name}.onnx"
-            Path(out_dir).mkdir(parents=True, exist_ok=True)
             check_target(path, force)
             net.set_nms(-1, -1, -1)
             model = _detector_onnx(net, input_name, shape, len(classes), settings)

@@ -23,7 +23,8 @@ from sklearn.datasets import load_sample_images
 from gluontl.detect.export import (GLUONCV_SCORE_THRESH, META_NMS, _batches, _detector_onnx, _verify, box_nms_model,
                                    export_detector, mxnet_box_nms)
 from gluontl.errors import ExportError
-from gluontl.train.transforms import META_CLASSES, META_PREPROCESS
+from gluontl.recipe import TransformSpec
+from gluontl.train.transforms import META_CLASSES, load_preprocess, model_card
 
 SIZE = 128
 CLASSES = ["cat", "dog", "bird"]
@@ -83,7 +84,7 @@ def test_onnx_reproduces_mxnet_detections_on_photos(kind, tmp_path):
     want = _mxnet(net, x)  # the net's own forward, with GluonCV's real box_nms
     valid = want[0] >= 0
     assert valid.sum(axis=1).min() >= 10 and len(np.unique(want[0][valid])) == 3  # a non-trivial case
-    card = {"preprocess": {"input": "data"}, "classes": ["ignored"]}
+    card = model_card(TransformSpec(resize=SIZE), ["stale", "names"], "data", (3, SIZE, SIZE))
     paths = export_detector(net, tmp_path, "det", (3, SIZE, SIZE), class_names=CLASSES, card=card, sample=x)
     assert [p.name for p in paths] == ["det-symbol.json", "det-0000.params", "det-preprocess.json", "det.onnx"]
     assert (net.nms_thresh, net.nms_topk, net.post_nms) == (0.45, 400, 100)  # restored
@@ -98,7 +99,8 @@ def test_onnx_reproduces_mxnet_detections_on_photos(kind, tmp_path):
     meta = {p.key: p.value for p in onnx.load(str(tmp_path / "det.onnx")).metadata_props}
     nms = {"nms_thresh": 0.45, "nms_topk": 400, "post_nms": 100, "score_thresh": GLUONCV_SCORE_THRESH}
     assert json.loads(meta[META_CLASSES]) == CLASSES and json.loads(meta[META_NMS]) == nms
-    assert json.loads(meta[META_PREPROCESS]) == {"input": "data"}
+    prep, names = load_preprocess(tmp_path / "det.onnx")  # what predict reads from an ONNX file
+    assert names == CLASSES and prep == load_preprocess(card)[0]
     assert json.loads((tmp_path / "det-preprocess.json").read_text()) == {**card, "classes": CLASSES, "nms": nms}
 
     with warnings.catch_warnings():
@@ -107,6 +109,21 @@ def test_onnx_reproduces_mxnet_detections_on_photos(kind, tmp_path):
                                                 str(tmp_path / "det-0000.params"))
     for a, b in zip(_mxnet(reloaded, x), want):
         np.testing.assert_array_equal(a, b)
+
+
+def test_export_after_a_hybridized_training_step(tmp_path):
+    """Pitfall: after a hybridized training-mode call, net(x) keeps returning the training graph's
+    outputs until re-hybridized or set_nms; the export's set_nms calls rebuild the graph."""
+    net = _net("ssd", seed=5)
+    net.hybridize(static_alloc=True, static_shape=True)
+    x = _photos()[:2]
+    with mx.autograd.record(train_mode=True):
+        cls_preds, box_preds, anchors = net(mx.nd.array(x))
+    export_detector(net, tmp_path, "det", (3, SIZE, SIZE), class_names=CLASSES, sample=x, formats=["onnx"])
+    got = ort.InferenceSession(str(tmp_path / "det.onnx"), providers=["CPUExecutionProvider"]).run(None, {"data": x})
+    want = _mxnet(net, x)
+    assert want[0].shape == (2, 100, 1)  # the inference graph again
+    _assert_same(got, want)
 
 
 def test_export_with_other_nms_settings_matches_the_net_set_to_them(tmp_path):
@@ -137,14 +154,14 @@ def _nms_mxnet(cand: list[np.ndarray], nms_thresh: float, nms_topk: int = -1, po
 def _hand_made() -> list[np.ndarray]:
     """Rows: id, score, box. A (class 0) and B (class 1) overlap with IoU 0.82 > 0.45; C (class 0)
     overlaps A with IoU 0.91; D (class 1) is far away; E has C's box and D's score in class 2;
-    F and G are below the score threshold (G with SSD's -1 id)."""
+    F is below the score threshold; G has the top score but id -1, box_nms's background id."""
     rows = [[0, 0.9, 10, 10, 50, 50],    # A
             [1, 0.8, 12, 12, 52, 52],    # B: IoU(A, B) = 38^2 / (2 * 40^2 - 38^2) = 0.8223
             [0, 0.7, 11, 11, 51, 51],    # C: IoU(A, C) = 39^2 / (2 * 40^2 - 39^2) = 0.9059, suppressed by A
             [1, 0.7, 80, 80, 120, 120],  # D
             [2, 0.7, 11, 11, 51, 51],    # E: ties D; the input order decides (a stable sort)
             [2, 0.005, 80, 80, 120, 120],  # F
-            [-1, 0.0, 0, 0, 5, 5]]       # G
+            [-1, 0.95, 10, 10, 50, 50]]  # G: dropped, suppresses nothing
     a = np.array([rows], np.float32)
     return [a[..., :1], a[..., 1:2], a[..., 2:]]
 
@@ -182,7 +199,7 @@ def test_same_class_overlap_is_suppressed_and_thresholds_are_strict():
 def test_plain_mx_onnx_box_nms_suppresses_across_classes():
     """Pins the upstream bug this module works around: mx.onnx ignores id_index and
     force_suppress=False, so B (class 1) is suppressed by A (class 0) in ONNX."""
-    cand = _hand_made()
+    cand = [c[:, :6] for c in _hand_made()]  # without G: plain mx.onnx would not drop its -1 id either
     data = mx.sym.var("data")
     sym = mx.sym.contrib.box_nms(data, overlap_thresh=0.45, valid_thresh=GLUONCV_SCORE_THRESH, topk=-1,
                                  id_index=0, score_index=1, coord_start=2, force_suppress=False)
@@ -205,7 +222,7 @@ def test_plain_mx_onnx_box_nms_suppresses_across_classes():
 
 def _random_candidates(seed: int, batch: int = 2, num: int = 60, classes: int = 4) -> list[np.ndarray]:
     """Clustered boxes (many overlaps within and across classes), distinct scores, some below
-    the threshold with SSD's -1 id."""
+    the threshold with SSD's -1 id, and some -1 ids above it (box_nms drops them before topk)."""
     rng = np.random.RandomState(seed)
     centers = rng.uniform(20, 100, (batch, 6, 2))[:, rng.randint(0, 6, num)]
     wh = rng.uniform(10, 40, (batch, num, 2))
@@ -213,7 +230,7 @@ def _random_candidates(seed: int, batch: int = 2, num: int = 60, classes: int = 
     boxes = np.concatenate([xy - wh / 2, xy + wh / 2], axis=-1)
     scores = rng.permutation(batch * num).reshape(batch, num) / (batch * num) * 0.9 + 0.001
     ids = rng.randint(0, classes, (batch, num)).astype(np.float64)
-    ids[scores <= GLUONCV_SCORE_THRESH] = -1
+    ids[(scores <= GLUONCV_SCORE_THRESH) | (rng.uniform(size=(batch, num)) < 0.15)] = -1
     return [ids[..., None].astype(np.float32), scores[..., None].astype(np.float32), boxes.astype(np.float32)]
 
 
