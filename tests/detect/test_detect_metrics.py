@@ -175,15 +175,18 @@ def test_shifting_the_boxes_drops_ap_as_iou_predicts():
     assert ev.voc()["map50"] == pytest.approx(0.25, abs=1e-15)
 
 
-def test_difficult_objects_count_neither_way():
-    """A detection of a difficult object ranked first would make AP 1/2 as a false positive;
-    ignored, the single real object is found with precision 1."""
+@pytest.mark.parametrize("found", [True, False], ids=["detected", "missed"])
+def test_difficult_objects_count_neither_way(found):
+    """Difficult object A, normal object B. A's detection ranked first would make AP 1/2 as a
+    false positive; missing A would make recall 1/2 if A counted. Ignored, AP is 1 either way,
+    in VOC and in COCO (where A is iscrowd)."""
     gt = _boxes([0, 0, 10, 10, 0, 1], [20, 20, 30, 30, 0, 0])
-    det = _boxes([0, 0.9, 0, 0, 10, 10], [0, 0.8, 20, 20, 30, 30])
+    det = _boxes(*[[0, 0.9, 0, 0, 10, 10]] * found, [0, 0.8, 20, 20, 30, 30])
     ev = _single(det, gt)
     result = ev.voc()
     assert result["map50"] == 1.0 and result["n_gt"] == {"a": 1}
     np.testing.assert_array_equal(result["pr"]["a"][0], [1.0])
+    assert ev.coco()["map"] == pytest.approx(1.0, abs=1e-12)
 
 
 def test_a_class_without_ground_truth_is_nan_and_left_out_of_the_mean():

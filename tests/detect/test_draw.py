@@ -30,9 +30,10 @@ def test_a_thin_box_changes_its_border_and_nothing_inside():
 
 def test_padding_and_low_scores_draw_nothing():
     image = _gray()
-    dets = np.array([[-1, 0.99, 10, 10, 100, 100], [0, 0.2, 10, 10, 100, 100], [-1, -1, -1, -1, -1, -1]], np.float32)
+    dets = np.array([[-1, 0.99, 10, 10, 100, 100], [0, 0.25, 10, 10, 100, 100], [-1, -1, -1, -1, -1, -1]], np.float32)
     np.testing.assert_array_equal(draw_detections(image, dets, NAMES, score_thresh=0.3), image)
     assert (draw_detections(image, dets, NAMES, score_thresh=0.1) != image).any()
+    assert (draw_detections(image, dets, NAMES, score_thresh=0.25) != image).any()  # the threshold itself is kept
 
 
 def test_each_class_has_its_own_colour():
