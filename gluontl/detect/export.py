@@ -101,7 +101,8 @@ def _nms_nodes(ids: str, scores: str, boxes: str, outputs: Sequence[str], *, num
         node("Gather", [n("selected"), n("batch_and_box")], [n("sel_bk")], axis=1),
         node("Shape", [n("selected")], [n("sel_shape")]),
         node("Slice", [n("sel_shape"), n("zero_i"), n("axis1")], [n("sel_count1")]),  # [S]
-        node("ConstantOfShape", [n("sel_count1")], [n("ones")], value=helper.make_tensor("", TensorProto.FLOAT, [1], [1.0])),
+        node("ConstantOfShape", [n("sel_count1")], [n("ones")],
+             value=helper.make_tensor("", TensorProto.FLOAT, [1], [1.0])),
         node("Mul", [n("top_s"), n("zero")], [n("zeros")]),
         node("ScatterND", [n("zeros"), n("sel_bk"), n("ones")], [n("keep")]),  # 1 where kept
         # the kept candidates in score order (ties: lower position first), then -1 rows
@@ -118,13 +119,11 @@ def _nms_nodes(ids: str, scores: str, boxes: str, outputs: Sequence[str], *, num
         node("Unsqueeze", [n("out_i"), n("axis_last")], [n("out_i3")]),
         node("Unsqueeze", [n("out_s"), n("axis_last")], [n("out_s3")]),
     ]
+    if p > kept:  # fewer candidates survive topk than post_nms rows: MXNet pads with -1
+        inits.append(numpy_helper.from_array(np.array([0, 0, 0, 0, p - kept, 0], np.int64), n("pad")))
     for src, dst in zip((n("out_i3"), n("out_s3"), n("out_b")), outputs):
-        if p > kept:  # fewer candidates survive topk than post_nms rows: MXNet pads with -1
-            if n("pad") not in {t.name for t in inits}:
-                inits.append(numpy_helper.from_array(np.array([0, 0, 0, 0, p - kept, 0], np.int64), n("pad")))
-            nodes.append(node("Pad", [src, n("pad"), n("minus_one")], [dst], mode="constant"))
-        else:
-            nodes.append(node("Identity", [src], [dst]))
+        nodes.append(node("Pad", [src, n("pad"), n("minus_one")], [dst], mode="constant") if p > kept
+                     else node("Identity", [src], [dst]))
     return nodes, inits
 
 
