@@ -259,6 +259,14 @@ def test_nothing_above_the_threshold_gives_only_padding():
     _assert_equal(got, _nms_mxnet(cand, 0.45, post_nms=10))
 
 
+def test_an_image_without_detections_beside_one_with():
+    cand = _random_candidates(8)
+    cand[1][0] = 0.005  # image 0: nothing above the threshold
+    want = _nms_mxnet(cand, 0.45, 30, 20)
+    assert (want[0][0] == -1).all() and (want[0][1] >= 0).sum() >= 2
+    _assert_equal(_nms_onnx(cand, 4, nms_thresh=0.45, nms_topk=30, post_nms=20), want)
+
+
 def test_yolo_export_loads_with_constant_folding(tmp_path):
     """A plain static mx.onnx export of YOLOv3 fails in onnxruntime's ConstantFolding ("Attempt
     to replace the existing tensor") and loads only with it disabled; ours (free batch, lean)
