@@ -90,27 +90,19 @@ class DetectionEval:
         11-point mean with ``eleven_point``. ``pr`` holds each class's raw precision/recall
         arrays in descending score (classes without ground truth have none)."""
         n = len(self.class_names)
-        scores: list[list[np.ndarray]] = [[] for _ in range(n)]
-        matches: list[list[np.ndarray]] = [[] for _ in range(n)]
-        n_pos = np.zeros(n, np.int64)
-        for det, gt in self._images:
-            for c in np.union1d(det[:, 0], gt[:, 4]).astype(int):
-                dc, gc = det[det[:, 0] == c], gt[gt[:, 4] == c]
-                dc = dc[np.argsort(-dc[:, 1], kind="stable")]
-                difficult = gc[:, 5] > 0
-                n_pos[c] += int((~difficult).sum())
-                scores[c].append(dc[:, 1])
-                matches[c].append(_match(dc[:, 2:6], gc[:, :4], difficult))
+        rows = [_match(det, gt) for det, gt in self._images]  # (class, score, match) per detection
+        cls, score, match = (np.concatenate([r[i] for r in rows]) if rows else np.zeros(0) for i in range(3))
+        order = np.argsort(-score, kind="stable")
+        cls, match = cls[order], match[order]
+        real = [gt[gt[:, 5] <= 0, 4].astype(int) for _, gt in self._images]
+        n_pos = np.bincount(np.concatenate(real) if real else np.zeros(0, int), minlength=n)
         per_class: dict[str, float] = {}
         pr: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         for c, name in enumerate(self.class_names):
             if n_pos[c] == 0:
                 per_class[name] = math.nan
                 continue
-            s = np.concatenate(scores[c]) if scores[c] else np.zeros(0)
-            m = np.concatenate(matches[c]) if matches[c] else np.zeros(0, np.int8)
-            m = m[np.argsort(-s, kind="stable")]
-            m = m[m >= 0]  # detections of difficult objects count neither way
+            m = match[(cls == c) & (match >= 0)]  # detections of difficult objects count neither way
             tp = np.cumsum(m == 1)
             precision = tp / np.arange(1, len(m) + 1)
             recall = tp / n_pos[c]
@@ -217,19 +209,22 @@ def plot_pr(voc: dict[str, Any], path: str | Path) -> Path:
         plt.close(fig)
 
 
-def _match(det_boxes: np.ndarray, gt_boxes: np.ndarray, difficult: np.ndarray) -> np.ndarray:
-    """Per detection (in descending score): 1 true positive, 0 false positive, -1 ignored."""
-    out = np.zeros(len(det_boxes), np.int8)
-    if len(det_boxes) == 0 or len(gt_boxes) == 0:
-        return out
-    iou = iou_matrix(det_boxes, gt_boxes)
-    best = iou.argmax(axis=1)
-    hit = iou[np.arange(len(best)), best] >= 0.5
-    out[hit & difficult[best]] = -1
-    candidates = np.flatnonzero(hit & ~difficult[best])
-    _, first = np.unique(best[candidates], return_index=True)  # a ground truth's first claimant wins
-    out[candidates[first]] = 1
-    return out
+def _match(det: np.ndarray, gt: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One image's detections in descending score as (class, score, match), match 1 for a true
+    positive, 0 a false positive, -1 ignored. All classes at once: pairs of different classes get
+    IoU -1, so a detection only ever reaches ground truth of its own class."""
+    det = det[np.argsort(-det[:, 1], kind="stable")]
+    out = np.zeros(len(det), np.int8)
+    if len(det) and len(gt):
+        iou = np.where(det[:, None, 0] == gt[None, :, 4], iou_matrix(det[:, 2:6], gt[:, :4]), -1.0)
+        best = iou.argmax(axis=1)
+        hit = iou[np.arange(len(best)), best] >= 0.5
+        difficult = gt[best, 5] > 0
+        out[hit & difficult] = -1
+        candidates = np.flatnonzero(hit & ~difficult)
+        _, first = np.unique(best[candidates], return_index=True)  # a ground truth's first claimant wins
+        out[candidates[first]] = 1
+    return det[:, 0], det[:, 1], out
 
 
 def _ap_area(precision: np.ndarray, recall: np.ndarray) -> float:
