@@ -19,7 +19,7 @@ from typing import Any, Iterable, Mapping
 
 import mxnet as mx
 import numpy as np
-from mxnet.gluon import HybridBlock, Parameter, SymbolBlock
+from mxnet.gluon import Constant, HybridBlock, Parameter, SymbolBlock
 
 from .errors import RuleError
 from .naming import Layer, ParamEntry, named_params, shape_of
@@ -133,11 +133,12 @@ def _selects(rule: Rule, e: ParamEntry, stage: Stage | None) -> bool:
 
 
 def _is_aux(e: ParamEntry) -> bool:
-    """Auxiliary states (BN running mean/var) are updated by the op, never by the optimizer."""
+    """Auxiliary states (BN running mean/var) are updated by the op, never by the optimizer;
+    nor are Gluon Constants (GluonCV's anchors), which refuse a grad_req with a warning."""
     owner = e.layer.owner if e.layer is not None else None
     if owner is not None:
         return e.param.name in owner._cached_graph[1].list_auxiliary_states()
-    return not e.param._differentiable
+    return not e.param._differentiable or isinstance(e.param, Constant)
 
 
 def make_plan(block: HybridBlock, rules: Iterable[RuleLike], *, epoch: int | None = None,
