@@ -301,3 +301,140 @@ def test_ssd_expander_batchnorm_gluoncv_init_is_uniform_and_ours_is_identity():
     for n, v in bn.items():
         want = 1.0 if n.endswith(("gamma", "var")) else 0.0
         assert (v == want).all(), n
+
+
+@FAMILIES
+def test_parameter_names_do_not_depend_on_how_many_detectors_the_process_built(src, tmp_path):
+    from gluoncv.model_zoo import get_model
+
+    upstream = [get_model(src, classes=OLD, pretrained=False, pretrained_base=False) for _ in range(2)]
+    assert set(upstream[0].collect_params()).isdisjoint(upstream[1].collect_params())  # a per-process counter
+    first = marked(src, OLD, seed=8)
+    second, _ = build(src, OLD)
+    assert list(named_params(first)) == list(named_params(second))
+    assert [e.param.name for e in named_params(first).values()] == [e.param.name for e in named_params(second).values()]
+    checkpoint.save_params(first, tmp_path / "first.params")  # what a run's checkpoint holds
+    net, report = build(src, OLD, tmp_path / "first.params")
+    want, got = snapshot(first), snapshot(net)
+    assert all(same(got[n], want[n]) for n in got if not is_buffer(src, n))
+    assert (report.missing, report.unexpected, report.mismatched) == ([], [], [])
+
+
+def test_gluoncv_ssd300_mobilenet_anchors_cover_the_top_left_quarter_only():
+    """Upstream fact (gluoncv 0.10.5): ``ssd_300_mobilenet0.25`` takes VGG-SSD's anchor steps
+    (8, 16, 32, 64, 100, 300 px) while MobileNet's maps have strides 16, 32, 64, 100, 150, 300 at
+    300 px (19x19, 10x10, 5x5, 3x3, 2x2, 1x1), so the centres of the three finest maps stop at
+    (n - 0.5) * step = 148, 152, 144 px: the right and bottom halves have no small anchors.
+    Anchors are (cx, cy, w, h) in input pixels and do not scale with the input size."""
+    rec = parse_recipe({"name": "t", "task": "detection",
+                        "model": {"source": f"zoo:{SSD}", "input_shape": [3, 300, 300]}})
+    net, _ = build_detector(rec, ["a"])
+    x = mx.nd.zeros((1, 3, 300, 300))
+    with mx.autograd.train_mode():
+        maps = [f.shape[2] for f in net.features(x)]
+        anchors = net(x)[2].asnumpy()[0]
+    assert maps == [19, 10, 5, 3, 2, 1]
+    per_cell = [4, 6, 6, 6, 4, 4]  # sizes + ratios - 1 per map
+    edges = np.cumsum([0] + [m * m * k for m, k in zip(maps, per_cell)])
+    assert edges[-1] == len(anchors)
+    max_centre = [anchors[a:b, 0].max() for a, b in zip(edges[:-1], edges[1:])]
+    np.testing.assert_array_equal(max_centre[:3], [148.0, 152.0, 144.0])
+    assert (anchors[:edges[3], :2] <= 152.0).all()
+
+
+# --- 6. stage map, rules and a short training ----------------------------------------------------
+
+def _mobilenet_index(name: str) -> int | None:
+    """MobileNet layer number of an SSD backbone parameter (conv N / batchnorm N)."""
+    import re
+
+    m = re.match(r"features\.ssd0_mobilenet0_(?:conv|batchnorm)(\d+)_", name)
+    return int(m.group(1)) if m else None
+
+
+def _up_to_stride8(src: str, name: str) -> bool:
+    """Backbone layers whose output stride is at most 8: MobileNet's conv0 (stride 2), its
+    depthwise/pointwise pairs 1-2 (2), 3-6 (4: conv3 strides) and 7-10 (8: conv7 strides); YOLOv3
+    cuts its backbone at strides 8, 16, 32, so its first stage is everything up to stride 8."""
+    if src == SSD:
+        i = _mobilenet_index(name)
+        return i is not None and i <= 10
+    return name.startswith("stages.0.")
+
+
+@FAMILIES
+def test_freeze_until_neck_trains_the_heads_only(src):
+    net, _ = build(src, OLD)
+    plan = make_plan(net, [{"preset": "freeze_until_stage", "until_stage": "neck"}], input_shape=SHAPE)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no Constant (anchor) is handed a grad_req
+        apply_plan(net, plan)
+    heads = {n for n in plan.by_name() if is_head(src, n)}
+    assert set(trainable_params(net)) == heads
+    assert {r.name for r in plan.rows if r.trainable} == heads  # the plan counts what trains, buffers not
+    assert {r.bn for r in plan.rows if r.bn is not None} == {"frozen"}
+    assert {r.stage for r in plan.rows if not is_head(src, r.name) and not is_buffer(src, r.name)} == (
+        {"stem", 1, 2, 3, 4, "neck"} if src == SSD else {2, 3, 4, "neck"})
+
+
+@FAMILIES
+def test_freeze_until_stage_2_freezes_up_to_stride_8_and_stage_head_selects_heads(src):
+    net, _ = build(src, OLD)
+    plan = make_plan(net, [{"preset": "freeze_until_stage", "until_stage": 2}], input_shape=SHAPE)
+    frozen = {r.name for r in plan.rows if not r.aux and r.grad_req == "null"}
+    assert frozen == {n for n in plan.by_name() if _up_to_stride8(src, n) and not n.endswith(("_mean", "_var"))}
+    assert {r.name for r in plan.rows if r.bn == "frozen"} == {
+        r.name for r in plan.rows if r.layer_type == "BatchNorm" and _up_to_stride8(src, r.name)}
+    plan = make_plan(net, [{"stage": "head", "lr_mult": 0.25}], input_shape=SHAPE)
+    assert {r.name for r in plan.rows if r.lr_mult == 0.25 and not r.aux} == {
+        n for n in plan.by_name() if is_head(src, n)}
+
+
+def _padded_boxes(rng: np.random.Generator, images: int, most: int, classes: int) -> mx.nd.NDArray:
+    """Ground truth (B, M, 6) [x1, y1, x2, y2, class, difficult] in input pixels, rows padded with -1."""
+    y = -np.ones((images, most, 6), np.float32)
+    for b in range(images):
+        for k in range(rng.integers(1, most + 1)):
+            # near the centre at every scale: SSD's 1x1 maps at 64 px have one centred anchor
+            # per shape, and each predictor needs a positive for its box rows to get a gradient
+            w, h = rng.uniform(8, SHAPE[2], 2)
+            cx, cy = rng.uniform(0.4, 0.6, 2) * SHAPE[2]
+            y[b, k] = [max(cx - w / 2, 0), max(cy - h / 2, 0), min(cx + w / 2, SHAPE[2]),
+                       min(cy + h / 2, SHAPE[1]), rng.integers(classes), 0]
+    return mx.nd.array(y)
+
+
+@FAMILIES
+def test_short_training_leaves_frozen_params_and_frozen_bn_statistics_bit_identical(src):
+    from gluontl.detect.models import family
+    from gluontl.tasks.detection import Detection, _ssd_targets, _YoloTargets
+    from gluontl.train.loop import Stepper
+
+    rec = recipe(src, rules=[{"preset": "freeze_until_stage", "until_stage": 2}])
+    net, _ = build_detector(rec, OLD)
+    plan = make_plan(net, rec.rules, epoch=0, input_shape=SHAPE)
+    apply_plan(net, plan)
+    task = Detection()
+    task.family = family(net)
+    task.targets = _ssd_targets() if task.family == "ssd" else _YoloTargets(net, SHAPE, mx.cpu())
+    net.hybridize(static_alloc=True, static_shape=True)  # as the loop trains
+    trainer = mx.gluon.Trainer(list(trainable_params(net).values()), "sgd",
+                               {"learning_rate": 0.01, "momentum": 0.9, "wd": 1e-4})
+    stepper = Stepper(net, trainer, task.forward, [mx.cpu()])
+    before = snapshot(net)
+    rng = np.random.default_rng(10)
+    for _ in range(3):
+        x = mx.nd.array(rng.standard_normal((4, *SHAPE)).astype(np.float32))
+        assert np.isfinite(stepper.step(x, _padded_boxes(rng, 4, 4, len(OLD))))
+    after = snapshot(net)
+    rows = plan.by_name()
+    frozen = [n for n in rows if _up_to_stride8(src, n)]
+    moving = [n for n, r in rows.items() if r.trainable or (r.aux and r.bn == "train")]
+    assert frozen and moving and not set(frozen) & set(moving)
+    for n in frozen + [n for n in rows if is_buffer(src, n)]:
+        assert same(after[n], before[n]), n
+    # SSD-300's anchors of maps 2..5 lie off a 64 px input or exceed it (steps and sizes are
+    # pixels of 300 px, see test_gluoncv_ssd300_mobilenet_anchors_...): no box matches them, so
+    # their box rows get no gradient and only weight decay moves those weights
+    unmatched = {f"box_predictors.{i}.predictor.bias" for i in range(2, 6)} if src == SSD else set()
+    assert {n for n in moving if same(after[n], before[n])} == unmatched
