@@ -76,7 +76,11 @@ def write_predictions(out_dir: str | Path, items: Sequence[tuple[str | Path, np.
     from PIL import Image
 
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DataError(f"Cannot create the predictions folder '{out}': {e.strerror}. Choose a writable folder "
+                        f"that is not a file.") from None
     records: list[dict[str, Any]] = []
     used: set[str] = set()
     for source, image, dets in items:

@@ -89,3 +89,9 @@ def test_write_predictions_never_overwrites_an_input_image(tmp_path):
     with pytest.raises(DataError, match="would overwrite the input image"):
         write_predictions(tmp_path, [(src, _gray(), np.zeros((0, 6)))], NAMES, (160, 200))
     assert src.read_bytes() == before
+
+
+def test_an_output_folder_that_is_a_file_is_refused(tmp_path):
+    (tmp_path / "pred").write_text("not a folder")
+    with pytest.raises(DataError, match="Cannot create the predictions folder"):
+        write_predictions(tmp_path / "pred", [("x.jpg", _gray(), np.zeros((0, 6)))], NAMES, (160, 200))
