@@ -7,6 +7,7 @@ test folders are not packages.)
 import math
 import sys
 
+import mxnet as mx
 import numpy as np
 import pytest
 from gluoncv.utils.metrics.voc_detection import VOC07MApMetric, VOCMApMetric
@@ -221,6 +222,9 @@ def test_batches_with_padding_equal_images_one_by_one():
     one_by_one = _ours(images)
     np.testing.assert_equal(batched.voc(), one_by_one.voc())  # nan == nan here
     np.testing.assert_equal(batched.coco(), one_by_one.coco())
+    as_ndarrays = DetectionEval(NAMES)
+    as_ndarrays.update(mx.nd.array(dets), mx.nd.array(gts))  # what a detector returns
+    np.testing.assert_equal(as_ndarrays.voc(), one_by_one.voc())
 
 
 def test_coco_hand_case_iou_072():
