@@ -93,6 +93,10 @@ def build_detector(recipe: Recipe, classes: list[str], ctx: mx.Context | None = 
         materialize(net, {"data": (1, *spec.input_shape)}, ctx, spec.source)
     identity_batchnorm(net)
     kind = spec.restore.type or ("detection" if spec.weights else "none")
+    if spec.restore.reuse and kind != "detection":
+        raise RestoreError(f"model.restore.reuse copies class rows of a detector file, which only "
+                           f"restore.type: detection reads (this recipe restores {kind}"
+                           f"{'' if spec.weights else ', no model.weights'}); remove reuse or use type: detection.")
     if kind == "none" or not spec.weights:
         if spec.weights:
             raise RestoreError(f"model.restore.type is none but model.weights is {spec.weights}; remove one.")
