@@ -192,9 +192,10 @@ def _compare(got: list[np.ndarray], want: list[np.ndarray], box_scale: float, rt
         return (f"image {b}, row {r}: class id {ids[b, r, 0]:g} (score {scores[b, r, 0]:.6f}) where MXNet has "
                 f"{want_ids[b, r, 0]:g} (score {want_scores[b, r, 0]:.6f}); a near-tie of two scores, or an "
                 "overlap within float rounding of nms_thresh, can order or suppress them differently")
-    score_err = float(np.max(np.abs(scores - want_scores), initial=0.0))
-    scale = max(box_scale, float(np.max(np.abs(want_boxes), initial=0.0)))
-    box_err = float(np.max(np.abs(boxes - want_boxes), initial=0.0))
+    with np.errstate(invalid="ignore"):  # equal infinities (an exp() overflow in both) are equal
+        score_err, box_err = (float(np.max(np.where(g == w, 0.0, np.abs(g - w)), initial=0.0))
+                              for g, w in ((scores, want_scores), (boxes, want_boxes)))
+    scale = max(box_scale, float(np.max(np.abs(want_boxes[np.isfinite(want_boxes)]), initial=0.0)))
     if not score_err <= rtol or not box_err <= rtol * scale:  # also NaN
         return f"scores differ by up to {score_err:.2e} (tolerance {rtol:.0e}), boxes by {box_err:.2e} " \
                f"(tolerance {rtol * scale:.2e})"

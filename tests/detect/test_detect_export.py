@@ -21,8 +21,8 @@ import pytest
 from gluoncv import model_zoo
 from sklearn.datasets import load_sample_images
 
-from gluontl.detect.export import (GLUONCV_SCORE_THRESH, META_NMS, _batches, _detector_onnx, _verify, box_nms_model,
-                                   export_detector, mxnet_box_nms)
+from gluontl.detect.export import (GLUONCV_SCORE_THRESH, META_NMS, _batches, _compare, _detector_onnx, _verify,
+                                   box_nms_model, export_detector, mxnet_box_nms)
 from gluontl.errors import ExportError
 from gluontl.recipe import TransformSpec
 from gluontl.train.transforms import META_CLASSES, load_preprocess, model_card
@@ -307,6 +307,19 @@ def test_verification_refuses_a_graph_that_disagrees(tmp_path):
     _verify(data, net, tmp_path / "x.onnx", _batches(x, shape), loose, SIZE, TOL)
     with pytest.raises(ExportError, match=r"disagrees with MXNet's box_nms on the sample image 0: image 0, row \d+"):
         _verify(data, net, tmp_path / "x.onnx", _batches(x, shape), {**loose, "nms_thresh": 0.45}, SIZE, TOL)
+
+
+def test_comparison_tolerances():
+    """Boxes that overflowed exp() to inf in both runtimes agree; finite boxes are judged against
+    the largest finite coordinate (or the input size); NaN never agrees."""
+    ids, scores = np.float32([[[0], [1]]]), np.float32([[[0.5], [0.25]]])
+    boxes = np.float32([[[0, 0, 1000, np.inf], [1, 2, 3, 4]]])
+    assert _compare([ids, scores, boxes], [ids, scores, boxes], 128, TOL) is None
+    assert _compare([ids, scores, boxes + 0.09], [ids, scores, boxes], 128, TOL) is None  # 1e-4 of 1000 px
+    assert "boxes by 1.10e-01" in _compare([ids, scores, boxes + 0.11], [ids, scores, boxes], 128, TOL)
+    assert "scores differ by up to 2.00e-04" in _compare([ids, scores + 2e-4, boxes], [ids, scores, boxes], 128, TOL)
+    assert "boxes by nan" in _compare([ids, scores, boxes * np.nan], [ids, scores, boxes], 128, TOL)
+    assert "row 1: class id 2" in _compare([ids * 2, scores, boxes], [ids, scores, boxes], 128, TOL)
 
 
 def test_refusals_name_the_setting_and_restore_the_net(tmp_path):
