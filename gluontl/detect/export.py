@@ -43,14 +43,19 @@ _PREFIX = "gluontl_nms/"
 
 def _nms_nodes(ids: str, scores: str, boxes: str, outputs: Sequence[str], *, num_classes: int,
                num_candidates: int, nms_thresh: float, nms_topk: int, post_nms: int,
-               score_thresh: float) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
-    """Nodes computing MXNet's per-class ``box_nms`` + ``post_nms`` slice from candidate
-    tensors ``ids``/``scores`` (B, M, 1) and ``boxes`` (B, M, 4) into ``outputs``.
+               score_thresh: float
+               ) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto], list[onnx.ValueInfoProto]]:
+    """Nodes, constants and output declarations computing MXNet's per-class ``box_nms`` +
+    ``post_nms`` slice from candidate tensors ``ids``/``scores`` (B, M, 1) and ``boxes``
+    (B, M, 4) into ``outputs``.
 
     Candidates of id -1 (box_nms's default ``background_id``; SSD's mark for sub-threshold
     scores) are dropped before the top-k whatever their score, as MXNet drops them.
     """
     m = num_candidates
+    if post_nms > m:
+        raise ExportError(f"post_nms is {post_nms} but the network makes only {m} candidates at this input size "
+                          f"(MXNet itself fails slicing them); use post_nms <= {m}, or -1 for all.")
     k = m if nms_topk <= 0 else min(nms_topk, m)
     p = m if post_nms <= 0 else post_nms
     kept = min(p, k)
@@ -124,7 +129,9 @@ def _nms_nodes(ids: str, scores: str, boxes: str, outputs: Sequence[str], *, num
     for src, dst in zip((n("out_i3"), n("out_s3"), n("out_b")), outputs):
         nodes.append(node("Pad", [src, n("pad"), n("minus_one")], [dst], mode="constant") if p > kept
                      else node("Identity", [src], [dst]))
-    return nodes, inits
+    declared = [helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch", p, w])
+                for name, w in zip(outputs, (1, 1, 4))]
+    return nodes, inits, declared
 
 
 def box_nms_model(num_classes: int, num_candidates: int, *, nms_thresh: float, nms_topk: int = -1,
@@ -132,15 +139,13 @@ def box_nms_model(num_classes: int, num_candidates: int, *, nms_thresh: float, n
     """The NMS step alone: inputs ``cand_ids``, ``cand_scores`` (B, M, 1) and ``cand_boxes``
     (B, M, 4), outputs as :func:`export_detector`'s. Lets hand-made candidates be checked
     against ``mx.nd.contrib.box_nms`` without a network."""
-    _check_settings(nms_thresh, nms_topk, post_nms, score_thresh, num_candidates)
+    _check_thresholds(nms_thresh, score_thresh)
     names = ("cand_ids", "cand_scores", "cand_boxes")
-    nodes, inits = _nms_nodes(*names, OUTPUT_NAMES, num_classes=num_classes, num_candidates=num_candidates,
-                              nms_thresh=nms_thresh, nms_topk=nms_topk, post_nms=post_nms, score_thresh=score_thresh)
-    p = num_candidates if post_nms <= 0 else post_nms
+    nodes, inits, outputs = _nms_nodes(*names, OUTPUT_NAMES, num_classes=num_classes, num_candidates=num_candidates,
+                                       nms_thresh=nms_thresh, nms_topk=nms_topk, post_nms=post_nms,
+                                       score_thresh=score_thresh)
     inputs = [helper.make_tensor_value_info(nm, TensorProto.FLOAT, ["batch", num_candidates, w])
               for nm, w in zip(names, (1, 1, 4))]
-    outputs = [helper.make_tensor_value_info(nm, TensorProto.FLOAT, ["batch", p, w])
-               for nm, w in zip(OUTPUT_NAMES, (1, 1, 4))]
     graph = helper.make_graph(nodes, "box_nms", inputs, outputs, inits)
     opsets = [helper.make_opsetid("", _OPSET)]
     model = helper.make_model(graph, opset_imports=opsets, producer_name="gluontl",
@@ -148,16 +153,12 @@ def box_nms_model(num_classes: int, num_candidates: int, *, nms_thresh: float, n
     return finish_model(model, _OPSET)
 
 
-def _check_settings(nms_thresh: float, nms_topk: int, post_nms: int, score_thresh: float, num_candidates: int) -> None:
+def _check_thresholds(nms_thresh: float, score_thresh: float) -> None:
     if not 0 < nms_thresh < 1:
         raise ExportError(f"nms_thresh is {nms_thresh}; give an IoU threshold strictly between 0 and 1 (GluonCV "
                           "skips NMS altogether outside it, and an export without NMS is not a detector).")
     if not 0 <= score_thresh < 1:
         raise ExportError(f"score_thresh is {score_thresh}; give a score threshold in [0, 1).")
-    if post_nms > num_candidates:
-        raise ExportError(f"post_nms is {post_nms} but the network makes only {num_candidates} candidates at this "
-                          f"input size (MXNet itself fails slicing them); use post_nms <= {num_candidates}, or -1 "
-                          "for all.")
 
 
 def mxnet_box_nms(ids: mx.nd.NDArray, scores: mx.nd.NDArray, boxes: mx.nd.NDArray, settings: Mapping[str, Any]
@@ -214,17 +215,12 @@ def _detector_onnx(net: mx.gluon.HybridBlock, input_name: str, shape: tuple[int,
     if clash:
         raise ExportError(f"The network already has tensors named {clash}, the names the NMS step adds; rename "
                           "those layers before exporting.")
-    num_candidates = traced.batched_output_shapes(1)[0][1]
-    _check_settings(settings["nms_thresh"], settings["nms_topk"], settings["post_nms"], settings["score_thresh"],
-                    num_candidates)
-    nodes, inits = _nms_nodes(*cand, OUTPUT_NAMES, num_classes=num_classes, num_candidates=num_candidates,
-                              **settings)
+    nodes, inits, outputs = _nms_nodes(*cand, OUTPUT_NAMES, num_classes=num_classes,
+                                       num_candidates=traced.batched_output_shapes(1)[0][1], **settings)
     graph.node.extend(nodes)
     graph.initializer.extend(inits)
-    p = num_candidates if settings["post_nms"] <= 0 else settings["post_nms"]
     del graph.output[:]
-    graph.output.extend(helper.make_tensor_value_info(nm, TensorProto.FLOAT, ["batch", p, w])
-                        for nm, w in zip(OUTPUT_NAMES, (1, 1, 4)))
+    graph.output.extend(outputs)
     return finish_model(model, _OPSET)
 
 
@@ -269,6 +265,7 @@ def export_detector(net: mx.gluon.HybridBlock, out_dir: str | Path, name: str, i
     unknown = sorted(set(formats) - {"symbol", "onnx"})
     if unknown:
         raise ExportError(f"Unknown export formats {unknown}; use 'symbol' and/or 'onnx'.")
+    _check_thresholds(settings["nms_thresh"], settings["score_thresh"])
     if "symbol" in formats and settings["score_thresh"] != GLUONCV_SCORE_THRESH:
         raise ExportError(f"score_thresh {score_thresh} cannot go into the symbol export: GluonCV's graph fixes it at "
                           f"{GLUONCV_SCORE_THRESH}. Export only 'onnx' with it, or keep the default.")

@@ -328,7 +328,7 @@ def test_refusals_name_the_setting_and_restore_the_net(tmp_path):
     with pytest.raises(ExportError, match="class_names has 2 names but the network predicts 3"):
         export_detector(net, tmp_path, "d", shape, class_names=CLASSES[:2])
     with pytest.raises(ExportError, match="nms_thresh is 1.0"):
-        export_detector(net, tmp_path, "d", shape, class_names=CLASSES, nms_thresh=1.0, formats=["onnx"])
+        export_detector(net, tmp_path, "d", shape, class_names=CLASSES, nms_thresh=1.0)
     with pytest.raises(ExportError, match="post_nms is 5000 but the network makes only 1170 candidates"):
         export_detector(net, tmp_path, "d", shape, class_names=CLASSES, post_nms=5000, formats=["onnx"])
     with pytest.raises(ExportError, match="score_thresh 0.2 cannot go into the symbol export"):
