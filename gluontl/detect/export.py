@@ -253,8 +253,14 @@ def export_detector(net: mx.gluon.HybridBlock, out_dir: str | Path, name: str, i
     (a run's ``preprocess.json`` record) plus ``class_names`` and the NMS settings go into the
     metadata. The symbol export is MXNet's own graph, whose score threshold GluonCV fixes at 0.01.
     """
+    from gluoncv.model_zoo import SSD, YOLOV3  # (its submodules cannot be imported first)
+
+    if not isinstance(net, (SSD, YOLOV3)):
+        raise ExportError(f"export_detector exports GluonCV SSD and YOLOv3 networks (their candidates are what "
+                          f"its NMS step reproduces), not a {type(net).__name__}; export other models with "
+                          "export_symbol.")
     classes = [str(c) for c in class_names]
-    net_classes = list(getattr(net, "classes", []))
+    net_classes = list(net.classes)
     if len(classes) != len(net_classes):
         raise ExportError(f"class_names has {len(classes)} names but the network predicts {len(net_classes)} "
                           f"classes ({net_classes}); pass one name per class, in the network's order.")

@@ -325,6 +325,8 @@ def test_comparison_tolerances():
 def test_refusals_name_the_setting_and_restore_the_net(tmp_path):
     net = _net("ssd", seed=4)
     shape = (3, SIZE, SIZE)
+    with pytest.raises(ExportError, match="exports GluonCV SSD and YOLOv3 networks .*, not a Dense"):
+        export_detector(mx.gluon.nn.Dense(2), tmp_path, "d", shape, class_names=CLASSES)
     with pytest.raises(ExportError, match="class_names has 2 names but the network predicts 3"):
         export_detector(net, tmp_path, "d", shape, class_names=CLASSES[:2])
     with pytest.raises(ExportError, match="nms_thresh is 1.0"):
