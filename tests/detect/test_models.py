@@ -128,12 +128,13 @@ def test_detection_same_classes_restores_every_parameter_bit_identical(src, rest
 # --- 2. restore.type detection, new classes, reuse ---------------------------------------------
 
 OLD = ["zero", "one", "two"]
-# (new classes, reuse, old names known from a run folder, expected {new index: old index})
+# (new classes, reuse, old names known from a run folder (RUN or RUN/best), expected {new index: old index})
 REUSE_CASES = {
     "names-fewer": (["cat", "dog"], {"cat": "two", "dog": "zero"}, True, {0: 2, 1: 0}),
     "names-more": (["a", "b", "c", "d", "e"], {"e": "one", "b": "two"}, True, {4: 1, 1: 2}),
     "same-names-no-map": (["one", "seven", "zero"], {}, True, {0: 1, 2: 0}),
     "indices": (["p", "q"], {"1": "2"}, False, {1: 2}),
+    "names-run-best": (["cat", "dog"], {"dog": "one"}, "best", {1: 1}),  # weights: RUN/best
     "index-and-name": (["p", "q", "r"], {"r": "0"}, True, {2: 0}),
 }
 
@@ -144,6 +145,7 @@ def test_detection_new_classes_keep_class_independent_rows_and_reuse_listed_ones
     classes, reuse, from_run, mapping = REUSE_CASES[case]
     if from_run:
         weights, file = run_folder(src, OLD, tmp_path, seed=2)
+        weights = weights / from_run if isinstance(from_run, str) else weights
     else:
         weights = tmp_path / "w.params"
         file = gluon_file(src, OLD, weights, seed=2)
