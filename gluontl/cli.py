@@ -54,8 +54,14 @@ def plan(recipe: Path = RecipeOpt, set_: Optional[List[str]] = SetOpt,
     weights = f"weights: {r.model.weights} (not made yet)"
     if pending:  # planning must not cost a pretraining run
         r = r.model_copy(update={"model": r.model.model_copy(update={"weights": None})})
-    prep = prepare(r, apply=False)
-    cache = preview(r, prep.block, prep.plan)
+    if r.task == "detection":
+        from .tasks.detection import prepare as prepare_detector
+
+        prep = prepare_detector(r, apply=False)
+        cache = "feature cache: off (a detector trains on augmented images end to end)"
+    else:
+        prep = prepare(r, apply=False)
+        cache = preview(r, prep.block, prep.plan)
     # what the guards of finetune will say about these weights and rules
     weights, flags = (weights, []) if pending else plan_flags(r, prep)
     if as_json:
@@ -242,6 +248,9 @@ def evaluate(run: Path = typer.Argument(..., help="run folder, e.g. runs/resnet1
 
     _choice(checkpoint, CHECKPOINTS, "--checkpoint")
     out = run_eval(run, split, checkpoint)
+    if out.get("task") == "detection":
+        _detection_table(run, checkpoint, split, out)
+        return
     typer.echo(f"{run} [{checkpoint}] on {split} ({out['images']} images): loss {out['val_loss']:.4f} "
                f"top-1 {out['val_top1']:.4f}" + (f" top-5 {out['val_top5']:.4f}" if "val_top5" in out else ""))
     support = out["confusion"].sum(axis=1)
@@ -256,12 +265,27 @@ def evaluate(run: Path = typer.Argument(..., help="run folder, e.g. runs/resnet1
         typer.echo(f"{n:>{width}} " + " ".join(f"{v:>{width}}" for v in row))
 
 
+def _detection_table(run: Path, checkpoint: str, split: str, out: dict) -> None:
+    typer.echo(f"{run} [{checkpoint}] on {split} ({out['images']} images, {out['objects']} objects): "
+               f"VOC mAP@0.5 {out['val_map50']:.4f}, COCO mAP@[.5:.95] {out['val_map']:.4f}")
+    names = out["class_names"]
+    width = max(5, *(len(n) for n in names))
+    typer.echo(f"{'class':>{width}}  AP@0.5")
+    for n in names:
+        ap = out["per_class_ap50"].get(n)
+        typer.echo(f"{n:>{width}}  " + ("  n/a (no objects)" if ap is None or ap != ap else f"{ap:.4f}"))
+    typer.echo(f"PR curves: {out['pr_curves']}")
+
+
 @app.command()
 def predict(model: Path = typer.Argument(..., help="run folder (runs/NAME) or a .onnx file a run's export wrote"),
             images: List[Path] = typer.Argument(..., help="image files"),
             topk: int = typer.Option(5, min=1, help="how many classes to show"),
             checkpoint: str = CheckpointOpt,
-            as_json: bool = typer.Option(False, "--json", help="print the results as JSON (full precision)")) -> None:
+            as_json: bool = typer.Option(False, "--json", help="print the results as JSON (full precision)"),
+            out: Optional[Path] = typer.Option(None, help="detection runs: folder for images with drawn boxes "
+                                               "and detections.json (default RUN/predictions)"),
+            score: float = typer.Option(0.5, min=0.0, max=1.0, help="detection runs: lowest score shown")) -> None:
     """Top-k classes for image files: a run's checkpoint in MXNet, or an exported ONNX file in
     onnxruntime with the preprocessing and class names stored in the file."""
     from .train.runs import predict as run_predict, predict_onnx
@@ -275,6 +299,20 @@ def predict(model: Path = typer.Argument(..., help="run folder (runs/NAME) or a 
         raise GluontlError(f"--checkpoint {checkpoint} picks a run folder's checkpoint, but '{model}' is an exported "
                            f"file holding one set of weights. Pass the run folder, or export that checkpoint: "
                            f"`gluontl export runs/NAME --checkpoint {checkpoint}`.")
+    from .recipe import load_recipe
+
+    if model.is_dir() and (model / "recipe.yaml").is_file() and load_recipe(model / "recipe.yaml").task == "detection":
+        from .train.runs import predict_detections
+
+        rows, report = predict_detections(model, files, out, score, checkpoint)
+        if as_json:
+            typer.echo(json.dumps(rows, indent=1))
+            return
+        for r in rows:
+            typer.echo(f"{r['file']}: " + (", ".join(f"{d['class']} {d['score']:.3f} {[round(v) for v in d['box']]}"
+                                                    for d in r["detections"]) or "nothing"))
+        typer.echo(f"images with boxes and detections.json: {report.parent}")
+        return
     results = run_predict(model, files, topk, checkpoint) if model.is_dir() else predict_onnx(model, files, topk)
     if as_json:
         typer.echo(json.dumps([{"image": r["image"], "top": [[n, p] for n, p in r["top"]]} for r in results],
@@ -287,7 +325,8 @@ def predict(model: Path = typer.Argument(..., help="run folder (runs/NAME) or a 
 @app.command()
 def plot(run: Path = typer.Argument(..., help="run folder"),
          out: Optional[Path] = typer.Option(None, help="PNG path (default RUN/curves.png)")) -> None:
-    """Write a PNG of loss, accuracy and learning-rate curves from metrics.jsonl."""
+    """Write a PNG of loss, accuracy (detection: mAP) and learning-rate curves from metrics.jsonl; detection
+    runs also get per-class precision/recall curves of the best checkpoint (RUN/pr_curves-val.png)."""
     from .train.runs import plot as run_plot
 
     typer.echo(str(run_plot(run, out)))

@@ -143,6 +143,22 @@ def _parses_as_onnx(path: str) -> bool:
     return bool(graph.node or graph.output)
 
 
+class DetectorSpec(Strict):
+    """An SSD built on the model source as backbone (task: detection with an onnx:/symbol: source):
+    GluonCV's SSD head on the named internal feature maps, extended by ``filters`` extra stride-2
+    layers (the neck). Anchor sizes default to fractions of the input height spaced evenly from
+    ``min_size`` to ``max_size`` (the SSD paper's rule), steps to each map's real stride."""
+
+    family: Literal["ssd"] = "ssd"
+    features: list[str] = Field(min_length=1, max_length=8, description="backbone nodes whose outputs feed "
+                                "the heads, shallow to deep (`gluontl inspect MODEL` lists them)")
+    filters: list[Annotated[int, Field(gt=0, le=4096)]] = Field(default_factory=lambda: [256, 256, 128, 128],
+                                                                max_length=8)
+    min_size: float = Field(default=0.1, gt=0.0, le=1.0)
+    max_size: float = Field(default=1.05, gt=0.0, le=2.0)
+    ratios: list[Annotated[float, Field(gt=0.0)]] = Field(default_factory=lambda: [1.0, 2.0, 0.5], min_length=1)
+
+
 class ModelSpec(Strict):
     source: str = Field(description="zoo:NAME | symbol:PREFIX | onnx:PATH, or bare: NAME, PREFIX, PATH.onnx")
     pretrained: bool = False
@@ -154,6 +170,8 @@ class ModelSpec(Strict):
     epoch: int | None = Field(default=None, ge=0, description="symbol: checkpoint epoch")
     input_shape: tuple[Annotated[int, Field(gt=0, le=1 << 16)], ...] = Field(default=(3, 224, 224), min_length=1, max_length=5)
     input_name: str = "data"
+    detector: DetectorSpec | None = Field(default=None, description="task: detection: build an SSD on this "
+                                          "source as backbone (zoo detectors need none)")
     random_init: bool = Field(default=False, description="discard the source's weights: every parameter "
                               "initialized afresh (Xavier; BatchNorm scale 1, shift 0, statistics 0/1) — the "
                               "from-scratch baseline of a transfer-learning recipe")
@@ -424,7 +442,7 @@ class ExportSpec(Strict):
 
 
 TASK_METRICS = {"classification": ("val_top1", "val_balanced_acc", "val_loss"),
-                "detection": ("val_map50", "val_map", "val_loss")}
+                "detection": ("val_map50", "val_map")}
 
 
 class Recipe(Strict):
@@ -456,6 +474,9 @@ class Recipe(Strict):
         if self.task == "classification" and (self.model.restore.type or self.model.restore.reuse):
             raise ValueError("model.restore.type / reuse are for task: detection (which rows of a detector's "
                              "heads to restore); classification restores by name (only, prefix_map, expect_*)")
+        if self.model.detector is not None and (self.task != "detection" or self.model.source.startswith("zoo:")):
+            raise ValueError("model.detector builds an SSD on an onnx:/symbol: backbone for task: detection; zoo "
+                             "detectors (zoo:ssd_*, zoo:yolo3_*) come whole — remove model.detector")
         if self.task == "detection" and self.surgery != SurgerySpec():
             raise ValueError("surgery (cut_at, drop_last, ignore, head) is for classifiers; a detector gets its "
                              "new classes from data.classes and keeps its own heads (model.restore.reuse "

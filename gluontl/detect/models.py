@@ -21,6 +21,8 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import fnmatch
+import re
+import warnings
 from typing import Any
 
 import mxnet as mx
@@ -75,23 +77,34 @@ def build_detector(recipe: Recipe, classes: list[str], ctx: mx.Context | None = 
     spec = recipe.model
     ctx = ctx or mx.cpu()
     scheme, _, name = spec.source.partition(":")
-    if scheme != "zoo":
+    if scheme != "zoo" and spec.detector is None:
         raise ModelSourceError(f"task: detection needs a GluonCV zoo detector as model.source (e.g. "
-                               f"zoo:ssd_300_mobilenet0.25_custom or zoo:yolo3_mobilenet0.25_custom), got "
-                               f"{spec.source}. Detectors from ONNX or symbol files have no trainable loss.")
+                               f"zoo:ssd_300_mobilenet0.25_custom or zoo:yolo3_mobilenet0.25_custom), or "
+                               f"model.detector: {{features: [NODE, ...]}} to build an SSD on {spec.source} as "
+                               f"backbone (`gluontl inspect` lists its nodes).")
     if spec.pretrained:
         raise ModelSourceError("task: detection: pretrained: true would download COCO/VOC weights for the "
                                "zoo's own classes; give the detector file as model.weights instead (and "
                                "model.restore.type: detection|classification).")
+    loaded: set[str] = set()
     with mx.name.NameManager():  # parameter names do not depend on how many nets this process built
-        net = _zoo(name, None, _with_classes(name, spec.kwargs, classes), False, ctx)
+        if spec.detector is not None:
+            net, loaded = _ssd_on(spec, classes, ctx)
+        else:
+            net = _zoo(name, None, _with_classes(name, spec.kwargs, classes), False, ctx)
     fam = family(net)
-    net.initialize(_ZooInit(), ctx=ctx)
+    with warnings.catch_warnings():  # Gluon warns for each parameter the backbone source did initialize
+        warnings.simplefilter("ignore")
+        net.initialize(_ZooInit(), ctx=ctx)  # what the backbone source did not load
     materialize(net, {"data": (1, *spec.input_shape)}, ctx, spec.source)
     if list(net.classes) != list(classes):  # a _voc/_coco name: its own classes, now replaced
         net.reset_class(classes)
         materialize(net, {"data": (1, *spec.input_shape)}, ctx, spec.source)
-    identity_batchnorm(net)
+    identity_batchnorm(net, keep=loaded)
+    if spec.random_init:
+        from ..sources import reinitialize
+
+        reinitialize(net)
     kind = spec.restore.type or ("detection" if spec.weights else "none")
     if spec.restore.reuse and kind != "detection":
         raise RestoreError(f"model.restore.reuse copies class rows of a detector file, which only "
@@ -107,14 +120,65 @@ def build_detector(recipe: Recipe, classes: list[str], ctx: mx.Context | None = 
     return net, restore_detector(net, fam, spec.weights, kind, classes, spec.restore, old_classes(spec.weights))
 
 
+def _ssd_on(spec, classes: list[str], ctx: mx.Context) -> tuple[HybridBlock, set[str]]:
+    """GluonCV's SSD on a gluontl model source; the backbone keeps the weights it was loaded with."""
+    from gluoncv.model_zoo.ssd.ssd import SSD
+
+    from ..sources import load_model
+
+    d = spec.detector
+    shape = (1, *spec.input_shape)
+    backbone = load_model(spec.model_copy(update={"detector": None, "weights": None}), ctx=ctx,
+                          input_shapes={_backbone_input(spec): shape})
+    nodes = _feature_shapes(backbone, d.features, shape, spec.source)
+    height = spec.input_shape[-2]
+    strides = [height / h for h in nodes] + [height / max(1, -(-nodes[-1] // 2 ** (i + 1)))
+                                             for i in range(len(d.filters))]
+    layers = len(strides)
+    sizes = [round(height * (d.min_size + (d.max_size - d.min_size) * k / layers), 2) for k in range(layers + 1)]
+    net = SSD(backbone, height, d.features, d.filters, sizes, [list(d.ratios)] * layers, strides, classes,
+              pretrained=False, ctx=ctx)
+    owned = {id(p) for p in backbone.collect_params().values()}
+    return net, {n for n, e in named_params(net).items() if id(e.param) in owned}
+
+
+def _backbone_input(spec) -> str:
+    from ..sources import _input_name
+
+    return _input_name(spec.model_copy(update={"detector": None}))
+
+
+def _feature_shapes(backbone: HybridBlock, features: list[str], shape: tuple[int, ...], source: str) -> list[int]:
+    """Each feature node's output height at ``shape`` (checked: named nodes, shallow to deep)."""
+    from ..surgery import list_nodes
+
+    found = {n.name: n.shape for n in list_nodes(backbone, shape[1:])}
+    heights = []
+    for f in features:
+        if f not in found:
+            close = difflib.get_close_matches(f, list(found), n=3)
+            raise ModelSourceError(f"model.detector.features names '{f}', which is not a node of {source} "
+                                   f"(close: {', '.join(close) or 'none'}; `gluontl inspect` lists them).")
+        if len(found[f]) != 4:
+            raise ModelSourceError(f"model.detector.features '{f}' outputs {found[f]}, not a feature map "
+                                   f"(N, C, H, W); pick a convolutional node.")
+        heights.append(int(found[f][2]))
+    if heights != sorted(heights, reverse=True):
+        raise ModelSourceError(f"model.detector.features must go from shallow to deep (large maps first); "
+                               f"their heights are {heights}.")
+    return heights
+
+
 def _with_classes(name: str, kwargs: dict[str, Any], classes: list[str]) -> dict[str, Any]:
     return {**kwargs, "classes": classes} if name.endswith("_custom") else dict(kwargs)
 
 
-def identity_batchnorm(net: HybridBlock) -> None:
-    """Every BatchNorm at identity (scale 1, shift 0, mean 0, var 1); GluonCV's SSD expanders
-    otherwise start with Uniform(-0.07, 0.07) variances."""
+def identity_batchnorm(net: HybridBlock, keep: set[str] = frozenset()) -> None:
+    """Every BatchNorm but a loaded backbone's (``keep``) at identity (scale 1, shift 0, mean 0,
+    var 1); GluonCV's SSD expanders otherwise start with Uniform(-0.07, 0.07) variances."""
     for n, e in named_params(net).items():
+        if n in keep:
+            continue
         if e.layer is not None and e.layer.type == "BatchNorm" or n.rsplit("_", 1)[-1] in ("var", "mean"):
             last = n.rsplit("_", 1)[-1].rsplit(".", 1)[-1]
             value = 1.0 if last in ("gamma", "var") else 0.0
@@ -240,6 +304,7 @@ def _copy_rows(param, old: np.ndarray, layout: HeadLayout, classes: int, reuse: 
 
 
 NECK = "neck"
+_EXPANDER = re.compile(r"(^|_)expand_(trans_)?(conv|bn)\d")  # GluonCV FeatureExpander's layers
 
 
 def stage_map(net: HybridBlock, input_shape: tuple[int, ...]) -> dict:
@@ -253,7 +318,7 @@ def stage_map(net: HybridBlock, input_shape: tuple[int, ...]) -> dict:
     names = named_params(net)
     if fam == "ssd":
         inner = _graph_stage_map(net.features, input_shape)
-        out = {f"features.{k}": (NECK if "_expand_" in k else v) for k, v in inner.items()}
+        out = {f"features.{k}": (NECK if _EXPANDER.search(k) else v) for k, v in inner.items()}
     else:
         out = {}
         ctx = next(iter(net.collect_params().values())).list_ctx()[0]

@@ -28,18 +28,15 @@ from ..rules import apply_plan, make_plan
 class Detection:
     def setup(self, recipe: Recipe, ctx: mx.Context, *, seed: int):
         from ..detect.data import make_detection_loaders
-        from ..detect.models import build_detector, family
+        from ..detect.models import family
 
         loaders = make_detection_loaders(recipe.data, recipe.model.input_shape, seed=seed)
-        net, report = build_detector(recipe, loaders.class_names, ctx)
-        shape = (1, *recipe.model.input_shape)
-        make_plan(net, recipe.rules, epoch=None, input_shape=shape)  # every rule must match, from_epoch ones too
-        plan = make_plan(net, recipe.rules, epoch=0, input_shape=shape)
-        apply_plan(net, plan)
+        prep = prepare(recipe, loaders.class_names, ctx)
+        net = prep.block
         self.family = family(net)
         self.class_names = loaders.class_names
         self.targets = _ssd_targets() if self.family == "ssd" else _YoloTargets(net, recipe.model.input_shape, ctx)
-        return Prepared(net, report, plan), loaders
+        return prep, loaders
 
     def check(self, recipe: Recipe, prep, loaders, ctx, guards) -> None:
         from ..train.guards import check_weights
@@ -83,6 +80,23 @@ class Detection:
         from ..train.runs import run_card
 
         return {**run_card(recipe, recipe.data, loaders.class_names), "task": "detection"}
+
+
+def prepare(recipe: Recipe, classes: list[str] | None = None, ctx=None, apply: bool = True) -> Prepared:
+    """The recipe's detector for ``classes`` (default: the training split's), restored, planned."""
+    from ..detect.models import build_detector
+
+    if classes is None:
+        from ..detect.data import load_detection_split
+
+        classes = load_detection_split(recipe.data, recipe.data.train, recipe.model.input_shape).class_names
+    net, report = build_detector(recipe, classes, ctx or mx.cpu())
+    shape = (1, *recipe.model.input_shape)
+    make_plan(net, recipe.rules, epoch=None, input_shape=shape)  # every rule must match, from_epoch ones too
+    plan = make_plan(net, recipe.rules, epoch=0, input_shape=shape)
+    if apply:
+        apply_plan(net, plan)
+    return Prepared(net, report, plan)
 
 
 def predict_batches(net, batches, ctxs) -> tuple[list[np.ndarray], list[np.ndarray]]:

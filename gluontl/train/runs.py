@@ -30,6 +30,10 @@ def load_run(run_dir: str | Path, tag: str = "best", ctx=None) -> tuple[Recipe, 
         raise TrainError(f"Run '{run}' has no '{tag}' checkpoint ({ckpts / tag}.json is missing): it stopped before "
                          f"finishing an epoch. Continue it with `gluontl finetune --resume {run}`{other}.")
     checkpoint.load(ckpts, tag)
+    if recipe.task == "detection":
+        from ..detect.runs import load_detector
+
+        return recipe, load_detector(run, recipe, tag, ctx)
     # The checkpoint holds every parameter: skip the recipe's weights file (it may be gone).
     bare = recipe.model_copy(update={"model": recipe.model.model_copy(update={"weights": None})})
     prep = prepare(bare, ctx=ctx, apply=False)
@@ -74,6 +78,10 @@ def evaluate(run_dir: str | Path, split: str = "val", tag: str = "best") -> dict
     from ..tasks.classification import evaluate_loader
 
     recipe, net = load_run(run_dir, tag)
+    if recipe.task == "detection":
+        from ..detect import runs as detect_runs
+
+        return detect_runs.evaluate(run_dir, recipe, net, split)
     ds = load_split(_data(recipe, run_dir), split)
     loader = mx.gluon.data.DataLoader(ds, batch_size=recipe.data.batch_size, shuffle=False)
     with mx.autograd.predict_mode():
@@ -127,6 +135,17 @@ def predict(run_dir: str | Path, images: list[str], topk: int = 5, tag: str = "b
             prob = mx.nd.softmax(net(mx.nd.array(prep(image)[None]))).asnumpy()[0]
         results.append(_ranked(path, prob, names, topk))
     return results
+
+
+def predict_detections(run_dir: str | Path, images: list[str], out_dir: str | Path | None = None,
+                       score_thresh: float = 0.5, tag: str = "best") -> tuple[list[dict[str, Any]], Path]:
+    """A detection run's detections per image (original pixels), drawn into images beside a
+    detections.json in ``out_dir`` (default RUN/predictions)."""
+    from ..detect import runs as detect_runs
+
+    _images(images)  # a bad image fails before the model loads
+    recipe, net = load_run(run_dir, tag)
+    return detect_runs.predict(run_dir, recipe, net, images, out_dir, score_thresh)
 
 
 def predict_onnx(onnx_path: str | Path, images: list[str], topk: int = 5) -> list[dict[str, Any]]:
@@ -200,21 +219,25 @@ def plot(run_dir: str | Path, out: str | Path | None = None) -> Path:
     except (OSError, UnicodeDecodeError) as e:
         raise TrainError(f"'{path}' is not a readable metrics log ({e}).") from None
     steps = _numeric_rows(rows, "step", "loss", "lr")
-    epochs = _numeric_rows(rows, "step", "epoch", "val_loss", "val_top1")
+    detection = bool(_numeric_rows(rows, "val_map50"))
+    epochs = _numeric_rows(rows, "step", "epoch", *(("val_map50",) if detection else ("val_loss", "val_top1")))
     if not steps and not epochs:
         raise TrainError(f"'{path}' has no step or epoch rows yet; plot after the run has logged some steps.")
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
     axes[0].plot([r["step"] for r in steps], [r["loss"] for r in steps], lw=0.8, label="train (step)")
-    axes[0].plot([r["step"] for r in epochs], [r["val_loss"] for r in epochs], "o-", label="val")
+    if not detection:
+        axes[0].plot([r["step"] for r in epochs], [r["val_loss"] for r in epochs], "o-", label="val")
     axes[0].set(title="loss", xlabel="step")
     axes[0].legend()
-    axes[1].plot([r["epoch"] for r in epochs], [r["val_top1"] for r in epochs], "o-", label="val top-1")
+    shown = (("val_map50", "val mAP@0.5"), ("val_map", "val mAP@[.5:.95]")) if detection else (("val_top1", "val top-1"),)
+    for key, label in shown:
+        axes[1].plot([r["epoch"] for r in epochs], [r[key] for r in epochs], "o-", label=label)
     if epochs and "val_top5" in epochs[0]:
         axes[1].plot([r["epoch"] for r in epochs], [r["val_top5"] for r in epochs], "o-", label="val top-5")
     trained = _numeric_rows(epochs, "train_acc")  # runs from before train_acc have none
     if trained:
         axes[1].plot([r["epoch"] for r in trained], [r["train_acc"] for r in trained], "o--", label="train top-1")
-    axes[1].set(title="accuracy", xlabel="epoch", ylim=(0, 1.02))
+    axes[1].set(title="mAP" if detection else "accuracy", xlabel="epoch", ylim=(0, 1.02))
     axes[1].legend()
     axes[2].plot([r["step"] for r in steps], [r["lr"] for r in steps])
     axes[2].set(title="learning rate", xlabel="step")
@@ -223,6 +246,8 @@ def plot(run_dir: str | Path, out: str | Path | None = None) -> Path:
     target = Path(out) if out else run / "curves.png"
     atomic_write(target, lambda tmp: fig.savefig(tmp, format="png", dpi=90), TrainError)
     plt.close(fig)
+    if detection and (run / "checkpoints" / "best.json").is_file():
+        evaluate(run)  # per-class precision/recall curves of the best checkpoint: RUN/pr_curves-val.png
     return target
 
 
@@ -274,6 +299,10 @@ def export_run(run_dir: str | Path, out_dir: str | Path | None = None, *, format
     from .data import load_split
 
     recipe, net = load_run(run_dir, tag)
+    if recipe.task == "detection":
+        from ..detect import runs as detect_runs
+
+        return detect_runs.export(run_dir, recipe, net, out_dir, formats or list(recipe.export.formats), force)
     card = stored_card(run_dir, recipe)
     spec = recipe.export
     name = _export_input_name(recipe)
