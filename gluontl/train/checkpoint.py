@@ -33,7 +33,12 @@ def _sha(path: Path) -> str:
 
 
 def save_params(block: HybridBlock, path: Path) -> Path:
-    """Parameters under their structural names (what ``weights:`` and restore read)."""
+    """Parameters under their structural names (what ``weights:`` and restore read).
+
+    oneDNN's BatchNorm updates the running statistics in its backward, which the engine sees
+    as a read of them: a copy right after a step would not wait for it and save the statistics
+    one step behind (a resume then differs from an uninterrupted run), hence the waitall."""
+    mx.nd.waitall()
     arrays = {n: e.param.list_data()[0].copyto(mx.cpu()) for n, e in named_params(block).items()}
     return atomic_write(path, lambda tmp: mx.nd.save(str(tmp), arrays), TrainError)
 
