@@ -172,6 +172,10 @@ class ModelSpec(Strict):
     input_name: str = "data"
     detector: DetectorSpec | None = Field(default=None, description="task: detection: build an SSD on this "
                                           "source as backbone (zoo detectors need none)")
+    anchors: Literal["fit", "zoo"] = Field(default="fit", description="task: detection, SSD: fit = anchor steps "
+                                           "from the real feature-map strides at input_shape, sizes scaled to "
+                                           "it; zoo = GluonCV's own (ssd_300_mobilenet*: small anchors cover "
+                                           "only the top-left quarter of the image)")
     random_init: bool = Field(default=False, description="discard the source's weights: every parameter "
                               "initialized afresh (Xavier; BatchNorm scale 1, shift 0, statistics 0/1) — the "
                               "from-scratch baseline of a transfer-learning recipe")

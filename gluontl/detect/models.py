@@ -101,6 +101,8 @@ def build_detector(recipe: Recipe, classes: list[str], ctx: mx.Context | None = 
         net.reset_class(classes)
         materialize(net, {"data": (1, *spec.input_shape)}, ctx, spec.source)
     identity_batchnorm(net, keep=loaded)
+    if fam == "ssd" and spec.anchors == "fit":
+        fit_ssd_anchors(net, spec.input_shape)
     if spec.random_init:
         from ..sources import reinitialize
 
@@ -118,6 +120,27 @@ def build_detector(recipe: Recipe, classes: list[str], ctx: mx.Context | None = 
                                f"folder to restore from).")
         return net, None
     return net, restore_detector(net, fam, spec.weights, kind, classes, spec.restore, old_classes(spec.weights))
+
+
+def fit_ssd_anchors(net: HybridBlock, input_shape: tuple[int, ...]) -> None:
+    """SSD anchors placed on the feature maps the network really makes at ``input_shape``.
+
+    GluonCV's SSDs keep anchor centres at ``(i + 0.5) * step`` with steps (and sizes) in pixels
+    of their base size; ``ssd_300_mobilenet*`` reuse VGG-SSD's steps although MobileNet's maps
+    are twice as coarse, so its small anchors cover only the top-left quarter of the image, and
+    any other input size moves every anchor. Here each map's step is the input height over the
+    map height and sizes scale with the input (anchors stay (cx, cy, w, h) in input pixels)."""
+    height = input_shape[-2]
+    ctx = next(iter(net.collect_params().values())).list_ctx()[0]
+    with mx.autograd.train_mode():
+        maps = [f.shape[2] for f in net.features(mx.nd.zeros((1, *input_shape), ctx=ctx))]
+    for gen, rows in zip(net.anchor_generators, maps):
+        scale = height / gen._im_size[0]
+        alloc = gen.anchors.shape[2:4]
+        sizes = tuple(s * scale for s in gen._sizes)
+        anchors = gen._generate_anchors(sizes, gen._ratios, height / rows, alloc, (0.5, 0.5))
+        gen.anchors.set_data(mx.nd.array(anchors, ctx=ctx, dtype=gen.anchors.dtype))
+    net._clear_cached_op()
 
 
 def _ssd_on(spec, classes: list[str], ctx: mx.Context) -> tuple[HybridBlock, set[str]]:

@@ -345,9 +345,10 @@ def test_gluoncv_ssd300_mobilenet_anchors_cover_the_top_left_quarter_only():
     (8, 16, 32, 64, 100, 300 px) while MobileNet's maps have strides 16, 32, 64, 100, 150, 300 at
     300 px (19x19, 10x10, 5x5, 3x3, 2x2, 1x1), so the centres of the three finest maps stop at
     (n - 0.5) * step = 148, 152, 144 px: the right and bottom halves have no small anchors.
-    Anchors are (cx, cy, w, h) in input pixels and do not scale with the input size."""
+    Anchors are (cx, cy, w, h) in input pixels and do not scale with the input size. gluontl fits
+    them to the maps by default (tests/detect/test_anchors.py); `anchors: zoo` keeps these."""
     rec = parse_recipe({"name": "t", "task": "detection",
-                        "model": {"source": f"zoo:{SSD}", "input_shape": [3, 300, 300]}})
+                        "model": {"source": f"zoo:{SSD}", "input_shape": [3, 300, 300], "anchors": "zoo"}})
     net, _ = build_detector(rec, ["a"])
     x = mx.nd.zeros((1, 3, 300, 300))
     with mx.autograd.train_mode():
