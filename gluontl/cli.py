@@ -268,12 +268,7 @@ def evaluate(run: Path = typer.Argument(..., help="run folder, e.g. runs/resnet1
 def _detection_table(run: Path, checkpoint: str, split: str, out: dict) -> None:
     typer.echo(f"{run} [{checkpoint}] on {split} ({out['images']} images, {out['objects']} objects): "
                f"VOC mAP@0.5 {out['val_map50']:.4f}, COCO mAP@[.5:.95] {out['val_map']:.4f}")
-    names = out["class_names"]
-    width = max(5, *(len(n) for n in names))
-    typer.echo(f"{'class':>{width}}  AP@0.5")
-    for n in names:
-        ap = out["per_class_ap50"].get(n)
-        typer.echo(f"{n:>{width}}  " + ("  n/a (no objects)" if ap is None or ap != ap else f"{ap:.4f}"))
+    typer.echo(out["table"])
     typer.echo(f"PR curves: {out['pr_curves']}")
 
 

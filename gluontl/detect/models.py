@@ -101,6 +101,8 @@ def build_detector(recipe: Recipe, classes: list[str], ctx: mx.Context | None = 
         net.reset_class(classes)
         materialize(net, {"data": (1, *spec.input_shape)}, ctx, spec.source)
     identity_batchnorm(net, keep=loaded)
+    if fam == "ssd":
+        small_heads(net)
     if fam == "ssd" and spec.anchors == "fit":
         fit_ssd_anchors(net, spec.input_shape)
     if spec.random_init:
@@ -206,6 +208,18 @@ def identity_batchnorm(net: HybridBlock, keep: set[str] = frozenset()) -> None:
             last = n.rsplit("_", 1)[-1].rsplit(".", 1)[-1]
             value = 1.0 if last in ("gamma", "var") else 0.0
             e.param.set_data(mx.nd.full(shape_of(e.param), value, dtype=e.param.dtype))
+
+
+def small_heads(net: HybridBlock) -> None:
+    """SSD's class and box predictors start at N(0, 0.01) weights and zero bias (Detectron's and
+    RetinaNet's head init): Xavier on a deep, unnormalized backbone map (1280 ReLU6 channels x 3x3)
+    starts with logits in the tens, a loss that spikes and a run that learns nothing for epochs."""
+    for n, e in named_params(net).items():
+        if fnmatch.fnmatchcase(n, "*_predictors.*.predictor.*"):
+            init = mx.init.Normal(0.01) if n.endswith("weight") else mx.init.Zero()
+            arr = mx.nd.zeros(shape_of(e.param), dtype=e.param.dtype)
+            init._init_weight(n, arr)
+            e.param.set_data(arr)
 
 
 def num_classes(net: HybridBlock) -> int:

@@ -37,7 +37,7 @@ def _dataset(recipe: Recipe, run: Path, split: str):
 def evaluate(run_dir: str | Path, recipe: Recipe, net, split: str = "val") -> dict[str, Any]:
     """VOC mAP@0.5 per class and COCO mAP@[.5:.95] on ``split``; writes ``pr_curves.png`` into the run."""
     from ..tasks.detection import predict_batches
-    from .metrics import DetectionEval, plot_pr
+    from .metrics import DetectionEval, plot_pr, table
 
     run = Path(run_dir)
     ds = _dataset(recipe, run, split)
@@ -51,7 +51,7 @@ def evaluate(run_dir: str | Path, recipe: Recipe, net, split: str = "val") -> di
     curves = plot_pr(voc, run / f"pr_curves-{split}.png")
     return {"task": "detection", "val_map50": voc["map50"], "val_map": coco["map"], "val_map75": coco.get("map75"),
             "per_class_ap50": voc["per_class"], "class_names": ds.class_names, "images": len(ds),
-            "objects": int(sum(len(g) for g in gts)), "pr_curves": str(curves)}
+            "objects": int(sum(len(g) for g in gts)), "pr_curves": str(curves), "table": table(voc, coco)}
 
 
 def _stack(samples) -> tuple[mx.nd.NDArray, mx.nd.NDArray]:

@@ -118,7 +118,7 @@ def test_run_commands_on_a_detection_run(small_voc, tmp_path, capsys):
     assert (run / "export" / "det.onnx").is_file() and (run / "export" / "det-symbol.json").is_file()
     code, out, err = helpers.run_cli(capsys, "evaluate", str(run))
     assert code == 0, err
-    assert "VOC mAP@0.5" in out and "AP@0.5" in out and (run / "pr_curves-val.png").is_file()
+    assert "VOC mAP@0.5" in out and "AP50:95" in out and (run / "pr_curves-val.png").is_file()
     image = sorted((small_voc / "JPEGImages").iterdir())[0]
     code, out, err = helpers.run_cli(capsys, "predict", str(run), str(image), "--score", "0.0", "--out",
                                      str(tmp_path / "pred"), "--json")
