@@ -278,11 +278,12 @@ def predict(model: Path = typer.Argument(..., help="run folder (runs/NAME) or a 
             topk: int = typer.Option(5, min=1, help="how many classes to show"),
             checkpoint: str = CheckpointOpt,
             as_json: bool = typer.Option(False, "--json", help="print the results as JSON (full precision)"),
-            out: Optional[Path] = typer.Option(None, help="detection runs: folder for images with drawn boxes "
-                                               "and detections.json (default RUN/predictions)"),
-            score: float = typer.Option(0.5, min=0.0, max=1.0, help="detection runs: lowest score shown")) -> None:
-    """Top-k classes for image files: a run's checkpoint in MXNet, or an exported ONNX file in
-    onnxruntime with the preprocessing and class names stored in the file."""
+            out: Optional[Path] = typer.Option(None, help="detectors: folder for images with drawn boxes and "
+                                               "detections.json (default RUN/predictions, NAME-predictions "
+                                               "beside NAME.onnx)"),
+            score: float = typer.Option(0.5, min=0.0, max=1.0, help="detectors: lowest score shown")) -> None:
+    """Top-k classes (a detector: boxes) for image files: a run's checkpoint in MXNet, or an
+    exported ONNX file in onnxruntime with the preprocessing and class names stored in the file."""
     from .train.runs import predict as run_predict, predict_onnx
 
     _choice(checkpoint, CHECKPOINTS, "--checkpoint")
@@ -294,12 +295,9 @@ def predict(model: Path = typer.Argument(..., help="run folder (runs/NAME) or a 
         raise GluontlError(f"--checkpoint {checkpoint} picks a run folder's checkpoint, but '{model}' is an exported "
                            f"file holding one set of weights. Pass the run folder, or export that checkpoint: "
                            f"`gluontl export runs/NAME --checkpoint {checkpoint}`.")
-    from .recipe import load_recipe
-
-    if model.is_dir() and (model / "recipe.yaml").is_file() and load_recipe(model / "recipe.yaml").task == "detection":
-        from .train.runs import predict_detections
-
-        rows, report = predict_detections(model, files, out, score, checkpoint)
+    detected = _predict_detector(model, files, out, score, checkpoint)
+    if detected is not None:
+        rows, report = detected
         if as_json:
             typer.echo(json.dumps(rows, indent=1))
             return
@@ -315,6 +313,21 @@ def predict(model: Path = typer.Argument(..., help="run folder (runs/NAME) or a 
         return
     for r in results:
         typer.echo(f"{r['image']}: " + ", ".join(f"{n} {p:.3f}" for n, p in r["top"]))
+
+
+def _predict_detector(model: Path, files: list[str], out: Optional[Path], score: float, checkpoint: str):
+    """A detector's (rows, detections.json) from a detection run folder or a detector's ONNX
+    export; None for a classifier."""
+    from .detect.runs import is_detection_onnx, predict_onnx
+    from .recipe import load_recipe
+    from .train.runs import predict_detections
+
+    if model.is_dir():
+        recipe = model / "recipe.yaml"
+        if recipe.is_file() and load_recipe(recipe).task == "detection":
+            return predict_detections(model, files, out, score, checkpoint)
+        return None
+    return predict_onnx(model, files, out, score) if is_detection_onnx(model) else None
 
 
 @app.command()

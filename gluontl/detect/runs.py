@@ -1,5 +1,6 @@
 """A finished detection run: reload, evaluate (per-class AP table, PR curves), predict (images with
-boxes + detections.json), export (symbol + ONNX with per-class NMS, verified on val images)."""
+boxes + detections.json, from the run in MXNet or from its ONNX export in onnxruntime), export
+(symbol + ONNX with per-class NMS, verified on val images)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,7 +9,7 @@ from typing import Any
 import mxnet as mx
 import numpy as np
 
-from ..errors import TrainError
+from ..errors import ExportError, ModelSourceError, TrainError, short_reason
 from ..recipe import Recipe
 
 
@@ -61,31 +62,109 @@ def _stack(samples) -> tuple[mx.nd.NDArray, mx.nd.NDArray]:
     return mx.nd.array(x), mx.nd.array(y)
 
 
+def input_transform(card: dict[str, Any], where: str) -> tuple[Any, list[str], tuple[int, int]]:
+    """The evaluation transform a detection card describes (a run's ``preprocess.json`` or an
+    export's metadata), its class names and the network input (H, W): the same
+    :class:`DetectionTransform` evaluation uses (plain resize to H, W + the recorded
+    normalization), so predict from a run folder and from its ONNX file feed identical tensors."""
+    from ..recipe import TransformSpec
+    from ..train.transforms import load_preprocess
+    from .augment import DetectionTransform
+
+    prep, names = load_preprocess(card)
+    record = card["preprocess"].get("input")
+    shape = record.get("shape") if isinstance(record, dict) else None
+    if prep.steps or names is None or not (isinstance(shape, list) and len(shape) == 4
+                                           and all(isinstance(d, int) and d > 0 for d in shape[2:])):
+        raise ModelSourceError(f"The preprocessing record of {where} is not a detector's (steps {list(prep.steps)}, "
+                               f"input shape {shape!r}, classes {names!r}): a detector resizes every image to its "
+                               f"input H, W and lists its classes. Export the detection run again.")
+    hw = (int(shape[2]), int(shape[3]))
+    spec = TransformSpec(normalize=(prep.mean, prep.std))
+    return DetectionTransform(spec, hw, False, where=where), names, hw
+
+
+def _detections(transform, image: np.ndarray, run) -> np.ndarray:
+    """``(K, 6)`` detections in network-input pixels of one image; ``run(x)`` returns the
+    network's ids, scores and boxes for a batch of one."""
+    x, _ = transform(image, np.zeros((0, 6), np.float32))
+    return np.concatenate([np.asarray(a, np.float32) for a in run(x[None])], axis=-1)[0]
+
+
+def _write(out: Path, items, names: list[str], hw: tuple[int, int], score_thresh: float
+           ) -> tuple[list[dict[str, Any]], Path]:
+    import json
+
+    from .draw import write_predictions
+
+    report = write_predictions(out, items, names, hw, score_thresh)
+    return json.loads(Path(report).read_text(encoding="utf-8"))["images"], Path(report)
+
+
 def predict(run_dir: str | Path, recipe: Recipe, net, images: list[str], out_dir: str | Path | None,
             score_thresh: float = 0.5) -> tuple[list[dict[str, Any]], Path]:
     """Detections per image in the image's own pixels; images with drawn boxes and
     ``detections.json`` go to ``out_dir`` (default RUN/predictions)."""
-    import json
-
     from ..train.runs import _images, stored_card
-    from .augment import DetectionTransform
-    from .draw import write_predictions
 
     decoded = _images(images)
-    names = stored_card(run_dir, recipe)["classes"]
-    hw = tuple(recipe.model.input_shape[-2:])
-    prep = DetectionTransform(recipe.data.val_transform, hw, False, where="data.val_transform")
-    items = []
+    transform, names, hw = input_transform(stored_card(run_dir, recipe), str(Path(run_dir) / "preprocess.json"))
+
+    def run(x: np.ndarray) -> list[np.ndarray]:
+        return [a.asnumpy() for a in net(mx.nd.array(x))]
+
     with mx.autograd.predict_mode():
-        for path, image in zip(images, decoded):
-            x, _ = prep(image, np.zeros((0, 6), np.float32))
-            ids, scores, boxes = net(mx.nd.array(x[None]))
-            dets = mx.nd.concat(ids, scores, boxes, dim=-1).asnumpy()[0]
-            items.append((path, image, dets))
-    out = Path(out_dir) if out_dir else Path(run_dir) / "predictions"
-    report = write_predictions(out, items, names, hw, score_thresh)
-    rows = json.loads(Path(report).read_text(encoding="utf-8"))["images"]
-    return rows, Path(report)
+        items = [(path, image, _detections(transform, image, run)) for path, image in zip(images, decoded)]
+    return _write(Path(out_dir) if out_dir else Path(run_dir) / "predictions", items, names, hw, score_thresh)
+
+
+def is_detection_onnx(path: str | Path) -> bool:
+    """Whether a gluontl ONNX export is a detector's (its metadata has the NMS settings)."""
+    from ..train.transforms import onnx_metadata
+    from .export import META_NMS
+
+    return META_NMS in onnx_metadata(path)
+
+
+def predict_onnx(onnx_path: str | Path, images: list[str], out_dir: str | Path | None,
+                 score_thresh: float = 0.5) -> tuple[list[dict[str, Any]], Path]:
+    """:func:`predict` with a detector's ONNX export in onnxruntime, preprocessing and class
+    names from the file's metadata alone (what a deployment has); outputs go to ``out_dir``
+    (default NAME-predictions beside the file)."""
+    import json
+
+    from ..export.verify import ort_session
+    from ..train.runs import _images
+    from ..train.transforms import META_CLASSES, META_PREPROCESS, onnx_metadata
+    from .export import OUTPUT_NAMES
+
+    path = Path(onnx_path)
+    meta = onnx_metadata(path)  # no metadata: refused before any work
+    try:
+        card = {"preprocess": json.loads(meta[META_PREPROCESS]), "classes": json.loads(meta[META_CLASSES])}
+    except ValueError as e:
+        raise ModelSourceError(f"The metadata of '{path}' is not valid JSON ({e}); export the run again.") from None
+    transform, names, hw = input_transform(card, f"'{path}'")
+    decoded = _images(images)
+    session = ort_session(path, f"'{path}'")
+    inputs, outputs = session.get_inputs(), [o.name for o in session.get_outputs()]
+    want = card["preprocess"]["input"]["shape"][1:]  # checked by input_transform
+    if len(inputs) != 1 or len(inputs[0].shape) != 4 or sorted(outputs) != sorted(OUTPUT_NAMES) or any(
+            isinstance(d, int) and d != w for d, w in zip(inputs[0].shape[1:], want)):
+        raise ExportError(f"'{path}' takes inputs {[(i.name, i.shape) for i in inputs]} and gives {outputs}, but its "
+                          f"metadata describes a detector fed N x {' x '.join(map(str, want))} images giving "
+                          f"{list(OUTPUT_NAMES)}; the metadata does not belong to this graph. Export the run again.")
+
+    def run(x: np.ndarray) -> list[np.ndarray]:
+        try:
+            return session.run(list(OUTPUT_NAMES), {inputs[0].name: x})
+        except Exception as err:  # onnxruntime's errors share no base class
+            raise ExportError(f"onnxruntime cannot run '{path}' ({short_reason(err)}); export the run "
+                              f"again.") from None
+
+    items = [(name, image, _detections(transform, image, run)) for name, image in zip(images, decoded)]
+    return _write(Path(out_dir) if out_dir else path.with_name(f"{path.stem}-predictions"), items, names, hw,
+                  score_thresh)
 
 
 def export(run_dir: str | Path, recipe: Recipe, net, out_dir: str | Path | None, formats: list[str],
