@@ -281,7 +281,7 @@ def predict(model: Path = typer.Argument(..., help="run folder (runs/NAME) or a 
             out: Optional[Path] = typer.Option(None, help="detectors: folder for images with drawn boxes and "
                                                "detections.json (default RUN/predictions, NAME-predictions "
                                                "beside NAME.onnx)"),
-            score: float = typer.Option(0.5, min=0.0, max=1.0, help="detectors: lowest score shown")) -> None:
+            score: float = typer.Option(0.25, min=0.0, max=1.0, help="detectors: lowest score shown")) -> None:
     """Top-k classes (a detector: boxes) for image files: a run's checkpoint in MXNet, or an
     exported ONNX file in onnxruntime with the preprocessing and class names stored in the file."""
     from .train.runs import predict as run_predict, predict_onnx
