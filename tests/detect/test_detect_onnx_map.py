@@ -192,7 +192,7 @@ def test_predict_with_the_onnx_export_writes_what_predict_with_the_run_writes(vo
         _assert_same(r["detections"], want, r["file"])
 
 
-def test_predict_refuses_an_onnx_file_whose_metadata_does_not_describe_a_detector(voc, trained, tmp_path):
+def test_predict_refuses_an_onnx_file_whose_metadata_does_not_describe_a_detector(voc, trained, tmp_path, capsys):
     import onnx
 
     from gluontl.detect.export import export_detector
@@ -213,4 +213,6 @@ def test_predict_refuses_an_onnx_file_whose_metadata_does_not_describe_a_detecto
     image = str(next((voc / "JPEGImages").iterdir()))
     with pytest.raises(ModelSourceError, match="not a detector's"):
         predict_onnx(path, [image], tmp_path / "out")
+    code, _, err = helpers.run_cli(capsys, "predict", str(path), image, "--out", str(tmp_path / "out"))
+    assert code == 2 and "not a detector's" in " ".join(err.split()) and "Traceback" not in err
     assert not (tmp_path / "out").exists()
