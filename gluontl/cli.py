@@ -53,7 +53,8 @@ def plan(recipe: Path = RecipeOpt, set_: Optional[List[str]] = SetOpt,
     pending = r.model.weights and r.model.weights_from and not Path(r.model.weights).is_file()
     weights = f"weights: {r.model.weights} (not made yet)"
     if pending:  # planning must not cost a pretraining run
-        r = r.model_copy(update={"model": r.model.model_copy(update={"weights": None})})
+        r = r.model_copy(update={"model": r.model.model_copy(update={
+            "weights": None, "restore": r.model.restore.model_copy(update={"type": None, "reuse": {}})})})
     if r.task == "detection":
         from .tasks.detection import prepare as prepare_detector
 

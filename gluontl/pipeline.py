@@ -19,6 +19,7 @@ class Prepared:
     block: HybridBlock
     restore: RestoreReport | None
     plan: Plan
+    loaded: set[str] | None = None  # names with values from a file, where the source alone does not say
 
 
 def prepare(recipe: Recipe, *, ctx=None, apply: bool = True) -> Prepared:

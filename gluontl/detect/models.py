@@ -33,10 +33,7 @@ from ..errors import ModelSourceError, RestoreError
 from ..naming import named_params, shape_of
 from ..recipe import Recipe
 from ..sources import _ZooInit, _zoo, materialize
-from ..sources.restore import RestoreReport, read_params_file
-
-FAMILIES = ("ssd", "yolo3")
-
+from ..sources.restore import RestoreReport, _file_key, read_params_file
 
 @dataclasses.dataclass(frozen=True)
 class HeadLayout:
@@ -100,15 +97,17 @@ def build_detector(recipe: Recipe, classes: list[str], ctx: mx.Context | None = 
     if list(net.classes) != list(classes):  # a _voc/_coco name: its own classes, now replaced
         net.reset_class(classes)
         materialize(net, {"data": (1, *spec.input_shape)}, ctx, spec.source)
+    if spec.random_init:  # the from-scratch baseline: the backbone source's weights too
+        from ..sources import reinitialize
+
+        reinitialize(net)
+        loaded = set()
     identity_batchnorm(net, keep=loaded)
     if fam == "ssd":
         small_heads(net)
     if fam == "ssd" and spec.anchors == "fit":
         fit_ssd_anchors(net, spec.input_shape)
-    if spec.random_init:
-        from ..sources import reinitialize
-
-        reinitialize(net)
+    net._gluontl_loaded = loaded  # what came with the backbone source, for the guards (tasks.detection)
     kind = spec.restore.type or ("detection" if spec.weights else "none")
     if spec.restore.reuse and kind != "detection":
         raise RestoreError(f"model.restore.reuse copies class rows of a detector file, which only "
@@ -246,7 +245,7 @@ def old_classes(weights: str) -> list[str] | None:
 def restore_detector(net: HybridBlock, fam: str, weights: str, kind: str, classes: list[str], spec,
                      old_names: list[str] | None) -> RestoreReport:
     """Restore ``weights`` into ``net`` per ``kind``; the report lists the class-dependent heads as
-    shape mismatches (rebuilt, rows copied), which the strict check expects."""
+    layers it rebuilt for the new classes (rows copied per layout) under ``rebuilt``."""
     arrays = read_params_file(weights)
     entries = named_params(net)
     report = RestoreReport(file=str(weights))
@@ -259,7 +258,7 @@ def restore_detector(net: HybridBlock, fam: str, weights: str, kind: str, classe
     for name, e in entries.items():
         if any(fnmatch.fnmatchcase(name, g) for g in skip):
             continue
-        key = _key(name, spec.prefix_map)
+        key = _file_key(name, spec.prefix_map)
         if key not in arrays and saved.get(id(e.param)) in arrays:
             key = saved[id(e.param)]
         if key not in arrays:
@@ -279,7 +278,9 @@ def restore_detector(net: HybridBlock, fam: str, weights: str, kind: str, classe
             if len(mapping) == len(classes) == old_count and all(i == j for i, j in mapping.items()):
                 report.restored.append(name)  # the same classes: the whole layer
             else:
-                report.mismatched.append((name, shape_of(e.param), tuple(src.shape)))
+                reused = ", ".join(f"{classes[i]}<-{old_names[j] if old_names else j}" for i, j in mapping.items())
+                report.rebuilt.append((name, f"{layout.kept} class-independent row(s) per anchor from the file; "
+                                             f"class rows {reused or 'all fresh'}"))
         elif shape_of(e.param) == tuple(src.shape):
             e.param.set_data(src)
             report.restored.append(name)
@@ -287,20 +288,12 @@ def restore_detector(net: HybridBlock, fam: str, weights: str, kind: str, classe
             report.mismatched.append((name, shape_of(e.param), tuple(src.shape)))
     ignored = set(BUFFERS[fam]) | (set(HEADS[fam]) if kind == "classification" else set())
     report.unexpected = sorted(k for k in set(arrays) - used if not any(fnmatch.fnmatchcase(k, g) for g in ignored))
-    expect_mismatch = [*spec.expect_mismatch, layout.glob]
-    report.check(spec.expect_missing, spec.expect_unexpected, expect_mismatch)
+    report.check(spec.expect_missing, spec.expect_unexpected, spec.expect_mismatch)
     if kind == "detection" and not report.restored:
         raise RestoreError(f"Restoring detector '{weights}' (restore.type: detection) matched no parameter "
                            f"names; is it a file of this detector family? Use restore.prefix_map to map names, "
                            f"or restore.type: classification for a backbone file.")
     return report
-
-
-def _key(name: str, prefix_map: dict[str, str]) -> str:
-    for prefix in sorted(prefix_map, key=len, reverse=True):
-        if name.startswith(prefix):
-            return prefix_map[prefix] + name[len(prefix):]
-    return name
 
 
 def _reuse(reuse: dict[str, str], classes: list[str], old_names: list[str] | None, old_count: int
@@ -340,7 +333,6 @@ def _copy_rows(param, old: np.ndarray, layout: HeadLayout, classes: int, reuse: 
     param.set_data(mx.nd.array(new, dtype=param.dtype))
 
 
-NECK = "neck"
 _EXPANDER = re.compile(r"(^|_)expand_(trans_)?(conv|bn)\d")  # GluonCV FeatureExpander's layers
 
 
@@ -349,11 +341,17 @@ def stage_map(net: HybridBlock, input_shape: tuple[int, ...]) -> dict:
     then ``neck`` (SSD's extra feature layers; YOLOv3's transitions and detection blocks) and
     ``head`` (the class/box predictors), so "freeze the backbone" and "backbone + neck" are
     ``freeze_until_stage`` with a number or ``neck``."""
-    from ..stages import HEAD, _graph_stage_map, _stage_of
+    from ..stages import HEAD, NECK, _graph_stage_map, _stage_of
 
     fam = family(net)
     names = named_params(net)
     if fam == "ssd":
+        if not isinstance(net.features, mx.gluon.SymbolBlock):
+            from ..errors import RuleError
+
+            raise RuleError(f"stage selectors are mapped for SSDs whose features are a graph (MobileNet/ResNet "
+                            f"zoo SSDs, model.detector); this one's are a {type(net.features).__name__}. Select "
+                            f"by match: (e.g. 'features.*', 'class_predictors.*') or type: instead.")
         inner = _graph_stage_map(net.features, input_shape)
         out = {f"features.{k}": (NECK if _EXPANDER.search(k) else v) for k, v in inner.items()}
     else:

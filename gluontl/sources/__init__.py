@@ -313,6 +313,8 @@ def reinitialize(net: HybridBlock) -> None:
     the node, not from its name."""
     for e in named_params(net).values():
         p, layer = e.param, e.layer
+        if isinstance(p, mx.gluon.Constant):  # buffers (a detector's anchors), not weights
+            continue
         arr = mx.nd.zeros(shape_of(p), dtype=p.dtype)
         if layer is not None and layer.type in _ROLE_INIT:
             if layer.node is None:  # a Gluon block: its attribute names say the role

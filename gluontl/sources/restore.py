@@ -25,19 +25,23 @@ class RestoreReport:
     missing: list[str] = dataclasses.field(default_factory=list)  # in model, not in file
     unexpected: list[str] = dataclasses.field(default_factory=list)  # in file, not used by model
     mismatched: list[tuple[str, tuple, tuple]] = dataclasses.field(default_factory=list)  # name, model, file
+    # detectors: class-dependent layers rebuilt for new classes, some rows from the file (name, which)
+    rebuilt: list[tuple[str, str]] = dataclasses.field(default_factory=list)
 
     def not_restored(self) -> list[str]:
         return self.missing + [m[0] for m in self.mismatched]
 
     def summary(self) -> str:
         return (f"restored {len(self.restored)} from {self.file}; missing {len(self.missing)}, "
-                f"unexpected {len(self.unexpected)}, shape mismatch {len(self.mismatched)}")
+                f"unexpected {len(self.unexpected)}, shape mismatch {len(self.mismatched)}"
+                + (f", rebuilt for new classes {len(self.rebuilt)}" if self.rebuilt else ""))
 
     def lines(self) -> list[str]:
         out = [self.summary()]
         out += [f"  missing in file: {n}" for n in self.missing]
         out += [f"  unexpected in file: {n}" for n in self.unexpected]
         out += [f"  shape mismatch: {n} model {m} file {f}" for n, m, f in self.mismatched]
+        out += [f"  rebuilt for new classes: {n} ({how})" for n, how in self.rebuilt]
         return out
 
     def check(self, expect_missing=(), expect_unexpected=(), expect_mismatch=()) -> None:

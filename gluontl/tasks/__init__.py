@@ -46,6 +46,12 @@ class Task(Protocol):
         """The run's preprocess.json: what predict and exports read."""
 
 
+def split(x: mx.nd.NDArray, ctxs: list[mx.Context]) -> list[mx.nd.NDArray]:
+    """``x`` split along the batch over the contexts; a batch smaller than the context list (the
+    last one of an epoch) goes to the first contexts only, where split_and_load would fail."""
+    return mx.gluon.utils.split_and_load(x, ctxs[:max(1, min(len(ctxs), x.shape[0]))], even_split=False)
+
+
 TASKS = {"classification": "gluontl.tasks.classification:Classification",
          "detection": "gluontl.tasks.detection:Detection"}
 

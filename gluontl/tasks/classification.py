@@ -11,6 +11,7 @@ from mxnet import autograd, gluon
 from ..errors import TrainError
 from ..pipeline import prepare
 from ..recipe import Recipe
+from . import split
 
 
 class Classification:
@@ -71,8 +72,8 @@ def evaluate_loader(net, loader, ctxs, num_classes: int, loss_fn) -> dict[str, A
     conf = np.zeros((num_classes, num_classes), dtype=np.int64)
     top5_hits = 0
     for x, y in loader:
-        xs = gluon.utils.split_and_load(x, ctxs, even_split=False)
-        ys = gluon.utils.split_and_load(y, ctxs, even_split=False)
+        xs = split(x, ctxs)
+        ys = split(y, ctxs)
         for xi, yi in zip(xs, ys):
             out = net(xi)
             total_loss += float(loss_fn(out, yi).sum().asscalar())

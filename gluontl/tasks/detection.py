@@ -23,6 +23,7 @@ from mxnet import autograd
 from ..pipeline import Prepared
 from ..recipe import Recipe
 from ..rules import apply_plan, make_plan
+from . import split
 
 
 class Detection:
@@ -88,6 +89,11 @@ def prepare(recipe: Recipe, classes: list[str] | None = None, ctx=None, apply: b
 
     if classes is None:
         from ..detect.data import load_detection_split
+        from ..errors import RecipeError
+
+        if recipe.data is None:
+            raise RecipeError("A detection recipe needs a data: section: the detector's classes come from "
+                              "the data (data.source, and data.classes to pick and order them).")
 
         classes = load_detection_split(recipe.data, recipe.data.train, recipe.model.input_shape).class_names
     net, report = build_detector(recipe, classes, ctx or mx.cpu())
@@ -96,7 +102,10 @@ def prepare(recipe: Recipe, classes: list[str] | None = None, ctx=None, apply: b
     plan = make_plan(net, recipe.rules, epoch=0, input_shape=shape)
     if apply:
         apply_plan(net, plan)
-    return Prepared(net, report, plan)
+    loaded = set(net._gluontl_loaded)
+    if report is not None:
+        loaded |= set(report.restored) | {n for n, _ in report.rebuilt}
+    return Prepared(net, report, plan, loaded)
 
 
 def predict_batches(net, batches, ctxs) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -107,8 +116,7 @@ def predict_batches(net, batches, ctxs) -> tuple[list[np.ndarray], list[np.ndarr
     try:
         with autograd.predict_mode():
             for x, y in batches:
-                for xi, yi in zip(mx.gluon.utils.split_and_load(x, ctxs, even_split=False),
-                                  mx.gluon.utils.split_and_load(y, ctxs, even_split=False)):
+                for xi, yi in zip(split(x, ctxs), split(y, ctxs)):
                     ids, scores, boxes = net(xi)
                     out = mx.nd.concat(ids, scores, boxes, dim=-1).asnumpy()
                     for d, g in zip(out, yi.asnumpy()):

@@ -78,11 +78,14 @@ def weights_of(recipe: Recipe, prep: Prepared) -> Weights:
     """ONNX files and symbol checkpoints carry their weights, zoo models only with ``pretrained``;
     ``model.weights`` adds what it restored; a new ``head.*`` and ``random_init`` start fresh."""
     spec = recipe.model
-    names = list(named_params(prep.block))
+    names = [n for n, e in named_params(prep.block).items() if not isinstance(e.param, mx.gluon.Constant)]
     scheme, _, rest = spec.source.partition(":")
     new_head = recipe.surgery.head is not None and needs_surgery(recipe.surgery, spec.source)
     carried = not spec.random_init and (scheme != "zoo" or spec.pretrained)
-    loaded = {n for n in names if carried and not (new_head and n.startswith("head."))}
+    if prep.loaded is not None:  # a detector: its backbone source's part only
+        loaded = set(prep.loaded)
+    else:
+        loaded = {n for n in names if carried and not (new_head and n.startswith("head."))}
     if prep.restore is not None:
         loaded |= set(prep.restore.restored)
     fresh = [n for n in names if n not in loaded]

@@ -28,7 +28,7 @@ from ..errors import Interrupted, TrainError
 from ..pipeline import with_input_name
 from ..recipe import Recipe, ScheduleSpec, load_recipe
 from ..rules import Plan, apply_plan, format_plan, make_plan, trainable_params
-from ..tasks import get_task
+from ..tasks import get_task, split
 from . import checkpoint
 from .cache import Feed
 from .logs import MetricsLog, bars_on, epoch_line, progress, say, show
@@ -194,8 +194,8 @@ class Stepper:
 
     def step(self, x: mx.nd.NDArray, y: mx.nd.NDArray, update: bool = True) -> float:
         """Summed loss of the batch (synchronizes, like any loss read)."""
-        xs = gluon.utils.split_and_load(x, self.ctxs, even_split=False)
-        ys = gluon.utils.split_and_load(y, self.ctxs, even_split=False)
+        xs = split(x, self.ctxs)
+        ys = split(y, self.ctxs)
         with autograd.record():
             losses, hits = self.forward(self.net, xs, ys)
         autograd.backward(losses)
