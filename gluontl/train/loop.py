@@ -199,6 +199,8 @@ class Stepper:
         with autograd.record():
             losses, hits = self.forward(self.net, xs, ys)
         autograd.backward(losses)
+        if len(xs) < len(self.ctxs):
+            self._idle_contexts(len(xs))
         batch_loss = sum(float(l.sum().asscalar()) for l in losses)
         self.correct = None if hits is None else sum(int(h.asscalar()) for h in hits)
         self.updated = False
@@ -213,6 +215,16 @@ class Stepper:
             self.pending = 0
             self.updated = True
         return batch_loss
+
+    def _idle_contexts(self, used: int) -> None:
+        """A batch smaller than the context list left the last contexts without a backward:
+        they add nothing (their write-gradients are zeroed) and count as fresh, so the Trainer's
+        sum over contexts is the batch's gradient and every copy of a weight gets the same update."""
+        for p in self.params:
+            for data, grad in zip(p.list_data()[used:], p.list_grad()[used:]):
+                if p.grad_req == "write":
+                    grad[:] = 0
+                data._fresh_grad = True
 
     def _zero_grads(self, only_add: bool = False) -> None:
         for p in self.params:
