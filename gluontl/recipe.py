@@ -349,7 +349,12 @@ class DataSpec(Strict):
     @field_validator("classes", mode="before")
     @classmethod
     def _names(cls, v: Any) -> Any:
-        return [str(c) for c in v] if isinstance(v, list) else v
+        if isinstance(v, list):
+            v = [str(c) for c in v]
+            twice = sorted({c for c in v if v.count(c) > 1})
+            if twice:
+                raise ValueError(f"lists {', '.join(repr(c) for c in twice)} more than once; name each class once")
+        return v
 
     @field_validator("source")
     @classmethod
@@ -445,6 +450,7 @@ class ExportSpec(Strict):
     lean: bool = True
 
 
+DETECTION_SOURCES = ("voc:", "coco:", "yolo:", "demo:digits_det")
 TASK_METRICS = {"classification": ("val_top1", "val_balanced_acc", "val_loss"),
                 "detection": ("val_map50", "val_map")}
 
@@ -481,6 +487,16 @@ class Recipe(Strict):
         if self.model.detector is not None and (self.task != "detection" or self.model.source.startswith("zoo:")):
             raise ValueError("model.detector builds an SSD on an onnx:/symbol: backbone for task: detection; zoo "
                              "detectors (zoo:ssd_*, zoo:yolo3_*) come whole — remove model.detector")
+        if self.data is not None:
+            detection_data = self.data.source.startswith(DETECTION_SOURCES)
+            if detection_data != (self.task == "detection"):
+                raise ValueError(f"data.source {self.data.source} is "
+                                 f"{'detection' if detection_data else 'classification'} data but the recipe's task "
+                                 f"is {self.task}; set task: {'detection' if detection_data else 'classification'} "
+                                 f"or use a {self.task} source ({', '.join(DETECTION_SOURCES) if self.task == 'detection' else 'demo:digits, demo:elpv, folder:, list:, rec:'})")
+        if self.task == "detection" and (self.train.label_smoothing or self.train.cache_features == "on"):
+            raise ValueError("train.label_smoothing and train.cache_features: on are for classification; a "
+                             "detector uses its family's loss and trains on augmented images end to end")
         if self.task == "detection" and self.surgery != SurgerySpec():
             raise ValueError("surgery (cut_at, drop_last, ignore, head) is for classifiers; a detector gets its "
                              "new classes from data.classes and keeps its own heads (model.restore.reuse "
@@ -543,7 +559,9 @@ def _describe(err: Mapping[str, Any], root: type[BaseModel] = Recipe) -> str:
         expected = re.findall(r"'([^']*)'", str(err.get("ctx", {}).get("expected", "")))
         close = difflib.get_close_matches(str(err.get("input")), expected, n=1, cutoff=0.6)
         msg += f" (did you mean {close[0]!r}?)" if close else ""
-    return f"'{loc}': {msg} (got {err.get('input')!r})" if "input" in err and kind != "model_type" else f"'{loc}': {msg}"
+    whole = not err["loc"] or isinstance(err.get("input"), Mapping)  # a section's own rule: the section is no help
+    return f"'{loc}': {msg}" if whole or "input" not in err or kind == "model_type" else \
+        f"'{loc}': {msg} (got {err.get('input')!r})"
 
 
 def as_rules(rules: Iterable[Rule | Mapping[str, Any]]) -> list[Rule]:

@@ -256,3 +256,21 @@ def conv3x3_np(x: np.ndarray, w: np.ndarray) -> np.ndarray:
         for b in range(3):
             out += np.einsum("nchw,oc->nohw", xp[:, :, a:a + h, b:b + wd], w[:, :, a, b].astype(np.float64))
     return out
+
+
+def voc_subset(root, train: int, val: int):
+    """The first ``train``/``val`` images of the detection demo's digits 0-4 task as a VOC folder
+    of its own (annotations and images linked, not copied)."""
+    import os
+
+    from gluontl.detect.synth import digits_det_folder
+
+    demo = digits_det_folder()
+    for sub in ("Annotations", "JPEGImages"):
+        os.symlink(demo / sub, root / sub)
+    sets = root / "ImageSets" / "Main"
+    sets.mkdir(parents=True)
+    for split, n in (("train", train), ("val", val)):
+        ids = (demo / "ImageSets" / "Main" / f"{split}.txt").read_text().split()[:n]
+        (sets / f"{split}.txt").write_text("\n".join(ids) + "\n")
+    return root

@@ -1,7 +1,6 @@
 """Detection through the one training loop: run folder, metrics, best checkpoint, resume, frozen
 parameters and BatchNorm statistics, and the run commands (evaluate, predict, plot, export)."""
 import json
-import os
 from pathlib import Path
 
 import helpers
@@ -15,23 +14,6 @@ from gluontl.train.loop import finetune
 
 SSD = "zoo:ssd_300_mobilenet0.25_custom"
 YOLO = "zoo:yolo3_mobilenet0.25_custom"
-
-
-@pytest.fixture(scope="module")
-def small_voc(tmp_path_factory):
-    """24 train / 24 val images of the demo's digits 0-4 task, as a VOC folder of its own."""
-    from gluontl.detect.synth import digits_det_folder
-
-    demo = digits_det_folder()
-    root = tmp_path_factory.mktemp("voc")
-    for sub in ("Annotations", "JPEGImages"):
-        os.symlink(demo / sub, root / sub)
-    sets = root / "ImageSets" / "Main"
-    sets.mkdir(parents=True)
-    for split, n in (("train", 24), ("val", 24)):
-        ids = (demo / "ImageSets" / "Main" / f"{split}.txt").read_text().split()[:n]
-        (sets / f"{split}.txt").write_text("\n".join(ids) + "\n")
-    return root
 
 
 def _recipe(voc: Path, model: str = SSD, **train):

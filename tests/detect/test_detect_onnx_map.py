@@ -7,7 +7,6 @@ for every seed tried; 60 left one seed at 0.09), so it detects digits for real r
 ranking noise; the comparison runs on those images and on 16 it never saw.
 """
 import json
-import os
 from pathlib import Path
 
 import helpers
@@ -30,18 +29,7 @@ SCORE = 0.05  # predict's --score: low, so that many boxes are compared
 @pytest.fixture(scope="module")
 def voc(tmp_path_factory):
     """16 train / 16 val images of the demo's digits 0-4 task, as a VOC folder of its own."""
-    from gluontl.detect.synth import digits_det_folder
-
-    demo = digits_det_folder()
-    root = tmp_path_factory.mktemp("voc")
-    for sub in ("Annotations", "JPEGImages"):
-        os.symlink(demo / sub, root / sub)
-    sets = root / "ImageSets" / "Main"
-    sets.mkdir(parents=True)
-    for split in ("train", "val"):
-        ids = (demo / "ImageSets" / "Main" / f"{split}.txt").read_text().split()[:16]
-        (sets / f"{split}.txt").write_text("\n".join(ids) + "\n")
-    return root
+    return helpers.voc_subset(tmp_path_factory.mktemp("voc"), 16, 16)
 
 
 def _recipe(voc: Path, **model):
