@@ -40,13 +40,13 @@ if TYPE_CHECKING:
 def iou_matrix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """IoU of every box of ``a`` (n, 4) with every box of ``b`` (m, 4), xyxy, float64."""
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    lt = np.maximum(a[:, None, :2], b[None, :, :2])
-    rb = np.minimum(a[:, None, 2:4], b[None, :, 2:4])
-    inter = np.prod(np.clip(rb - lt, 0, None), axis=2)
-    area_a = np.prod(np.clip(a[:, 2:4] - a[:, :2], 0, None), axis=1)
-    area_b = np.prod(np.clip(b[:, 2:4] - b[:, :2], 0, None), axis=1)
-    union = area_a[:, None] + area_b[None, :] - inter
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # inf boxes of a diverging net
+        lt = np.maximum(a[:, None, :2], b[None, :, :2])
+        rb = np.minimum(a[:, None, 2:4], b[None, :, 2:4])
+        inter = np.prod(np.clip(rb - lt, 0, None), axis=2)
+        area_a = np.prod(np.clip(a[:, 2:4] - a[:, :2], 0, None), axis=1)
+        area_b = np.prod(np.clip(b[:, 2:4] - b[:, :2], 0, None), axis=1)
+        union = area_a[:, None] + area_b[None, :] - inter
         return np.where(union > 0, inter / union, 0.0)
 
 

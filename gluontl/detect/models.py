@@ -47,6 +47,10 @@ class HeadLayout:
         return self.kept + classes
 
 
+# GluonCV's SSD features are a SymbolBlock whose input MXNet cannot type before the first call;
+# its warning says nothing a user can act on, at every hybridized trace.
+warnings.filterwarnings("ignore", message="Cannot decide type for the following arguments", category=UserWarning)
+
 LAYOUTS = {"ssd": HeadLayout("class_predictors.*.predictor.*", 1),
            "yolo3": HeadLayout("yolo_outputs.*.prediction.*", 5)}
 # What `restore.type: classification` leaves out: every head (class-dependent or not).
