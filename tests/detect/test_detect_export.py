@@ -322,6 +322,30 @@ def test_comparison_tolerances():
     assert "row 1: class id 2" in _compare([ids * 2, scores, boxes], [ids, scores, boxes], 128, TOL)
 
 
+def test_detections_whose_scores_tie_within_tolerance_may_come_in_either_order():
+    """MXNet and onnxruntime round scores differently (2e-8 apart on the demo's validation
+    images), which can swap two neighbours in the ranking or pick the other of two tied
+    candidates for the last place post_nms keeps; neither is a disagreement. A swap of scores
+    further apart, or a different class at a place, still is."""
+    ids = np.float32([[[0], [1], [2]]])  # post_nms 3 filled every place
+    scores = np.float32([[[0.9], [0.3], [0.3 - 2e-8]]])
+    boxes = np.float32([[[0, 0, 10, 10], [5, 5, 20, 20], [30, 30, 40, 40]]])
+    swap = [0, 2, 1]
+    assert _compare([ids[:, swap], scores[:, swap], boxes[:, swap]], [ids, scores, boxes], 128, TOL) is None
+    last = ids.copy(), scores.copy(), boxes.copy()  # the last kept place: another candidate of a tied score
+    last[0][0, 2], last[2][0, 2] = 4, [60, 60, 70, 70]
+    assert _compare(list(last), [ids, scores, boxes], 128, TOL) is None
+    apart = scores.copy()
+    apart[0, 2] = 0.3 - 3e-4
+    assert "class id" in _compare([ids[:, swap], apart[:, swap], boxes[:, swap]], [ids, scores, boxes], 128, TOL)
+    other = ids.copy()
+    other[0, 0] = 3  # the top detection's class differs
+    assert "class id 3" in _compare([other, scores, boxes], [ids, scores, boxes], 128, TOL)
+    relabelled = ids.copy()
+    relabelled[0, 2] = 4  # the last place: the same box with another class is no tie
+    assert "class id 4" in _compare([relabelled, scores, boxes], [ids, scores, boxes], 128, TOL)
+
+
 def test_refusals_name_the_setting_and_restore_the_net(tmp_path):
     net = _net("ssd", seed=4)
     shape = (3, SIZE, SIZE)
