@@ -46,7 +46,8 @@ MODULES: dict[str, tuple[str, list[str]]] = {
         "tests/test_export_patch.py::test_real_model_trains_on_every_weight_and_exports_its_own_graph"
         "[ch_PP-OCRv4_det_infer]"]),
     "torch_legacy": ("gluontl/convert/torch_legacy.py", ["tests/test_convert_torch_legacy.py"]),
-    "detect_metrics": ("gluontl/detect/metrics.py", ["tests/detect/test_detect_metrics.py"]),
+    "detect_metrics": ("gluontl/detect/metrics.py", ["tests/detect/test_detect_metrics.py",
+                                                      "tests/detect/test_detect_iou.py"]),
 }
 
 # mutmut exit codes (mutmut.stats.status_by_exit_code) a mutant can end with
