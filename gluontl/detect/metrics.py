@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 def iou_matrix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """IoU of every box of ``a`` (n, 4) with every box of ``b`` (m, 4), xyxy, float64."""
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # inf boxes of a diverging net
+    with np.errstate(invalid="ignore", over="ignore"):  # inf boxes of a diverging net (0/0, inf-inf, inf*0)
         lt = np.maximum(a[:, None, :2], b[None, :, :2])
         rb = np.minimum(a[:, None, 2:4], b[None, :, 2:4])
         inter = np.prod(np.clip(rb - lt, 0, None), axis=2)
