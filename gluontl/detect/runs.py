@@ -40,8 +40,15 @@ def evaluate(run_dir: str | Path, recipe: Recipe, net, split: str = "val") -> di
     from ..tasks.detection import predict_batches
     from .metrics import DetectionEval, plot_pr, table
 
+    from ..train.runs import stored_card
+
     run = Path(run_dir)
     ds = _dataset(recipe, run, split)
+    trained = stored_card(run, recipe)["classes"]
+    if list(ds.class_names) != list(trained):  # class ids would mean other classes
+        raise TrainError(f"The {split} split of {recipe.data.source} now has the classes {ds.class_names}, but "
+                         f"{run} was trained on {trained} (its preprocess.json). Set data.classes in "
+                         f"{run / 'recipe.yaml'} to {trained} to evaluate on those classes.")
     batch = recipe.data.batch_size
     batches = (_stack([ds[(i, 0)] for i in range(s, min(s + batch, len(ds)))]) for s in range(0, len(ds), batch))
     dets, gts = predict_batches(net, batches, [mx.cpu()])

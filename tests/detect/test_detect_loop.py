@@ -112,3 +112,8 @@ def test_run_commands_on_a_detection_run(small_voc, tmp_path, capsys):
     code, out, err = helpers.run_cli(capsys, "plot", str(run))
     assert code == 0, err
     assert (run / "curves.png").is_file()
+    edited = yaml.safe_load((run / "recipe.yaml").read_text())
+    edited["data"]["classes"] = ["4", "3", "2", "1", "0"]  # the data's class ids now mean other classes
+    (run / "recipe.yaml").write_text(yaml.safe_dump(edited))
+    code, out, err = helpers.run_cli(capsys, "evaluate", str(run))
+    assert code == 2 and "was trained on ['0', '1', '2', '3', '4']" in " ".join(err.split()) and "Traceback" not in err
