@@ -11,16 +11,7 @@ import pytest
 
 from gluontl.detect.metrics import DetectionEval, iou_matrix, plot_pr, pr_figure, table
 from gluontl.errors import DataError
-
-
-def _boxes(*rows):
-    return np.array(rows, np.float32).reshape(-1, 6)
-
-
-def _single(det, gt, names=("a",)):
-    ev = DetectionEval(names)
-    ev.update(det, gt)
-    return ev
+from test_detect_metrics import _boxes, _single
 
 
 def _exact_iou(a, b):
