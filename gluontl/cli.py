@@ -357,6 +357,28 @@ def zoo(contains: str = typer.Argument("", help="only names containing this text
     typer.echo("\n".join(hits))
 
 
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def launch(ctx: typer.Context,
+           workers: int = typer.Option(..., "-n", "--workers", help="number of workers"),
+           servers: int = typer.Option(1, "--servers", help="number of parameter servers"),
+           hosts: Optional[Path] = typer.Option(None, "--hosts", help="file with one host per line (HOST or HOST "
+                                                "cpus=N); servers and workers go round-robin over them by ssh, "
+                                                "localhost runs here. Default: everything on this machine"),
+           port: Optional[int] = typer.Option(None, "--port", min=1, max=65535,
+                                              help="the scheduler's port (default: a free one)"),
+           root_uri: Optional[str] = typer.Option(None, "--root-uri", help="address of this machine the hosts "
+                                                  "reach the scheduler at (default: the one on the route to "
+                                                  "the first host)"),
+           ssh: Optional[str] = typer.Option(None, "--ssh", help="ssh command (default: ssh -o BatchMode=yes)")) -> None:
+    """Run a gluontl command on N workers with MXNet's parameter server: gluontl launch -n 2 -- finetune -r R.
+
+    Starts the scheduler, servers and workers, prints their output prefixed, and on the first failure
+    stops them all and names the process."""
+    from .dist.launch import launch as run
+
+    raise typer.Exit(run(ctx.args, workers, servers, hosts, port, root_uri, ssh))
+
+
 def main() -> None:
     """The console script: every outcome is an exit code and at most one paragraph on stderr."""
     from .threads import configure

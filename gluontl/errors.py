@@ -55,6 +55,15 @@ class TrainError(GluontlError):
     """Training cannot proceed (diverged, incompatible resume, unwritable run folder)."""
 
 
+class LaunchError(GluontlError):
+    """``gluontl launch`` got bad input (exit code 2), or a process of its job failed or it was
+    stopped: then the code is 1, 2 when the failed worker refused its input, or 128 + signal."""
+
+    def __init__(self, message: str, exit_code: int = 2) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
 class Interrupted(Exception):
     """``finetune`` stopped on SIGINT/SIGTERM after writing its checkpoint.
 

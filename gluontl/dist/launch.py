@@ -1,0 +1,356 @@
+"""``gluontl launch``: start a ps-lite job (scheduler, servers, workers) and never leave it hanging.
+
+MXNet's own ``tools/launch.py`` crashes on Python >= 3.9 and exits 0 after failures, and when a
+ps-lite worker dies the other workers, the servers and the scheduler wait for it forever. So the
+launcher watches every process it starts and, on the first failure, stops all the others (as
+torchrun does: SIGTERM to each process group, SIGKILL after a grace) and names the process that
+failed. Every child runs in its own session, so a stop reaches its subprocesses (DataLoader
+workers) and a Ctrl-C on the terminal reaches only the launcher, which forwards it.
+
+On several machines (``--hosts``) the scheduler runs here and servers and workers go round-robin
+over the hosts through ``ssh -o BatchMode=yes HOST 'cd CWD && ... PYTHON -m gluontl ARGS'``: like
+MXNet's dmlc tracker this assumes the same paths (working folder, Python, data) on every machine
+and key-based ssh. A remote command first prints its PID, which the launcher uses to stop it with
+``ssh HOST kill``: closing an ssh connection does not stop the command it started.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Optional, Sequence
+
+from ..errors import LaunchError
+from ..threads import physical_cores
+
+STOP_GRACE = 5.0  # s between SIGTERM and SIGKILL when stopping after a failure
+FINISH_GRACE = 10.0  # s the scheduler and servers get to exit by themselves once every worker is done
+INTERRUPT_GRACE = 60.0  # s workers get to checkpoint after a forwarded SIGTERM (a step must end first)
+LOCAL_HOSTS = ("localhost", "127.0.0.1")  # hosts file entries run on this machine without ssh
+SSH = ("ssh", "-o", "BatchMode=yes")
+RANK_LINE = re.compile(r"gluontl worker: rank (\d+) of (\d+)")
+PID_LINE = re.compile(r"^gluontl launch: pid (\d+)$")
+
+
+@dataclass(frozen=True)
+class Host:
+    """One machine of a hosts file: ``name`` as ssh reaches it (``user@`` allowed); ``cpus`` its
+    cores when they differ from this machine's (``HOST cpus=N``), to split threads over its workers."""
+
+    name: str
+    cpus: int | None = None
+
+    @property
+    def local(self) -> bool:
+        return self.name in LOCAL_HOSTS
+
+    @property
+    def address(self) -> str:
+        return self.name.rpartition("@")[2]
+
+
+@dataclass(frozen=True)
+class Process:
+    """One process of the job as planned: ``env`` holds the variables it gets on top of the
+    launcher's environment (which loses ``PORT``); a remote one has them inside its ssh command."""
+
+    role: str  # scheduler, server or worker
+    index: int
+    host: Host | None  # None: this machine, no ssh
+    argv: tuple[str, ...]
+    env: dict[str, str]
+
+    @property
+    def name(self) -> str:
+        return self.role if self.role == "scheduler" else f"{self.role} {self.index}"
+
+
+def read_hosts(path: Path) -> list[Host]:
+    """Hosts file: one host per line, ``HOST`` or ``HOST cpus=N``; ``#`` starts a comment."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        reason = e.strerror if isinstance(e, OSError) else "not UTF-8 text"
+        raise LaunchError(f"--hosts {path}: cannot read the file ({reason}). Pass a text file with one host "
+                          f"per line (HOST or HOST cpus=N).") from None
+    hosts = []
+    for number, line in enumerate(text.splitlines(), 1):
+        words = line.split("#", 1)[0].split()
+        if not words:
+            continue
+        cpus = words[1].removeprefix("cpus=") if len(words) == 2 else ""
+        if len(words) > 2 or (len(words) == 2 and not (words[1].startswith("cpus=") and cpus.isdigit()
+                                                       and int(cpus) > 0)):
+            raise LaunchError(f"--hosts {path}, line {number}: '{line.strip()}' is not HOST or HOST cpus=N "
+                              f"(N a positive number of cores). Fix that line.")
+        hosts.append(Host(words[0], int(cpus) if cpus else None))
+    if not hosts:
+        raise LaunchError(f"--hosts {path}: the file lists no host. Write one host per line (HOST or "
+                          f"HOST cpus=N; # starts a comment).")
+    return hosts
+
+
+def plan(args: Sequence[str], workers: int, servers: int = 1, hosts: Sequence[Host] = (),
+         root_uri: str = "127.0.0.1", port: int = 9091, cpus: int = 1, python: str = sys.executable,
+         cwd: str = ".", ssh: Sequence[str] = SSH) -> list[Process]:
+    """The scheduler (here), then servers and workers round-robin over ``hosts`` (here when none).
+
+    Workers split their host's cores (``cpus`` here, a host's own ``cpus=`` elsewhere): MXNet
+    sizes its thread pool from OMP_NUM_THREADS at import, so it must be in the environment before
+    Python starts. Servers and the scheduler only move gradients and get one thread.
+    """
+    places: list[Host | None] = [None if h.local else h for h in hosts] or [None]
+    common = {"DMLC_PS_ROOT_URI": root_uri, "DMLC_PS_ROOT_PORT": str(port),
+              "DMLC_NUM_WORKER": str(workers), "DMLC_NUM_SERVER": str(servers)}
+    machine = [None if place is None else place.address for place in places]
+    on_host = [sum(1 for i in range(workers) if machine[i % len(places)] == m) for m in machine]
+
+    def process(role: str, index: int, slot: int, command: list[str], threads: int) -> Process:
+        host = places[slot] if role != "scheduler" else None
+        env = {**common, "DMLC_ROLE": role, "DMLC_NODE_HOST": host.address if host else root_uri,
+               **({"GLUONTL_LAUNCH_INDEX": str(index)} if role == "worker" else {}),
+               "OMP_NUM_THREADS": str(threads)}
+        if host is None:
+            return Process(role, index, None, (python, *command), env)
+        remote = (f"cd {shlex.quote(cwd)} && echo \"gluontl launch: pid $$\" && exec env -u PORT "
+                  + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + " "
+                  + shlex.join([python, *command]))
+        return Process(role, index, host, (*ssh, host.name, remote), env)
+
+    server = ["-c", "import mxnet"]  # with DMLC_ROLE set, importing mxnet runs that role until the job ends
+    out = [process("scheduler", 0, 0, server, 1)]
+    out += [process("server", i, i % len(places), server, 1) for i in range(servers)]
+    for i in range(workers):
+        slot = i % len(places)
+        place = places[slot]
+        host_cpus = place.cpus if place is not None and place.cpus else cpus
+        out.append(process("worker", i, slot, ["-m", "gluontl", *args], max(1, host_cpus // on_host[slot])))
+    return out
+
+
+def free_port(address: str) -> int:
+    """A TCP port nothing listens on at ``address`` now (ps-lite binds the scheduler's on every interface)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((address, 0))
+        return s.getsockname()[1]
+
+
+def address_towards(hosts: Sequence[Host]) -> str:
+    """This machine's address on the route to the first remote host (no packet is sent): the
+    address the hosts reach the scheduler at. Loopback when every host is this machine."""
+    remote = [h for h in hosts if not h.local]
+    if not remote:
+        return "127.0.0.1"
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((remote[0].address, 9))
+            return s.getsockname()[0]
+    except OSError as e:
+        raise LaunchError(f"Cannot find this machine's address towards host '{remote[0].name}' ({e.strerror or e}). "
+                          f"Check the name in --hosts, or pass --root-uri ADDRESS (an address of this machine "
+                          f"the hosts can reach).") from None
+
+
+class _Child:
+    """A started process: its output is copied line by line with a prefix, and a worker's rank
+    (assigned by the scheduler, printed by the worker) and a remote command's PID are noted."""
+
+    def __init__(self, spec: Process, events: queue.SimpleQueue, out: IO[str], lock: threading.Lock) -> None:
+        self.spec, self.events = spec, events
+        self.rank: int | None = None
+        self.remote_pid: int | None = None
+        env = {k: v for k, v in os.environ.items() if k != "PORT"}  # ps-lite would bind it in every process
+        try:
+            self.popen = subprocess.Popen(spec.argv, env={**env, **spec.env} if spec.host is None else env,
+                                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                          stderr=subprocess.STDOUT, start_new_session=True, text=True,
+                                          errors="replace", bufsize=1)
+        except OSError as e:
+            raise LaunchError(f"Cannot start {spec.name}: {spec.argv[0]}: {e.strerror}. "
+                              + ("Check --ssh (or that ssh is installed)." if spec.host else
+                                 "Check the Python installation.")) from None
+        self._reader = threading.Thread(target=self._copy, args=(out, lock), daemon=True)
+        self._reader.start()
+        threading.Thread(target=self._wait, daemon=True).start()
+
+    def _wait(self) -> None:
+        self.popen.wait()
+        self.events.put(self)
+
+    def _copy(self, out: IO[str], lock: threading.Lock) -> None:
+        assert self.popen.stdout is not None
+        prefix = f"[{self.spec.name}] "
+        for line in self.popen.stdout:
+            line = line.rstrip("\n")
+            pid = PID_LINE.match(line) if self.spec.host is not None and self.remote_pid is None else None
+            if pid:
+                self.remote_pid = int(pid.group(1))
+                continue
+            rank = RANK_LINE.search(line)
+            if rank:
+                self.rank = int(rank.group(1))
+            with lock:
+                out.write(prefix + line + "\n")
+                out.flush()
+
+    @property
+    def running(self) -> bool:
+        return self.popen.returncode is None
+
+    def signal(self, sig: signal.Signals, group: bool = True) -> None:
+        """``sig`` to the process, or to its process group: here by PID, on a remote host through ssh."""
+        if self.spec.host is not None and self.remote_pid is not None and self.running:
+            target = f"-{self.remote_pid}" if group else str(self.remote_pid)
+            try:  # POSIX sh's kill (dash has no `--`)
+                subprocess.run([*self.spec.argv[:-1], f"kill -{sig.name[3:]} {target}"], stdin=subprocess.DEVNULL,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=STOP_GRACE)
+            except subprocess.TimeoutExpired:
+                pass  # the host does not answer: its processes are beyond reach from here
+            if not group:
+                return
+        try:
+            if group:
+                os.killpg(self.popen.pid, sig)  # also after the leader is gone: its subprocesses may live on
+            elif self.running:
+                os.kill(self.popen.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def describe(self) -> str:
+        parts = [f"rank {self.rank}"] if self.rank is not None else []
+        parts += [f"host {self.spec.host.name}"] if self.spec.host is not None else []
+        parts.append(f"pid {self.remote_pid or self.popen.pid}")
+        code = self.popen.returncode
+        how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+        return f"{self.spec.name} ({', '.join(parts)}) {how}"
+
+    def drain(self, timeout: float) -> None:
+        self._reader.join(timeout)
+
+
+def launch(args: Sequence[str], workers: int, servers: int = 1, hosts_file: Optional[Path] = None,
+           port: Optional[int] = None, root_uri: Optional[str] = None, ssh: Optional[str] = None,
+           out: IO[str] = sys.stdout) -> int:
+    """Run the job; 0 when every worker exited 0. A failure or a stop raises ``LaunchError``."""
+    _check(args, workers, servers)
+    hosts = read_hosts(hosts_file) if hosts_file is not None else []
+    uri = root_uri or address_towards(hosts)
+    procs = plan(args, workers, servers, hosts, uri, port or free_port(uri), physical_cores(),
+                 cwd=os.getcwd(), ssh=shlex.split(ssh) if ssh else SSH)
+    return _Job(procs, out).run()
+
+
+def _check(args: Sequence[str], workers: int, servers: int) -> None:
+    from typer.main import get_command
+
+    from ..cli import app
+
+    if workers < 1 or servers < 1:
+        raise LaunchError(f"launch needs at least one worker and one server (got -n {workers}, --servers "
+                          f"{servers}). Example: gluontl launch -n 2 -- finetune --recipe R.")
+    if not args:
+        raise LaunchError("launch needs the gluontl command each worker runs after `--`, e.g. "
+                          "gluontl launch -n 2 -- finetune --recipe R.")
+    commands = sorted(set(get_command(app).commands) - {"launch"})  # type: ignore[attr-defined]
+    if args[0] not in commands:
+        raise LaunchError(f"launch runs a gluontl command on every worker, and '{args[0]}' is not one "
+                          f"({', '.join(commands)}). Write it without `gluontl`, e.g. -- finetune --recipe R.")
+
+
+class _Job:
+    """Starts the processes and watches them until the workers are done, one fails, or a signal comes."""
+
+    def __init__(self, procs: Sequence[Process], out: IO[str]) -> None:
+        self.procs, self.out = procs, out
+        self.events: queue.SimpleQueue = queue.SimpleQueue()  # an exited _Child, or a signal number
+        self.children: list[_Child] = []
+        self.lock = threading.Lock()
+        self.stopped = False
+
+    def run(self) -> int:
+        """SimpleQueue.put is safe in a signal handler, so the handler only posts the signal."""
+        old = {s: signal.signal(s, lambda signum, _: self.events.put(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            for p in self.procs:
+                self.children.append(_Child(p, self.events, self.out, self.lock))
+            self._watch()
+            return 0
+        finally:
+            self._stop_all()  # also when a start or the watch failed, so none is left running
+            for s, handler in old.items():
+                signal.signal(s, handler)
+
+    def _watch(self) -> None:
+        """Returns when every worker exited 0 and the scheduler and servers exited or had their grace."""
+        workers = {c for c in self.children if c.spec.role == "worker"}
+        pending, deadline = set(self.children), None
+        while pending:
+            try:
+                event = self.events.get(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                return
+            if isinstance(event, int):
+                self._interrupted(event, workers)
+            pending.discard(event)
+            if event in workers and event.popen.returncode == 0:
+                workers.discard(event)
+                deadline = None if workers else time.monotonic() + FINISH_GRACE
+            elif event in workers or workers:  # a worker failed, or the scheduler or a server left its workers
+                self._fail(event)
+
+    def _fail(self, child: _Child) -> None:
+        others = self._stop_all()
+        code = child.popen.returncode
+        if code == 2:
+            advice = "It refused its input (its message is above); fix that and launch again."
+        else:
+            log = f" and in logs/worker-{child.rank}.log of the run folder" if child.rank is not None else ""
+            advice = (f"Its output is above (lines starting [{child.spec.name}]){log}; fix the cause and launch "
+                      f"again (-- finetune --resume runs/NAME continues from the last checkpoint).")
+        raise LaunchError(f"{child.describe()}; stopped the {others} other process{'es' if others != 1 else ''} "
+                          f"of the job. {advice}", exit_code=2 if code == 2 else 1)
+
+    def _interrupted(self, signum: int, workers: set[_Child]) -> None:
+        for c in workers:
+            c.signal(signal.SIGTERM, group=False)  # finetune checkpoints at its next step and exits
+        self._wait_for(workers, INTERRUPT_GRACE, until_signal=True)  # a second Ctrl-C stops at once
+        self._stop_all()
+        raise LaunchError(f"stopped by {signal.Signals(signum).name}: the workers were asked to checkpoint and "
+                          f"stop (their lines are above); continue with gluontl launch ... -- finetune --resume "
+                          f"runs/NAME.", exit_code=128 + signum)
+
+    def _wait_for(self, children: Sequence[_Child] | set[_Child], seconds: float, until_signal: bool) -> None:
+        deadline = time.monotonic() + seconds
+        while any(c.running for c in children):
+            try:
+                event = self.events.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                return
+            if until_signal and isinstance(event, int):
+                return
+
+    def _stop_all(self) -> int:
+        """SIGTERM to every process group, SIGKILL after the grace, all reaped and their output
+        printed. Returns how many were still running."""
+        if self.stopped:
+            return 0
+        self.stopped = True
+        running = [c for c in self.children if c.running]
+        for c in self.children:
+            c.signal(signal.SIGTERM)  # finished ones too: their subprocesses may be left
+        self._wait_for(running, STOP_GRACE, until_signal=False)
+        for c in self.children:
+            c.signal(signal.SIGKILL)
+            c.popen.wait()
+        for c in self.children:
+            c.drain(STOP_GRACE)  # their last lines come before the launcher's own message
+        return len(running)
