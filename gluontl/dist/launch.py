@@ -27,7 +27,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Optional, Sequence
+from typing import IO, Mapping, Optional, Sequence
 
 from ..errors import LaunchError
 from ..threads import physical_cores
@@ -72,6 +72,12 @@ class Process:
     @property
     def name(self) -> str:
         return self.role if self.role == "scheduler" else f"{self.role} {self.index}"
+
+    def environ(self, base: Mapping[str, str]) -> dict[str, str]:
+        """The environment to start ``argv`` in: ``base`` without ``PORT``, which ps-lite would
+        bind in every process (collisions, "bind failed")."""
+        out = {k: v for k, v in base.items() if k != "PORT"}
+        return out if self.host is not None else {**out, **self.env}
 
 
 def read_hosts(path: Path) -> list[Host]:
@@ -168,9 +174,8 @@ class _Child:
         self.spec, self.events = spec, events
         self.rank: int | None = None
         self.remote_pid: int | None = None
-        env = {k: v for k, v in os.environ.items() if k != "PORT"}  # ps-lite would bind it in every process
         try:
-            self.popen = subprocess.Popen(spec.argv, env={**env, **spec.env} if spec.host is None else env,
+            self.popen = subprocess.Popen(spec.argv, env=spec.environ(os.environ),
                                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                           stderr=subprocess.STDOUT, start_new_session=True, text=True,
                                           errors="replace", bufsize=1)
@@ -207,23 +212,29 @@ class _Child:
         return self.popen.returncode is None
 
     def signal(self, sig: signal.Signals, group: bool = True) -> None:
-        """``sig`` to the process, or to its process group: here by PID, on a remote host through ssh."""
-        if self.spec.host is not None and self.remote_pid is not None and self.running:
+        """``sig`` to the process, or to its process group: here by PID, on a remote host by
+        ``ssh HOST kill`` (the remote command's session is not the local ssh's)."""
+        if self.spec.host is None:
+            try:
+                if group:
+                    os.killpg(self.popen.pid, sig)  # also after the leader is gone: its subprocesses may live on
+                elif self.running:
+                    os.kill(self.popen.pid, sig)
+            except ProcessLookupError:
+                pass
+            return
+        if self.running and self.remote_pid is not None:
             target = f"-{self.remote_pid}" if group else str(self.remote_pid)
-            try:  # POSIX sh's kill (dash has no `--`)
+            try:  # POSIX sh's kill: dash has no `--`
                 subprocess.run([*self.spec.argv[:-1], f"kill -{sig.name[3:]} {target}"], stdin=subprocess.DEVNULL,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=STOP_GRACE)
             except subprocess.TimeoutExpired:
                 pass  # the host does not answer: its processes are beyond reach from here
-            if not group:
-                return
-        try:
-            if group:
-                os.killpg(self.popen.pid, sig)  # also after the leader is gone: its subprocesses may live on
-            elif self.running:
-                os.kill(self.popen.pid, sig)
-        except ProcessLookupError:
-            pass
+        if sig == signal.SIGKILL or (group and self.remote_pid is None):  # the local ssh itself
+            try:
+                os.killpg(self.popen.pid, sig)
+            except ProcessLookupError:
+                pass
 
     def describe(self) -> str:
         parts = [f"rank {self.rank}"] if self.rank is not None else []

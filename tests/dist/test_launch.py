@@ -1,0 +1,313 @@
+"""gluontl launch: the process plan, bad input, and real jobs that succeed, fail or lose a worker,
+after which no process the launcher started may survive."""
+import os
+import queue
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import helpers
+import pytest
+import yaml
+
+from gluontl.dist.launch import Host, plan, read_hosts
+from gluontl.errors import LaunchError
+
+ARGS = ["finetune", "--recipe", "r.yaml"]
+
+
+def by_name(procs):
+    return {p.name: p for p in procs}
+
+
+# ----------------------------------------------------------------- the plan (pure)
+
+def test_plan_on_this_machine_splits_the_cores_over_the_workers():
+    procs = by_name(plan(ARGS, workers=3, servers=2, root_uri="127.0.0.1", port=4242, cpus=7, python="PY"))
+    assert list(procs) == ["scheduler", "server 0", "server 1", "worker 0", "worker 1", "worker 2"]
+    for p in procs.values():
+        assert p.host is None
+        assert {k: p.env[k] for k in ("DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT", "DMLC_NUM_WORKER", "DMLC_NUM_SERVER",
+                                      "DMLC_NODE_HOST")} == {
+            "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": "4242", "DMLC_NUM_WORKER": "3",
+            "DMLC_NUM_SERVER": "2", "DMLC_NODE_HOST": "127.0.0.1"}
+        assert p.env["DMLC_ROLE"] == p.role
+        assert "PORT" not in p.env
+    for name in ("scheduler", "server 0", "server 1"):
+        assert procs[name].argv == ("PY", "-c", "import mxnet")
+        assert procs[name].env["OMP_NUM_THREADS"] == "1" and "GLUONTL_LAUNCH_INDEX" not in procs[name].env
+    for i in range(3):
+        w = procs[f"worker {i}"]
+        assert w.argv == ("PY", "-m", "gluontl", *ARGS)
+        assert w.env["GLUONTL_LAUNCH_INDEX"] == str(i) and w.env["OMP_NUM_THREADS"] == "2"  # 7 // 3
+    many = plan(ARGS, workers=5, cpus=2)
+    assert {p.env["OMP_NUM_THREADS"] for p in many if p.role == "worker"} == {"1"}  # never 0
+
+
+def test_environ_drops_port_and_adds_the_plan_only_for_local_processes():
+    local, = [p for p in plan(ARGS, workers=1) if p.name == "worker 0"]
+    env = local.environ({"PORT": "9000", "PATH": "/bin", "OMP_NUM_THREADS": "8"})
+    assert "PORT" not in env and env["PATH"] == "/bin"
+    assert env["OMP_NUM_THREADS"] == local.env["OMP_NUM_THREADS"] and env["DMLC_ROLE"] == "worker"
+    remote, = [p for p in plan(ARGS, workers=1, hosts=[Host("far")]) if p.name == "worker 0"]
+    assert remote.environ({"PORT": "9000", "PATH": "/bin"}) == {"PATH": "/bin"}  # its variables travel in argv
+
+
+def test_plan_over_hosts_round_robin_with_ssh():
+    hosts = [Host("me@a.example"), Host("b.example", cpus=16), Host("localhost")]
+    procs = by_name(plan(ARGS, workers=4, servers=2, hosts=hosts, root_uri="10.0.0.1", port=5000, cpus=6,
+                         python="/opt/py", cwd="/data/my runs", ssh=("ssh", "-o", "BatchMode=yes")))
+    where = {n: p.host.name if p.host else None for n, p in procs.items()}
+    assert where == {"scheduler": None, "server 0": "me@a.example", "server 1": "b.example",
+                     "worker 0": "me@a.example", "worker 1": "b.example", "worker 2": None, "worker 3": "me@a.example"}
+    threads = {n: p.env["OMP_NUM_THREADS"] for n, p in procs.items() if p.role == "worker"}
+    assert threads == {"worker 0": "3", "worker 1": "16", "worker 2": "6", "worker 3": "3"}  # a: 2 workers of 6 cores
+    node = {n: p.env["DMLC_NODE_HOST"] for n, p in procs.items()}
+    assert node == {"scheduler": "10.0.0.1", "server 0": "a.example", "server 1": "b.example",
+                    "worker 0": "a.example", "worker 1": "b.example", "worker 2": "10.0.0.1", "worker 3": "a.example"}
+    w = procs["worker 3"]
+    assert w.argv[:4] == ("ssh", "-o", "BatchMode=yes", "me@a.example")
+    words = shlex.split(w.argv[4])
+    assert words[:3] == ["cd", "/data/my runs", "&&"]  # quoted: the path has a space
+    run = words[words.index("exec"):]
+    assert run[:4] == ["exec", "env", "-u", "PORT"]
+    assert dict(a.split("=", 1) for a in run[4:-6]) == w.env
+    assert run[-6:] == ["/opt/py", "-m", "gluontl", *ARGS]
+    assert procs["worker 2"].argv == ("/opt/py", "-m", "gluontl", *ARGS)  # localhost: no ssh
+    twice = plan(ARGS, workers=2, hosts=[Host("a"), Host("a")], cpus=4)
+    assert [p.env["OMP_NUM_THREADS"] for p in twice if p.role == "worker"] == ["2", "2"]  # one machine, 2 workers
+
+
+def test_hosts_file(tmp_path):
+    f = tmp_path / "hosts"
+    f.write_text("# the cluster\n\nnode1\n  node2 cpus=8   # the big one\nme@node3\n")
+    assert read_hosts(f) == [Host("node1"), Host("node2", 8), Host("me@node3")]
+    f.write_text("# nobody\n\n")
+    with pytest.raises(LaunchError, match="lists no host"):
+        read_hosts(f)
+    f.write_text("node1\nnode2 slots=2\n")
+    with pytest.raises(LaunchError, match=r"hosts, line 2: 'node2 slots=2' is not HOST or HOST cpus=N"):
+        read_hosts(f)
+    f.write_text("node1 cpus=0\n")
+    with pytest.raises(LaunchError, match="line 1"):
+        read_hosts(f)
+    with pytest.raises(LaunchError, match=r"missing: cannot read the file \(No such file"):
+        read_hosts(tmp_path / "missing")
+
+
+# ----------------------------------------------------------------- bad input: exit 2, one paragraph
+
+@pytest.mark.parametrize("args, says", [
+    (["-n", "0", "--", "finetune"], "at least one worker"),
+    (["-n", "2", "--servers", "0", "--", "finetune"], "at least one worker and one server"),
+    (["-n", "2"], "after `--`"),
+    (["-n", "2", "--"], "after `--`"),
+    (["-n", "2", "--", "python", "train.py"], "'python' is not one"),
+    (["-n", "2", "--", "launch", "-n", "2"], "'launch' is not one"),
+    (["-n", "2", "--hosts", "no-such-file", "--", "finetune"], "--hosts no-such-file: cannot read"),
+])
+def test_bad_input(capsys, args, says):
+    code, out, err = helpers.run_cli(capsys, "launch", *args)
+    assert code == 2 and out == ""
+    assert err.startswith("error: ") and says in " ".join(err.split()) and "Traceback" not in err
+    assert "\n\n" not in err.strip()
+
+
+def test_bad_hosts_line_names_file_and_line(capsys, tmp_path):
+    (tmp_path / "hosts").write_text("a\nb c d\n")
+    code, _, err = helpers.run_cli(capsys, "launch", "-n", "1", "--hosts", str(tmp_path / "hosts"), "--", "plan")
+    assert code == 2 and f"{tmp_path / 'hosts'}, line 2: 'b c d'" in " ".join(err.split())
+
+
+# ----------------------------------------------------------------- real jobs
+
+@pytest.fixture(scope="module")
+def job_dir(tmp_path_factory):
+    """A folder with r.yaml: the tiny symbol net on 16×16 digits, long enough to be killed mid-run."""
+    folder = tmp_path_factory.mktemp("job")
+    prefix = helpers.tiny_symbol(folder)
+    recipe = {"name": "t", "model": {"source": f"symbol:{prefix}", "input_shape": [3, 16, 16]},
+              "data": helpers.DIGITS_5_9, "train": {"epochs": 200, "lr": 0.05}}
+    (folder / "r.yaml").write_text(yaml.safe_dump(recipe))
+    return folder
+
+
+def _stat(pid):
+    """(state, parent pid, start time) of a live process, None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rpartition(")")[2].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return fields[0], int(fields[1]), fields[19]
+
+
+def descendants(root):
+    """Every process below ``root`` now, as pid -> start time (a pid may be reused later)."""
+    parent = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit() and (s := _stat(int(name))) is not None:
+            parent[int(name)] = s[1]
+    found, todo = {}, [root]
+    while todo:
+        p = todo.pop()
+        for child, up in parent.items():
+            if up == p and child not in found and (s := _stat(child)) is not None:
+                found[child] = s[2]
+                todo.append(child)
+    return found
+
+
+def survivors(procs):
+    return [p for p, start in procs.items() if (s := _stat(p)) is not None and s[0] != "Z" and s[2] == start]
+
+
+class Launch:
+    """``gluontl launch ARGS`` in a subprocess; its stdout lines come through a queue, so a test
+    waits for a line with a timeout instead of sleeping."""
+
+    def __init__(self, cwd, *args, env=None):
+        self.popen = subprocess.Popen([sys.executable, "-m", "gluontl", "launch", *args], cwd=cwd,
+                                      env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                      start_new_session=True)
+        self.lines, self.out, self.err = queue.Queue(), [], []
+        threading.Thread(target=self._read, args=(self.popen.stdout, self.lines), daemon=True).start()
+        self._err = threading.Thread(target=lambda: self.err.extend(self.popen.stderr), daemon=True)
+        self._err.start()
+        self.started = {}
+
+    @staticmethod
+    def _read(stream, q):
+        for line in stream:
+            q.put(line)
+        q.put(None)
+
+    def wait_for(self, pattern, timeout=90.0):
+        deadline = time.monotonic() + timeout
+        while True:
+            line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            assert line is not None, f"launch ended before {pattern!r}:\n{''.join(self.out + self.err)}"
+            self.out.append(line)
+            if re.search(pattern, line):
+                return line
+
+    def finish(self, timeout):
+        """Exit code, stdout, stderr once the launcher exits within ``timeout`` seconds."""
+        code = self.popen.wait(timeout)
+        while (line := self.lines.get(timeout=timeout)) is not None:
+            self.out.append(line)
+        self._err.join(timeout)
+        return code, "".join(self.out), "".join(self.err)
+
+    def cleanup(self):
+        """Whatever a failed test left: the launcher and every process it started."""
+        for pid in [*survivors(self.started), self.popen.pid]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.popen.wait()
+
+
+@pytest.fixture
+def launched():
+    runs = []
+
+    def start(*args, **kw):
+        runs.append(Launch(*args, **kw))
+        return runs[-1]
+
+    yield start
+    for r in runs:
+        r.cleanup()
+
+
+def environ(pid):
+    with open(f"/proc/{pid}/environ", "rb") as fh:
+        return dict(v.decode().partition("=")[::2] for v in fh.read().split(b"\0") if v)
+
+
+def test_a_killed_worker_stops_the_whole_job(job_dir, launched):
+    job = launched(job_dir, "-n", "2", "--", "finetune", "-r", "r.yaml", "--runs", "runs", "-q")
+    job.wait_for(r"^\[worker \d\] epoch 1/")
+    job.started = descendants(job.popen.pid)
+    workers = {environ(p).get("GLUONTL_LAUNCH_INDEX"): p for p in job.started
+               if _stat(p)[1] == job.popen.pid and environ(p).get("DMLC_ROLE") == "worker"}
+    assert set(workers) == {"0", "1"} and len(job.started) >= 4  # scheduler, server, 2 workers
+    roles = sorted(environ(p)["DMLC_ROLE"] for p in job.started if _stat(p)[1] == job.popen.pid)
+    assert roles == ["scheduler", "server", "worker", "worker"]
+    os.kill(workers["1"], signal.SIGKILL)
+    killed = time.monotonic()
+    code, out, err = job.finish(timeout=30)
+    assert time.monotonic() - killed < 30
+    assert code == 1, err
+    msg = " ".join(err.split())
+    assert re.search(rf"^error: worker 1 \((rank \d, )?pid {workers['1']}\) was killed by SIGKILL; stopped the 3 "
+                     rf"other processes of the job\. .*\[worker 1\]", msg), msg
+    assert "Traceback" not in err and msg.count("error:") == 1
+    assert survivors(job.started) == []
+
+
+def test_a_worker_refusing_its_recipe_exits_2(job_dir, launched):
+    job = launched(job_dir, "-n", "2", "--", "finetune", "-r", "r.yaml", "--set", "train.epochs=0")
+    code, out, err = job.finish(timeout=60)
+    assert code == 2, err
+    assert re.search(r"^\[worker [01]\] error: .*train\.epochs", out, re.M), out
+    msg = " ".join(err.split())
+    assert re.match(r"error: worker [01] \(pid \d+\) exited with code 2; .*refused its input", msg), msg
+    assert "Traceback" not in out + err
+
+
+def test_workers_that_finish_end_the_job_with_0(job_dir, launched):
+    job = launched(job_dir, "-n", "2", "--", "finetune", "-r", "r.yaml", "--set", "train.epochs=1",
+                   "--runs", "ok", "-q")
+    job.wait_for(r"^\[worker \d\] epoch 1/1")
+    job.started = descendants(job.popen.pid)
+    code, out, err = job.finish(timeout=60)
+    assert code == 0, out + err
+    assert err == ""
+    assert {m for m in re.findall(r"^\[worker (\d)\] done:", out, re.M)} == {"0", "1"}
+    assert len(list((job_dir / "ok").iterdir())) == 2  # without train.distributed each worker trains alone
+    assert survivors(job.started) == []
+
+
+FAKE_SSH = """#!/bin/sh
+# ssh stand-in: logs the host and command, drops the options, and runs the command in a new
+# session as sshd does (so stopping the local ssh process does not stop it)
+while [ $# -gt 0 ]; do case "$1" in -o) shift 2 ;; -*) shift ;; *) break ;; esac; done
+host=$1; shift
+printf '%s %s\\n' "$host" "$*" >> "$FAKE_SSH_LOG"
+exec setsid -w sh -c "$*"
+"""
+
+
+def test_hosts_over_ssh(job_dir, launched, tmp_path):
+    ssh = tmp_path / "ssh"
+    ssh.write_text(FAKE_SSH)
+    ssh.chmod(0o755)
+    log = tmp_path / "ssh.log"
+    (tmp_path / "hosts").write_text("# two machines\n127.0.0.2\n\n127.0.0.3 cpus=1\n")
+    job = launched(job_dir, "-n", "2", "--servers", "2", "--hosts", str(tmp_path / "hosts"), "--ssh",
+                   f"{ssh} -o BatchMode=yes", "--", "plan", "-r", "r.yaml", env={"FAKE_SSH_LOG": str(log)})
+    job.wait_for(r"^\[worker \d\] ")
+    job.started = descendants(job.popen.pid)
+    code, out, err = job.finish(timeout=60)
+    assert code == 0, out + err
+    assert re.search(r"^\[worker 0\] .*conv", out, re.M) and re.search(r"^\[worker 1\] .*conv", out, re.M)
+    assert "gluontl launch: pid" not in out  # the remote PID line is the launcher's, not shown
+    starts = [l.split(" ", 1) for l in log.read_text().splitlines() if "DMLC_ROLE" in l]
+    where = sorted((host, re.search(r"DMLC_ROLE=(\w+)", cmd).group(1)) for host, cmd in starts)
+    assert where == [("127.0.0.2", "server"), ("127.0.0.2", "worker"), ("127.0.0.3", "server"),
+                     ("127.0.0.3", "worker")]
+    for host, cmd in starts:
+        assert f"DMLC_NODE_HOST={host}" in cmd and "DMLC_PS_ROOT_URI=127.0.0.1" in cmd  # the route to 127.0.0.2
+    # the servers outlive workers that never connect: stopped on their hosts, by PID, through ssh
+    kills = re.findall(r"^(\S+) kill -TERM -(\d+)$", log.read_text(), re.M)
+    assert sorted(h for h, _ in kills) == ["127.0.0.2", "127.0.0.3"]
+    assert all(int(pid) in job.started for _, pid in kills)
+    assert survivors(job.started) == []
