@@ -369,7 +369,8 @@ def launch(ctx: typer.Context,
            root_uri: Optional[str] = typer.Option(None, "--root-uri", help="address of this machine the hosts "
                                                   "reach the scheduler at (default: the one on the route to "
                                                   "the first host)"),
-           ssh: Optional[str] = typer.Option(None, "--ssh", help="ssh command (default: ssh -o BatchMode=yes)")) -> None:
+           ssh: Optional[str] = typer.Option(None, "--ssh",
+                                             help="ssh command (default: ssh -o BatchMode=yes)")) -> None:
     """Run a gluontl command on N workers with MXNet's parameter server: gluontl launch -n 2 -- finetune -r R.
 
     Starts the scheduler, servers and workers, prints their output prefixed, and on the first failure

@@ -39,6 +39,7 @@ LOCAL_HOSTS = ("localhost", "127.0.0.1")  # hosts file entries run on this machi
 SSH = ("ssh", "-o", "BatchMode=yes")
 RANK_LINE = re.compile(r"gluontl worker: rank (\d+) of (\d+)")
 PID_LINE = re.compile(r"^gluontl launch: pid (\d+)$")
+HOST_LINE = re.compile(r"(\S+)(?:\s+cpus=([1-9]\d*))?")
 
 
 @dataclass(frozen=True)
@@ -90,15 +91,14 @@ def read_hosts(path: Path) -> list[Host]:
                           f"per line (HOST or HOST cpus=N).") from None
     hosts = []
     for number, line in enumerate(text.splitlines(), 1):
-        words = line.split("#", 1)[0].split()
-        if not words:
+        entry = line.split("#", 1)[0].strip()
+        if not entry:
             continue
-        cpus = words[1].removeprefix("cpus=") if len(words) == 2 else ""
-        if len(words) > 2 or (len(words) == 2 and not (words[1].startswith("cpus=") and cpus.isdigit()
-                                                       and int(cpus) > 0)):
-            raise LaunchError(f"--hosts {path}, line {number}: '{line.strip()}' is not HOST or HOST cpus=N "
+        match = HOST_LINE.fullmatch(entry)
+        if match is None:
+            raise LaunchError(f"--hosts {path}, line {number}: '{entry}' is not HOST or HOST cpus=N "
                               f"(N a positive number of cores). Fix that line.")
-        hosts.append(Host(words[0], int(cpus) if cpus else None))
+        hosts.append(Host(match[1], int(match[2]) if match[2] else None))
     if not hosts:
         raise LaunchError(f"--hosts {path}: the file lists no host. Write one host per line (HOST or "
                           f"HOST cpus=N; # starts a comment).")
@@ -120,8 +120,8 @@ def plan(args: Sequence[str], workers: int, servers: int = 1, hosts: Sequence[Ho
     machine = [None if place is None else place.address for place in places]
     on_host = [sum(1 for i in range(workers) if machine[i % len(places)] == m) for m in machine]
 
-    def process(role: str, index: int, slot: int, command: list[str], threads: int) -> Process:
-        host = places[slot] if role != "scheduler" else None
+    def process(role: str, index: int, slot: int | None, command: list[str], threads: int) -> Process:
+        host = places[slot] if slot is not None else None
         env = {**common, "DMLC_ROLE": role, "DMLC_NODE_HOST": host.address if host else root_uri,
                **({"GLUONTL_LAUNCH_INDEX": str(index)} if role == "worker" else {}),
                "OMP_NUM_THREADS": str(threads)}
@@ -133,7 +133,7 @@ def plan(args: Sequence[str], workers: int, servers: int = 1, hosts: Sequence[Ho
         return Process(role, index, host, (*ssh, host.name, remote), env)
 
     server = ["-c", "import mxnet"]  # with DMLC_ROLE set, importing mxnet runs that role until the job ends
-    out = [process("scheduler", 0, 0, server, 1)]
+    out = [process("scheduler", 0, None, server, 1)]
     out += [process("server", i, i % len(places), server, 1) for i in range(servers)]
     for i in range(workers):
         slot = i % len(places)
@@ -242,6 +242,8 @@ class _Child:
         parts.append(f"pid {self.remote_pid or self.popen.pid}")
         code = self.popen.returncode
         how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+        if code == 255 and self.spec.host is not None:
+            how += " (ssh's code when it cannot connect or the command died by a signal there)"
         return f"{self.spec.name} ({', '.join(parts)}) {how}"
 
     def drain(self, timeout: float) -> None:

@@ -13,6 +13,7 @@ import time
 import helpers
 import pytest
 import yaml
+from test_cli_hostile import _assert_one_paragraph
 
 from gluontl.dist.launch import Host, plan, read_hosts
 from gluontl.errors import LaunchError
@@ -112,15 +113,14 @@ def test_hosts_file(tmp_path):
 ])
 def test_bad_input(capsys, args, says):
     code, out, err = helpers.run_cli(capsys, "launch", *args)
-    assert code == 2 and out == ""
-    assert err.startswith("error: ") and says in " ".join(err.split()) and "Traceback" not in err
-    assert "\n\n" not in err.strip()
+    assert out == ""
+    _assert_one_paragraph(code, out, err, [says])
 
 
 def test_bad_hosts_line_names_file_and_line(capsys, tmp_path):
     (tmp_path / "hosts").write_text("a\nb c d\n")
-    code, _, err = helpers.run_cli(capsys, "launch", "-n", "1", "--hosts", str(tmp_path / "hosts"), "--", "plan")
-    assert code == 2 and f"{tmp_path / 'hosts'}, line 2: 'b c d'" in " ".join(err.split())
+    code, out, err = helpers.run_cli(capsys, "launch", "-n", "1", "--hosts", str(tmp_path / "hosts"), "--", "plan")
+    _assert_one_paragraph(code, out, err, [f"{tmp_path / 'hosts'}, line 2: 'b c d'"])
 
 
 # ----------------------------------------------------------------- real jobs
@@ -310,4 +310,19 @@ def test_hosts_over_ssh(job_dir, launched, tmp_path):
     kills = re.findall(r"^(\S+) kill -TERM -(\d+)$", log.read_text(), re.M)
     assert sorted(h for h, _ in kills) == ["127.0.0.2", "127.0.0.3"]
     assert all(int(pid) in job.started for _, pid in kills)
+    assert survivors(job.started) == []
+
+
+def test_a_stopped_launcher_lets_the_workers_checkpoint(job_dir, launched):
+    job = launched(job_dir, "-n", "2", "--", "finetune", "-r", "r.yaml", "--runs", "stop", "-q")
+    job.wait_for(r"^\[worker \d\] epoch 1/")
+    job.started = descendants(job.popen.pid)
+    job.popen.send_signal(signal.SIGTERM)
+    code, out, err = job.finish(timeout=60)
+    assert code == 143, err
+    assert " ".join(err.split()).startswith("error: stopped by SIGTERM: the workers were asked to checkpoint")
+    for i in "01":  # each finetune got SIGTERM, checkpointed and said how to resume
+        assert re.search(rf"^\[worker {i}\] interrupted: stopped by SIGTERM; the checkpoint is in", out, re.M), out
+    runs = sorted((job_dir / "stop").iterdir())
+    assert len(runs) == 2 and all((r / "checkpoints" / "last.json").is_file() for r in runs)
     assert survivors(job.started) == []
