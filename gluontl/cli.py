@@ -406,7 +406,9 @@ def main() -> None:
 
 def _naming_sets(msg: str, argv: Sequence[str]) -> str:
     """An error that surfaces after the recipe loaded (a rule matching nothing, a missing file)
-    may come from a --set value: say which ones changed the recipe, as recipe errors do."""
+    may come from a --set value: say which ones changed the recipe, as recipe errors do. Those
+    after ``--`` are the command ``launch`` runs, whose workers name them in their own errors."""
+    argv = argv[: list(argv).index("--")] if "--" in argv else argv
     sets = [v for a, v in zip(argv, argv[1:]) if a == "--set"] + [a[6:] for a in argv if a.startswith("--set=")]
     if not sets or "--set" in msg:
         return msg

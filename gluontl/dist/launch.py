@@ -303,7 +303,10 @@ class _Job:
                 signal.signal(s, handler)
 
     def _watch(self) -> None:
-        """Returns when every worker exited 0 and the scheduler and servers exited or had their grace."""
+        """Returns when every worker exited 0 and the scheduler and servers exited or had their grace.
+
+        The scheduler and servers exit 0 when the workers close the kvstore, which may be before the
+        workers end (rank 0 still exports): only their failure while workers run stops the job."""
         workers = {c for c in self.children if c.spec.role == "worker"}
         pending, deadline = set(self.children), None
         while pending:
@@ -314,11 +317,10 @@ class _Job:
             if isinstance(event, int):
                 self._interrupted(event, workers)
             pending.discard(event)
-            if event in workers and event.popen.returncode == 0:
-                workers.discard(event)
-                deadline = None if workers else time.monotonic() + FINISH_GRACE
-            elif event in workers or workers:  # a worker failed, or the scheduler or a server left its workers
+            if event.popen.returncode != 0 and workers:
                 self._fail(event)
+            workers.discard(event)
+            deadline = None if workers else time.monotonic() + FINISH_GRACE
 
     def _fail(self, child: _Child) -> None:
         others = self._stop_all()
