@@ -117,7 +117,7 @@ def finetune(recipe: Optional[Path] = typer.Option(None, "--recipe", "-r", help=
     from .train.loop import finetune as run
 
     result = run(r, runs_root=runs, resume=resume, quiet=quiet)  # SIGINT/SIGTERM: Interrupted, see main()
-    if r.export.formats:
+    if r.export.formats and result.is_root:  # a distributed run: rank 0 writes the run folder
         from .train.runs import export_run
 
         for path in export_run(result.run_dir, force=resume is not None):

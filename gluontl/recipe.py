@@ -389,6 +389,36 @@ class GuardsSpec(Strict):
     stuck_loss: GuardLevel = "warn"
 
 
+class DistributedSpec(Strict):
+    """Data-parallel training on N workers (``gluontl launch``). ``data.batch_size`` is the
+    per-worker batch: a step covers workers × batch_size images, sharded so every worker takes
+    the same number of steps (uneven shards hang a synchronous job)."""
+
+    backend: Literal["none", "kvstore", "horovod"] = "none"
+    kvstore: Literal["dist_sync", "dist_sync_device"] = Field(
+        default="dist_sync", description="dist_sync_device sums on the GPU (multi-GPU workers)")
+    batch_norm: Literal["frozen", "rank0"] = Field(
+        default="frozen", description="MXNet never synchronizes BatchNorm statistics across workers: frozen "
+        "keeps them fixed (bn: train layers use their running statistics); rank0 lets each worker update its "
+        "own and copies rank 0's to all at every checkpoint and before validation")
+    step_timeout: float = Field(default=300.0, gt=0.0, description="seconds a step (or a collective) may take "
+                                "before the worker exits: a dead peer must not hang the job forever")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refused(cls, data: Any) -> Any:
+        if isinstance(data, Mapping):
+            kv = data.get("kvstore")
+            if isinstance(kv, str) and "async" in kv:
+                raise ValueError(f"kvstore {kv} is refused: asynchronous training makes MXNet update on the "
+                                 f"servers (update_on_kvstore), which drops per-parameter lr_mult/wd_mult, "
+                                 f"ignores the lr schedule and cannot save trainer states; use dist_sync")
+            if "compression" in data or "gradient_compression" in data:
+                raise ValueError("gradient compression is refused: MXNet 1.9.1's Trainer fails with it "
+                                 "('Compression not supported with PushPull'); remove the key")
+        return data
+
+
 class TrainSpec(Strict):
     epochs: int = Field(default=5, gt=0, le=100_000)
     optimizer: Literal["sgd", "nag", "adam", "adamw"] = "sgd"
@@ -412,6 +442,7 @@ class TrainSpec(Strict):
     log_every: int = Field(default=10, gt=0, le=1 << 30)
     max_bad_steps: int = Field(default=10, ge=0, le=1 << 30)
     guards: GuardsSpec = GuardsSpec()
+    distributed: DistributedSpec = DistributedSpec()
     select: Literal["val_top1", "val_balanced_acc", "val_loss", "val_map50", "val_map"] = Field(
         default="val_top1", description="the validation metric that picks the best checkpoint (what export, "
         "evaluate and predict use); val_balanced_acc suits imbalanced classes; detection: val_map50 (VOC "
@@ -494,6 +525,12 @@ class Recipe(Strict):
                                  f"{'detection' if detection_data else 'classification'} data but the recipe's task "
                                  f"is {self.task}; set task: {'detection' if detection_data else 'classification'} "
                                  f"or use a {self.task} source ({', '.join(DETECTION_SOURCES) if self.task == 'detection' else 'demo:digits, demo:elpv, folder:, list:, rec:'})")
+        staged = [i + 1 for i, r in enumerate(self.rules) if r.from_epoch]
+        if self.train.distributed.backend != "none" and staged:
+            raise ValueError(f"rules {', '.join(map(str, staged))} start at a later epoch (from_epoch), which "
+                             f"rebuilds the Trainer mid-run; a distributed Trainer's parameter-server keys cannot "
+                             f"be rebuilt, so gradual unfreezing needs one run per stage with train.distributed "
+                             f"(--init-from the previous run) or backend: none")
         if self.task == "detection" and (self.train.label_smoothing or self.train.cache_features == "on"):
             raise ValueError("train.label_smoothing and train.cache_features: on are for classification; a "
                              "detector uses its family's loss and trains on augmented images end to end")
@@ -519,6 +556,9 @@ class Recipe(Strict):
         """Hash of the sections that decide what a run computes (for resume checks); guards
         only watch a run, so a resume may change them."""
         data = self.model_dump(mode="json", include=set(sections) or None, exclude={"train": {"guards"}})
+        dist = data.get("train", {}).pop("distributed", None)
+        if dist and dist["backend"] != "none":  # absent when not distributed: runs from before it agree
+            data["train"]["distributed"] = {k: v for k, v in dist.items() if k != "step_timeout"}
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 

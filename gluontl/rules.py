@@ -270,6 +270,14 @@ def _notes(rows: list[Row]) -> list[str]:
     return notes
 
 
+def freeze_bn_stats(plan: Plan, decided_by: str) -> Plan:
+    """The plan with every ``bn: train`` layer frozen, ``decided_by`` recorded for it: what a
+    setting outside the rules (train.distributed.batch_norm) decides, shown in the plan."""
+    rows = [dataclasses.replace(r, bn="frozen", decided_by={**r.decided_by, "bn": decided_by})
+            if r.bn == "train" else r for r in plan.rows]
+    return dataclasses.replace(plan, rows=rows)
+
+
 def apply_plan(block: HybridBlock, plan: Plan) -> None:
     """Set grad_req/lr_mult/wd_mult on each Parameter and BN modes on layers.
 

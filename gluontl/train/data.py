@@ -114,6 +114,11 @@ class EpochSampler(gluon.data.Sampler):
 
     ``set_epoch(e)`` before iterating; ``skip(k)`` makes the next iteration start at batch k
     (resume mid-epoch). ``len()`` is the number of batches the next iteration yields.
+
+    ``shard(rank, workers)``: worker ``rank`` takes every ``workers``-th item of the epoch's
+    order cut to a multiple of ``workers × batch_size``, so every worker runs the same number of
+    steps (a synchronous job hangs otherwise) and the workers' batch ``b`` together are batch
+    ``b`` of one process with ``workers × batch_size``.
     """
 
     def __init__(self, n: int, batch_size: int, *, seed: int, shuffle: bool = True,
@@ -124,6 +129,12 @@ class EpochSampler(gluon.data.Sampler):
         self.shuffle, self.last_batch = shuffle, last_batch
         self.epoch = 0
         self._skip = 0
+        self.rank, self.workers = 0, 1
+
+    def shard(self, rank: int, workers: int) -> None:
+        if not 0 <= rank < workers:
+            raise ValueError(f"rank {rank} is not one of {workers} workers")
+        self.rank, self.workers = rank, workers
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -139,11 +150,15 @@ class EpochSampler(gluon.data.Sampler):
         return np.random.default_rng([_ORDER_TAG, self.seed % 2**64, epoch]).permutation(self.n)
 
     def batches_per_epoch(self) -> int:
+        if self.workers > 1:  # a partial batch on some workers only would hang the others
+            return self.n // (self.batch_size * self.workers)
         full, rest = divmod(self.n, self.batch_size)
         return full + (1 if rest and self.last_batch == "keep" else 0)
 
     def __iter__(self) -> Iterator[list[tuple[int, int]]]:
         order, start, epoch = self.order(), self._skip, self.epoch
+        if self.workers > 1:
+            order = order[:self.batches_per_epoch() * self.batch_size * self.workers][self.rank::self.workers]
         self._skip = 0
         for b in range(start, self.batches_per_epoch()):
             yield [(int(i), epoch) for i in order[b * self.batch_size:(b + 1) * self.batch_size]]

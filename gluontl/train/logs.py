@@ -29,8 +29,30 @@ def bars_on(quiet: bool) -> bool:
         return False
 
 
+_copies: list[Any] = []  # open worker logs (logs/worker-RANK.log) that get every shown line
+
+
+class WorkerLog:
+    """Every line this process shows, also in ``path`` (a distributed worker's own log, which
+    survives when the launcher's console is gone)."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.fh = open(path, "a", encoding="utf-8", buffering=1)
+
+    def __enter__(self) -> "WorkerLog":
+        _copies.append(self.fh)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        _copies.remove(self.fh)
+        self.fh.close()
+
+
 def show(msg: str, quiet: bool = False) -> None:
     """Print a line the run's log always keeps (epoch lines, the result), above any bar."""
+    for fh in _copies:
+        fh.write(msg + "\n")
     if bars_on(quiet):
         from tqdm import tqdm
 
@@ -96,9 +118,12 @@ class MetricsLog:
     writer purges them (``purge_step``) instead of showing each such step twice.
     """
 
-    def __init__(self, run_dir: Path, resume_step: int | None = None) -> None:
+    def __init__(self, run_dir: Path, resume_step: int | None = None, record: bool = True) -> None:
         self.path = run_dir / "metrics.jsonl"
         self.rows: list[dict[str, Any]] = read_metrics(self.path)
+        self.record = record  # False: rows in memory only (a distributed worker other than rank 0)
+        if not record:
+            return
         if resume_step is not None:
             self.rows = [r for r in self.rows if r.get("step", -1) <= resume_step]
             write_text(self.path, "".join(json.dumps(r) + "\n" for r in self.rows), TrainError)
@@ -112,6 +137,8 @@ class MetricsLog:
 
     def write(self, row: dict[str, Any]) -> None:
         self.rows.append(row)
+        if not self.record:
+            return
         with open(self.path, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(row) + "\n")
         kind = "epoch" if "epoch" in row else "step"
@@ -122,7 +149,8 @@ class MetricsLog:
             self.events.flush()
 
     def close(self) -> None:
-        self.events.close()
+        if self.record:
+            self.events.close()
 
 
-__all__ = ["MetricsLog", "bars_on", "epoch_line", "progress", "read_metrics", "say", "show"]
+__all__ = ["MetricsLog", "WorkerLog", "bars_on", "epoch_line", "progress", "read_metrics", "say", "show"]

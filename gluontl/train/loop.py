@@ -10,10 +10,12 @@ cached prefix features or from a faster prefix engine (``cache.py``, ``prefix.py
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import random
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -24,14 +26,16 @@ import yaml
 from mxnet import autograd, gluon
 
 from ..atomic import write_text
+from ..dist.backend import Backend, connect
 from ..errors import Interrupted, TrainError
 from ..pipeline import with_input_name
 from ..recipe import Recipe, ScheduleSpec, load_recipe
-from ..rules import Plan, apply_plan, format_plan, make_plan, trainable_params
+from ..naming import named_params
+from ..rules import Plan, apply_plan, format_plan, freeze_bn_stats, make_plan, trainable_params
 from ..tasks import get_task, split
 from . import checkpoint
 from .cache import Feed
-from .logs import MetricsLog, bars_on, epoch_line, progress, say, show
+from .logs import MetricsLog, WorkerLog, bars_on, epoch_line, progress, say, show
 from .guards import GuardLog
 from .schedule import lr_at
 
@@ -58,6 +62,11 @@ class RunResult:
     metrics: list[dict[str, Any]]
     best: dict[str, Any] | None
     stopped_early: bool = False
+    rank: int = 0  # a distributed worker's rank; only rank 0 writes the run folder
+
+    @property
+    def is_root(self) -> bool:
+        return self.rank == 0
 
     @property
     def last_epoch(self) -> dict[str, Any] | None:
@@ -103,7 +112,7 @@ def _resume_digest(recipe: Recipe) -> str:
     return recipe.model_copy(update={"train": fixed}).digest(*_RESUME_SECTIONS)
 
 
-def _check_resume(run_dir: Path, recipe: Recipe, meta: dict[str, Any], quiet: bool) -> None:
+def _check_resume(run_dir: Path, recipe: Recipe, meta: dict[str, Any], quiet: bool, write: bool = True) -> None:
     """Refuse a resume that would compute something else; accept (and record in the run's
     recipe.yaml) a longer or different schedule."""
     old = load_recipe(run_dir / "recipe.yaml")
@@ -130,7 +139,8 @@ def _check_resume(run_dir: Path, recipe: Recipe, meta: dict[str, Any], quiet: bo
                          f"train.epochs={done + 5}).")
     if diff:
         say(quiet, f"extending {run_dir}: {'; '.join(diff)}")
-        write_text(run_dir / "recipe.yaml", yaml.safe_dump(recipe.model_dump(mode="json", exclude_none=True), sort_keys=False))
+        if write:
+            write_text(run_dir / "recipe.yaml", yaml.safe_dump(recipe.model_dump(mode="json", exclude_none=True), sort_keys=False))
 
 
 def _new_run_dir(root: Path, name: str) -> Path:
@@ -148,7 +158,7 @@ def _new_run_dir(root: Path, name: str) -> Path:
     return path
 
 
-def _make_trainer(net, recipe: Recipe) -> gluon.Trainer:
+def _make_trainer(net, recipe: Recipe, dist: Backend) -> gluon.Trainer:
     t = recipe.train
     params = trainable_params(net)
     if not params:
@@ -159,7 +169,7 @@ def _make_trainer(net, recipe: Recipe) -> gluon.Trainer:
         opt["momentum"] = t.momentum
     if t.clip_gradient:
         opt["clip_gradient"] = t.clip_gradient
-    return gluon.Trainer(list(params.values()), t.optimizer, opt)
+    return dist.trainer(list(params.values()), t.optimizer, opt)
 
 
 def _set_accumulation(net, k: int) -> None:
@@ -183,16 +193,25 @@ class Stepper:
     second pass over the training set.
 
     ``forward(net, xs, ys) -> (losses, hits)`` is the task's (``gluontl.tasks``).
+
+    Distributed (``dist``), the loss, image and hit counts and the stop flag of a batch are
+    summed over the workers in one message before anything is decided: every worker skips a
+    non-finite step, or stops, at the same step (a worker skipping alone would hang the
+    others), and ``images``/``correct``/the returned loss are global.
     """
 
-    def __init__(self, net, trainer: gluon.Trainer, forward: Callable, ctxs: list[mx.Context]) -> None:
+    def __init__(self, net, trainer: gluon.Trainer, forward: Callable, ctxs: list[mx.Context],
+                 dist: Backend | None = None) -> None:
         self.net, self.trainer, self.forward, self.ctxs = net, trainer, forward, ctxs
+        self.dist = dist or Backend()
         self.params = list(trainable_params(net).values())
         self.pending = 0
         self.updated = False
         self.correct: int | None = 0
+        self.images = 0
+        self.stop = False
 
-    def step(self, x: mx.nd.NDArray, y: mx.nd.NDArray, update: bool = True) -> float:
+    def step(self, x: mx.nd.NDArray, y: mx.nd.NDArray, update: bool = True, stop: bool = False) -> float:
         """Summed loss of the batch (synchronizes, like any loss read)."""
         xs = split(x, self.ctxs)
         ys = split(y, self.ctxs)
@@ -203,14 +222,19 @@ class Stepper:
             self._idle_contexts(len(xs))
         batch_loss = sum(float(l.sum().asscalar()) for l in losses)
         self.correct = None if hits is None else sum(int(h.asscalar()) for h in hits)
+        self.images, self.stop = x.shape[0], stop
+        if self.dist.size > 1:
+            total = self.dist.sum(np.array([batch_loss, self.images, self.correct or 0, stop], np.float64))
+            batch_loss, self.images, self.stop = float(total[0]), int(total[1]), bool(total[3])
+            self.correct = None if hits is None else int(total[2])
         self.updated = False
         if not np.isfinite(batch_loss):
             self._zero_grads()
             self.pending = 0
             return batch_loss
-        self.pending += x.shape[0]
+        self.pending += self.images
         if update:
-            self.trainer.step(self.pending)
+            self.trainer.step(self.dist.step_batch(self.pending))
             self._zero_grads(only_add=True)
             self.pending = 0
             self.updated = True
@@ -245,9 +269,51 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
                          "(e.g. data: {source: demo:digits}).")
     from .weights import ensure_weights
 
+    t = recipe.train
+    if t.distributed.backend != "none":
+        _weights_made_before(recipe)
     ensure_weights(recipe, quiet=quiet)
     recipe = with_input_name(recipe)
+    dist = connect(t.distributed, show)
+    if dist.size > 1:  # what `gluontl launch` reads to name a failing worker by rank
+        print(f"gluontl worker: rank {dist.rank} of {dist.size}", file=sys.stderr, flush=True)
+    with _worker_log(dist) as logged:
+        result = _finetune(recipe, dist, runs_root, resume, quiet, stop_after_steps, logged)
+    return result
+
+
+def _weights_made_before(recipe: Recipe) -> None:
+    spec = recipe.model
+    if spec.weights and spec.weights_from and not Path(spec.weights).is_file():
+        raise TrainError(f"model.weights '{spec.weights}' does not exist yet; a distributed run does not make it "
+                         f"(every worker would train {spec.weights_from} at once). Make it first in one process: "
+                         f"`gluontl finetune --recipe {spec.weights_from}` and copy its runs/NAME/checkpoints/"
+                         f"best.params to '{spec.weights}', or run this recipe once without train.distributed.")
+
+
+class _worker_log:
+    """A distributed worker's lines also go to RUN/logs/worker-RANK.log, from the moment its run
+    folder is known (``logged(run_dir)``)."""
+
+    def __init__(self, dist: Backend) -> None:
+        self.dist, self.log = dist, None
+
+    def __enter__(self) -> Callable[[Path], None]:
+        return self.open
+
+    def open(self, run_dir: Path) -> None:
+        if self.dist.size > 1:
+            self.log = WorkerLog(run_dir / "logs" / f"worker-{self.dist.rank}.log").__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.log is not None:
+            self.log.__exit__(*exc)
+
+
+def _finetune(recipe: Recipe, dist: Backend, runs_root: str | Path, resume: str | Path | None, quiet: bool,
+              stop_after_steps: int | None, logged: Callable[[Path], None]) -> RunResult:
     t = recipe.train
+    root = dist.is_root  # only rank 0 writes the run folder; every worker writes its own log
     say(quiet, f"threads: OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset (mxnet default)')}; "
                 f"hybridize static_alloc/static_shape: {t.hybridize}")
     seed_all(t.seed)
@@ -263,18 +329,42 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
     if resume is not None:
         run_dir = Path(resume)
         meta = checkpoint.load(run_dir / "checkpoints", "last")
-        _check_resume(run_dir, recipe, meta, quiet)
+        _check_resume(run_dir, recipe, meta, quiet, write=root)
+        if meta.get("workers", 1) != dist.size:
+            raise TrainError(f"Cannot resume {run_dir} on {dist.size} worker(s): it was trained on "
+                             f"{meta.get('workers', 1)}, and the worker count decides the batches (data.batch_size "
+                             f"is per worker). Resume it with `gluontl launch -n {meta.get('workers', 1)} -- finetune "
+                             f"--resume {run_dir}`{' (or without launch)' if meta.get('workers', 1) == 1 else ''}, "
+                             f"or start a new run from its weights with --init-from {run_dir}.")
     else:
-        run_dir = _new_run_dir(Path(runs_root), recipe.name)
-        write_text(run_dir / "recipe.yaml", yaml.safe_dump(recipe.model_dump(mode="json", exclude_none=True), sort_keys=False))
-        if loaders.split is not None:  # an automatic hold-out: which files it held out, for audits
-            write_text(run_dir / "split.json", json.dumps(loaders.split.to_json(), indent=1), TrainError)
+        with dist.guard("sharing the run folder's name"):
+            run_dir = Path(dist.broadcast_text(str(_new_run_dir(Path(runs_root), recipe.name)) if root else ""))
+        if root:
+            write_text(run_dir / "recipe.yaml", yaml.safe_dump(recipe.model_dump(mode="json", exclude_none=True), sort_keys=False))
+            if loaders.split is not None:  # an automatic hold-out: which files it held out, for audits
+                write_text(run_dir / "split.json", json.dumps(loaders.split.to_json(), indent=1), TrainError)
         meta = None
-    guards.attach(run_dir)
-    # preprocessing + class names: what predict and exports read
-    write_text(run_dir / "preprocess.json", json.dumps(task.card(recipe, loaders), indent=1), TrainError)
+    logged(run_dir)
+    if root:
+        guards.attach(run_dir)
+        # preprocessing + class names: what predict and exports read
+        write_text(run_dir / "preprocess.json", json.dumps(task.card(recipe, loaders), indent=1), TrainError)
+    if dist.size > 1:
+        loaders.train_sampler.shard(dist.rank, dist.size)
+        if loaders.train_sampler.batches_per_epoch() == 0:
+            raise TrainError(f"The training split has {loaders.train_size} images, fewer than {dist.size} workers × "
+                             f"data.batch_size {recipe.data.batch_size}, so a distributed epoch would have no step. "
+                             f"Lower data.batch_size (it is per worker) or use fewer workers.")
+        say(quiet, f"distributed ({dist.name}): rank {dist.rank} of {dist.size}; a step covers {dist.size} × "
+                   f"{recipe.data.batch_size} images; BatchNorm statistics: {t.distributed.batch_norm}")
     n_batches = loaders.train_sampler.batches_per_epoch()
     steps_per_epoch = max(1, n_batches // t.accumulate)
+
+    frozen_bn = dist.size > 1 and t.distributed.batch_norm == "frozen"
+
+    def plan_for(epoch: int) -> Plan:
+        p = make_plan(net, recipe.rules, epoch=epoch, input_shape=recipe.model.input_shape)
+        return freeze_bn_stats(p, "train.distributed.batch_norm") if frozen_bn else p
 
     plan = prep.plan
     start_epoch, skip, global_step = 0, 0, 0
@@ -282,17 +372,27 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
     if meta is not None:
         start_epoch, skip, global_step = meta["epoch"], meta["batch_in_epoch"], meta["global_step"]
         best, partial = meta.get("best"), (*meta.get("epoch_loss", (0.0, 0)), meta.get("epoch_correct", 0))
-        plan = make_plan(net, recipe.rules, epoch=start_epoch, input_shape=recipe.model.input_shape)
+        plan = plan_for(start_epoch)
+        apply_plan(net, plan)
+    elif frozen_bn:
+        plan = freeze_bn_stats(plan, "train.distributed.batch_norm")
         apply_plan(net, plan)
     _set_accumulation(net, t.accumulate)
-    trainer = _make_trainer(net, recipe)
+    trainer = _make_trainer(net, recipe, dist)
+    dist.prepare(trainer)  # before restore_into: loading trainer states would do it lazily, racing
     if meta is not None:
         checkpoint.restore_into(run_dir / "checkpoints", "last", net, trainer, ctxs[0])
-    log = MetricsLog(run_dir, resume_step=None if meta is None else global_step)
+    log = MetricsLog(run_dir, resume_step=None if meta is None else global_step, record=root)
     if t.hybridize:
         net.hybridize(static_alloc=True, static_shape=True)
 
-    state = {"recipe_digest": _resume_digest(recipe)}
+    state = {"recipe_digest": _resume_digest(recipe), **({"workers": dist.size} if dist.size > 1 else {})}
+
+    def save(tag: str, **counters: Any) -> None:
+        """A checkpoint (rank 0 writes it), BatchNorm statistics first made rank 0's everywhere."""
+        _share_bn_stats(net, plan, dist, t.distributed.batch_norm)
+        if root:
+            checkpoint.save(run_dir / "checkpoints", tag, net, trainer, dict(state, **counters))
     stopped = False
     steps_this_call = 0
     bad_steps = 0
@@ -302,7 +402,7 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
         try:
             for epoch in range(start_epoch, t.epochs):
                 t0 = time.perf_counter()
-                new_plan = make_plan(net, recipe.rules, epoch=epoch, input_shape=recipe.model.input_shape)
+                new_plan = plan_for(epoch)
                 replan = new_plan.settings() != plan.settings()
                 if replan:
                     changed = [n for n, s in new_plan.settings().items() if plan.settings()[n] != s]
@@ -311,7 +411,7 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
                     plan = new_plan
                     apply_plan(net, plan)
                     _set_accumulation(net, t.accumulate)
-                    trainer = _make_trainer(net, recipe)
+                    trainer = _make_trainer(net, recipe, dist)
                 if replan or feed is None:
                     new_feed = task.feed(net, plan, recipe, loaders, ctxs[0], run_dir / "feature_cache",
                                          not bars_on(quiet), feed)
@@ -320,8 +420,9 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
                         if feed is not None:
                             feed.close()
                     feed = new_feed
-                    _write_plan(run_dir, plan, feed)
-                stepper = Stepper(feed.net, trainer, task.forward, ctxs)
+                    if root:
+                        _write_plan(run_dir, plan, feed)
+                stepper = Stepper(feed.net, trainer, task.forward, ctxs, dist)
                 feed.prepare(epoch)
                 bar = _bar(feed.train_batches(epoch, skip), epoch, t.epochs, quiet, skip, n_batches)
                 (run_loss, run_n, run_correct), partial = partial, (0.0, 0, 0)
@@ -330,7 +431,9 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
                     lr = lr_at(t.schedule, t.lr, global_step, steps_per_epoch, t.epochs)
                     trainer.set_learning_rate(lr)
                     tick = time.perf_counter()
-                    batch_loss = stepper.step(x, y, update=(i + 1) % t.accumulate == 0 or i + 1 == n_batches)
+                    with dist.guard("a training step"):
+                        batch_loss = stepper.step(x, y, update=(i + 1) % t.accumulate == 0 or i + 1 == n_batches,
+                                                  stop=stop.requested)
                     if not np.isfinite(batch_loss):
                         bad_steps += 1
                         if bad_steps > t.max_bad_steps:
@@ -342,27 +445,29 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
                         global_step += 1
                         steps_this_call += 1
                     run_loss += batch_loss
-                    run_n += x.shape[0]
+                    run_n += stepper.images
                     run_correct = None if stepper.correct is None else run_correct + stepper.correct
                     if epoch == 0:
-                        first_losses.append(batch_loss / x.shape[0])
-                    ips = x.shape[0] / max(time.perf_counter() - tick, 1e-9)
+                        first_losses.append(batch_loss / stepper.images)
+                    ips = stepper.images / max(time.perf_counter() - tick, 1e-9)
                     if hasattr(bar, "set_postfix"):
                         bar.set_postfix(loss=f"{run_loss / run_n:.4f}", lr=f"{lr:.3g}", img_s=f"{ips:.0f}")
                     if global_step % t.log_every == 0 and stepper.pending == 0:
                         log.write({"step": global_step, "epoch_f": epoch + (i + 1) / n_batches,
-                                   "loss": batch_loss / x.shape[0], "lr": lr, "img_per_s": ips})
-                    if stop.requested or (stop_after_steps is not None and steps_this_call >= stop_after_steps):
+                                   "loss": batch_loss / stepper.images, "lr": lr, "img_per_s": ips})
+                    halt = stepper.stop if dist.size > 1 else stop.requested
+                    if halt or (stop_after_steps is not None and steps_this_call >= stop_after_steps):
                         if stepper.pending == 0:
-                            checkpoint.save(run_dir / "checkpoints", "last", net, trainer,
-                                            dict(state, epoch=epoch, batch_in_epoch=i + 1, global_step=global_step,
-                                                 best=best, epoch_loss=(run_loss, run_n),
-                                                 epoch_correct=run_correct))
+                            save("last", epoch=epoch, batch_in_epoch=i + 1, global_step=global_step, best=best,
+                                 epoch_loss=(run_loss, run_n), epoch_correct=run_correct)
                             stopped = True
                             break
                 if stopped:
                     break
                 skip = 0
+                with dist.guard("the last step of the epoch"):  # a dead peer shows here, not in validation
+                    mx.nd.waitall()
+                _share_bn_stats(net, plan, dist, t.distributed.batch_norm)  # validation sees rank 0's
                 with autograd.predict_mode():
                     val = task.evaluate(feed.net, feed.val_batches(), ctxs)
                 row = {"step": global_step, "epoch": epoch + 1, "train_loss": run_loss / max(run_n, 1),
@@ -374,13 +479,13 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
                 show(epoch_line(row, t.epochs), quiet)
                 if _better(row, best, t.select):
                     best = {"epoch": epoch + 1, "select": t.select, **{k: row[k] for k in task.metrics}}
-                    checkpoint.save(run_dir / "checkpoints", "best", net, trainer,
-                                    dict(state, epoch=epoch + 1, batch_in_epoch=0, global_step=global_step, best=best))
-                checkpoint.save(run_dir / "checkpoints", "last", net, trainer,
-                                dict(state, epoch=epoch + 1, batch_in_epoch=0, global_step=global_step, best=best))
+                    save("best", epoch=epoch + 1, batch_in_epoch=0, global_step=global_step, best=best)
+                save("last", epoch=epoch + 1, batch_in_epoch=0, global_step=global_step, best=best)
                 if epoch == 0 and meta is None:
                     guards.handle(task.first_epoch(first_losses, global_step, loaders))
-                if stop.requested and epoch + 1 < t.epochs:  # a signal during validation
+                with dist.guard("agreeing to stop"):  # a signal during validation; every worker must agree
+                    halt = bool(dist.sum(np.array([stop.requested]))[0])
+                if halt and epoch + 1 < t.epochs:
                     stopped = True
                     break
         finally:
@@ -388,8 +493,10 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
             if feed is not None:
                 feed.close()
 
-    result = RunResult(run_dir, log.rows, best, stopped_early=stopped)
-    if not stopped:
+    result = RunResult(run_dir, log.rows, best, stopped_early=stopped, rank=dist.rank)
+    if dist.size > 1:
+        _write_checksum(run_dir, net, dist.rank)
+    if not stopped and root:
         summary = {"run_dir": str(run_dir), "best": best, "last": result.last_epoch,
                    "restore": prep.restore.summary() if prep.restore else None, "bad_images": loaders.bad.summary(),
                    "bad_steps": bad_steps, "trainable": plan.totals()["trainable"],
@@ -401,6 +508,8 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
         show(f"done: best {label} {best[t.select]:.4f} at epoch {best['epoch']}; run folder {run_dir}", quiet)
         if len(loaders.bad):
             say(quiet, loaders.bad.summary())
+    elif not stopped:
+        show(f"done (rank {dist.rank}); rank 0 wrote the run folder {run_dir}", quiet)
     if stop.signum is not None:
         raise Interrupted(run_dir, stop.signum)
     return result
@@ -411,6 +520,26 @@ def _better(row: dict[str, Any], best: dict[str, Any] | None, metric: str) -> bo
     if best is None:
         return True
     return row[metric] < best[metric] if metric == "val_loss" else row[metric] > best[metric]
+
+
+def _share_bn_stats(net, plan: Plan, dist: Backend, mode: str) -> None:
+    """Under ``batch_norm: rank0`` every worker's moving BatchNorm statistics become rank 0's."""
+    if dist.size > 1 and mode == "rank0":
+        entries = named_params(net)
+        moving = [a for r in plan.rows if r.aux and r.bn == "train" for a in entries[r.name].param.list_data()]
+        with dist.guard("sharing rank 0's BatchNorm statistics"):
+            mx.nd.waitall()
+            dist.broadcast_arrays(moving)
+
+
+def _write_checksum(run_dir: Path, net, rank: int) -> None:
+    """SHA-256 over every parameter's name and bytes: equal files mean bit-identical workers."""
+    mx.nd.waitall()
+    h = hashlib.sha256()
+    for name, e in sorted(named_params(net).items()):
+        h.update(name.encode())
+        h.update(e.param.list_data()[0].asnumpy().tobytes())
+    write_text(run_dir / "logs" / f"worker-{rank}.sha256", h.hexdigest() + "\n", TrainError)
 
 
 def _write_plan(run_dir: Path, plan: Plan, feed: Feed) -> None:
