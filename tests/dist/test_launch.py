@@ -5,6 +5,7 @@ import queue
 import re
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -326,4 +327,37 @@ def test_a_stopped_launcher_lets_the_workers_checkpoint(job_dir, launched):
         assert re.search(rf"^\[worker {i}\] interrupted: stopped by SIGTERM; the checkpoint is in", out, re.M), out
     runs = sorted((job_dir / "stop").iterdir())
     assert len(runs) == 2 and all((r / "checkpoints" / "last.json").is_file() for r in runs)
+    assert survivors(job.started) == []
+
+
+def test_a_scheduler_that_cannot_bind_stops_the_job(job_dir, launched):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        job = launched(job_dir, "-n", "2", "--port", str(taken.getsockname()[1]), "--", "finetune", "-r", "r.yaml",
+                       "--runs", "bind", "-q")
+        code, out, err = job.finish(timeout=60)
+    assert code == 1, err
+    assert re.search(r"^\[scheduler\] .*bind failed", out, re.M), out
+    assert re.match(r"error: scheduler \(pid \d+\) exited with code 1; stopped the 3 other processes",
+                    " ".join(err.split())), err
+
+
+def test_a_worker_killed_on_its_host_stops_every_host(job_dir, launched, tmp_path):
+    ssh = tmp_path / "ssh"
+    ssh.write_text(FAKE_SSH)
+    ssh.chmod(0o755)
+    (tmp_path / "hosts").write_text("127.0.0.2 cpus=1\n127.0.0.3 cpus=1\n")  # both on this machine's cores
+    job = launched(job_dir, "-n", "2", "--hosts", str(tmp_path / "hosts"), "--ssh", str(ssh), "--",
+                   "finetune", "-r", "r.yaml", "--runs", "remote", "-q", env={"FAKE_SSH_LOG": str(tmp_path / "log")})
+    job.wait_for(r"^\[worker 1\] epoch 1/")
+    job.started = descendants(job.popen.pid)
+    worker, = [p for p in job.started if environ(p).get("GLUONTL_LAUNCH_INDEX") == "1"
+               and environ(p).get("DMLC_ROLE") == "worker"]
+    assert _stat(worker)[1] != job.popen.pid  # it runs in its own session on the "host", not under the launcher
+    os.kill(worker, signal.SIGKILL)
+    code, out, err = job.finish(timeout=30)
+    assert code == 1, err
+    assert re.match(rf"error: worker 1 \((rank \d, )?host 127\.0\.0\.3, pid {worker}\) exited with code \d+",
+                    " ".join(err.split())), err
     assert survivors(job.started) == []
