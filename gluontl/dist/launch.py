@@ -146,7 +146,11 @@ def plan(args: Sequence[str], workers: int, servers: int = 1, hosts: Sequence[Ho
 def free_port(address: str) -> int:
     """A TCP port nothing listens on at ``address`` now (ps-lite binds the scheduler's on every interface)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((address, 0))
+        try:
+            s.bind((address, 0))
+        except OSError as e:
+            raise LaunchError(f"--root-uri {address}: not an address of this machine ({e.strerror}); the scheduler "
+                              f"runs here. Pass one of this machine's addresses that the hosts can reach.") from None
         return s.getsockname()[1]
 
 
@@ -251,15 +255,14 @@ class _Child:
 
 
 def launch(args: Sequence[str], workers: int, servers: int = 1, hosts_file: Optional[Path] = None,
-           port: Optional[int] = None, root_uri: Optional[str] = None, ssh: Optional[str] = None,
-           out: IO[str] = sys.stdout) -> int:
+           port: Optional[int] = None, root_uri: Optional[str] = None, ssh: Optional[str] = None) -> int:
     """Run the job; 0 when every worker exited 0. A failure or a stop raises ``LaunchError``."""
     _check(args, workers, servers)
     hosts = read_hosts(hosts_file) if hosts_file is not None else []
     uri = root_uri or address_towards(hosts)
     procs = plan(args, workers, servers, hosts, uri, port or free_port(uri), physical_cores(),
                  cwd=os.getcwd(), ssh=shlex.split(ssh) if ssh else SSH)
-    return _Job(procs, out).run()
+    return _Job(procs, sys.stdout).run()
 
 
 def _check(args: Sequence[str], workers: int, servers: int) -> None:

@@ -111,6 +111,7 @@ def test_hosts_file(tmp_path):
     (["-n", "2", "--", "python", "train.py"], "'python' is not one"),
     (["-n", "2", "--", "launch", "-n", "2"], "'launch' is not one"),
     (["-n", "2", "--hosts", "no-such-file", "--", "finetune"], "--hosts no-such-file: cannot read"),
+    (["-n", "2", "--root-uri", "192.0.2.1", "--", "finetune"], "--root-uri 192.0.2.1: not an address of this"),
 ])
 def test_bad_input(capsys, args, says):
     code, out, err = helpers.run_cli(capsys, "launch", *args)
