@@ -10,8 +10,9 @@ workers) and a Ctrl-C on the terminal reaches only the launcher, which forwards 
 On several machines (``--hosts``) the scheduler runs here and servers and workers go round-robin
 over the hosts through ``ssh -o BatchMode=yes HOST 'cd CWD && ... PYTHON -m gluontl ARGS'``: like
 MXNet's dmlc tracker this assumes the same paths (working folder, Python, data) on every machine
-and key-based ssh. A remote command first prints its PID, which the launcher uses to stop it with
-``ssh HOST kill``: closing an ssh connection does not stop the command it started.
+and key-based ssh; ``localhost`` and ``127.0.0.1`` run here without ssh. A remote command first
+prints its PID, which the launcher uses to stop it with ``ssh HOST kill``: closing an ssh
+connection does not stop the command it started.
 """
 from __future__ import annotations
 
