@@ -93,7 +93,10 @@ def finetune(recipe: Optional[Path] = typer.Option(None, "--recipe", "-r", help=
              init_from: Optional[Path] = typer.Option(None, "--init-from", help="start a new run from another "
                                                       "run's checkpoint: runs/NAME (best), runs/NAME/last"),
              quiet: bool = typer.Option(False, "--quiet", "-q", help="only one line per epoch and the result "
-                                        "(progress bars show only on a terminal anyway)")) -> None:
+                                        "(progress bars show only on a terminal anyway)"),
+             stop_after_steps: Optional[int] = typer.Option(None, "--stop-after-steps", min=1, help="checkpoint and "
+                                                            "stop after this many optimizer steps (a time-boxed "
+                                                            "slot); --resume RUN continues exactly")) -> None:
     """Fine-tune per the recipe: plan, train, checkpoint, log metrics to runs/NAME.
 
     --resume RUN --set train.epochs=N extends a run to N epochs."""
@@ -116,7 +119,13 @@ def finetune(recipe: Optional[Path] = typer.Option(None, "--recipe", "-r", help=
         r = start_from(r, init_from)
     from .train.loop import finetune as run
 
-    result = run(r, runs_root=runs, resume=resume, quiet=quiet)  # SIGINT/SIGTERM: Interrupted, see main()
+    # SIGINT/SIGTERM: Interrupted, see main()
+    result = run(r, runs_root=runs, resume=resume, quiet=quiet, stop_after_steps=stop_after_steps)
+    if result.stopped_early:
+        if result.is_root:
+            typer.echo(f"stopped after {stop_after_steps} steps; continue with `gluontl finetune --resume "
+                       f"{result.run_dir}`")
+        return
     if r.export.formats and result.is_root:  # a distributed run: rank 0 writes the run folder
         from .train.runs import export_run
 
