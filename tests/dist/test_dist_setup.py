@@ -1,0 +1,113 @@
+"""train.distributed in recipes, what a worker refuses, the watchdog, and the private MXNet API
+the parameter-server backend relies on."""
+import subprocess
+import sys
+
+import mxnet as mx
+import pytest
+
+import helpers
+from gluontl.dist.backend import WATCHDOG_EXIT
+from gluontl.errors import RecipeError, TrainError
+from gluontl.recipe import parse_recipe
+from gluontl.train.loop import finetune
+
+BASE = {"name": "x", "model": {"source": "zoo:resnet18_v1"}, "data": {"source": "demo:digits"},
+        "train": {"epochs": 3, "lr": 0.1}}
+
+
+def _recipe(distributed=None, rules=()):
+    train = {**BASE["train"], **({"distributed": distributed} if distributed is not None else {})}
+    return parse_recipe({**BASE, "rules": list(rules), "train": train})
+
+
+@pytest.mark.parametrize("bad, says", [
+    ({"backend": "kvstore", "kvstore": "dist_async"}, "lr_mult/wd_mult"),
+    ({"backend": "kvstore", "compression": {"type": "2bit"}}, "Compression not supported with PushPull"),
+    ({"backend": "mpi"}, "backend"),
+    ({"backend": "kvstore", "step_timeout": 0}, "step_timeout"),
+])
+def test_refused_settings_say_why(bad, says):
+    with pytest.raises(RecipeError, match="train.distributed") as e:
+        _recipe(bad)
+    assert says in str(e.value)
+
+
+def test_gradual_unfreezing_is_refused_when_distributed():
+    rules = [{"match": ["*"], "grad_req": "null"}, {"stage": ["head"], "grad_req": "write", "from_epoch": 2}]
+    assert _recipe(rules=rules)  # fine in one process
+    with pytest.raises(RecipeError, match="rules 2 start at a later epoch"):
+        _recipe({"backend": "kvstore"}, rules)
+
+
+def test_digest_of_an_undistributed_recipe_is_what_it_was_before_the_field_existed():
+    # computed by gluontl at 772e624, before train.distributed: old runs still resume
+    assert _recipe().digest("model", "surgery", "rules", "data", "train") == "14df97be8fa0a055"
+    assert _recipe({"backend": "none", "batch_norm": "rank0"}).digest("train") == _recipe().digest("train")
+    kv = _recipe({"backend": "kvstore"})
+    assert kv.digest("train") != _recipe().digest("train")
+    assert _recipe({"backend": "kvstore", "step_timeout": 9}).digest("train") == kv.digest("train")  # a watch
+    assert _recipe({"backend": "kvstore", "batch_norm": "rank0"}).digest("train") != kv.digest("train")
+
+
+def test_kvstore_outside_a_parameter_server_job_says_how_to_start_one(monkeypatch, tmp_path):
+    for var in ("DMLC_ROLE", "DMLC_PS_ROOT_URI"):
+        monkeypatch.delenv(var, raising=False)
+    r = parse_recipe({"name": "t", "model": {"source": f"symbol:{helpers.tiny_symbol(tmp_path)}",
+                                             "input_shape": [3, 16, 16]},
+                      "data": helpers.DIGITS_5_9, "train": {"distributed": {"backend": "kvstore"}}})
+    with pytest.raises(TrainError, match="gluontl launch -n N -- finetune"):
+        finetune(r, runs_root=tmp_path / "runs", quiet=True)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_horovod_backend_without_horovod_says_how_to_build_it(tmp_path):
+    try:
+        import horovod.mxnet  # noqa: F401
+        pytest.skip("horovod.mxnet imports here (scripts/build_horovod.sh ran); tests/dist/test_horovod.py uses it")
+    except ImportError:
+        pass
+    r = parse_recipe({"name": "t", "model": {"source": f"symbol:{helpers.tiny_symbol(tmp_path)}",
+                                             "input_shape": [3, 16, 16]},
+                      "data": helpers.DIGITS_5_9, "train": {"distributed": {"backend": "horovod"}}})
+    with pytest.raises(TrainError, match="scripts/build_horovod.sh"):
+        finetune(r, runs_root=tmp_path / "runs", quiet=True)
+
+
+def test_watchdog_ends_a_worker_stuck_in_a_collective():
+    """The main thread blocks the way a worker blocks on a dead peer (in a wait it never returns
+    from); the watchdog must end the process with its own code and say why."""
+    code = ("import threading\n"
+            "from gluontl.dist.backend import Watchdog\n"
+            "dog = Watchdog(0.5, 1, print)\n"
+            "with dog('a training step'):\n"
+            "    threading.Event().wait()\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == WATCHDOG_EXIT
+    assert "rank 1: a training step did not finish within train.distributed.step_timeout=0.5s" in p.stdout
+
+
+def test_watchdog_leaves_finished_sections_alone():
+    code = ("import threading\n"
+            "from gluontl.dist.backend import Watchdog\n"
+            "dog = Watchdog(0.3, 0, print)\n"
+            "for _ in range(3):\n"
+            "    with dog('a step'):\n"
+            "        pass\n"
+            "threading.Event().wait(1.0)\n"  # disarmed: nothing fires while the process idles
+            "print('alive')\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and p.stdout.strip() == "alive"
+
+
+def test_the_private_trainer_api_the_first_step_broadcast_uses_is_there():
+    """KVStoreBackend.prepare calls these MXNet 1.9.1 internals (the version setup.cfg pins)."""
+    assert mx.__version__ == "1.9.1"
+    p = mx.gluon.Parameter("w", shape=(2,))
+    p.initialize()
+    t = mx.gluon.Trainer([p], "sgd", {"learning_rate": 0.1})
+    assert callable(t._init_kvstore) and callable(t._init_params)
+    assert t._kv_initialized is False and t._params_to_init == [p] and t._params == [p]
+    t._init_kvstore()
+    t._init_params()
+    assert t._kv_initialized is True and t._params_to_init == []

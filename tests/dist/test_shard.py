@@ -1,0 +1,84 @@
+"""Shards that never hang a synchronous job: every worker gets the same number of equal batches,
+and the workers' batch b together is batch b of one process with workers x batch_size."""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import helpers
+from gluontl.detect.data import make_detection_loaders
+from gluontl.recipe import DataSpec
+from gluontl.train.data import EpochSampler, make_loaders
+
+
+def _keys(sampler, epoch, skip=0):
+    sampler.set_epoch(epoch)
+    sampler.skip(skip)
+    return [[i for i, _ in b] for b in sampler]
+
+
+@settings(max_examples=80, deadline=None, derandomize=True)
+@given(st.integers(1, 200), st.integers(1, 9), st.integers(2, 5), st.integers(0, 3), st.booleans(),
+       st.sampled_from(["keep", "discard"]))
+def test_shards_are_equal_disjoint_and_add_up_to_the_combined_batches(n, batch, workers, epoch, shuffle, last):
+    shards = []
+    for rank in range(workers):
+        s = EpochSampler(n, batch, seed=7, shuffle=shuffle, last_batch=last)
+        s.shard(rank, workers)
+        shards.append(_keys(s, epoch))
+    steps = n // (batch * workers)
+    combined = EpochSampler(n, batch * workers, seed=7, shuffle=shuffle, last_batch="discard")
+    want = _keys(combined, epoch)
+    assert len(want) == steps
+    for rank, got in enumerate(shards):
+        assert len(got) == steps and all(len(b) == batch for b in got)  # equal steps, equal batches
+    for b in range(steps):
+        together = [i for got in shards for i in got[b]]
+        assert sorted(together) == sorted(want[b])  # the same images as one process's step b
+        assert len(set(together)) == len(together)
+
+
+def test_skip_resumes_every_shard_at_the_same_step():
+    s = EpochSampler(100, 4, seed=1)
+    s.shard(1, 3)
+    full = _keys(s, 2)
+    assert _keys(s, 2, skip=5) == full[5:]
+    assert len(full) == 100 // 12
+
+
+def test_shard_refuses_a_rank_outside_the_job():
+    with pytest.raises(ValueError, match="rank 2 is not one of 2 workers"):
+        EpochSampler(10, 2, seed=0).shard(2, 2)
+
+
+def _shard_names(loaders, dataset, workers):
+    """Every rank's items of epoch 1, by name, through the real DataLoader."""
+    names = []
+    for rank in range(workers):
+        loaders.train_sampler.shard(rank, workers)
+        names.append([[dataset.name(i) if hasattr(dataset, "name") else i for i in keys]
+                      for keys in _keys(loaders.train_sampler, 1)])
+    return names
+
+
+@pytest.mark.parametrize("kind", ["classification", "detection"])
+def test_every_task_s_loaders_shard_through_the_sampler(kind, tmp_path):
+    """Both tasks' training loaders are driven by the shardable sampler (folder, list, rec and demo
+    sources all go through make_loaders; detection's VOC/COCO/YOLO through its own)."""
+    if kind == "classification":
+        spec = DataSpec(source="demo:digits", classes=["5", "6"], batch_size=8)
+        loaders = make_loaders(spec, seed=0, which=("train",))
+    else:
+        spec = DataSpec(source=f"voc:{helpers.voc_subset(tmp_path, 40, 4)}", batch_size=8)
+        loaders = make_detection_loaders(spec, (3, 64, 64), seed=0, which=("train",))
+    assert loaders.train._batch_sampler is loaders.train_sampler
+    ds = loaders.train._dataset
+    names = _shard_names(loaders, ds, 2)
+    assert len(names[0]) == len(names[1]) == loaders.train_size // 16
+    flat = [[k for b in r for k in b] for r in names]
+    assert not set(map(str, flat[0])) & set(map(str, flat[1]))
+    # the shard decides which batches come out of the DataLoader itself
+    loaders.train_sampler.shard(1, 2)
+    loaders.train_sampler.set_epoch(1)
+    assert sum(1 for _ in loaders.train) == len(names[1])
+    np.testing.assert_equal(len(names[1][0]), 8)
