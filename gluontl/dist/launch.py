@@ -225,7 +225,7 @@ class _Child:
                     os.killpg(self.popen.pid, sig)  # also after the leader is gone: its subprocesses may live on
                 elif self.running:
                     os.kill(self.popen.pid, sig)
-            except ProcessLookupError:
+            except (ProcessLookupError, PermissionError):  # gone, or its PID is now another user's
                 pass
             return
         if self.running and self.remote_pid is not None:
@@ -238,7 +238,7 @@ class _Child:
         if sig == signal.SIGKILL or (group and self.remote_pid is None):  # the local ssh itself
             try:
                 os.killpg(self.popen.pid, sig)
-            except ProcessLookupError:
+            except (ProcessLookupError, PermissionError):  # gone, or its PID is now another user's
                 pass
 
     def describe(self) -> str:
@@ -324,7 +324,8 @@ class _Job:
             if event.popen.returncode != 0 and workers:
                 self._fail(event)
             workers.discard(event)
-            deadline = None if workers else time.monotonic() + FINISH_GRACE
+            if not workers and deadline is None:
+                deadline = time.monotonic() + FINISH_GRACE
 
     def _fail(self, child: _Child) -> None:
         others = self._stop_all()
