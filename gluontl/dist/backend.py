@@ -222,10 +222,10 @@ class HorovodBackend(Backend):
         self.hvd = hvd
         self.rank, self.size = hvd.rank(), hvd.size()
         self.guard = Watchdog(spec.step_timeout, self.rank, say)
-        self._calls = 0
 
     def trainer(self, params: list, optimizer: str, options: dict[str, Any]) -> gluon.Trainer:
-        return self.hvd.DistributedTrainer(params, optimizer, options)
+        # a dict: Horovod sorts a list, and Parameters do not compare
+        return self.hvd.DistributedTrainer({p.name: p for p in params}, optimizer, options)
 
     def step_batch(self, images: int) -> int:
         return images // self.size  # Horovod averages the workers' gradients
@@ -236,17 +236,14 @@ class HorovodBackend(Backend):
             self.hvd.broadcast_parameters({p.name: p for p in trainer._params}, root_rank=0)
             mx.nd.waitall()
 
-    def _name(self, kind: str) -> str:
-        self._calls += 1
-        return f"gluontl.{kind}.{self._calls}"
-
+    # Stable names (one per collective and length): Horovod caches the negotiation by name.
     def sum(self, values: np.ndarray) -> np.ndarray:
         arr = mx.nd.array(np.asarray(values, np.float32).ravel())
-        return self.hvd.allreduce(arr, average=False, name=self._name("sum")).asnumpy()
+        return self.hvd.allreduce(arr, average=False, name=f"gluontl.sum.{arr.size}").asnumpy()
 
     def broadcast(self, values: np.ndarray) -> np.ndarray:
         arr = mx.nd.array(np.asarray(values, np.float32).ravel())
-        return self.hvd.broadcast(arr, root_rank=0, name=self._name("broadcast")).asnumpy()
+        return self.hvd.broadcast(arr, root_rank=0, name=f"gluontl.broadcast.{arr.size}").asnumpy()
 
 
 def connect(spec: DistributedSpec, say: Callable[[str], None]) -> Backend:

@@ -129,3 +129,25 @@ def test_a_stopped_and_resumed_job_matches_an_uninterrupted_one(tiny_bn, tmp_pat
     # batch_norm: rank0: the statistics moved, and every worker holds rank 0's
     assert not np.array_equal(a["bn2_running_mean"], initial(tiny_bn)["bn2_running_mean"])
     assert len({(part / "logs" / f"worker-{r}.sha256").read_text() for r in (0, 1)}) == 1
+
+
+def test_horovod_workers_match_one_process_on_the_combined_batch(tiny_bn, tmp_path):
+    """Only where Horovod is built (scripts/build_horovod.sh, about 5 minutes: not in CI's set-up)."""
+    pytest.importorskip("horovod.mxnet")
+    ref = finetune(parse_recipe(recipe(tiny_bn, batch_size=32, rules=[{"type": ["BatchNorm"], "bn": "frozen"}])),
+                   runs_root=tmp_path / "ref", quiet=True)
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe(tiny_bn, distributed={"backend": "horovod"})))
+    horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    proc = subprocess.run([horovodrun, "-np", "2", "-H", "localhost:2", "--gloo", "--network-interface", "lo",
+                           sys.executable, "-m", "gluontl", "finetune", "--recipe", str(path), "--runs",
+                           str(tmp_path / "runs"), "-q"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    run = run_folder(proc, tmp_path)
+    assert len({(run / "logs" / f"worker-{r}.sha256").read_text() for r in (0, 1)}) == 1
+    got, want, start = params(run), params(ref.run_dir), initial(tiny_bn)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=0, atol=1e-6, err_msg=name)
+    for name in (*FROZEN, NO_LR, *BN_STATS):
+        np.testing.assert_array_equal(got[name], start[name], err_msg=name)
+    np.testing.assert_allclose(step_losses(run), step_losses(ref.run_dir), rtol=0, atol=1e-6)
