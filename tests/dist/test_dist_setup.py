@@ -64,7 +64,7 @@ def test_kvstore_outside_a_parameter_server_job_says_how_to_start_one(monkeypatc
 def test_horovod_backend_without_horovod_says_how_to_build_it(tmp_path):
     try:
         import horovod.mxnet  # noqa: F401
-        pytest.skip("horovod.mxnet imports here (scripts/build_horovod.sh ran); tests/dist/test_horovod.py uses it")
+        pytest.skip("horovod.mxnet imports here (scripts/build_horovod.sh ran); tests/dist/test_dist_train.py's Horovod test uses it")
     except ImportError:
         pass
     r = parse_recipe({"name": "t", "model": {"source": f"symbol:{helpers.tiny_symbol(tmp_path)}",
