@@ -262,7 +262,8 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
 
     SIGINT/SIGTERM checkpoint at the next step boundary and raise ``Interrupted``;
     ``stop_after_steps`` stops the same way after that many optimizer steps in this call
-    but returns (``stopped_early``), which keeps the stop testable in-process.
+    but returns (``stopped_early``): a time-boxed slot (``--stop-after-steps``), and a stop
+    that tests can place exactly.
     """
     if recipe.data is None:
         raise TrainError("The recipe has no data: section; finetune needs training data "
@@ -272,6 +273,8 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
     t = recipe.train
     if t.distributed.backend != "none":
         _weights_made_before(recipe)
+    else:
+        _alone(recipe)
     ensure_weights(recipe, quiet=quiet)
     recipe = with_input_name(recipe)
     dist = connect(t.distributed, show)
@@ -280,6 +283,18 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
     with _worker_log(dist) as logged:
         result = _finetune(recipe, dist, runs_root, resume, quiet, stop_after_steps, logged)
     return result
+
+
+def _alone(recipe: Recipe) -> None:
+    """A job's worker whose recipe does not say how to share the work would train on its own and
+    race the others for the run folder."""
+    if os.environ.get("DMLC_ROLE") == "worker" or "HOROVOD_RANK" in os.environ:
+        engine = "kvstore" if os.environ.get("DMLC_ROLE") == "worker" else "horovod"
+        raise TrainError(f"This process is a worker of a distributed job (started by "
+                         f"{'gluontl launch' if engine == 'kvstore' else 'horovodrun'}) but recipe '{recipe.name}' "
+                         f"has train.distributed.backend: none, so every worker would train alone. Set "
+                         f"train.distributed.backend: {engine} in the recipe (or --set "
+                         f"train.distributed.backend={engine}), or run finetune without the launcher.")
 
 
 def _weights_made_before(recipe: Recipe) -> None:
@@ -389,9 +404,7 @@ def _finetune(recipe: Recipe, dist: Backend, runs_root: str | Path, resume: str 
     state = {"recipe_digest": _resume_digest(recipe), **({"workers": dist.size} if dist.size > 1 else {})}
 
     def save(tag: str, **counters: Any) -> None:
-        """A checkpoint (rank 0 writes it), BatchNorm statistics first made rank 0's everywhere."""
-        _share_bn_stats(net, plan, dist, t.distributed.batch_norm)
-        if root:
+        if root:  # a distributed run's BatchNorm statistics were made rank 0's everywhere before
             checkpoint.save(run_dir / "checkpoints", tag, net, trainer, dict(state, **counters))
     stopped = False
     steps_this_call = 0
@@ -426,11 +439,11 @@ def _finetune(recipe: Recipe, dist: Backend, runs_root: str | Path, resume: str 
                 feed.prepare(epoch)
                 bar = _bar(feed.train_batches(epoch, skip), epoch, t.epochs, quiet, skip, n_batches)
                 (run_loss, run_n, run_correct), partial = partial, (0.0, 0, 0)
+                tick = time.perf_counter()  # img_per_s: since the last step, so data and prefix count too
                 for i, (x, y) in enumerate(bar, start=skip):
                     mx.random.seed((t.seed * 1_000_003 + epoch * 10_007 + i) % 2**31)
                     lr = lr_at(t.schedule, t.lr, global_step, steps_per_epoch, t.epochs)
                     trainer.set_learning_rate(lr)
-                    tick = time.perf_counter()
                     with dist.guard("a training step"):
                         batch_loss = stepper.step(x, y, update=(i + 1) % t.accumulate == 0 or i + 1 == n_batches,
                                                   stop=stop.requested)
@@ -449,7 +462,7 @@ def _finetune(recipe: Recipe, dist: Backend, runs_root: str | Path, resume: str 
                     run_correct = None if stepper.correct is None else run_correct + stepper.correct
                     if epoch == 0:
                         first_losses.append(batch_loss / stepper.images)
-                    ips = stepper.images / max(time.perf_counter() - tick, 1e-9)
+                    ips, tick = stepper.images / max(time.perf_counter() - tick, 1e-9), time.perf_counter()
                     if hasattr(bar, "set_postfix"):
                         bar.set_postfix(loss=f"{run_loss / run_n:.4f}", lr=f"{lr:.3g}", img_s=f"{ips:.0f}")
                     if global_step % t.log_every == 0 and stepper.pending == 0:
@@ -458,6 +471,7 @@ def _finetune(recipe: Recipe, dist: Backend, runs_root: str | Path, resume: str 
                     halt = stepper.stop if dist.size > 1 else stop.requested
                     if halt or (stop_after_steps is not None and steps_this_call >= stop_after_steps):
                         if stepper.pending == 0:
+                            _share_bn_stats(net, plan, dist, t.distributed.batch_norm)
                             save("last", epoch=epoch, batch_in_epoch=i + 1, global_step=global_step, best=best,
                                  epoch_loss=(run_loss, run_n), epoch_correct=run_correct)
                             stopped = True

@@ -111,3 +111,14 @@ def test_the_private_trainer_api_the_first_step_broadcast_uses_is_there():
     t._init_kvstore()
     t._init_params()
     assert t._kv_initialized is True and t._params_to_init == []
+
+
+@pytest.mark.parametrize("var, value, engine", [("DMLC_ROLE", "worker", "kvstore"), ("HOROVOD_RANK", "1", "horovod")])
+def test_a_job_s_worker_with_an_undistributed_recipe_is_refused(monkeypatch, tmp_path, var, value, engine):
+    """It would train alone and race the other workers for the run folder."""
+    monkeypatch.setenv(var, value)
+    r = parse_recipe({"name": "t", "model": {"source": f"symbol:{helpers.tiny_symbol(tmp_path)}",
+                                             "input_shape": [3, 16, 16]}, "data": helpers.DIGITS_5_9})
+    with pytest.raises(TrainError, match=f"--set train.distributed.backend={engine}"):
+        finetune(r, runs_root=tmp_path / "runs", quiet=True)
+    assert not (tmp_path / "runs").exists()
