@@ -26,8 +26,9 @@ from mxnet.gluon import HybridBlock
 from ..errors import TrainError
 from ..recipe import Recipe, TrainSpec, TransformSpec
 from ..rules import Plan
-from .data import EpochSampler, ImageDataset, Loaders
+from .data import ImageDataset, Loaders
 from .prefix import Engine, Split, choose_engine, split_frozen_prefix
+from .sampler import EpochSampler
 
 _RANDOM_STEPS = ("random_resized_crop", "flip", "color_jitter")
 PER_STEP_MARGIN = 1.5

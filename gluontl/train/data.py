@@ -29,7 +29,7 @@ import functools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator, Literal
+from typing import Iterable, Literal
 
 import numpy as np
 from mxnet import gluon, nd, recordio
@@ -38,12 +38,11 @@ from mxnet.gluon.data.dataloader import default_batchify_fn, default_mp_batchify
 from ..errors import DataError
 from ..recipe import DataSpec
 from .logs import progress
+from .sampler import EpochSampler, LastBatch
 from .transforms import Transform, build, decode_image, image_problem, sample_rng
 
 SPLIT_SEED = 20240607  # hold-out splits must not move when the run seed changes
-_ORDER_TAG = 0x0DE4  # keeps the order stream apart from the per-sample streams
 _PROGRESS_MIN = 1000  # show a progress bar for the bad-image pass above this many items (on a terminal)
-LastBatch = Literal["keep", "discard"]
 
 
 @dataclass
@@ -107,64 +106,6 @@ class ImageDataset(gluon.data.Dataset):
     def name(self, index: int) -> str:
         """Where item ``index`` comes from: a file path or ``file.rec#key``."""
         return f"{self.rec_path}#{self.items[index]}" if self._rec is not None else str(self.items[index])
-
-
-class EpochSampler(gluon.data.Sampler):
-    """Batch sampler of ``(index, epoch)`` keys; the order depends only on ``(seed, epoch)``.
-
-    ``set_epoch(e)`` before iterating; ``skip(k)`` makes the next iteration start at batch k
-    (resume mid-epoch). ``len()`` is the number of batches the next iteration yields.
-
-    ``shard(rank, workers)``: worker ``rank`` takes every ``workers``-th item of the epoch's
-    order cut to a multiple of ``workers × batch_size``, so every worker runs the same number of
-    steps (a synchronous job hangs otherwise) and the workers' batch ``b`` together are batch
-    ``b`` of one process with ``workers × batch_size``.
-    """
-
-    def __init__(self, n: int, batch_size: int, *, seed: int, shuffle: bool = True,
-                 last_batch: LastBatch = "keep") -> None:
-        if last_batch not in ("keep", "discard"):
-            raise ValueError(f"last_batch must be 'keep' or 'discard', got {last_batch!r}")
-        self.n, self.batch_size, self.seed = n, batch_size, seed
-        self.shuffle, self.last_batch = shuffle, last_batch
-        self.epoch = 0
-        self._skip = 0
-        self.rank, self.workers = 0, 1
-
-    def shard(self, rank: int, workers: int) -> None:
-        if not 0 <= rank < workers:
-            raise ValueError(f"rank {rank} is not one of {workers} workers")
-        self.rank, self.workers = rank, workers
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def skip(self, batches: int) -> None:
-        self._skip = batches
-
-    def order(self, epoch: int | None = None) -> np.ndarray:
-        """The sample indices of ``epoch`` (default: the current one), in visiting order."""
-        epoch = self.epoch if epoch is None else epoch
-        if not self.shuffle:
-            return np.arange(self.n)
-        return np.random.default_rng([_ORDER_TAG, self.seed % 2**64, epoch]).permutation(self.n)
-
-    def batches_per_epoch(self) -> int:
-        if self.workers > 1:  # a partial batch on some workers only would hang the others
-            return self.n // (self.batch_size * self.workers)
-        full, rest = divmod(self.n, self.batch_size)
-        return full + (1 if rest and self.last_batch == "keep" else 0)
-
-    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
-        order, start, epoch = self.order(), self._skip, self.epoch
-        if self.workers > 1:
-            order = order[:self.batches_per_epoch() * self.batch_size * self.workers][self.rank::self.workers]
-        self._skip = 0
-        for b in range(start, self.batches_per_epoch()):
-            yield [(int(i), epoch) for i in order[b * self.batch_size:(b + 1) * self.batch_size]]
-
-    def __len__(self) -> int:
-        return max(0, self.batches_per_epoch() - self._skip)
 
 
 @dataclass
