@@ -65,6 +65,10 @@ def plan(recipe: Path = RecipeOpt, set_: Optional[List[str]] = SetOpt,
         cache = preview(r, prep.block, prep.plan)
     # what the guards of finetune will say about these weights and rules
     weights, flags = (weights, []) if pending else plan_flags(r, prep)
+    if r.train.distributed.backend != "none" and r.train.distributed.batch_norm == "frozen":
+        from .rules import freeze_bn_stats
+
+        prep.plan = freeze_bn_stats(prep.plan, "train.distributed.batch_norm")  # what workers of a job train
     if as_json:
         out = prep.plan.to_json()
         out["weights"] = weights

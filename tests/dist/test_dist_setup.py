@@ -122,3 +122,22 @@ def test_a_job_s_worker_with_an_undistributed_recipe_is_refused(monkeypatch, tmp
     with pytest.raises(TrainError, match=f"--set train.distributed.backend={engine}"):
         finetune(r, runs_root=tmp_path / "runs", quiet=True)
     assert not (tmp_path / "runs").exists()
+
+
+def test_plan_shows_what_a_job_s_workers_train(capsys, tmp_path):
+    """`gluontl plan` on a distributed recipe shows the BatchNorm statistics frozen, and by what."""
+    import json
+
+    import yaml
+
+    r = {"name": "p", "model": {"source": "zoo:mobilenet0.25", "input_shape": [3, 32, 32]},
+         "rules": [{"match": ["output.*"], "lr_mult": 2.0}], "train": {"distributed": {"backend": "kvstore"}}}
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(r))
+    code, out, _ = helpers.run_cli(capsys, "plan", "--recipe", str(path), "--json")
+    assert code == 0
+    bn = [p for p in json.loads(out)["params"] if p["layer_type"] == "BatchNorm"]
+    assert bn and all(p["bn"] == "frozen" and p["decided_by"]["bn"] == "train.distributed.batch_norm" for p in bn)
+    path.write_text(yaml.safe_dump({**r, "train": {"distributed": {"backend": "kvstore", "batch_norm": "rank0"}}}))
+    code, out, _ = helpers.run_cli(capsys, "plan", "--recipe", str(path), "--json")
+    assert {p["bn"] for p in json.loads(out)["params"] if p["layer_type"] == "BatchNorm"} == {"train"}
