@@ -153,3 +153,34 @@ def test_horovod_workers_match_one_process_on_the_combined_batch(tiny_bn, tmp_pa
     for name in (*FROZEN, NO_LR, *BN_STATS):
         np.testing.assert_array_equal(got[name], start[name], err_msg=name)
     np.testing.assert_allclose(step_losses(run), step_losses(ref.run_dir), rtol=0, atol=1e-6)
+
+
+def test_a_detector_trains_on_two_workers(tmp_path):
+    """Detection plugs into the same loop: equal shards of augmented images, bit-identical workers,
+    frozen stages untouched. (SSD's loss is normalized by each worker's own positive anchors, as in
+    GluonCV's distributed scripts, so it does not equal one process on the combined batch.)"""
+    voc = helpers.voc_subset(tmp_path, 24, 24)
+    r = {"name": "det", "task": "detection", "model": {"source": "zoo:ssd_300_mobilenet0.25_custom",
+                                                       "input_shape": [3, 128, 128]},
+         "rules": [{"preset": "freeze_until_stage", "until_stage": 2}],
+         "data": {"source": f"voc:{voc}", "classes": ["0", "1", "2", "3", "4"], "batch_size": 4,
+                  "train_transform": {"flip": True, "color_jitter": 0.2}},
+         "train": {"epochs": 1, "lr": 0.01, "seed": 3, "log_every": 1, "guards": "off",
+                   "distributed": {"backend": "kvstore"}}, "export": {"formats": []}}
+    run = run_folder(launch(tmp_path / "job", r), tmp_path / "job")
+    assert len({(run / "logs" / f"worker-{k}.sha256").read_text() for k in (0, 1)}) == 1
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3]  # 24 images / (2 workers x 4)
+    assert 0 <= rows[-1]["val_map50"] <= 1
+    plan = json.loads((run / "plan.json").read_text())
+    frozen = [p["name"] for p in plan["params"] if p["aux"] or p["grad_req"] == "null"]
+    assert any(p["aux"] for p in plan["params"]) and any(not p["aux"] for p in plan["params"] if p["name"] in frozen)
+    # one process, BatchNorm frozen by a rule, one step: what never trains has the same bits
+    one = {**r, "rules": [*r["rules"], {"type": ["BatchNorm"], "bn": "frozen"}],
+           "train": {**r["train"], "distributed": {"backend": "none"}}}
+    ref = finetune(parse_recipe(one), runs_root=tmp_path / "ref", quiet=True, stop_after_steps=1)
+    got, want = params(run), params(ref.run_dir)
+    for name in frozen:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+    trained = [p["name"] for p in plan["params"] if p["name"] not in frozen]
+    assert any(not np.array_equal(got[n], want[n]) for n in trained)
