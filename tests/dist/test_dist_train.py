@@ -93,7 +93,8 @@ def test_two_workers_match_one_process_on_the_combined_batch_three_times(tiny_bn
                    runs_root=tmp_path / "ref", quiet=True)
     want, start = params(ref.run_dir), initial(tiny_bn)
     for rep in range(3):
-        run = run_folder(launch(tmp_path / str(rep), recipe(tiny_bn, distributed={"backend": "kvstore"})),
+        ctx = "cpu:0,1" if rep == 2 else "cpu"  # the last job: each worker splits its batch over 2 contexts
+        run = run_folder(launch(tmp_path / str(rep), recipe(tiny_bn, distributed={"backend": "kvstore"}, ctx=ctx)),
                          tmp_path / str(rep))
         sums = {(run / "logs" / f"worker-{r}.sha256").read_text() for r in (0, 1)}
         assert len(sums) == 1, f"repetition {rep}: the workers' parameters differ"
