@@ -212,6 +212,11 @@ class HorovodBackend(Backend):
 
     def __init__(self, spec: DistributedSpec, say: Callable[[str], None]) -> None:
         super().__init__(spec)
+        if not any(v in os.environ for v in ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")):
+            raise TrainError("train.distributed.backend: horovod needs a process started by horovodrun (or mpirun), "
+                             "which tells it its rank; alone it would be rank 0 of 1. Run `horovodrun -np N -H "
+                             "localhost:N --gloo gluontl finetune --recipe R` (gluontl launch starts parameter-server "
+                             "jobs: backend kvstore).")
         try:
             import horovod.mxnet as hvd
         except ImportError as e:

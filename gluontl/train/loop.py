@@ -281,8 +281,7 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
     if dist.size > 1:  # what `gluontl launch` reads to name a failing worker by rank
         print(f"gluontl worker: rank {dist.rank} of {dist.size}", file=sys.stderr, flush=True)
     with _worker_log(dist) as logged:
-        result = _finetune(recipe, dist, runs_root, resume, quiet, stop_after_steps, logged)
-    return result
+        return _finetune(recipe, dist, runs_root, resume, quiet, stop_after_steps, logged)
 
 
 def _alone(recipe: Recipe) -> None:

@@ -61,7 +61,18 @@ def test_kvstore_outside_a_parameter_server_job_says_how_to_start_one(monkeypatc
     assert not (tmp_path / "runs").exists()
 
 
-def test_horovod_backend_without_horovod_says_how_to_build_it(tmp_path):
+def test_horovod_backend_outside_horovodrun_says_how_to_start_it(monkeypatch, tmp_path):
+    for var in ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    r = parse_recipe({"name": "t", "model": {"source": f"symbol:{helpers.tiny_symbol(tmp_path)}",
+                                             "input_shape": [3, 16, 16]},
+                      "data": helpers.DIGITS_5_9, "train": {"distributed": {"backend": "horovod"}}})
+    with pytest.raises(TrainError, match="horovodrun -np N"):
+        finetune(r, runs_root=tmp_path / "runs", quiet=True)
+
+
+def test_horovod_backend_without_horovod_says_how_to_build_it(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOROVOD_RANK", "0")
     try:
         import horovod.mxnet  # noqa: F401
         pytest.skip("horovod.mxnet imports here (scripts/build_horovod.sh ran); tests/dist/test_dist_train.py's Horovod test uses it")
