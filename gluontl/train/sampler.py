@@ -65,8 +65,8 @@ class EpochSampler(gluon.data.Sampler):
 
     def __iter__(self) -> Iterator[list[tuple[int, int]]]:
         order, start, epoch = self.order(), self._skip, self.epoch
-        if self.workers > 1:
-            order = order[:self.batches_per_epoch() * self.batch_size * self.workers][self.rank::self.workers]
+        # one worker keeps the whole order: its cut only drops items after the last batch visited
+        order = order[:self.batches_per_epoch() * self.batch_size * self.workers][self.rank::self.workers]
         self._skip = 0
         for b in range(start, self.batches_per_epoch()):
             yield [(int(i), epoch) for i in order[b * self.batch_size:(b + 1) * self.batch_size]]

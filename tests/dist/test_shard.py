@@ -52,6 +52,44 @@ def test_shard_refuses_a_rank_outside_the_job():
         EpochSampler(10, 2, seed=0).shard(2, 2)
 
 
+def test_the_order_of_an_epoch_never_changes():
+    """Pinned orders: checkpoints of existing runs resume mid-epoch in this order, so a change of the
+    stream tag, of the seed's reduction or of numpy's permutation would silently replay other images."""
+    s = EpochSampler(12, 4, seed=1000)  # shuffles by default
+    epoch0 = [4, 2, 11, 6, 3, 1, 10, 8, 5, 0, 7, 9]
+    assert s.order().tolist() == s.order(0).tolist() == epoch0  # a new sampler is at epoch 0
+    assert [b for b in s] == [[(i, 0) for i in epoch0[k:k + 4]] for k in (0, 4, 8)]
+    epoch3 = [4, 7, 5, 3, 2, 10, 1, 0, 11, 6, 8, 9]
+    assert s.order(3).tolist() == epoch3  # any epoch's order, whichever epoch is set
+    s.set_epoch(3)
+    assert s.order().tolist() == epoch3 and _keys(s, 3)[0] == epoch3[:4]
+    # seeds count modulo 2**64 (numpy takes no negative seed): -1 is 2**64 - 1, 2**64 is 0
+    for seed in (-1, 2**64 - 1):
+        assert EpochSampler(12, 4, seed=seed).order(2).tolist() == [10, 9, 2, 1, 6, 3, 0, 4, 8, 5, 7, 11]
+    assert EpochSampler(12, 4, seed=2**64 + 1000).order(0).tolist() == epoch0
+    assert EpochSampler(12, 4, seed=1000, shuffle=False).order(3).tolist() == list(range(12))
+
+
+@pytest.mark.parametrize("n, batch, last, workers, per_epoch", [
+    (7, 3, "keep", 1, 3), (7, 3, "discard", 1, 2), (6, 3, "keep", 1, 2),
+    (2, 3, "keep", 1, 1), (2, 3, "discard", 1, 0),  # fewer images than a batch
+    (100, 4, "keep", 3, 8), (100, 4, "discard", 3, 8), (5, 3, "keep", 2, 0)])  # shards: full batches only
+@pytest.mark.parametrize("skip", [0, 1, 2, 8, 9])
+def test_len_is_the_number_of_batches_the_next_iteration_yields(n, batch, last, workers, per_epoch, skip):
+    s = EpochSampler(n, batch, seed=0, last_batch=last)
+    s.shard(workers - 1, workers)
+    s.skip(skip)
+    want = max(0, per_epoch - skip)  # skipped to or past the end: nothing left
+    assert len(s) == want
+    assert len(list(s)) == want
+    assert len(s) == len(list(s)) == per_epoch  # the skip applied to one iteration
+
+
+def test_an_unknown_last_batch_is_refused_by_name():
+    with pytest.raises(ValueError, match=r"^last_batch must be 'keep' or 'discard', got 'drop'$"):
+        EpochSampler(10, 2, seed=0, last_batch="drop")
+
+
 def _shard_names(loaders, dataset, workers):
     """Every rank's items of epoch 1, by name, through the real DataLoader."""
     names = []
