@@ -1,7 +1,8 @@
 """Command line: thin typer layer over the API.
 
 Exit codes: 0 done; 2 bad input (one paragraph on stderr, never a traceback); 130/143
-finetune stopped by SIGINT/SIGTERM after checkpointing; 1 a bug (GLUONTL_DEBUG=1 shows it).
+finetune stopped by SIGINT/SIGTERM after checkpointing; 3 a distributed worker's step timed out
+(gluontl.dist.backend.WATCHDOG_EXIT); 1 a bug (GLUONTL_DEBUG=1 shows it).
 """
 from __future__ import annotations
 
