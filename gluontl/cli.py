@@ -126,10 +126,12 @@ def finetune(recipe: Optional[Path] = typer.Option(None, "--recipe", "-r", help=
 
     # SIGINT/SIGTERM: Interrupted, see main()
     result = run(r, runs_root=runs, resume=resume, quiet=quiet, stop_after_steps=stop_after_steps)
-    if result.stopped_early:
+    if result.stopped_early:  # --stop-after-steps, or another worker of the job was signalled
         if result.is_root:
-            typer.echo(f"stopped after {stop_after_steps} steps; continue with `gluontl finetune --resume "
-                       f"{result.run_dir}`")
+            from .errors import resume_command
+
+            why = f"after {stop_after_steps} steps" if stop_after_steps else "with the other workers"
+            typer.echo(f"stopped {why}; continue with `{resume_command(result.run_dir, result.workers)}`")
         return
     if r.export.formats and result.is_root:  # a distributed run: rank 0 writes the run folder
         from .train.runs import export_run

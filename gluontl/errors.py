@@ -71,14 +71,20 @@ class Interrupted(Exception):
     too, and the CLI exits 128 + signal number as shells expect (130, 143).
     """
 
-    def __init__(self, run_dir: Path, signum: int) -> None:
+    def __init__(self, run_dir: Path, signum: int, workers: int = 1) -> None:
         self.run_dir, self.signum = run_dir, signum
         super().__init__(f"stopped by {signal.Signals(signum).name}; the checkpoint is in {run_dir / 'checkpoints'}. "
-                         f"Resume with: gluontl finetune --resume {run_dir}")
+                         f"Resume with: {resume_command(run_dir, workers)}")
 
     @property
     def exit_code(self) -> int:
         return 128 + self.signum
+
+
+def resume_command(run_dir: Path, workers: int = 1) -> str:
+    """What continues a run: a distributed one on as many workers as it had."""
+    launch = f"gluontl launch -n {workers} -- " if workers > 1 else "gluontl "
+    return f"{launch}finetune --resume {run_dir}"
 
 
 _NOT_A_REASON = ("Traceback (most recent call last)", 'File "', "[bt]", "Stack trace")

@@ -63,6 +63,7 @@ class RunResult:
     best: dict[str, Any] | None
     stopped_early: bool = False
     rank: int = 0  # a distributed worker's rank; only rank 0 writes the run folder
+    workers: int = 1
 
     @property
     def is_root(self) -> bool:
@@ -506,7 +507,7 @@ def _finetune(recipe: Recipe, dist: Backend, runs_root: str | Path, resume: str 
             if feed is not None:
                 feed.close()
 
-    result = RunResult(run_dir, log.rows, best, stopped_early=stopped, rank=dist.rank)
+    result = RunResult(run_dir, log.rows, best, stopped_early=stopped, rank=dist.rank, workers=dist.size)
     if dist.size > 1:
         _write_checksum(run_dir, net, dist.rank)
     if not stopped and root:
@@ -524,7 +525,7 @@ def _finetune(recipe: Recipe, dist: Backend, runs_root: str | Path, resume: str 
     elif not stopped:
         show(f"done (rank {dist.rank}); rank 0 wrote the run folder {run_dir}", quiet)
     if stop.signum is not None:
-        raise Interrupted(run_dir, stop.signum)
+        raise Interrupted(run_dir, stop.signum, dist.size)
     return result
 
 

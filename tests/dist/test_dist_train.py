@@ -117,7 +117,9 @@ def test_two_workers_match_one_process_on_the_combined_batch_three_times(tiny_bn
 def test_a_stopped_and_resumed_job_matches_an_uninterrupted_one(tiny_bn, tmp_path):
     r = recipe(tiny_bn, distributed={"backend": "kvstore", "batch_norm": "rank0"}, epochs=2)
     full = run_folder(launch(tmp_path / "full", r), tmp_path / "full")
-    part = run_folder(launch(tmp_path / "part", r, "--stop-after-steps", "4"), tmp_path / "part")
+    stopped = launch(tmp_path / "part", r, "--stop-after-steps", "4")
+    part = run_folder(stopped, tmp_path / "part")
+    assert f"continue with `gluontl launch -n 2 -- finetune --resume {part}`" in stopped.stdout
     meta = json.loads((part / "checkpoints" / "last.json").read_text())
     assert (meta["epoch"], meta["batch_in_epoch"], meta["workers"]) == (0, 4, 2)
     refused = launch(tmp_path / "part", r, "--resume", str(part), workers=1)
