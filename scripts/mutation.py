@@ -49,7 +49,7 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     "detect_metrics": ("gluontl/detect/metrics.py", ["tests/detect/test_detect_metrics.py",
                                                       "tests/detect/test_detect_iou.py"]),
     "sampler": ("gluontl/train/sampler.py", [
-        "tests/dist/test_shard.py",
+        "tests/distributed/test_shard.py",
         "tests/train/test_data.py::test_same_seed_same_batches_other_seed_other_batches",
         "tests/train/test_data.py::test_skip_resumes_with_the_tail_of_the_epoch",
         "tests/train/test_data.py::test_epoch_sampler_keep_and_discard"]),

@@ -17,8 +17,6 @@ def pytest_configure(config):
     from the order's seed before each test body), so a test's data never depends on the order."""
     if hasattr(config.option, "randomly_reset_seed"):
         config.option.randomly_reset_seed = False
-    config.addinivalue_line("markers", "jobs: starts multi-process training jobs (scheduler, servers, workers); "
-                            "process orchestration, so scripts/test.sh's second, AVX2-limited pass leaves them out")
 
 
 @pytest.fixture(autouse=True)

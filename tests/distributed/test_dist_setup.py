@@ -75,7 +75,7 @@ def test_horovod_backend_without_horovod_says_how_to_build_it(monkeypatch, tmp_p
     monkeypatch.setenv("HOROVOD_RANK", "0")
     try:
         import horovod.mxnet  # noqa: F401
-        pytest.skip("horovod.mxnet imports here (scripts/build_horovod.sh ran); tests/dist/test_dist_train.py's Horovod test uses it")
+        pytest.skip("horovod.mxnet imports here (scripts/build_horovod.sh ran); tests/distributed/test_dist_train.py's Horovod test uses it")
     except ImportError:
         pass
     r = parse_recipe({"name": "t", "model": {"source": f"symbol:{helpers.tiny_symbol(tmp_path)}",

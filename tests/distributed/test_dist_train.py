@@ -19,8 +19,6 @@ import helpers
 from gluontl.recipe import parse_recipe
 from gluontl.train.loop import finetune
 
-pytestmark = pytest.mark.jobs
-
 DATA = {**helpers.DIGITS_5_9, "classes": ["5", "6"], "batch_size": 16}  # 9 steps of 2 x 16 per epoch
 FROZEN, NO_LR = ("c1_weight", "c1_bias"), "c2_bias"
 BN_STATS = ("bn1_running_mean", "bn1_running_var", "bn2_running_mean", "bn2_running_var")

@@ -236,7 +236,6 @@ def environ(pid):
         return dict(v.decode().partition("=")[::2] for v in fh.read().split(b"\0") if v)
 
 
-@pytest.mark.jobs
 def test_a_killed_worker_stops_the_whole_job(job_dir, launched):
     job = launched(job_dir, "-n", "2", "--", "finetune", "-r", "r.yaml", "--runs", "runs", "-q", env={"PORT": "80"})
     job.wait_for(r"^\[worker \d\] epoch 1/")
@@ -259,7 +258,6 @@ def test_a_killed_worker_stops_the_whole_job(job_dir, launched):
     assert survivors(job.started) == []
 
 
-@pytest.mark.jobs
 def test_a_worker_refusing_its_recipe_exits_2(job_dir, launched):
     job = launched(job_dir, "-n", "2", "--", "finetune", "-r", "r.yaml", "--set", "train.epochs=0")
     code, out, err = job.finish(timeout=60)
@@ -271,7 +269,6 @@ def test_a_worker_refusing_its_recipe_exits_2(job_dir, launched):
     assert "Traceback" not in out + err
 
 
-@pytest.mark.jobs
 def test_workers_that_finish_end_the_job_with_0(job_dir, launched):
     job = launched(job_dir, "-n", "2", "--", "finetune", "-r", "r.yaml", "--set", "train.epochs=1",
                    "--runs", "ok", "-q")
@@ -296,7 +293,6 @@ exec setsid -w sh -c "$*"
 """
 
 
-@pytest.mark.jobs
 def test_hosts_over_ssh(job_dir, launched, tmp_path):
     ssh = tmp_path / "ssh"
     ssh.write_text(FAKE_SSH)
@@ -324,7 +320,6 @@ def test_hosts_over_ssh(job_dir, launched, tmp_path):
     assert survivors(job.started) == []
 
 
-@pytest.mark.jobs
 def test_a_stopped_launcher_lets_the_workers_checkpoint(job_dir, launched):
     job = launched(job_dir, "-n", "2", "--", "finetune", "-r", "r.yaml", "--runs", "stop", "-q")
     job.wait_for(r"^\[worker \d\] epoch 1/")
@@ -340,7 +335,6 @@ def test_a_stopped_launcher_lets_the_workers_checkpoint(job_dir, launched):
     assert survivors(job.started) == []
 
 
-@pytest.mark.jobs
 def test_a_scheduler_that_cannot_bind_stops_the_job(job_dir, launched):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -354,7 +348,6 @@ def test_a_scheduler_that_cannot_bind_stops_the_job(job_dir, launched):
                     " ".join(err.split())), err
 
 
-@pytest.mark.jobs
 def test_a_worker_killed_on_its_host_stops_every_host(job_dir, launched, tmp_path):
     ssh = tmp_path / "ssh"
     ssh.write_text(FAKE_SSH)
