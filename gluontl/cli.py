@@ -63,13 +63,14 @@ def plan(recipe: Path = RecipeOpt, set_: Optional[List[str]] = SetOpt,
         cache = "feature cache: off (a detector trains on augmented images end to end)"
     else:
         prep = prepare(r, apply=False)
-        cache = preview(r, prep.block, prep.plan)
-    # what the guards of finetune will say about these weights and rules
-    weights, flags = (weights, []) if pending else plan_flags(r, prep)
     if r.train.distributed.backend != "none" and r.train.distributed.batch_norm == "frozen":
         from .rules import freeze_bn_stats
 
         prep.plan = freeze_bn_stats(prep.plan, "train.distributed.batch_norm")  # what workers of a job train
+    if r.task != "detection":
+        cache = preview(r, prep.block, prep.plan)
+    # what the guards of finetune will say about these weights and rules
+    weights, flags = (weights, []) if pending else plan_flags(r, prep)
     if as_json:
         out = prep.plan.to_json()
         out["weights"] = weights
@@ -435,4 +436,10 @@ def _fail(msg: str, code: int, prefix: str = "error: ") -> NoReturn:
     text = textwrap.fill(" ".join(msg.split()), width=100, subsequent_indent=" " * len(prefix),
                          break_long_words=False, break_on_hyphens=False)  # paths stay whole
     print(prefix + text, file=sys.stderr)
+    if os.environ.get("DMLC_ROLE") == "worker" or "HOROVOD_RANK" in os.environ:
+        # MXNet's kvstore teardown waits at ps-lite barriers for every other node: a failed worker
+        # would hang there (and its peers with it) instead of exiting for the launcher to see
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     sys.exit(code)

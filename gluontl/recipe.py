@@ -525,6 +525,10 @@ class Recipe(Strict):
                                  f"{'detection' if detection_data else 'classification'} data but the recipe's task "
                                  f"is {self.task}; set task: {'detection' if detection_data else 'classification'} "
                                  f"or use a {self.task} source ({', '.join(DETECTION_SOURCES) if self.task == 'detection' else 'demo:digits, demo:elpv, folder:, list:, rec:'})")
+        if self.train.distributed.backend == "horovod" and "," in self.train.ctx:
+            raise ValueError(f"train.ctx {self.train.ctx} lists several devices, but Horovod 0.28's MXNet Trainer "
+                             f"reduces only the first context's gradients (the other copies would drift apart); "
+                             f"run one Horovod process per device (horovodrun -np <devices>) with one ctx each")
         staged = [i + 1 for i, r in enumerate(self.rules) if r.from_epoch]
         if self.train.distributed.backend != "none" and staged:
             raise ValueError(f"rules {', '.join(map(str, staged))} start at a later epoch (from_epoch), which "

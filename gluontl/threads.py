@@ -33,8 +33,20 @@ def physical_cores() -> int:
         return max(1, allowed)
 
 
+_UNSET = object()
+_from_user: object = _UNSET  # OMP_NUM_THREADS as configure() found it
+
+
+def user_threads() -> str | None:
+    """OMP_NUM_THREADS as the user set it, not as configure() filled it in."""
+    return os.environ.get("OMP_NUM_THREADS") if _from_user is _UNSET else _from_user  # type: ignore[return-value]
+
+
 def configure() -> str:
     """Set OMP_NUM_THREADS unless the user did; returns a line for the run log."""
+    global _from_user
+    if _from_user is _UNSET:
+        _from_user = os.environ.get("OMP_NUM_THREADS")
     if "mxnet" in __import__("sys").modules:
         return f"threads: mxnet already imported; OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'default')}"
     if "OMP_NUM_THREADS" in os.environ:

@@ -33,7 +33,10 @@ from ..recipe import DistributedSpec
 
 WATCHDOG_EXIT = 3  # a collective outlived train.distributed.step_timeout
 _TEXT_BYTES = 4096  # longest run-folder path a broadcast carries
-_SUM_KEY = 1 << 22  # kvstore keys of our own collectives, far above the Trainer's parameter indices
+# kvstore keys of our own collectives: above the Trainer's parameter indices, yet below 2**31 / 9973,
+# because MXNet 1.9.1 picks a key's server as int32 (key * 9973) % servers, which overflows (to server
+# -1: "Check failed: ps_key < krs[server].end()") for larger keys when there are 2 or more servers.
+_SUM_KEY = 200_000
 
 
 class Watchdog:
@@ -170,6 +173,9 @@ class KVStoreBackend(Backend):
         self._keys: dict[tuple[str, int], int] = {}
 
     def trainer(self, params: list, optimizer: str, options: dict[str, Any]) -> gluon.Trainer:
+        if len(params) >= _SUM_KEY:
+            raise TrainError(f"{len(params)} trainable parameter arrays exceed the {_SUM_KEY} kvstore keys gluontl "
+                             f"leaves the Trainer; freeze some (rules) or use backend: horovod.")
         return gluon.Trainer(params, optimizer, options, kvstore=self.kv, update_on_kvstore=False)
 
     def prepare(self, trainer: gluon.Trainer) -> None:

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import IO, Mapping, Optional, Sequence
 
 from ..errors import LaunchError
-from ..threads import physical_cores
+from ..threads import physical_cores, user_threads
 
 STOP_GRACE = 5.0  # s between SIGTERM and SIGKILL when stopping after a failure
 FINISH_GRACE = 10.0  # s the scheduler and servers get to exit by themselves once every worker is done
@@ -108,12 +108,13 @@ def read_hosts(path: Path) -> list[Host]:
 
 def plan(args: Sequence[str], workers: int, servers: int = 1, hosts: Sequence[Host] = (),
          root_uri: str = "127.0.0.1", port: int = 9091, cpus: int = 1, python: str = sys.executable,
-         cwd: str = ".", ssh: Sequence[str] = SSH) -> list[Process]:
+         cwd: str = ".", ssh: Sequence[str] = SSH, threads: str | None = None) -> list[Process]:
     """The scheduler (here), then servers and workers round-robin over ``hosts`` (here when none).
 
-    Workers split their host's cores (``cpus`` here, a host's own ``cpus=`` elsewhere): MXNet
-    sizes its thread pool from OMP_NUM_THREADS at import, so it must be in the environment before
-    Python starts. Servers and the scheduler only move gradients and get one thread.
+    Workers split their host's cores (``cpus`` here, a host's own ``cpus=`` elsewhere) unless the
+    user set ``threads`` (their OMP_NUM_THREADS, which wins as everywhere in gluontl): MXNet sizes
+    its thread pool from OMP_NUM_THREADS at import, so it must be in the environment before Python
+    starts. Servers and the scheduler only move gradients and get one thread.
     """
     places: list[Host | None] = [None if h.local else h for h in hosts] or [None]
     common = {"DMLC_PS_ROOT_URI": root_uri, "DMLC_PS_ROOT_PORT": str(port),
@@ -121,11 +122,11 @@ def plan(args: Sequence[str], workers: int, servers: int = 1, hosts: Sequence[Ho
     machine = [None if place is None else place.address for place in places]
     on_host = [sum(1 for i in range(workers) if machine[i % len(places)] == m) for m in machine]
 
-    def process(role: str, index: int, slot: int | None, command: list[str], threads: int) -> Process:
+    def process(role: str, index: int, slot: int | None, command: list[str], omp: str) -> Process:
         host = places[slot] if slot is not None else None
         env = {**common, "DMLC_ROLE": role, "DMLC_NODE_HOST": host.address if host else root_uri,
                **({"GLUONTL_LAUNCH_INDEX": str(index)} if role == "worker" else {}),
-               "OMP_NUM_THREADS": str(threads)}
+               "OMP_NUM_THREADS": omp}
         if host is None:
             return Process(role, index, None, (python, *command), env)
         remote = (f"cd {shlex.quote(cwd)} && echo \"gluontl launch: pid $$\" && exec env -u PORT "
@@ -134,13 +135,14 @@ def plan(args: Sequence[str], workers: int, servers: int = 1, hosts: Sequence[Ho
         return Process(role, index, host, (*ssh, host.name, remote), env)
 
     server = ["-c", "import mxnet"]  # with DMLC_ROLE set, importing mxnet runs that role until the job ends
-    out = [process("scheduler", 0, None, server, 1)]
-    out += [process("server", i, i % len(places), server, 1) for i in range(servers)]
+    out = [process("scheduler", 0, None, server, "1")]
+    out += [process("server", i, i % len(places), server, "1") for i in range(servers)]
     for i in range(workers):
         slot = i % len(places)
         place = places[slot]
         host_cpus = place.cpus if place is not None and place.cpus else cpus
-        out.append(process("worker", i, slot, ["-m", "gluontl", *args], max(1, host_cpus // on_host[slot])))
+        split = str(max(1, host_cpus // on_host[slot]))
+        out.append(process("worker", i, slot, ["-m", "gluontl", *args], threads or split))
     return out
 
 
@@ -262,7 +264,7 @@ def launch(args: Sequence[str], workers: int, servers: int = 1, hosts_file: Opti
     hosts = read_hosts(hosts_file) if hosts_file is not None else []
     uri = root_uri or address_towards(hosts)
     procs = plan(args, workers, servers, hosts, uri, port or free_port(uri), physical_cores(),
-                 cwd=os.getcwd(), ssh=shlex.split(ssh) if ssh else SSH)
+                 cwd=os.getcwd(), ssh=shlex.split(ssh) if ssh else SSH, threads=user_threads())
     return _Job(procs, sys.stdout).run()
 
 

@@ -320,9 +320,11 @@ class _worker_log:
         if self.dist.size > 1:
             self.log = WorkerLog(run_dir / "logs" / f"worker-{self.dist.rank}.log").__enter__()
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, kind: Any, err: Any, tb: Any) -> None:
         if self.log is not None:
-            self.log.__exit__(*exc)
+            if err is not None:  # what ended the worker, in its own log too
+                self.log.fh.write(f"error: {type(err).__name__}: {err}\n")
+            self.log.__exit__(kind, err, tb)
 
 
 def _finetune(recipe: Recipe, dist: Backend, runs_root: str | Path, resume: str | Path | None, quiet: bool,
@@ -426,7 +428,8 @@ def _finetune(recipe: Recipe, dist: Backend, runs_root: str | Path, resume: str 
                     _set_accumulation(net, t.accumulate)
                     trainer = _make_trainer(net, recipe, dist)
                 if replan or feed is None:
-                    new_feed = task.feed(net, plan, recipe, loaders, ctxs[0], run_dir / "feature_cache",
+                    cache_dir = run_dir / ("feature_cache" if dist.size == 1 else f"feature_cache-{dist.rank}")
+                    new_feed = task.feed(net, plan, recipe, loaders, ctxs[0], cache_dir,
                                          not bars_on(quiet), feed)
                     if new_feed is not feed:
                         say(quiet, new_feed.log)
@@ -552,7 +555,8 @@ def _write_checksum(run_dir: Path, net, rank: int) -> None:
     h = hashlib.sha256()
     for name, e in sorted(named_params(net).items()):
         h.update(name.encode())
-        h.update(e.param.list_data()[0].asnumpy().tobytes())
+        for copy in e.param.list_data():  # every context's: copies that drift apart are a bug too
+            h.update(copy.asnumpy().tobytes())
     write_text(run_dir / "logs" / f"worker-{rank}.sha256", h.hexdigest() + "\n", TrainError)
 
 

@@ -33,6 +33,13 @@ def test_refused_settings_say_why(bad, says):
     assert says in str(e.value)
 
 
+def test_horovod_with_several_contexts_per_worker_is_refused():
+    """Horovod 0.28's Trainer reduces only the first context's gradients."""
+    assert parse_recipe({**BASE, "train": {**BASE["train"], "ctx": "cpu:0,1"}})
+    with pytest.raises(RecipeError, match="one Horovod process per device"):
+        parse_recipe({**BASE, "train": {**BASE["train"], "ctx": "cpu:0,1", "distributed": {"backend": "horovod"}}})
+
+
 def test_gradual_unfreezing_is_refused_when_distributed():
     rules = [{"match": ["*"], "grad_req": "null"}, {"stage": ["head"], "grad_req": "write", "from_epoch": 2}]
     assert _recipe(rules=rules)  # fine in one process

@@ -56,11 +56,12 @@ def recipe(prefix, *, distributed=None, rules=(), batch_size=16, **train):
             "export": {"formats": []}}
 
 
-def launch(tmp_path, recipe_dict, *args, workers=2):
+def launch(tmp_path, recipe_dict, *args, workers=2, servers=1):
     tmp_path.mkdir(exist_ok=True)
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(recipe_dict))
-    cmd = [sys.executable, "-m", "gluontl", "launch", "-n", str(workers), "--", "finetune", "--recipe", str(path),
+    cmd = [sys.executable, "-m", "gluontl", "launch", "-n", str(workers), "--servers", str(servers), "--",
+           "finetune", "--recipe", str(path),
            "--runs", str(tmp_path / "runs"), "-q", *args]
     return subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -90,10 +91,13 @@ def test_two_workers_match_one_process_on_the_combined_batch_three_times(tiny_bn
     ref = finetune(parse_recipe(recipe(tiny_bn, batch_size=32, rules=[{"type": ["BatchNorm"], "bn": "frozen"}])),
                    runs_root=tmp_path / "ref", quiet=True)
     want, start = params(ref.run_dir), initial(tiny_bn)
-    for rep in range(3):
-        ctx = "cpu:0,1" if rep == 2 else "cpu"  # the last job: each worker splits its batch over 2 contexts
-        run = run_folder(launch(tmp_path / str(rep), recipe(tiny_bn, distributed={"backend": "kvstore"}, ctx=ctx)),
-                         tmp_path / str(rep))
+    # job 0: the feature cache in memory-mapped files (one per worker); job 1: two servers (the keys
+    # of gluontl's own collectives must map to a server; MXNet computes that in int32); job 2: each
+    # worker splits its batch over two contexts
+    variants = [({"cache_max_bytes": 1}, 1), ({}, 2), ({"ctx": "cpu:0,1"}, 1)]
+    for rep, (train, servers) in enumerate(variants):
+        run = run_folder(launch(tmp_path / str(rep), recipe(tiny_bn, distributed={"backend": "kvstore"}, **train),
+                                servers=servers), tmp_path / str(rep))
         sums = {(run / "logs" / f"worker-{r}.sha256").read_text() for r in (0, 1)}
         assert len(sums) == 1, f"repetition {rep}: the workers' parameters differ"
         got = params(run)
@@ -185,3 +189,19 @@ def test_a_detector_trains_on_two_workers(tmp_path):
         np.testing.assert_array_equal(got[name], want[name], err_msg=name)
     trained = [p["name"] for p in plan["params"] if p["name"] not in frozen]
     assert any(not np.array_equal(got[n], want[n]) for n in trained)
+
+
+def test_failing_workers_end_the_job_at_once_and_say_why_in_their_logs(tiny_bn, tmp_path):
+    """A worker that fails exits instead of waiting in MXNet's kvstore teardown for its peers."""
+    r = recipe(tiny_bn, distributed={"backend": "kvstore"}, lr=1e30, max_bad_steps=0)
+    proc = launch(tmp_path / "nan", r)
+    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (run,) = (tmp_path / "nan" / "runs").iterdir()
+    for rank in (0, 1):  # every worker saw the same global loss and stopped at the same step
+        assert "Loss was NaN/Inf in 1 steps" in (run / "logs" / f"worker-{rank}.log").read_text()
+    # rank 0 alone refuses (its run folder cannot be made) while rank 1 waits for the folder's name
+    (tmp_path / "file").write_text("not a folder")
+    proc = launch(tmp_path / "refused", recipe(tiny_bn, distributed={"backend": "kvstore"}),
+                  "--runs", str(tmp_path / "file"))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and "Cannot create a run folder" in out and "SIGABRT" not in out, out[-3000:]

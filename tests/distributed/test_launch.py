@@ -48,6 +48,8 @@ def test_plan_on_this_machine_splits_the_cores_over_the_workers():
         assert w.env["GLUONTL_LAUNCH_INDEX"] == str(i) and w.env["OMP_NUM_THREADS"] == "2"  # 7 // 3
     many = plan(ARGS, workers=5, cpus=2)
     assert {p.env["OMP_NUM_THREADS"] for p in many if p.role == "worker"} == {"1"}  # never 0
+    mine = plan(ARGS, workers=2, cpus=8, threads="3")  # the user's OMP_NUM_THREADS wins
+    assert [p.env["OMP_NUM_THREADS"] for p in mine] == ["1", "1", "3", "3"]
 
 
 def test_environ_drops_port_and_adds_the_plan_only_for_local_processes():
