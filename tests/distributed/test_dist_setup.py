@@ -57,39 +57,34 @@ def test_digest_of_an_undistributed_recipe_is_what_it_was_before_the_field_exist
     assert _recipe({"backend": "kvstore", "batch_norm": "rank0"}).digest("train") != kv.digest("train")
 
 
-def test_kvstore_outside_a_parameter_server_job_says_how_to_start_one(monkeypatch, tmp_path):
-    for var in ("DMLC_ROLE", "DMLC_PS_ROOT_URI"):
+def _tiny(tmp_path, **distributed):
+    return parse_recipe({"name": "t", "model": {"source": f"symbol:{helpers.tiny_symbol(tmp_path)}",
+                                                "input_shape": [3, 16, 16]}, "data": helpers.DIGITS_5_9,
+                         **({"train": {"distributed": distributed}} if distributed else {})})
+
+
+@pytest.mark.parametrize("backend, unset, says", [
+    ("kvstore", ("DMLC_ROLE", "DMLC_PS_ROOT_URI"), "gluontl launch -n N -- finetune"),
+    ("horovod", ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"), "horovodrun -np N"),
+])
+def test_a_backend_outside_its_job_says_how_to_start_one(monkeypatch, tmp_path, backend, unset, says):
+    for var in unset:
         monkeypatch.delenv(var, raising=False)
-    r = parse_recipe({"name": "t", "model": {"source": f"symbol:{helpers.tiny_symbol(tmp_path)}",
-                                             "input_shape": [3, 16, 16]},
-                      "data": helpers.DIGITS_5_9, "train": {"distributed": {"backend": "kvstore"}}})
-    with pytest.raises(TrainError, match="gluontl launch -n N -- finetune"):
-        finetune(r, runs_root=tmp_path / "runs", quiet=True)
+    with pytest.raises(TrainError, match=says):
+        finetune(_tiny(tmp_path, backend=backend), runs_root=tmp_path / "runs", quiet=True)
     assert not (tmp_path / "runs").exists()
-
-
-def test_horovod_backend_outside_horovodrun_says_how_to_start_it(monkeypatch, tmp_path):
-    for var in ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
-        monkeypatch.delenv(var, raising=False)
-    r = parse_recipe({"name": "t", "model": {"source": f"symbol:{helpers.tiny_symbol(tmp_path)}",
-                                             "input_shape": [3, 16, 16]},
-                      "data": helpers.DIGITS_5_9, "train": {"distributed": {"backend": "horovod"}}})
-    with pytest.raises(TrainError, match="horovodrun -np N"):
-        finetune(r, runs_root=tmp_path / "runs", quiet=True)
 
 
 def test_horovod_backend_without_horovod_says_how_to_build_it(monkeypatch, tmp_path):
     monkeypatch.setenv("HOROVOD_RANK", "0")
     try:
         import horovod.mxnet  # noqa: F401
-        pytest.skip("horovod.mxnet imports here (scripts/build_horovod.sh ran); tests/distributed/test_dist_train.py's Horovod test uses it")
+        pytest.skip("horovod.mxnet imports here (scripts/build_horovod.sh ran); "
+                    "tests/distributed/test_dist_train.py's Horovod test uses it")
     except ImportError:
         pass
-    r = parse_recipe({"name": "t", "model": {"source": f"symbol:{helpers.tiny_symbol(tmp_path)}",
-                                             "input_shape": [3, 16, 16]},
-                      "data": helpers.DIGITS_5_9, "train": {"distributed": {"backend": "horovod"}}})
     with pytest.raises(TrainError, match="scripts/build_horovod.sh"):
-        finetune(r, runs_root=tmp_path / "runs", quiet=True)
+        finetune(_tiny(tmp_path, backend="horovod"), runs_root=tmp_path / "runs", quiet=True)
 
 
 def test_watchdog_ends_a_worker_stuck_in_a_collective():
@@ -135,10 +130,8 @@ def test_the_private_trainer_api_the_first_step_broadcast_uses_is_there():
 def test_a_job_s_worker_with_an_undistributed_recipe_is_refused(monkeypatch, tmp_path, var, value, engine):
     """It would train alone and race the other workers for the run folder."""
     monkeypatch.setenv(var, value)
-    r = parse_recipe({"name": "t", "model": {"source": f"symbol:{helpers.tiny_symbol(tmp_path)}",
-                                             "input_shape": [3, 16, 16]}, "data": helpers.DIGITS_5_9})
     with pytest.raises(TrainError, match=f"--set train.distributed.backend={engine}"):
-        finetune(r, runs_root=tmp_path / "runs", quiet=True)
+        finetune(_tiny(tmp_path), runs_root=tmp_path / "runs", quiet=True)
     assert not (tmp_path / "runs").exists()
 
 
