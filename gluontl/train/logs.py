@@ -34,7 +34,7 @@ _copies: list[Any] = []  # open worker logs (logs/worker-RANK.log) that get ever
 
 class WorkerLog:
     """Every line this process shows, also in ``path`` (a distributed worker's own log, which
-    survives when the launcher's console is gone)."""
+    survives when the launcher's console is gone), and the error that ended it."""
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -44,7 +44,9 @@ class WorkerLog:
         _copies.append(self.fh)
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, kind: Any, err: Any, tb: Any) -> None:
+        if err is not None:
+            self.fh.write(f"error: {type(err).__name__}: {err}\n")
         _copies.remove(self.fh)
         self.fh.close()
 

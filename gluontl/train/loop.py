@@ -9,6 +9,7 @@ cached prefix features or from a faster prefix engine (``cache.py``, ``prefix.py
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -281,7 +282,11 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
     dist = connect(t.distributed, show)
     if dist.size > 1:  # what `gluontl launch` reads to name a failing worker by rank
         print(f"gluontl worker: rank {dist.rank} of {dist.size}", file=sys.stderr, flush=True)
-    with _worker_log(dist) as logged:
+    with contextlib.ExitStack() as logs:
+        def logged(run_dir: Path) -> None:  # once the run folder is known: RUN/logs/worker-RANK.log
+            if dist.size > 1:
+                logs.enter_context(WorkerLog(run_dir / "logs" / f"worker-{dist.rank}.log"))
+
         return _finetune(recipe, dist, runs_root, resume, quiet, stop_after_steps, logged)
 
 
@@ -304,27 +309,6 @@ def _weights_made_before(recipe: Recipe) -> None:
                          f"(every worker would train {spec.weights_from} at once). Make it first in one process: "
                          f"`gluontl finetune --recipe {spec.weights_from}` and copy its runs/NAME/checkpoints/"
                          f"best.params to '{spec.weights}', or run this recipe once without train.distributed.")
-
-
-class _worker_log:
-    """A distributed worker's lines also go to RUN/logs/worker-RANK.log, from the moment its run
-    folder is known (``logged(run_dir)``)."""
-
-    def __init__(self, dist: Backend) -> None:
-        self.dist, self.log = dist, None
-
-    def __enter__(self) -> Callable[[Path], None]:
-        return self.open
-
-    def open(self, run_dir: Path) -> None:
-        if self.dist.size > 1:
-            self.log = WorkerLog(run_dir / "logs" / f"worker-{self.dist.rank}.log").__enter__()
-
-    def __exit__(self, kind: Any, err: Any, tb: Any) -> None:
-        if self.log is not None:
-            if err is not None:  # what ended the worker, in its own log too
-                self.log.fh.write(f"error: {type(err).__name__}: {err}\n")
-            self.log.__exit__(kind, err, tb)
 
 
 def _finetune(recipe: Recipe, dist: Backend, runs_root: str | Path, resume: str | Path | None, quiet: bool,
