@@ -24,6 +24,7 @@ from onnx import external_data_helper, helper, numpy_helper
 from ..errors import OnnxImportError, short_reason
 from ..graphblock import GraphBlock
 from . import fold
+from .layout import plain_conv_gradients
 from .ops.quantize import integer_as_float
 from .ops.shape import range_over_batch
 from .registry import Node, Tensor, carrier_dtype, get, get_evaluator, node_from_proto
@@ -811,7 +812,7 @@ class _Importer:
                 sym = mx.sym.identity(sym, name=f"{o.name}/output")
             seen.add(sym.name)
             outs.append(sym)
-        group = mx.sym.Group(outs) if len(outs) > 1 else outs[0]
+        group = plain_conv_gradients(mx.sym.Group(outs) if len(outs) > 1 else outs[0])
         input_syms = [self.runtime[i.name].sym for i in self.inputs]
         try:
             block = OnnxBlock(group, input_syms)
