@@ -731,6 +731,91 @@ class BatchIndexing(nn.Module):
         return self.fc(torch.cat([picked, flat, masked, shared, ramp, written.mean(1), put], 1))
 
 
+# ------------------------------------------------------------------ attention folded into convolutions
+# The first layer of each that MXNet 1.9.1's oneDNN could not train (issue 23): a convolution
+# whose input is attention output reshaped back into an image.
+
+class XCiTLPI(nn.Module):
+    """XCiT's local patch interaction: tokens → LayerNorm → transpose/reshape to an image →
+    depthwise 3x3 conv (group = channels) → GELU → BN → depthwise 3x3 → tokens again."""
+
+    def __init__(self, classes=10, c=16):
+        super().__init__()
+        self.patch = nn.Conv2d(3, c, 4, 4)
+        self.norm = nn.LayerNorm(c)
+        self.conv1 = nn.Conv2d(c, c, 3, padding=1, groups=c)
+        self.bn = nn.BatchNorm2d(c)
+        self.conv2 = nn.Conv2d(c, c, 3, padding=1, groups=c)
+        self.head = nn.Linear(c, classes)
+
+    def forward(self, x):
+        x = self.patch(x)
+        b, c, h, w = x.shape
+        t = x.flatten(2).transpose(1, 2)
+        y = self.norm(t).transpose(1, 2).reshape(b, c, h, w)
+        y = self.conv2(self.bn(F.gelu(self.conv1(y))))
+        t = t + y.reshape(b, c, h * w).transpose(1, 2)
+        return self.head(t.mean(1))
+
+
+class MobileViTFold(nn.Module):
+    """MobileViT block: local convs, unfold into 2x2 patches, one attention layer over the
+    patches, fold back (reshape/transpose) and the 1x1 projection conv, then fuse."""
+
+    def __init__(self, classes=10, c=8, d=16, p=2):
+        super().__init__()
+        self.p = p
+        self.stem = conv_bn(3, c, 3, 2)
+        self.local = nn.Sequential(conv_bn(c, c, 3), nn.Conv2d(c, d, 1, bias=False))
+        self.norm = nn.LayerNorm(d)
+        self.attn = Attention(d, heads=2)
+        self.proj = conv_bn(d, c, 1)
+        self.fuse = conv_bn(2 * c, c, 3)
+        self.head = nn.Linear(c, classes)
+
+    def forward(self, x):
+        x = self.stem(x)
+        y = self.local(x)
+        b, d, h, w = y.shape
+        p, nh, nw = self.p, h // self.p, w // self.p
+        t = y.reshape(b * d * nh, p, nw, p).transpose(1, 2).reshape(b, d, nh * nw, p * p)
+        t = t.transpose(1, 3).reshape(b * p * p, nh * nw, d)
+        t = t + self.attn(self.norm(t))
+        y = t.reshape(b, p * p, nh * nw, d).transpose(1, 3).reshape(b * d * nh, nw, p, p)
+        y = y.transpose(1, 2).reshape(b, d, h, w)
+        y = self.fuse(torch.cat([x, self.proj(y)], 1))
+        return self.head(y.mean((2, 3)))
+
+
+class EfficientFormerAttn(nn.Module):
+    """EfficientFormerV2's Attention4D: 1x1-conv q/k/v, softmax(q k^T) v → transpose →
+    reshape to an image → + depthwise local v → GELU → 1x1 projection conv + BN."""
+
+    def __init__(self, classes=10, c=16, heads=2, kd=8):
+        super().__init__()
+        self.heads, self.kd, self.dv = heads, kd, c // heads
+        self.stem = conv_bn(3, c, 3, 2)
+        self.q = conv_bn(c, heads * kd, 1, act=None)
+        self.k = conv_bn(c, heads * kd, 1, act=None)
+        self.v = conv_bn(c, c, 1, act=None)
+        self.v_local = conv_bn(c, c, 3, groups=c, act=None)
+        self.proj = nn.Sequential(nn.GELU(), nn.Conv2d(c, c, 1), nn.BatchNorm2d(c))
+        self.head = nn.Linear(c, classes)
+
+    def forward(self, x):
+        x = self.stem(x)
+        b, c, h, w = x.shape
+        n = h * w
+        q = self.q(x).flatten(2).reshape(b, self.heads, self.kd, n).permute(0, 1, 3, 2)
+        k = self.k(x).flatten(2).reshape(b, self.heads, self.kd, n)
+        v = self.v(x)
+        local = self.v_local(v)
+        v = v.flatten(2).reshape(b, self.heads, self.dv, n).permute(0, 1, 3, 2)
+        attn = (q @ k * self.kd ** -0.5).softmax(-1)
+        y = (attn @ v).transpose(2, 3).reshape(b, c, h, w) + local
+        return self.head((x + self.proj(y)).mean((2, 3)))
+
+
 # ------------------------------------------------------------------ export
 
 # name: (constructor, input shape at batch 1, legacy opsets, output batch axis)
@@ -760,8 +845,12 @@ MODELS = {
     "tv_deeplabv3": (tv_deeplabv3, (3, 64, 64), (17,), 0),
     "gru_crnn": (GRUCRNN, (1, 32, 64), (17,), 1),
     "batch_indexing": (BatchIndexing, (3, 16, 16), (17,), 0),
+    "xcit_lpi": (XCiTLPI, (3, 16, 16), (17,), 0),
+    "mobilevit_fold": (MobileViTFold, (3, 16, 16), (17,), 0),
+    "efficientformer_attn": (EfficientFormerAttn, (3, 16, 16), (17,), 0),
 }
-DYNAMO_OPSETS = {"vit": (18, 20), "convnext": (18, 20)}  # default (18,); 20 has a Gelu op
+DYNAMO_OPSETS = {"vit": (18, 20), "convnext": (18, 20),  # default (18,); 20 has a Gelu op
+                 "efficientformer_attn": (18, 20)}
 # Legacy exports without constant folding keep BatchNormalization and torch's weight names.
 NO_FOLDING = {"resnet"}
 # Why an expected exporter failure happens (kept next to its error in the manifest).
