@@ -3,17 +3,18 @@
 A convolution's backward writes the gradient of its data input in oneDNN's blocked layout
 (e.g. ``aBcd8b``). When that input came from a reshape (possibly through elementwise ops,
 activations or BatchNorm, whose backward hands the gradient on as it is),
-``_backward_reshape`` passes the same memory on in place under the reshaped dims while it
-keeps the convolution's 4-D blocked descriptor. The next oneDNN op to read it (a transpose,
-which MXNet runs as a oneDNN reorder from that descriptor to the reshaped strides) asks for a
-reorder between memories of different dims: "could not create a primitive descriptor for a
-reorder primitive". Attention models that fold tokens back into images hit this (MobileViT,
+``_backward_reshape`` (an in-place identity) passes the same memory on under the reshaped
+dims while it keeps the convolution's 4-D blocked descriptor. The next oneDNN op to read it
+(a transpose: mkldnn_transpose.cc builds a reorder from ``GetMKLDNNData()``'s descriptor to
+the reshaped strides) asks for a reorder between memories of different dims: "could not
+create a primitive descriptor for a reorder primitive". Attention models that fold tokens back into images hit this (MobileViT,
 EfficientFormerV2, XCiT).
 
 The fix: such a convolution reads its input through ``slice_axis`` over the whole batch axis,
 a plain copy forward whose backward (an MXNet kernel, not oneDNN) writes a fresh plain-layout
 gradient, so the reshape behind it only ever sees plain memory. Forward values are the same
-bits; only the graph gains the copy, and only where the pattern occurs.
+bits; the graph gains the copy only before convolutions a reshape feeds (MXNet's own count:
+the channel Concat of ops/slice.py ends in one).
 """
 from __future__ import annotations
 
