@@ -13,7 +13,9 @@ With model names (keys of MODELS) only those are re-exported and the other files
 manifest entries stay as they are; MANIFEST.json records per file the torch (and
 torchvision) version, the builder, the exporter options and the sha256. The files
 before the torchvision models were made with torch 2.13.0 (CPU build); the ``tv_*``
-and ``gru_crnn`` ones with torch 2.14.1 / torchvision 0.29.1.
+and ``gru_crnn`` ones with torch 2.14.1 / torchvision 0.29.1; ``xcit_lpi``, ``mobilevit_fold``
+and ``efficientformer_attn`` with torch 2.13.0 (CPU build, which ``pip install torch==2.13.0``
+takes from this machine's disk; they need no torchvision).
 
 Every export is checked against the torch model with onnxruntime at batch 1 and 2
 (and at a second H/W where H/W are dynamic); an export that fails or computes the
