@@ -7,8 +7,8 @@ activations or BatchNorm, whose backward hands the gradient on as it is),
 dims while it keeps the convolution's 4-D blocked descriptor. The next oneDNN op to read it
 (a transpose: mkldnn_transpose.cc builds a reorder from ``GetMKLDNNData()``'s descriptor to
 the reshaped strides) asks for a reorder between memories of different dims: "could not
-create a primitive descriptor for a reorder primitive". Attention models that fold tokens back into images hit this (MobileViT,
-EfficientFormerV2, XCiT).
+create a primitive descriptor for a reorder primitive". Attention models that fold tokens
+back into images hit this (MobileViT, EfficientFormerV2, XCiT).
 
 The fix: such a convolution reads its input through ``slice_axis`` over the whole batch axis,
 a plain copy forward whose backward (an MXNet kernel, not oneDNN) writes a fresh plain-layout
