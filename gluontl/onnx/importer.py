@@ -305,6 +305,22 @@ def _dims(type_proto: onnx.TypeProto) -> Shape | None:
 _TENSOR_DATA = frozenset({"raw_data", "float_data", "double_data", "int32_data", "int64_data"})
 
 
+def _param_types(group, input_syms) -> dict[str, np.dtype]:
+    """Parameter dtypes inferred from the inputs the graph uses. SymbolBlock passes it every
+    input and, when one is unused (an output that is a folded constant, e.g. Shape(x) of a
+    static x), falls back to float32 for all parameters."""
+    used = set(group.list_arguments())
+    given = {s.name: s.infer_type()[0][0] for s in input_syms if s.name in used}
+    try:
+        arg_types, _, aux_types = group.infer_type(**given)
+    except mx.base.MXNetError:
+        return {}
+    if arg_types is None:
+        return {}
+    names = group.list_arguments() + group.list_auxiliary_states()
+    return {n: np.dtype(t) for n, t in zip(names, arg_types + aux_types)}
+
+
 def _copy_fields(dst, src, skip: frozenset[str] | set[str]) -> None:
     """Copy protobuf message ``src`` into ``dst`` except the fields named in ``skip``."""
     for field, value in src.ListFields():
@@ -656,6 +672,11 @@ class _Importer:
                 f"{node.op_type} at opset {node.opset}. Pass input_shapes=... so it can fold, or "
                 f"simplify the model (onnxsim).")
         inputs, to_batch = self._inputs_for(node)
+        empty = next((t for t in inputs if t is not None and t.const is None and t.shape
+                      and 0 in t.shape), None)
+        if empty is not None and not getattr(fn, "empty_inputs", False):
+            raise node.unsupported(f"input '{empty.name}' has shape {tuple(empty.shape)}: it is "
+                                   f"empty, which MXNet cannot hold (its shapes read 0 as unknown)")
         if node.op_type == "Range" and node.outputs[0] in self.consts:  # folded, batch-dependent
             ref = next(self.runtime[i.name].sym for i in self.inputs if i.name in self.batched)
             values = [self.consts[self.alias.get(x, x)] for x in node.inputs]
@@ -821,8 +842,11 @@ class _Importer:
                 f"({short_reason(e, 300)}); check the model with "
                 f"onnx.checker.check_model and onnxruntime.") from None
         params = block.collect_params()
+        types = _param_types(group, input_syms)
         for n, p in params.items():
-            want = np.dtype(p.dtype)
+            want = np.dtype(types.get(n, p.dtype))
+            if want != np.dtype(p.dtype):
+                p.cast(want)
             if want != self.params[n].dtype:
                 users = [node.name for node, _ in nodes if n in node.inputs]
                 raise OnnxImportError(
