@@ -63,8 +63,15 @@ class OnnxBlock(GraphBlock):
     graph-output order (SymbolBlock itself returns a list)."""
 
     def forward(self, x, *args):
-        out = super().forward(x, *args)
+        out = super().forward(*(_carried(a) for a in (x, *args)))
         return tuple(out) if isinstance(out, list) else out
+
+
+def _carried(value):
+    """A rank-0 NDArray (``mx.nd.array(np.float32(2))``, e.g. a Gemm bias or Pow exponent fed
+    as ONNX has it) as the shape (1,) that carries rank-0 values in the graph; MXNet's
+    shape inference reads shape () as unknown."""
+    return value.reshape((1,)) if isinstance(value, mx.nd.NDArray) and value.shape == () else value
 
 
 def import_model(model: str | os.PathLike | onnx.ModelProto,

@@ -154,9 +154,9 @@ def run_case(folder: Path, stored: bool = False) -> None:
             expected = _ort_outputs(folder, inputs)
         if stored:
             block, inputs = import_model(_stored(folder, inputs)), inputs[:1]
-        # MXNet has no 0-d arrays: rank-0 values travel as shape (1,).
-        out = block(*[mx.nd.array(x.reshape(x.shape or (1,)), dtype=carrier_dtype(x.dtype))
-                      for x in inputs])
+        # rank-0 inputs go in as shape () NDArrays, as users have them (the block carries
+        # them as shape (1,)); rank-0 outputs come out as shape (1,)
+        out = block(*[mx.nd.array(x, dtype=carrier_dtype(x.dtype)) for x in inputs])
         got = [o.asnumpy() for o in (out if isinstance(out, (list, tuple)) else [out])]
         assert len(got) == len(expected), (len(got), len(expected))
         for g, e in zip(got, expected):
