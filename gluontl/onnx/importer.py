@@ -8,9 +8,11 @@ shape vectors never turn into parameters while weights keep their ONNX names.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import heapq
+import io
 import os
 from collections import Counter, defaultdict
 from typing import Any, Iterable, Mapping, Sequence
@@ -841,8 +843,13 @@ class _Importer:
             outs.append(sym)
         group = mx.sym.Group(outs) if len(outs) > 1 else outs[0]
         input_syms = [self.runtime[i.name].sym for i in self.inputs]
+        unused = set(s.name for s in input_syms) - set(group.list_arguments())
         try:
-            block = OnnxBlock(group, input_syms)
+            # with an input the outputs do not read (they are constants, e.g. Shape(x) of a
+            # static x) SymbolBlock's type inference fails and MXNet prints the failure;
+            # _param_types below works the dtypes out
+            with contextlib.redirect_stdout(io.StringIO()) if unused else contextlib.nullcontext():
+                block = OnnxBlock(group, input_syms)
         except mx.base.MXNetError as e:
             raise OnnxImportError(
                 f"'{self.source}': the converted graph is inconsistent "

@@ -6,6 +6,9 @@ its stored outputs, or is a real limitation the importer refuses with a clear er
 (``REFUSED``: the test asserts the error), or has stored outputs onnxruntime does not
 reproduce (``ORT_REFERENCE``: compared with onnxruntime's float kernels instead, and a
 test checks the disagreement is still there). Nothing is xfailed: a wrong number fails.
+Cases refused for a run-time Resize scale run again with it stored in the model
+(``STORED``), and a few cases with other numeric types pin the converters of exported
+models (``TYPED_MATCH``, ``TYPED_REFUSED``).
 ``scripts/onnx_support.py`` runs the same cases to write docs/onnx-support.md.
 """
 from __future__ import annotations
@@ -60,6 +63,35 @@ ORT_REFERENCE: dict[str, str] = {
         "size; onnxruntime (and PyTorch) count only input and explicit-pad positions",
     "node/test_resize_downsample_scales_linear_align_corners": _ALIGN_CORNERS_DOWN,
     "node/test_resize_downsample_scales_cubic_align_corners": _ALIGN_CORNERS_DOWN,
+}
+
+
+# Cases with other numeric types (outside the float32 count) that pin converters users meet
+# in exported models, run with every input but the first stored (``_stored``): they match...
+TYPED_MATCH = frozenset(f"node/test_{c}" for c in (
+    "shape", "shape_clip_end", "shape_clip_start", "shape_end_1", "shape_end_negative_1",
+    "shape_example", "shape_start_1", "shape_start_1_end_2", "shape_start_1_end_negative_1",
+    "shape_start_negative_1", "size", "size_example", "slice_end_out_of_bounds",
+    *(f"reduce_{r}_empty_set" for r in ("l1", "l2", "log_sum", "log_sum_exp", "max", "min",
+                                         "prod", "sum", "sum_square")),
+    "reduce_log_sum_empty_set_expanded",
+    *(f"pow_types_{t}" for t in ("float32_int32", "float32_int64", "float32_uint32",
+                                 "float32_uint64", "int32_float32", "int32_int32",
+                                 "int64_float32", "int64_int64")),
+)) | {"pytorch-converted/test_Embedding", "pytorch-converted/test_Embedding_sparse"}
+# ...or are refused at import, naming the node (MXNet holds no empty tensor, and its pooling
+# returns no argmax). Case -> the error's text.
+_EMPTY_INPUT = "node .*'{}' has shape .*: it is empty"
+TYPED_REFUSED: dict[str, str] = {
+    **{f"node/test_maxpool_with_argmax_2d_precomputed_{c}": "MaxPool node .*Indices"
+       for c in ("pads", "strides")},
+    **{f"node/test_reduce_{r}_empty_set_expanded": _EMPTY_INPUT.format("data")
+       for r in ("l1", "l2", "log_sum_exp", "sum_square")},
+    "node/test_reduce_sum_empty_set_non_reduced_axis_zero": "ReduceSum node .*keeps a zero-size axis",
+    "node/test_reshape_allowzero_reordered": "Reshape " + _EMPTY_INPUT.format("data"),
+    "node/test_slice_start_out_of_bounds": "Slice node .*axis 1 is empty",
+    "node/test_split_zero_size_splits_opset13": "Split " + _EMPTY_INPUT.format("input"),
+    "node/test_split_zero_size_splits_opset18": "Split " + _EMPTY_INPUT.format("input"),
 }
 
 
@@ -187,11 +219,25 @@ def test_refused_for_a_runtime_input_converts_once_it_is_stored(cid):
     run_case(DATA / cid, stored=True)
 
 
+@pytest.mark.parametrize("cid", sorted(TYPED_MATCH))
+def test_typed_case_matches_once_its_shape_inputs_are_stored(cid):
+    run_case(DATA / cid, stored=True)
+
+
+@pytest.mark.parametrize("cid", sorted(TYPED_REFUSED))
+def test_typed_case_is_refused_by_name(cid):
+    inputs, _ = next(_data_sets(DATA / cid))
+    with pytest.raises(OnnxImportError, match=TYPED_REFUSED[cid]):
+        import_model(_stored(DATA / cid, inputs))
+
+
 def test_listed_cases_are_eligible():
     """A stale entry (case renamed, op unregistered) must be removed from the lists."""
     eligible = {cid for cid, _, _, ok, _ in all_cases() if ok}
     listed = set(REFUSED) | set(ORT_REFERENCE)
     assert not listed - eligible, sorted(listed - eligible)
+    typed = {cid for cid, _, _, _, other in all_cases() if other}
+    assert not (TYPED_MATCH | set(TYPED_REFUSED)) - typed
 
 
 @pytest.mark.parametrize("cid", sorted(ORT_REFERENCE))

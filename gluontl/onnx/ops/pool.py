@@ -72,8 +72,9 @@ def _pool(node, inputs, kind, data=None, name=None):
     data = x.sym if data is None else data
     name = name or node.name
     if kind == "max" and len(node.outputs) > 1 and node.outputs[1]:
-        raise node.unsupported("the Indices output (argmax positions) is not supported; "
-                               "use only the pooled values")
+        raise node.unsupported("its Indices output (argmax positions) is not supported: MXNet's "
+                               "pooling returns no positions (nor has MaxUnpool, their usual "
+                               "reader, a converter); export the model without return_indices")
     kernel = ints(node.attr("kernel_shape", []))
     n = len(kernel)
     if n not in (1, 2, 3):
