@@ -681,11 +681,8 @@ class _Importer:
                 f"{node.op_type} at opset {node.opset}. Pass input_shapes=... so it can fold, or "
                 f"simplify the model (onnxsim).")
         inputs, to_batch = self._inputs_for(node)
-        empty = next((t for t in inputs if t is not None and t.const is None and t.shape
-                      and 0 in t.shape), None)
-        if empty is not None and not getattr(fn, "empty_inputs", False):
-            raise node.unsupported(f"input '{empty.name}' has shape {tuple(empty.shape)}: it is "
-                                   f"empty, which MXNet cannot hold (its shapes read 0 as unknown)")
+        if not getattr(fn, "empty_inputs", False):
+            self._refuse_empty_inputs(node)
         if node.op_type == "Range" and node.outputs[0] in self.consts:  # folded, batch-dependent
             ref = next(self.runtime[i.name].sym for i in self.inputs if i.name in self.batched)
             values = [self.consts[self.alias.get(x, x)] for x in node.inputs]
@@ -706,6 +703,17 @@ class _Importer:
             out[0] = mx.sym.broadcast_like(out[0], ref, lhs_axes=to_batch,
                                            rhs_axes=(0,) * len(to_batch), name=node.sub("batch"))
         return out
+
+    def _refuse_empty_inputs(self, node: Node) -> None:
+        """MXNet reads a 0 in a shape as unknown, so an op on an empty run-time tensor fails
+        in shape inference at the first call; refuse it here, by name. (ONNX's shapes only:
+        asking MXNet for every input's shape would cost a graph inference per node.)"""
+        for x in node.inputs:
+            x = self.alias.get(x, x)
+            shape = self.info.get(x, (None, None))[0] if x in self.runtime else None
+            if shape is not None and 0 in shape:
+                raise node.unsupported(f"input '{x}' has shape {tuple(shape)}: it is empty, "
+                                       f"which MXNet cannot hold (its shapes read 0 as unknown)")
 
     def build(self, ctx: mx.Context) -> OnnxBlock:
         protos = self._expand(self.graph.node)
