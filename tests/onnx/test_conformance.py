@@ -74,17 +74,16 @@ TYPED_MATCH = frozenset(f"node/test_{c}" for c in (
     "shape_start_negative_1", "size", "size_example", "slice_end_out_of_bounds",
     *(f"reduce_{r}_empty_set" for r in ("l1", "l2", "log_sum", "log_sum_exp", "max", "min",
                                          "prod", "sum", "sum_square")),
-    "reduce_log_sum_empty_set_expanded",
+    "reduce_log_sum_empty_set_expanded", "maxpool_with_argmax_2d_precomputed_pads",
+    "maxpool_with_argmax_2d_precomputed_strides",
     *(f"pow_types_{t}" for t in ("float32_int32", "float32_int64", "float32_uint32",
                                  "float32_uint64", "int32_float32", "int32_int32",
                                  "int64_float32", "int64_int64")),
 )) | {"pytorch-converted/test_Embedding", "pytorch-converted/test_Embedding_sparse"}
-# ...or are refused at import, naming the node (MXNet holds no empty tensor, and its pooling
-# returns no argmax). Case -> the error's text.
+# ...or are refused at import, naming the node (MXNet holds no empty tensor). Case -> the
+# error's text.
 _EMPTY_INPUT = "node .*'{}' has shape .*: it is empty"
 TYPED_REFUSED: dict[str, str] = {
-    **{f"node/test_maxpool_with_argmax_2d_precomputed_{c}": "MaxPool node .*Indices"
-       for c in ("pads", "strides")},
     **{f"node/test_reduce_{r}_empty_set_expanded": _EMPTY_INPUT.format("data")
        for r in ("l1", "l2", "log_sum_exp", "sum_square")},
     "node/test_reduce_sum_empty_set_non_reduced_axis_zero": "ReduceSum node .*keeps a zero-size axis",
