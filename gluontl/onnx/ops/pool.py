@@ -3,6 +3,7 @@
 One oneDNN Pooling when MXNet's symmetric-pad, floor/ceil conventions give exactly the
 ONNX window set; otherwise explicit padding plus a valid-mode pooling (or, for dilated
 windows, a max/sum over strided slices), with averages divided by an explicit count.
+MaxPool's Indices output is an argmax over the same strided slices.
 """
 import itertools
 
