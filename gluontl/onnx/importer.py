@@ -8,9 +8,11 @@ shape vectors never turn into parameters while weights keep their ONNX names.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import heapq
+import io
 import os
 from collections import Counter, defaultdict
 from typing import Any, Iterable, Mapping, Sequence
@@ -64,8 +66,15 @@ class OnnxBlock(GraphBlock):
     graph-output order (SymbolBlock itself returns a list)."""
 
     def forward(self, x, *args):
-        out = super().forward(x, *args)
+        out = super().forward(*(_carried(a) for a in (x, *args)))
         return tuple(out) if isinstance(out, list) else out
+
+
+def _carried(value):
+    """A rank-0 NDArray (``mx.nd.array(np.float32(2))``, e.g. a Gemm bias or Pow exponent fed
+    as ONNX has it) as the shape (1,) that carries rank-0 values in the graph; MXNet's
+    shape inference reads shape () as unknown."""
+    return value.reshape((1,)) if isinstance(value, mx.nd.NDArray) and value.shape == () else value
 
 
 def import_model(model: str | os.PathLike | onnx.ModelProto,
@@ -304,6 +313,22 @@ def _dims(type_proto: onnx.TypeProto) -> Shape | None:
 
 
 _TENSOR_DATA = frozenset({"raw_data", "float_data", "double_data", "int32_data", "int64_data"})
+
+
+def _param_types(group, input_syms) -> dict[str, np.dtype]:
+    """Parameter dtypes inferred from the inputs the graph uses. SymbolBlock passes it every
+    input and, when one is unused (an output that is a folded constant, e.g. Shape(x) of a
+    static x), falls back to float32 for all parameters."""
+    used = set(group.list_arguments())
+    given = {s.name: s.infer_type()[0][0] for s in input_syms if s.name in used}
+    try:
+        arg_types, _, aux_types = group.infer_type(**given)
+    except mx.base.MXNetError:
+        return {}
+    if arg_types is None:
+        return {}
+    names = group.list_arguments() + group.list_auxiliary_states()
+    return {n: np.dtype(t) for n, t in zip(names, arg_types + aux_types)}
 
 
 def _copy_fields(dst, src, skip: frozenset[str] | set[str]) -> None:
@@ -657,6 +682,8 @@ class _Importer:
                 f"{node.op_type} at opset {node.opset}. Pass input_shapes=... so it can fold, or "
                 f"simplify the model (onnxsim).")
         inputs, to_batch = self._inputs_for(node)
+        if not getattr(fn, "empty_inputs", False):
+            self._refuse_empty_inputs(node)
         if node.op_type == "Range" and node.outputs[0] in self.consts:  # folded, batch-dependent
             ref = next(self.runtime[i.name].sym for i in self.inputs if i.name in self.batched)
             values = [self.consts[self.alias.get(x, x)] for x in node.inputs]
@@ -677,6 +704,17 @@ class _Importer:
             out[0] = mx.sym.broadcast_like(out[0], ref, lhs_axes=to_batch,
                                            rhs_axes=(0,) * len(to_batch), name=node.sub("batch"))
         return out
+
+    def _refuse_empty_inputs(self, node: Node) -> None:
+        """MXNet reads a 0 in a shape as unknown, so an op on an empty run-time tensor fails
+        in shape inference at the first call; refuse it here, by name. (ONNX's shapes only:
+        asking MXNet for every input's shape would cost a graph inference per node.)"""
+        for x in node.inputs:
+            x = self.alias.get(x, x)
+            shape = self.info.get(x, (None, None))[0] if x in self.runtime else None
+            if shape is not None and 0 in shape:
+                raise node.unsupported(f"input '{x}' has shape {tuple(shape)}: it is empty, "
+                                       f"which MXNet cannot hold (its shapes read 0 as unknown)")
 
     def build(self, ctx: mx.Context) -> OnnxBlock:
         protos = self._expand(self.graph.node)
@@ -814,16 +852,24 @@ class _Importer:
             outs.append(sym)
         group = plain_conv_gradients(mx.sym.Group(outs) if len(outs) > 1 else outs[0])
         input_syms = [self.runtime[i.name].sym for i in self.inputs]
+        unused = set(s.name for s in input_syms) - set(group.list_arguments())
         try:
-            block = OnnxBlock(group, input_syms)
+            # with an input the outputs do not read (they are constants, e.g. Shape(x) of a
+            # static x) SymbolBlock's type inference fails and MXNet prints the failure;
+            # _param_types below works the dtypes out
+            with contextlib.redirect_stdout(io.StringIO()) if unused else contextlib.nullcontext():
+                block = OnnxBlock(group, input_syms)
         except mx.base.MXNetError as e:
             raise OnnxImportError(
                 f"'{self.source}': the converted graph is inconsistent "
                 f"({short_reason(e, 300)}); check the model with "
                 f"onnx.checker.check_model and onnxruntime.") from None
         params = block.collect_params()
+        types = _param_types(group, input_syms)
         for n, p in params.items():
-            want = np.dtype(p.dtype)
+            want = np.dtype(types.get(n, p.dtype))
+            if want != np.dtype(p.dtype):
+                p.cast(want)
             if want != self.params[n].dtype:
                 users = [node.name for node, _ in nodes if n in node.inputs]
                 raise OnnxImportError(

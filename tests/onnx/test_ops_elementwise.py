@@ -1,8 +1,12 @@
+import mxnet as mx
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from opcheck import check, check_grad
+from helpers import assert_f32_close
+from opcheck import check, check_grad, run_ort
+
+from gluontl.onnx import import_model
 
 
 
@@ -166,3 +170,13 @@ def test_gradients_match_central_differences():
     # Max's kink: operands at least 0.1 apart, beyond the 1e-2 central-difference step
     gap = np.random.uniform(0.1, 1.0, (2, 3)) * np.random.choice([-1, 1], (2, 3))
     check_grad("Max", {"a": (b + gap).astype(np.float32), "b": b})
+
+
+@pytest.mark.parametrize("scalar", ["exponent", "base"])
+def test_pow_broadcasts_a_rank0_runtime_scalar(scalar):
+    """A rank-0 graph input fed as a shape () NDArray (as onnx's own data has it)."""
+    s = np.array(3.0 if scalar == "exponent" else 1.5, np.float32)
+    inputs = {"x": f32(2, 3, lo=0.5), "y": s} if scalar == "exponent" else {"x": s, "y": f32(2, 3)}
+    model, ref = run_ort("Pow", inputs, {}, opset=15)
+    got = import_model(model)(*[mx.nd.array(v) for v in inputs.values()]).asnumpy()
+    assert_f32_close(got, ref[0])

@@ -7,7 +7,7 @@ from helpers import assert_f32_close
 from opcheck import check, check_grad, run_mx, run_ort
 
 from gluontl.errors import OnnxImportError
-from gluontl.onnx import registry
+from gluontl.onnx import import_model, registry
 from gluontl.onnx.registry import Tensor
 
 
@@ -162,3 +162,14 @@ def test_matmul_random_broadcasts(data):
 ], ids=lambda v: v if isinstance(v, str) else "")
 def test_linear_gradients_match_central_differences(op, inputs, attrs, opset):
     check_grad(op, inputs(), attrs, opset=opset)
+
+
+@pytest.mark.parametrize("stored", [False, True])
+def test_gemm_scalar_bias_as_a_rank0_input_or_initializer(stored):
+    """ONNX lets C be a scalar; fed as a shape () NDArray, as onnx's own data has it."""
+    inputs = {"a": f(2, 3), "b": f(3, 4), "c": np.array(3.14, np.float32)}
+    consts = {"c"} if stored else set()
+    model, ref = run_ort("Gemm", inputs, {"alpha": 0.5, "beta": 2.0}, consts, 13)
+    block = import_model(model)
+    feed = [mx.nd.array(v) for k, v in inputs.items() if k not in consts]
+    assert_f32_close(block(*feed).asnumpy(), ref[0], terms=3 + 1)

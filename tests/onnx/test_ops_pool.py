@@ -65,11 +65,71 @@ def test_global_pool(op, attrs, shape):
           terms=int(np.prod(shape[2:])))
 
 
-def test_max_pool_indices_output_is_clear_error():
+def _ties(*shape, seed=0):
+    """Small integers: many windows hold their maximum twice, so the tie rule is tested."""
+    return np.random.RandomState(seed).randint(-3, 4, shape).astype("f")
+
+
+def _assert_indices_match(x, attrs, opset=12):
     from opcheck import run_mx
-    model, _ = run_ort("MaxPool", {"x": X2}, {"kernel_shape": [2, 2]}, opset=12, n_outputs=2)
-    with pytest.raises(OnnxImportError, match="maxpool_node.*Indices"):
-        run_mx(model, {"x": X2}, opset=12)
+    model, ref = run_ort("MaxPool", {"x": x}, attrs, opset=opset, n_outputs=2)
+    got, _ = run_mx(model, {"x": x}, opset=opset)
+    assert got[1].dtype == np.int64
+    np.testing.assert_array_equal(got[0], ref[0])
+    np.testing.assert_array_equal(got[1], ref[1])
+
+
+@pytest.mark.parametrize("attrs", [a for a, _ in CASES] + [
+    {"kernel_shape": [2, 2], "dilations": [2, 1], "pads": [1, 0, 0, 1]},
+    {"kernel_shape": [3, 2], "strides": [2, 1], "storage_order": 1},
+    {"kernel_shape": [2, 3], "pads": [1, 1, 0, 2], "ceil_mode": 1, "storage_order": 1},
+])
+def test_max_pool_indices_match_onnxruntime(attrs):
+    """The flat argmax positions (N and C counted, row- or column-major) as onnxruntime
+    writes them, ties included: its first maximum in row-major window order."""
+    _assert_indices_match(_ties(2, 3, 9, 8), attrs)
+
+
+@pytest.mark.parametrize("shape,attrs", [
+    ((2, 3, 10), {"kernel_shape": [3], "strides": [2], "pads": [1, 0]}),
+    ((1, 2, 5, 6, 4), {"kernel_shape": [2, 3, 2], "strides": [2, 1, 2], "pads": [0, 1, 1, 1, 0, 0]}),
+    ((1, 2, 5, 6, 4), {"kernel_shape": [2, 2, 2], "storage_order": 1}),
+])
+def test_max_pool_indices_in_1d_and_3d(shape, attrs):
+    _assert_indices_match(_ties(*shape, seed=1), attrs)
+
+
+def _indices_model(dims):
+    from onnx import TensorProto, helper
+    graph = helper.make_graph(
+        [helper.make_node("MaxPool", ["x"], ["y", "i"], kernel_shape=[2, 2], strides=[2, 2])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, dims)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("i", TensorProto.INT64, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 12)])
+    model.ir_version = 8
+    return model
+
+
+def test_max_pool_indices_with_a_free_batch_count_the_batch():
+    import mxnet as mx
+    import onnxruntime as ort
+
+    from gluontl.onnx import import_model
+    model = _indices_model(["N", 2, 6, 4])
+    block = import_model(model)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for b in (1, 3):
+        x = _ties(b, 2, 6, 4, seed=b)
+        got = block(mx.nd.array(x))
+        for g, r in zip(got, sess.run(None, {"x": x})):
+            np.testing.assert_array_equal(g.asnumpy(), r)
+
+
+def test_max_pool_indices_of_unknown_spatial_sizes_are_refused():
+    from gluontl.onnx import import_model
+    with pytest.raises(OnnxImportError, match="MaxPool node .*Indices output needs static"):
+        import_model(_indices_model(["N", 2, "H", "W"]))
 
 
 @settings(max_examples=25, deadline=None, derandomize=True)
@@ -90,6 +150,8 @@ def test_pool_geometry_matches_onnxruntime(data):
         attrs["count_include_pad"] = data.draw(st.integers(0, 1))
     x = np.random.randn(2, 2, *sizes).astype("f")
     check(op, {"x": x}, attrs, opset=19 if op == "AveragePool" else 12, grad=True, terms=int(np.prod(kernel)))
+    if op == "MaxPool":
+        _assert_indices_match(np.round(x * 2), {**attrs, "storage_order": data.draw(st.integers(0, 1))})
 
 
 @pytest.mark.parametrize("op,attrs", [

@@ -76,3 +76,52 @@ def test_gradients_match_central_differences():
                    {"exclusive": exclusive, "reverse": reverse}, consts={"a"})
     check_grad("TopK", {"x": np.random.permutation(12).reshape(3, 4).astype(np.float32),
                         "k": i64(2)}, consts={"k"}, opset=11)
+
+
+def _import_empty(op, keep_axis=1, dtype=np.float32):
+    from opcheck import make_model
+
+    from gluontl.onnx import import_model
+    x = np.zeros((2, 0, 4), dtype)
+    model = make_model(op, {"x": x, "a": i64(keep_axis)}, {"keepdims": 1}, consts={"a"},
+                       opset=13 if op == "ReduceSum" else 18)
+    return model, x, import_model(model)
+
+
+@pytest.mark.parametrize("op", [o for o in OPS if o != "ReduceMean"])
+def test_reduction_over_no_elements_is_the_ops_identity(op):
+    """ReduceMax of nothing is -inf, ReduceProd 1, ReduceL2 0, ... as in onnxruntime."""
+    import mxnet as mx
+    model, x, block = _import_empty(op)
+    ref = run_ort_model(model, {"x": x})
+    got = block(mx.nd.array(x)).asnumpy()
+    assert got.shape == ref.shape == (2, 1, 4)
+    np.testing.assert_array_equal(got, ref)
+
+
+@pytest.mark.parametrize("op,axis,match", [
+    ("ReduceMean", 1, "no elements"),                  # 0 / 0
+    ("ReduceSum", 2, "keeps a zero-size axis"),         # the output (2, 0, 1) is empty too
+])
+def test_reductions_of_empty_inputs_without_an_exact_result_are_refused(op, axis, match):
+    from gluontl.errors import OnnxImportError
+    with pytest.raises(OnnxImportError, match=f"{op} node .*'x'.*\\(2, 0, 4\\).*{match}"):
+        _import_empty(op, axis)
+
+
+def test_other_ops_on_an_empty_input_are_refused_by_name():
+    """The function expansion of ReduceL1 starts with Abs, which MXNet cannot run on an empty
+    tensor: refused at import, naming the node, not an MXNetError at the first call."""
+    from opcheck import make_model
+
+    from gluontl.errors import OnnxImportError
+    from gluontl.onnx import import_model
+    model = make_model("Abs", {"x": np.zeros((2, 0, 4), np.float32)}, {}, opset=13)
+    with pytest.raises(OnnxImportError, match="Abs node 'abs_node'.*'x'.*empty"):
+        import_model(model)
+
+
+def run_ort_model(model, feed):
+    import onnxruntime as ort
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, feed)[0]

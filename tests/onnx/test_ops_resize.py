@@ -202,3 +202,18 @@ def test_matches_onnxruntime_on_random_configurations(data):
         ins = {"x": x, "roi": None, "scales": None, "sizes": np.array(sizes, np.int64)}
         consts = {"sizes"}
     check("Resize", ins, attrs, consts=consts, opset=19, **tol(mode, attrs.get("antialias", 0)))
+
+
+@pytest.mark.parametrize("mode", ["linear", "cubic"])
+def test_align_corners_downsampling_by_a_fractional_length_follows_onnxruntime(mode):
+    """5 x 0.7 = 3.5 rows become 3. align_corners maps row o to o * (5 - 1) / (3 - 1) in
+    onnxruntime and PyTorch; onnx.reference (the backend data) divides by 3.5 - 1 instead.
+    The converter follows onnxruntime, which deployed models run on."""
+    from opcheck import run_ort
+    attrs = {"mode": mode, "coordinate_transformation_mode": "align_corners"}
+    scales = (1, 1, 0.7, 0.8)
+    got = resize(attrs, scales=scales, **tol(mode))[0]
+    ins = {"x": X, "roi": None, "scales": f32(*scales)}  # (onnx.reference fails on an empty roi)
+    _, ref = run_ort("Resize", ins, attrs, consts={"scales"}, opset=13, reference=True)
+    assert got.shape == ref[0].shape == (2, 3, 3, 4)
+    assert np.abs(got - ref[0]).max() > 0.01  # the two readings of the spec differ here

@@ -241,3 +241,32 @@ def test_tile_of_the_batch_axis_by_the_batch_size_is_refused():
              helper.make_node("Tile", ["x", "reps"], ["y"], name="tile_nn")]
     with pytest.raises(OnnxImportError, match="tile_nn.*changes with the batch size"):
         import_model(_batch_model(nodes, {"zero": i64(0), "one": i64(1)}, [6]))
+
+
+@pytest.mark.parametrize("op,attrs,opset", [
+    ("Shape", {}, 13), ("Shape", {"start": 1, "end": -1}, 15), ("Size", {}, 13)])
+@pytest.mark.parametrize("batch", [None, "N"])
+def test_graph_output_that_is_the_inputs_shape(op, attrs, opset, batch):
+    """A static shape folds to a constant; the output keeps int64 (not the float32 MXNet's
+    SymbolBlock assumes when no input reaches the output). With a free batch it runs."""
+    from onnx import helper
+
+    from gluontl.onnx import import_model
+    graph = helper.make_graph(
+        [helper.make_node(op, ["x"], ["y"], **attrs)], "g",
+        [helper.make_tensor_value_info("x", 1, [batch or 2, 3, 4])],
+        [helper.make_tensor_value_info("y", 7, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    block = import_model(model)
+    for b in ((2, 5) if batch else (2,)):
+        x = np.zeros((b, 3, 4), np.float32)
+        ref = _ort_session(model).run(None, {"x": x})[0]
+        got = block(mx.nd.array(x)).asnumpy()
+        assert got.dtype == np.int64
+        np.testing.assert_array_equal(got.reshape(ref.shape), ref)
+
+
+def _ort_session(model):
+    import onnxruntime as ort
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])

@@ -33,6 +33,14 @@ def test_split_forms():
     check("Split", {"x": x}, {"axis": 0, "num_outputs": 2}, opset=18, n_outputs=2, grad=True)
 
 
+def test_split_with_a_zero_size_part_is_refused_by_name():
+    """The empty part (as torch.split can write) is a tensor MXNet cannot hold."""
+    x = np.random.randn(2, 7).astype(np.float32)
+    with pytest.raises(OnnxImportError, match=r"split_node.*\[3, 0, 4\] make an empty output"):
+        check("Split", {"x": x, "s": i64(3, 0, 4)}, {"axis": 1}, consts={"s"}, opset=13,
+              n_outputs=3)
+
+
 @pytest.mark.parametrize("starts,ends,axes,steps", [
     ((1,), (3,), (1,), None),
     ((0, -3), (BIG, -1), (0, 2), None),
@@ -55,6 +63,10 @@ def test_slice_attr_form_and_empty_error():
           grad=True)
     with pytest.raises(OnnxImportError, match="empty"):
         check("Slice", {"x": X}, {"starts": [3], "ends": [1], "axes": [1]}, opset=9)
+    # a start past the end clamps to the end: empty too (onnx's slice_start_out_of_bounds)
+    with pytest.raises(OnnxImportError, match="slice_node.*axis 1 is empty"):
+        check("Slice", {"x": X, "s": i64(1000), "e": i64(BIG), "a": i64(1)},
+              consts={"s", "e", "a"}, opset=13)
 
 
 @pytest.mark.parametrize("axis", [0, 1, -1])
@@ -170,3 +182,35 @@ def test_gradients_match_central_differences():
                {"axis": 2})
     check_grad("GatherND", {"x": x, "i": np.array([[1, -1], [0, 0]], np.int64)})
     check_grad("Gather", {"x": x, "i": np.array([[2, 0], [2, -1]], np.int64)}, {"axis": 1})
+
+
+def test_pytorch_embedding_export_matches_and_trains_only_the_rows_it_reads():
+    """nn.Embedding as torch.onnx writes it: Gather(weight, ids) with symbolic batch and
+    sequence; ids may be negative (counted from the end, as ONNX allows)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from gluontl.onnx import import_model
+    rs = np.random.RandomState(5)
+    weight = rs.randn(10, 4).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["emb.weight", "ids"], ["y"], name="/emb/Gather")], "g",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", "seq"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(weight, "emb.weight")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    block = import_model(model)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for shape in [(1, 5), (3, 7)]:
+        ids = rs.randint(-10, 10, shape).astype(np.int64)
+        np.testing.assert_array_equal(block(mx.nd.array(ids, dtype="int64")).asnumpy(),
+                                      sess.run(None, {"ids": ids})[0])  # a copy: bit-exact
+    param = block.collect_params()["emb.weight"]
+    assert param.grad_req == "write"
+    ids = i64(0, 0, -1, 3).reshape(1, 4)  # rows 0 (twice), 9 and 3
+    with mx.autograd.record():
+        loss = block(mx.nd.array(ids, dtype="int64")).sum()
+    loss.backward()
+    counts = np.zeros(10, np.float32)
+    np.add.at(counts, [0, 0, 9, 3], 1)
+    np.testing.assert_array_equal(param.grad().asnumpy(), np.repeat(counts[:, None], 4, axis=1))

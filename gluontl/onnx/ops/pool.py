@@ -3,6 +3,7 @@
 One oneDNN Pooling when MXNet's symmetric-pad, floor/ceil conventions give exactly the
 ONNX window set; otherwise explicit padding plus a valid-mode pooling (or, for dilated
 windows, a max/sum over strided slices), with averages divided by an explicit count.
+MaxPool's Indices output is an argmax over the same strided slices.
 """
 import itertools
 
@@ -44,6 +45,17 @@ def _fast_convention(sizes, begin, end, kernel, strides, ceil):
     return None
 
 
+def _window_slices(node, data, kernel, strides, dilations, out_sizes, tag):
+    """One strided slice of padded ``data`` per kernel offset, offsets in row-major order."""
+    terms = []
+    for idx, offs in enumerate(itertools.product(*(range(k) for k in kernel))):
+        begin = tuple(o * d for o, d in zip(offs, dilations))
+        end = tuple(b + (o - 1) * s + 1 for b, o, s in zip(begin, out_sizes, strides))
+        terms.append(mx.sym.slice(data, begin=(None, None) + begin, end=(None, None) + end,
+                                  step=(None, None) + tuple(strides), name=node.sub(f"{tag}_win{idx}")))
+    return terms
+
+
 def _window_reduce(node, data, kernel, strides, dilations, out_sizes, kind, name, tag):
     """Max or sum over windows of already padded ``data``, exactly ``out_sizes`` long."""
     n = len(kernel)
@@ -52,12 +64,7 @@ def _window_reduce(node, data, kernel, strides, dilations, out_sizes, kind, name
                            name=node.sub(f"{tag}_pool"))
         return mx.sym.slice(y, begin=(None,) * (n + 2), end=(None, None) + tuple(out_sizes), name=name)
     # Dilated windows: combine one strided slice per kernel offset.
-    terms = []
-    for idx, offs in enumerate(itertools.product(*(range(k) for k in kernel))):
-        begin = tuple(o * d for o, d in zip(offs, dilations))
-        end = tuple(b + (o - 1) * s + 1 for b, o, s in zip(begin, out_sizes, strides))
-        terms.append(mx.sym.slice(data, begin=(None, None) + begin, end=(None, None) + end,
-                                  step=(None, None) + tuple(strides), name=node.sub(f"{tag}_win{idx}")))
+    terms = _window_slices(node, data, kernel, strides, dilations, out_sizes, tag)
     if kind == "sum":
         return mx.sym.add_n(*terms, name=name)
     out = terms[0]
@@ -66,24 +73,82 @@ def _window_reduce(node, data, kernel, strides, dilations, out_sizes, kind, name
     return out
 
 
-def _pool(node, inputs, kind, data=None, name=None):
-    """``data``/``name`` let LpPool reuse the sum path on |x|^p under its own names."""
-    x = inputs[0]
-    data = x.sym if data is None else data
-    name = name or node.name
-    if kind == "max" and len(node.outputs) > 1 and node.outputs[1]:
-        raise node.unsupported("the Indices output (argmax positions) is not supported; "
-                               "use only the pooled values")
+def _windows(node, x):
+    """kernel, strides, dilations, ceil mode, begin and end pads, spatial input sizes."""
     kernel = ints(node.attr("kernel_shape", []))
     n = len(kernel)
     if n not in (1, 2, 3):
         raise node.unsupported(f"{n}-D pooling is not supported (1-D, 2-D and 3-D are)")
     strides = ints(node.attr("strides", [1] * n))
     dilations = ints(node.attr("dilations", [1] * n))
-    ceil = bool(node.attr("ceil_mode", 0))
-    include_pad = bool(node.attr("count_include_pad", 0))
     begin, end = onnx_pads(node, x, kernel, strides, dilations)
-    sizes = spatial_shape(x, n)
+    return kernel, strides, dilations, bool(node.attr("ceil_mode", 0)), begin, end, spatial_shape(x, n)
+
+
+def _out_sizes(kernel, strides, dilations, ceil, begin, end, sizes):
+    """Output sizes, and the end padding ceil mode needs beyond ``end`` (never counted in
+    averages)."""
+    outs = [_out_size(*a, ceil) for a in zip(sizes, begin, end, kernel, strides, dilations)]
+    tail = [max(0, (o - 1) * s + (k - 1) * d + 1 - (z + b + e))
+            for o, s, k, d, z, b, e in zip(outs, strides, kernel, dilations, sizes, begin, end)]
+    return outs, tail
+
+
+def _argmax_indices(node, x, data):
+    """ONNX MaxPool's Indices: the flat position of each window's maximum in the input,
+    counting N and C (row-major; column-major over the spatial axes with storage_order=1).
+    onnxruntime keeps a window's first strictly larger value in row-major scan order, and
+    argmax over the stacked offset slices picks the first maximum in the same order: no
+    arithmetic touches the values, so the positions are exact."""
+    kernel, strides, dilations, ceil, begin, end, sizes = _windows(node, x)
+    channels = x.shape[1] if x.shape is not None and len(x.shape) > 1 else None
+    if any(v is None for v in [*sizes, channels]):
+        raise node.unsupported("its Indices output needs static channel and spatial input "
+                               "sizes; pass input_shapes=... when importing")
+    n = len(kernel)
+    outs, tail = _out_sizes(kernel, strides, dilations, ceil, begin, end, sizes)
+    padded = pad_spatial(node, data, n + 2, begin, [e + t for e, t in zip(end, tail)], _NEG,
+                         suffix="idx_pad")
+    slices = _window_slices(node, padded, kernel, strides, dilations, outs, "idx")
+    which = mx.sym.Cast(mx.sym.argmax(mx.sym.stack(*slices, axis=2, name=node.sub("idx_stack")),
+                                      axis=2, name=node.sub("idx_argmax")),
+                        dtype="int64", name=node.sub("idx_which"))
+    # element strides of the spatial axes in the flat index
+    order = range(n) if node.attr("storage_order", 0) else range(n - 1, -1, -1)
+    step, elem = 1, [0] * n
+    for i in order:
+        elem[i], step = step, step * sizes[i]
+    terms = []
+    for i in range(n):  # window offset of axis i: (which // prod(kernel[i+1:])) % kernel[i]
+        inner = int(np.prod(kernel[i + 1:]))
+        off = mx.sym._internal._div_scalar(which, scalar=inner, name=node.sub(f"idx_div{i}")) \
+            if inner > 1 else which
+        off = mx.sym._internal._mod_scalar(off, scalar=kernel[i], name=node.sub(f"idx_mod{i}"))
+        terms.append(mx.sym._internal._mul_scalar(off, scalar=dilations[i] * elem[i],
+                                                  name=node.sub(f"idx_off{i}")))
+    # window start of each output position: (n*C + c)*size + sum (o*stride - begin)*elem
+    scale = [channels * step, step] + [s * e for s, e in zip(strides, elem)]
+    shift = -sum(b * e for b, e in zip(begin, elem))
+    for axis in range(n + 2):
+        pos = mx.sym.Cast(mx.sym.contrib.arange_like(which, axis=axis, name=node.sub(f"idx_pos{axis}")),
+                          dtype="int64", name=node.sub(f"idx_pos{axis}_i"))
+        pos = mx.sym.reshape(pos, shape=tuple(-1 if a == axis else 1 for a in range(n + 2)),
+                             name=node.sub(f"idx_pos{axis}_r"))
+        terms.append(mx.sym._internal._mul_scalar(pos, scalar=scale[axis], name=node.sub(f"idx_at{axis}")))
+    index = terms[0]
+    for i, t in enumerate(terms[1:]):
+        index = mx.sym.broadcast_add(index, t, name=node.sub(f"idx_sum{i}"))
+    return mx.sym._internal._plus_scalar(index, scalar=shift, name=node.sub("indices"))
+
+
+def _pool(node, inputs, kind, data=None, name=None):
+    """``data``/``name`` let LpPool reuse the sum path on |x|^p under its own names."""
+    x = inputs[0]
+    data = x.sym if data is None else data
+    name = name or node.name
+    kernel, strides, dilations, ceil, begin, end, sizes = _windows(node, x)
+    n = len(kernel)
+    include_pad = bool(node.attr("count_include_pad", 0))
     convention = _fast_convention(sizes, begin, end, kernel, strides, ceil) \
         if all(d == 1 for d in dilations) else None
     if convention is not None:
@@ -93,10 +158,7 @@ def _pool(node, inputs, kind, data=None, name=None):
     if any(s is None for s in sizes):
         raise node.unsupported("asymmetric pads, dilations or this ceil_mode need static spatial input "
                                "sizes; pass input_shapes=... when importing")
-    outs = [_out_size(*a, ceil) for a in zip(sizes, begin, end, kernel, strides, dilations)]
-    # Ceil mode may need more end padding; it never counts toward averages.
-    tail = [max(0, (o - 1) * s + (k - 1) * d + 1 - (z + b + e))
-            for o, s, k, d, z, b, e in zip(outs, strides, kernel, dilations, sizes, begin, end)]
+    outs, tail = _out_sizes(kernel, strides, dilations, ceil, begin, end, sizes)
     ends = [e + t for e, t in zip(end, tail)]
 
     def reduce(padded, how, out_name, tag):
@@ -123,13 +185,16 @@ def max_pool(node, inputs):
     pooling takes floats only."""
     x = inputs[0]
     dtype = np.dtype(x.dtype) if x.dtype is not None else np.dtype(np.float32)
+    want_indices = len(node.outputs) > 1 and bool(node.outputs[1])
     if dtype.kind == "f":
-        return _pool(node, inputs, "max")
-    if dtype.itemsize > 2:
+        data, pooled = x.sym, _pool(node, inputs, "max")
+    elif dtype.itemsize > 2:
         raise node.unsupported(f"{dtype} input: only float, int8 and uint8 MaxPool is defined")
-    as_float = mx.sym.Cast(x.sym, dtype="float32", name=node.sub("float_in"))
-    pooled = _pool(node, inputs, "max", data=as_float, name=node.sub("float_out"))
-    return mx.sym.Cast(pooled, dtype=dtype.name, name=node.name)
+    else:
+        data = mx.sym.Cast(x.sym, dtype="float32", name=node.sub("float_in"))
+        pooled = mx.sym.Cast(_pool(node, inputs, "max", data=data, name=node.sub("float_out")),
+                             dtype=dtype.name, name=node.name)
+    return [pooled, _argmax_indices(node, x, data)] if want_indices else pooled
 
 
 @converter("AveragePool", since=1)

@@ -5,7 +5,10 @@ MXNet returns indices as float32; they are cast to int64 like ONNX.
 """
 from __future__ import annotations
 
+import math
+
 import mxnet as mx
+import numpy as np
 
 from ..registry import converter
 from .shape import attr_axis, axes_arg, need_rank, norm_axes
@@ -62,15 +65,45 @@ _REDUCE = {
 }
 
 
+# ONNX's value of a reduction over no elements (onnx.reference, onnxruntime)
+_EMPTY = {"ReduceSum": 0.0, "ReduceL1": 0.0, "ReduceL2": 0.0, "ReduceSumSquare": 0.0,
+          "ReduceProd": 1.0, "ReduceMax": -math.inf, "ReduceMin": math.inf,
+          "ReduceLogSum": -math.inf, "ReduceLogSumExp": -math.inf}
+
+
+def _empty_reduction(node, x, axes, keep):
+    """A float input with a zero-size axis: every output is the op's value for no elements.
+    MXNet's sum is the one reduction whose shape inference passes an empty axis (its
+    shapes read 0 as unknown), and it yields the zeros to add that value to."""
+    reduced = range(len(x.shape)) if axes is None else axes
+    if any(d == 0 for i, d in enumerate(x.shape) if i not in reduced):
+        raise node.unsupported(f"input '{x.name}' has shape {tuple(x.shape)} and the reduction "
+                               f"keeps a zero-size axis, so the output is empty, which MXNet "
+                               f"cannot hold")
+    if node.op_type not in _EMPTY or x.dtype is None or np.dtype(x.dtype).kind != "f":
+        raise node.unsupported(f"input '{x.name}' ({x.dtype}) has shape {tuple(x.shape)}: "
+                               f"the reduction is over no elements, which gluontl converts only "
+                               f"for float {', '.join(_EMPTY)}")
+    value = _EMPTY[node.op_type]
+    zeros = _sum(x.sym, axes, keep, node.name if value == 0 else node.sub("zeros"))
+    return zeros if value == 0 else _I._plus_scalar(zeros, scalar=value, name=node.name)
+
+
 @converter(list(_REDUCE), since=1)
 def reduce(node, inputs):
     axes = _reduce_axes(node, inputs)
+    keep = bool(node.attr("keepdims", 1))
+    if axes != "noop" and inputs[0].shape is not None and 0 in inputs[0].shape:
+        return _empty_reduction(node, inputs[0], axes, keep)
     x = inputs[0].sym
     if axes == "noop":  # onnxruntime still applies the elementwise part of these two
         fn = {"ReduceLogSum": mx.sym.log, "ReduceSumSquare": mx.sym.square}.get(node.op_type,
                                                                                mx.sym.identity)
         return fn(x, name=node.name)
-    return _REDUCE[node.op_type](node, x, axes, bool(node.attr("keepdims", 1)))
+    return _REDUCE[node.op_type](node, x, axes, keep)
+
+
+reduce.empty_inputs = True  # the importer refuses empty inputs for every other converter
 
 
 @converter(["ArgMax", "ArgMin"], since=1)
