@@ -30,7 +30,7 @@ from ..atomic import write_text
 from ..dist.backend import Backend, connect
 from ..errors import Interrupted, TrainError
 from ..pipeline import with_input_name
-from ..recipe import Recipe, ScheduleSpec, load_recipe
+from ..recipe import Recipe, ScheduleSpec, load_recipe, resolve_backend
 from ..naming import named_params
 from ..rules import Plan, apply_plan, format_plan, freeze_bn_stats, make_plan, trainable_params
 from ..tasks import get_task, split
@@ -272,6 +272,7 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
                          "(e.g. data: {source: demo:digits}).")
     from .weights import ensure_weights
 
+    recipe = resolve_backend(recipe)
     t = recipe.train
     if t.distributed.backend != "none":
         _weights_made_before(recipe)
@@ -299,16 +300,23 @@ def _alone(recipe: Recipe) -> None:
                          f"{'gluontl launch' if engine == 'kvstore' else 'horovodrun'}) but recipe '{recipe.name}' "
                          f"has train.distributed.backend: none, so every worker would train alone. Set "
                          f"train.distributed.backend: {engine} in the recipe (or --set "
-                         f"train.distributed.backend={engine}), or run finetune without the launcher.")
+                         f"train.distributed.backend={engine}){' or leave it unset' if engine == 'kvstore' else ''}"
+                         f", or run finetune without the launcher.")
 
 
 def _weights_made_before(recipe: Recipe) -> None:
+    """Every worker would pretrain at once and race to write the file: `gluontl launch` makes it
+    before it starts them; a worker that still finds it missing was started otherwise (a cluster's
+    launcher) or on a host that does not see the launcher's file."""
     spec = recipe.model
     if spec.weights and spec.weights_from and not Path(spec.weights).is_file():
-        raise TrainError(f"model.weights '{spec.weights}' does not exist yet; a distributed run does not make it "
-                         f"(every worker would train {spec.weights_from} at once). Make it first in one process: "
-                         f"`gluontl finetune --recipe {spec.weights_from}` and copy its runs/NAME/checkpoints/"
-                         f"best.params to '{spec.weights}', or run this recipe once without train.distributed.")
+        raise TrainError(f"model.weights '{spec.weights}' does not exist yet on this worker's machine; a worker "
+                         f"does not make it (every worker would train {spec.weights_from} at once). `gluontl "
+                         f"launch` makes it before it starts the workers, in its working folder: on several "
+                         f"machines that folder must be on a shared file system. Otherwise make it first in one "
+                         f"process (`gluontl finetune --recipe {spec.weights_from}` and copy its runs/NAME/"
+                         f"checkpoints/best.params to '{spec.weights}'), or run this recipe once without "
+                         f"train.distributed.")
 
 
 def _finetune(recipe: Recipe, dist: Backend, runs_root: str | Path, resume: str | Path | None, quiet: bool,
