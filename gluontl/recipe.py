@@ -345,6 +345,11 @@ class DataSpec(Strict):
     val_fraction: float = Field(default=0.2, gt=0.0, lt=1.0, description="share held out for val (fixed "
                                 "seed) where the source has no val split: demo:, plain class folders, one "
                                 "list/rec file")
+    last_batch: Literal["discard", "keep"] = Field(
+        default="discard", description="discard: an epoch trains whole batches (workers × batch_size when "
+        "distributed) and leaves out the rest of its shuffled order, another set each epoch (the run's plan says "
+        "how many); keep: trains them as a smaller last batch (distributed: split over the workers, unless fewer "
+        "than the workers are left)")
 
     @field_validator("classes", mode="before")
     @classmethod
@@ -565,6 +570,8 @@ class Recipe(Strict):
         dist = data.get("train", {}).pop("distributed", None)
         if dist and dist["backend"] not in (None, "none"):  # absent when not distributed: runs from before it agree
             data["train"]["distributed"] = {k: v for k, v in dist.items() if k != "step_timeout"}
+        if (data.get("data") or {}).get("last_batch") == "discard":  # the default: runs from before the key agree
+            del data["data"]["last_batch"]
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
