@@ -558,7 +558,7 @@ def _write_checksum(run_dir: Path, net, rank: int) -> None:
 
 
 def _write_plan(run_dir: Path, plan: Plan, feed: Feed, epoch_data: dict[str, Any]) -> None:
-    write_text(run_dir / "plan.txt", format_plan(plan) + f"\n{feed.log}\n{epoch_data['note']}\n", TrainError)
+    write_text(run_dir / "plan.txt", format_plan(plan) + f"\n{epoch_data['note']}\n{feed.log}\n", TrainError)
     write_text(run_dir / "plan.json", json.dumps({**plan.to_json(), "feature_cache": feed.summary(),
                                                   "epoch_data": epoch_data}, indent=1), TrainError)
 
