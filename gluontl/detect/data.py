@@ -120,7 +120,7 @@ def load_detection_split(spec: DataSpec, split: str, input_shape: Sequence[int],
 
 
 def make_detection_loaders(spec: DataSpec, input_shape: Sequence[int], *, seed: int, shuffle_train: bool = True,
-                                     which: Iterable[Literal["train", "val"]] = ("train", "val")) -> Loaders:
+                           which: Iterable[Literal["train", "val"]] = ("train", "val")) -> Loaders:
     """Train/val loaders (see the module doc for the batches); train drops its last partial batch
     unless data.last_batch: keep."""
     sets = {w: load_detection_split(spec, getattr(spec, w), input_shape, train=(w == "train"), seed=seed)

@@ -304,7 +304,7 @@ def make_weights(args: Sequence[str]) -> None:
         with command.make_context("finetune", list(args[1:]), resilient_parsing=True) as ctx:
             opts = ctx.params
             recipe = finetune_recipe(opts["recipe"], opts["set_"], opts["resume"], opts["init_from"])
-    except (click.ClickException, click.exceptions.Exit, GluontlError):
+    except (click.ClickException, GluontlError):
         return
     if recipe.train.distributed.backend in (None, "kvstore"):  # what the workers of this job train with
         from ..train.weights import ensure_weights
