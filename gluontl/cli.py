@@ -22,7 +22,7 @@ from .errors import GluontlError, Interrupted, ModelSourceError, short_reason
 if TYPE_CHECKING:  # MXNet is imported only by the commands that need it
     from mxnet.gluon import HybridBlock
 
-    from .recipe import ModelSpec
+    from .recipe import ModelSpec, Recipe
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="gluontl: parameter-granular fine-tuning for MXNet Gluon.")
@@ -43,9 +43,9 @@ MAX_INPUT_ELEMENTS = 1 << 28  # 1 GiB of float32 per input: beyond, a typo (3,22
 def plan(recipe: Path = RecipeOpt, set_: Optional[List[str]] = SetOpt,
          as_json: bool = typer.Option(False, "--json", help="print the plan as JSON")) -> None:
     """Show every parameter's training settings and the rule that decided each."""
-    from .recipe import load_recipe
+    from .recipe import load_recipe, resolve_backend
 
-    r = load_recipe(recipe, set_)  # before MXNet is imported: a bad recipe fails at once
+    r = resolve_backend(load_recipe(recipe, set_))  # before MXNet is imported: a bad recipe fails at once
     from .pipeline import prepare
     from .rules import format_plan
     from .train.cache import preview
@@ -90,22 +90,10 @@ def plan(recipe: Path = RecipeOpt, set_: Optional[List[str]] = SetOpt,
         typer.echo(f"note: weights not made yet; `gluontl finetune` makes them first with {r.model.weights_from}")
 
 
-@app.command()
-def finetune(recipe: Optional[Path] = typer.Option(None, "--recipe", "-r", help="YAML recipe (with --resume: "
-                                                   "defaults to the run's own recipe.yaml)"),
-             set_: Optional[List[str]] = SetOpt,
-             resume: Optional[Path] = typer.Option(None, help="continue this run folder (runs/NAME)"),
-             runs: Path = typer.Option(Path("runs"), help="where run folders are created"),
-             init_from: Optional[Path] = typer.Option(None, "--init-from", help="start a new run from another "
-                                                      "run's checkpoint: runs/NAME (best), runs/NAME/last"),
-             quiet: bool = typer.Option(False, "--quiet", "-q", help="only one line per epoch and the result "
-                                        "(progress bars show only on a terminal anyway)"),
-             stop_after_steps: Optional[int] = typer.Option(None, "--stop-after-steps", min=1, help="checkpoint and "
-                                                            "stop after this many optimizer steps (a time-boxed "
-                                                            "slot); --resume RUN continues exactly")) -> None:
-    """Fine-tune per the recipe: plan, train, checkpoint, log metrics to runs/NAME.
-
-    --resume RUN --set train.epochs=N extends a run to N epochs."""
+def finetune_recipe(recipe: Optional[Path], set_: Optional[List[str]], resume: Optional[Path],
+                    init_from: Optional[Path]) -> "Recipe":
+    """The recipe `finetune` trains with these options (``gluontl launch`` reads it too, to make
+    the recipe's pretrained weights once before it starts the workers)."""
     from .recipe import load_recipe
 
     if resume is not None and not (resume / "recipe.yaml").is_file():
@@ -123,6 +111,26 @@ def finetune(recipe: Optional[Path] = typer.Option(None, "--recipe", "-r", help=
         from .train.runs import init_from as start_from
 
         r = start_from(r, init_from)
+    return r
+
+
+@app.command()
+def finetune(recipe: Optional[Path] = typer.Option(None, "--recipe", "-r", help="YAML recipe (with --resume: "
+                                                   "defaults to the run's own recipe.yaml)"),
+             set_: Optional[List[str]] = SetOpt,
+             resume: Optional[Path] = typer.Option(None, help="continue this run folder (runs/NAME)"),
+             runs: Path = typer.Option(Path("runs"), help="where run folders are created"),
+             init_from: Optional[Path] = typer.Option(None, "--init-from", help="start a new run from another "
+                                                      "run's checkpoint: runs/NAME (best), runs/NAME/last"),
+             quiet: bool = typer.Option(False, "--quiet", "-q", help="only one line per epoch and the result "
+                                        "(progress bars show only on a terminal anyway)"),
+             stop_after_steps: Optional[int] = typer.Option(None, "--stop-after-steps", min=1, help="checkpoint and "
+                                                            "stop after this many optimizer steps (a time-boxed "
+                                                            "slot); --resume RUN continues exactly")) -> None:
+    """Fine-tune per the recipe: plan, train, checkpoint, log metrics to runs/NAME.
+
+    --resume RUN --set train.epochs=N extends a run to N epochs."""
+    r = finetune_recipe(recipe, set_, resume, init_from)
     from .train.loop import finetune as run
 
     # SIGINT/SIGTERM: Interrupted, see main()

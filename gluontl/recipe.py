@@ -345,6 +345,11 @@ class DataSpec(Strict):
     val_fraction: float = Field(default=0.2, gt=0.0, lt=1.0, description="share held out for val (fixed "
                                 "seed) where the source has no val split: demo:, plain class folders, one "
                                 "list/rec file")
+    last_batch: Literal["discard", "keep"] = Field(
+        default="discard", description="discard: an epoch trains whole batches (workers × batch_size when "
+        "distributed) and leaves out the rest of its shuffled order, another set each epoch (the run's plan says "
+        "how many); keep: trains them as a smaller last batch (distributed: split over the workers, unless fewer "
+        "than the workers are left)")
 
     @field_validator("classes", mode="before")
     @classmethod
@@ -394,7 +399,9 @@ class DistributedSpec(Strict):
     per-worker batch: a step covers workers × batch_size images, sharded so every worker takes
     the same number of steps (uneven shards hang a synchronous job)."""
 
-    backend: Literal["none", "kvstore", "horovod"] = "none"
+    backend: Literal["none", "kvstore", "horovod"] | None = Field(
+        default=None, description="unset: kvstore in a worker of a parameter-server job (gluontl launch), none "
+        "elsewhere (resolve_backend); none refuses to run under a launcher")
     kvstore: Literal["dist_sync", "dist_sync_device"] = Field(
         default="dist_sync", description="dist_sync_device sums on the GPU (multi-GPU workers)")
     batch_norm: Literal["frozen", "rank0"] = Field(
@@ -530,7 +537,7 @@ class Recipe(Strict):
                              f"reduces only the first context's gradients (the other copies would drift apart); "
                              f"run one Horovod process per device (horovodrun -np <devices>) with one ctx each")
         staged = [i + 1 for i, r in enumerate(self.rules) if r.from_epoch]
-        if self.train.distributed.backend != "none" and staged:
+        if self.train.distributed.backend not in (None, "none") and staged:  # unset: checked once resolved
             raise ValueError(f"rules {', '.join(map(str, staged))} start at a later epoch (from_epoch), which "
                              f"rebuilds the Trainer mid-run; a distributed Trainer's parameter-server keys cannot "
                              f"be rebuilt, so gradual unfreezing needs one run per stage with train.distributed "
@@ -561,8 +568,10 @@ class Recipe(Strict):
         only watch a run, so a resume may change them."""
         data = self.model_dump(mode="json", include=set(sections) or None, exclude={"train": {"guards"}})
         dist = data.get("train", {}).pop("distributed", None)
-        if dist and dist["backend"] != "none":  # absent when not distributed: runs from before it agree
+        if dist and dist["backend"] not in (None, "none"):  # absent when not distributed: runs from before it agree
             data["train"]["distributed"] = {k: v for k, v in dist.items() if k != "step_timeout"}
+        if (data.get("data") or {}).get("last_batch") == "discard":  # the default: runs from before the key agree
+            del data["data"]["last_batch"]
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -652,6 +661,23 @@ def parse_recipe(data: Any, origin: str = "<recipe>",
                           f"working examples and the README's recipe reference).") from None
     except TypeError as e:  # non-string keys at the top level
         raise RecipeError(f"{origin}: invalid recipe: {e}.") from None
+
+
+def resolve_backend(recipe: Recipe) -> Recipe:
+    """``recipe`` with ``train.distributed.backend`` decided where it was left unset: kvstore in a
+    parameter-server job's worker (``DMLC_ROLE=worker``: gluontl launch, or a cluster's own
+    launcher), so the README's recipes run under ``gluontl launch`` as written; none elsewhere.
+    A distributed recipe is checked again as a whole: it refuses some settings (``from_epoch``)."""
+    spec = recipe.train.distributed
+    if spec.backend is not None:
+        return recipe
+    if os.environ.get("DMLC_ROLE") != "worker":
+        train = recipe.train.model_copy(update={"distributed": spec.model_copy(update={"backend": "none"})})
+        return recipe.model_copy(update={"train": train})
+    data = recipe.model_dump(mode="json", exclude_none=True)
+    data["train"]["distributed"]["backend"] = "kvstore"
+    return parse_recipe(data, origin=f"recipe '{recipe.name}' (train.distributed.backend unset: kvstore in a "
+                                     f"launched worker)")
 
 
 def _culprit(written: list[tuple[tuple, str]], loc: tuple) -> str | None:

@@ -52,7 +52,7 @@ from ..errors import DataError
 from ..recipe import DataSpec, suggest
 from ..train.data import (BadImageReport, Loaders, SplitRecord, _check, _require_classes, split_sampler,
                           stratified_holdout)
-from ..train.sampler import EpochSampler, LastBatch
+from ..train.sampler import EpochSampler
 from ..train.transforms import decode_image, image_problem, sample_rng
 from .augment import DetectionTransform
 from .formats import (Annotation, image_size, images_in, read_coco, read_voc_xml, read_yolo, unknown_class,
@@ -120,9 +120,9 @@ def load_detection_split(spec: DataSpec, split: str, input_shape: Sequence[int],
 
 
 def make_detection_loaders(spec: DataSpec, input_shape: Sequence[int], *, seed: int, shuffle_train: bool = True,
-                           last_batch: LastBatch = "discard",
                            which: Iterable[Literal["train", "val"]] = ("train", "val")) -> Loaders:
-    """Train/val loaders (see the module doc for the batches); train drops its last partial batch."""
+    """Train/val loaders (see the module doc for the batches); train drops its last partial batch
+    unless data.last_batch: keep."""
     sets = {w: load_detection_split(spec, getattr(spec, w), input_shape, train=(w == "train"), seed=seed)
             for w in dict.fromkeys(which)}
     names = {w: ds.class_names for w, ds in sets.items()}
@@ -137,7 +137,7 @@ def make_detection_loaders(spec: DataSpec, input_shape: Sequence[int], *, seed: 
     for w, ds in sets.items():
         ds.max_objects = m
         bad.extend(ds.bad)
-        sampler = split_sampler(spec, w, len(ds), seed=seed, shuffle_train=shuffle_train, last_batch=last_batch)
+        sampler = split_sampler(spec, w, len(ds), seed=seed, shuffle_train=shuffle_train)
         loaders[w] = CpuLoader(ds, batch_sampler=sampler, batchify_fn=_stack, num_workers=spec.workers,
                                thread_pool=False)
         samplers[w] = sampler

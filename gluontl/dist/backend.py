@@ -100,7 +100,7 @@ class Backend:
     def trainer(self, params: list, optimizer: str, options: dict[str, Any]) -> gluon.Trainer:
         return gluon.Trainer(params, optimizer, options)
 
-    def step_batch(self, images: int) -> int:
+    def step_batch(self, images: int) -> float:
         """What ``Trainer.step`` takes for a step over ``images`` on all workers together: the
         parameter server sums the workers' gradients, so all of them."""
         return images
@@ -238,8 +238,8 @@ class HorovodBackend(Backend):
         # a dict: Horovod sorts a list, and Parameters do not compare
         return self.hvd.DistributedTrainer({p.name: p for p in params}, optimizer, options)
 
-    def step_batch(self, images: int) -> int:
-        return images // self.size  # Horovod averages the workers' gradients
+    def step_batch(self, images: int) -> float:
+        return images / self.size  # Horovod averages the workers' gradients (a kept last batch may not split evenly)
 
     def prepare(self, trainer: gluon.Trainer) -> None:
         _default_layout(trainer)

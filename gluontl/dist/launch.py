@@ -263,6 +263,7 @@ def launch(args: Sequence[str], workers: int, servers: int = 1, hosts_file: Opti
     _check(args, workers, servers)
     hosts = read_hosts(hosts_file) if hosts_file is not None else []
     uri = root_uri or address_towards(hosts)
+    make_weights(args)
     procs = plan(args, workers, servers, hosts, uri, port or free_port(uri), physical_cores(),
                  cwd=os.getcwd(), ssh=shlex.split(ssh) if ssh else SSH, threads=user_threads())
     return _Job(procs, sys.stdout).run()
@@ -283,6 +284,32 @@ def _check(args: Sequence[str], workers: int, servers: int) -> None:
     if args[0] not in commands:
         raise LaunchError(f"launch runs a gluontl command on every worker, and '{args[0]}' is not one "
                           f"({', '.join(commands)}). Write it without `gluontl`, e.g. -- finetune --recipe R.")
+
+
+def make_weights(args: Sequence[str]) -> None:
+    """A ``finetune`` job's ``model.weights_from`` pretrain, made here, once, before any worker
+    starts: every worker would otherwise pretrain at once and race to write the file. Remote
+    workers find it in the same working folder (a shared file system, as for ``runs/``). A
+    command line or recipe that does not load is left to the workers, which name what is wrong."""
+    if args[0] != "finetune":
+        return
+    import click
+    from typer.main import get_command
+
+    from ..cli import app, finetune_recipe
+    from ..errors import GluontlError
+
+    command = get_command(app).commands["finetune"]  # type: ignore[attr-defined]
+    try:
+        with command.make_context("finetune", list(args[1:]), resilient_parsing=True) as ctx:
+            opts = ctx.params
+            recipe = finetune_recipe(opts["recipe"], opts["set_"], opts["resume"], opts["init_from"])
+    except (click.ClickException, GluontlError):
+        return
+    if recipe.train.distributed.backend in (None, "kvstore"):  # what the workers of this job train with
+        from ..train.weights import ensure_weights
+
+        ensure_weights(recipe, quiet=opts["quiet"])
 
 
 class _Job:

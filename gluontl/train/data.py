@@ -38,7 +38,7 @@ from mxnet.gluon.data.dataloader import default_batchify_fn, default_mp_batchify
 from ..errors import DataError
 from ..recipe import DataSpec
 from .logs import progress
-from .sampler import EpochSampler, LastBatch
+from .sampler import EpochSampler
 from .transforms import Transform, build, decode_image, image_problem, sample_rng
 
 SPLIT_SEED = 20240607  # hold-out splits must not move when the run seed changes
@@ -165,9 +165,8 @@ def load_split(spec: DataSpec, split: str, *, train: bool = False, seed: int = 0
 
 
 def make_loaders(spec: DataSpec, *, seed: int, shuffle_train: bool = True,
-                 last_batch: LastBatch = "discard",
                  which: Iterable[Literal["train", "val"]] = ("train", "val")) -> Loaders:
-    """Train/val loaders; train drops its last partial batch by default (BatchNorm-friendly)."""
+    """Train/val loaders; train drops its last partial batch unless data.last_batch: keep (BatchNorm-friendly)."""
     sets = {w: load_split(spec, getattr(spec, w), train=(w == "train"), seed=seed)
             for w in dict.fromkeys(which)}
     class_names = max((ds.class_names for ds in sets.values()), key=len)
@@ -177,7 +176,7 @@ def make_loaders(spec: DataSpec, *, seed: int, shuffle_train: bool = True,
     for w, ds in sets.items():
         ds.class_names = class_names
         bad.extend(ds.bad)
-        sampler = split_sampler(spec, w, len(ds), seed=seed, shuffle_train=shuffle_train, last_batch=last_batch)
+        sampler = split_sampler(spec, w, len(ds), seed=seed, shuffle_train=shuffle_train)
         batchify = functools.partial(_batchify, shared=spec.workers > 0, split=getattr(spec, w))
         loaders[w] = gluon.data.DataLoader(ds, batch_sampler=sampler, batchify_fn=batchify,
                                            num_workers=spec.workers, thread_pool=False)
@@ -189,12 +188,12 @@ def make_loaders(spec: DataSpec, *, seed: int, shuffle_train: bool = True,
                    train_sampler=samplers["train"], val_sampler=samplers["val"], split=_split_record(spec, sets))
 
 
-def split_sampler(spec: DataSpec, which: Literal["train", "val"], n: int, *, seed: int, shuffle_train: bool,
-                  last_batch: LastBatch) -> EpochSampler:
+def split_sampler(spec: DataSpec, which: Literal["train", "val"], n: int, *, seed: int,
+                  shuffle_train: bool) -> EpochSampler:
     """The sampler of split ``which`` (val: in order, all batches); no batch at all is a DataError."""
     is_train = which == "train"
     sampler = EpochSampler(n, spec.batch_size, seed=seed, shuffle=is_train and shuffle_train,
-                           last_batch=last_batch if is_train else "keep")
+                           last_batch=spec.last_batch if is_train else "keep")
     if len(sampler) == 0:
         raise DataError(f"The {which} split '{getattr(spec, which)}' of {spec.source} has {n} usable "
                         f"images, fewer than data.batch_size {spec.batch_size}, so an epoch would "

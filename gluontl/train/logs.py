@@ -22,45 +22,72 @@ from ..errors import TrainError
 
 
 def bars_on(quiet: bool) -> bool:
-    """Progress bars only for a person watching a terminal."""
+    """Progress bars only for a person watching a terminal (never from a muted worker)."""
     try:
-        return not quiet and sys.stderr.isatty()
+        return not quiet and sys.stderr.isatty() and all(log.echo for log in _logs)
     except (AttributeError, ValueError):  # replaced or closed stderr
         return False
 
 
-_copies: list[Any] = []  # open worker logs (logs/worker-RANK.log) that get every shown line
+_logs: list["WorkerLog"] = []  # open worker logs (logs/worker-RANK.log) that get every shown line
 
 
 class WorkerLog:
-    """Every line this process shows, also in ``path`` (a distributed worker's own log, which
-    survives when the launcher's console is gone), and the error that ended it."""
+    """Every line this process shows, also in its own log file (a distributed worker's
+    ``logs/worker-RANK.log``, which survives when the launcher's console is gone), and the
+    error that ended it. ``echo=False`` (every rank but 0): only there, so a job's console has
+    one line per epoch, not one per worker. Lines shown before the run folder, and so the file,
+    is known (:meth:`open`) are kept and written first."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, echo: bool = True) -> None:
+        self.echo = echo
+        self.fh: Any = None
+        self.early: list[str] = []
+
+    def open(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.fh = open(path, "a", encoding="utf-8", buffering=1)
+        self.fh.writelines(line + "\n" for line in self.early)
+        self.early = []
+
+    def write(self, line: str) -> None:
+        if self.fh is None:
+            self.early.append(line)
+        else:
+            self.fh.write(line + "\n")
 
     def __enter__(self) -> "WorkerLog":
-        _copies.append(self.fh)
+        _logs.append(self)
         return self
 
     def __exit__(self, kind: Any, err: Any, tb: Any) -> None:
-        if err is not None:
-            self.fh.write(f"error: {type(err).__name__}: {err}\n")
-        _copies.remove(self.fh)
-        self.fh.close()
+        _logs.remove(self)
+        if self.fh is not None:
+            if err is not None:
+                self.fh.write(f"error: {type(err).__name__}: {err}\n")
+            self.fh.close()
 
 
 def show(msg: str, quiet: bool = False) -> None:
     """Print a line the run's log always keeps (epoch lines, the result), above any bar."""
-    for fh in _copies:
-        fh.write(msg + "\n")
+    for log in _logs:
+        log.write(msg)
+    if not all(log.echo for log in _logs):
+        return
     if bars_on(quiet):
         from tqdm import tqdm
 
         tqdm.write(msg)
     else:
         print(msg, flush=True)  # flushed: `tail -f` of a redirected log follows the run
+
+
+def alert(msg: str) -> None:
+    """An error about to end this process (the watchdog's): on the console whatever the rank,
+    and in the worker's log."""
+    for log in _logs:
+        log.write(msg)
+    print(msg, file=sys.stderr, flush=True)
 
 
 def say(quiet: bool, msg: str) -> None:
@@ -155,4 +182,4 @@ class MetricsLog:
             self.events.close()
 
 
-__all__ = ["MetricsLog", "WorkerLog", "bars_on", "epoch_line", "progress", "read_metrics", "say", "show"]
+__all__ = ["MetricsLog", "WorkerLog", "alert", "bars_on", "epoch_line", "progress", "read_metrics", "say", "show"]

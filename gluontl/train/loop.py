@@ -30,13 +30,13 @@ from ..atomic import write_text
 from ..dist.backend import Backend, connect
 from ..errors import Interrupted, TrainError
 from ..pipeline import with_input_name
-from ..recipe import Recipe, ScheduleSpec, load_recipe
+from ..recipe import Recipe, ScheduleSpec, load_recipe, resolve_backend
 from ..naming import named_params
 from ..rules import Plan, apply_plan, format_plan, freeze_bn_stats, make_plan, trainable_params
 from ..tasks import get_task, split
 from . import checkpoint
 from .cache import Feed
-from .logs import MetricsLog, WorkerLog, bars_on, epoch_line, progress, say, show
+from .logs import MetricsLog, WorkerLog, alert, bars_on, epoch_line, progress, say, show
 from .guards import GuardLog
 from .schedule import lr_at
 
@@ -272,6 +272,7 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
                          "(e.g. data: {source: demo:digits}).")
     from .weights import ensure_weights
 
+    recipe = resolve_backend(recipe)
     t = recipe.train
     if t.distributed.backend != "none":
         _weights_made_before(recipe)
@@ -279,13 +280,16 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
         _alone(recipe)
     ensure_weights(recipe, quiet=quiet)
     recipe = with_input_name(recipe)
-    dist = connect(t.distributed, show)
+    dist = connect(t.distributed, alert)
     if dist.size > 1:  # what `gluontl launch` reads to name a failing worker by rank
         print(f"gluontl worker: rank {dist.rank} of {dist.size}", file=sys.stderr, flush=True)
     with contextlib.ExitStack() as logs:
-        def logged(run_dir: Path) -> None:  # once the run folder is known: RUN/logs/worker-RANK.log
-            if dist.size > 1:
-                logs.enter_context(WorkerLog(run_dir / "logs" / f"worker-{dist.rank}.log"))
+        # a worker's lines go to RUN/logs/worker-RANK.log once the run folder is known; rank 0's also to the console
+        worker_log = logs.enter_context(WorkerLog(echo=dist.is_root)) if dist.size > 1 else None
+
+        def logged(run_dir: Path) -> None:
+            if worker_log is not None:
+                worker_log.open(run_dir / "logs" / f"worker-{dist.rank}.log")
 
         return _finetune(recipe, dist, runs_root, resume, quiet, stop_after_steps, logged)
 
@@ -299,16 +303,23 @@ def _alone(recipe: Recipe) -> None:
                          f"{'gluontl launch' if engine == 'kvstore' else 'horovodrun'}) but recipe '{recipe.name}' "
                          f"has train.distributed.backend: none, so every worker would train alone. Set "
                          f"train.distributed.backend: {engine} in the recipe (or --set "
-                         f"train.distributed.backend={engine}), or run finetune without the launcher.")
+                         f"train.distributed.backend={engine}){' or leave it unset' if engine == 'kvstore' else ''}"
+                         f", or run finetune without the launcher.")
 
 
 def _weights_made_before(recipe: Recipe) -> None:
+    """Every worker would pretrain at once and race to write the file: `gluontl launch` makes it
+    before it starts them; a worker that still finds it missing was started otherwise (a cluster's
+    launcher) or on a host that does not see the launcher's file."""
     spec = recipe.model
     if spec.weights and spec.weights_from and not Path(spec.weights).is_file():
-        raise TrainError(f"model.weights '{spec.weights}' does not exist yet; a distributed run does not make it "
-                         f"(every worker would train {spec.weights_from} at once). Make it first in one process: "
-                         f"`gluontl finetune --recipe {spec.weights_from}` and copy its runs/NAME/checkpoints/"
-                         f"best.params to '{spec.weights}', or run this recipe once without train.distributed.")
+        raise TrainError(f"model.weights '{spec.weights}' does not exist yet on this worker's machine; a worker "
+                         f"does not make it (every worker would train {spec.weights_from} at once). `gluontl "
+                         f"launch` makes it before it starts the workers, in its working folder: on several "
+                         f"machines that folder must be on a shared file system. Otherwise make it first in one "
+                         f"process (`gluontl finetune --recipe {spec.weights_from}` and copy its runs/NAME/"
+                         f"checkpoints/best.params to '{spec.weights}'), or run this recipe once without "
+                         f"train.distributed.")
 
 
 def _finetune(recipe: Recipe, dist: Backend, runs_root: str | Path, resume: str | Path | None, quiet: bool,
@@ -359,6 +370,8 @@ def _finetune(recipe: Recipe, dist: Backend, runs_root: str | Path, resume: str 
         say(quiet, f"distributed ({dist.name}): rank {dist.rank} of {dist.size}; a step covers {dist.size} × "
                    f"{recipe.data.batch_size} images; BatchNorm statistics: {t.distributed.batch_norm}")
     n_batches = loaders.train_sampler.batches_per_epoch()
+    epoch_data = _epoch_data(loaders.train_sampler)
+    say(quiet, epoch_data["note"])
     steps_per_epoch = max(1, n_batches // t.accumulate)
 
     frozen_bn = dist.size > 1 and t.distributed.batch_norm == "frozen"
@@ -421,7 +434,7 @@ def _finetune(recipe: Recipe, dist: Backend, runs_root: str | Path, resume: str 
                             feed.close()
                     feed = new_feed
                     if root:
-                        _write_plan(run_dir, plan, feed)
+                        _write_plan(run_dir, plan, feed, epoch_data)
                 stepper = Stepper(feed.net, trainer, task.forward, ctxs, dist)
                 feed.prepare(epoch)
                 bar = _bar(feed.train_batches(epoch, skip), epoch, t.epochs, quiet, skip, n_batches)
@@ -544,12 +557,30 @@ def _write_checksum(run_dir: Path, net, rank: int) -> None:
     write_text(run_dir / "logs" / f"worker-{rank}.sha256", h.hexdigest() + "\n", TrainError)
 
 
-def _write_plan(run_dir: Path, plan: Plan, feed: Feed) -> None:
-    write_text(run_dir / "plan.txt", format_plan(plan) + f"\n{feed.log}\n", TrainError)
-    write_text(run_dir / "plan.json", json.dumps({**plan.to_json(), "feature_cache": feed.summary()}, indent=1),
-               TrainError)
+def _write_plan(run_dir: Path, plan: Plan, feed: Feed, epoch_data: dict[str, Any]) -> None:
+    write_text(run_dir / "plan.txt", format_plan(plan) + f"\n{epoch_data['note']}\n{feed.log}\n", TrainError)
+    write_text(run_dir / "plan.json", json.dumps({**plan.to_json(), "feature_cache": feed.summary(),
+                                                  "epoch_data": epoch_data}, indent=1), TrainError)
 
 
+def _epoch_data(sampler) -> dict[str, Any]:
+    """How an epoch covers the training set, with a sentence for the console and plan.txt: a run
+    that leaves images out says how many, and why."""
+    left, workers = sampler.left_out(), sampler.workers
+    step = f"{workers} workers × {sampler.batch_size}" if workers > 1 else f"{sampler.batch_size}"
+    smaller = " (the last one smaller)" if sampler.n % (sampler.batch_size * workers) and not left else ""
+    note = f"data: {sampler.n} training images, {sampler.batches_per_epoch()} batches of {step}{smaller} per epoch; "
+    if not left:
+        note += "every image is trained each epoch"
+    elif sampler.last_batch == "discard":
+        note += (f"{left} left out each epoch (the tail of that epoch's shuffled order, another {left} every "
+                 f"epoch): data.last_batch: discard trains whole batches only; data.last_batch: keep trains "
+                 f"them in a smaller last batch")
+    else:
+        note += (f"{left} left out each epoch (the tail of that epoch's shuffled order): fewer than the "
+                 f"{workers} workers, and a last step needs an image on every worker")
+    return {"train_images": sampler.n, "batches": sampler.batches_per_epoch(), "batch_size": sampler.batch_size,
+            "workers": workers, "last_batch": sampler.last_batch, "left_out": left, "note": note}
 
 
 def _bar(loader, epoch: int, epochs: int, quiet: bool, initial: int, total: int):

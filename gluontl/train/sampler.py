@@ -3,8 +3,8 @@
 The order is a pure function of ``(seed, epoch)``, so batches do not depend on the worker count
 and a run resumes mid-epoch by ``set_epoch(e); skip(k)`` (checkpoints of existing runs rely on
 this order: it must never change). Distributed workers take shards of that one order cut to the
-same number of full batches each, because a synchronous job hangs as soon as one worker has a
-step the others lack.
+same number of batches each, because a synchronous job hangs as soon as one worker has a step
+the others lack.
 """
 from __future__ import annotations
 
@@ -24,9 +24,13 @@ class EpochSampler(gluon.data.Sampler):
     (resume mid-epoch). ``len()`` is the number of batches the next iteration yields.
 
     ``shard(rank, workers)``: worker ``rank`` takes every ``workers``-th item of the epoch's
-    order cut to a multiple of ``workers × batch_size``, so every worker runs the same number of
-    steps (a synchronous job hangs otherwise) and the workers' batch ``b`` together are batch
-    ``b`` of one process with ``workers × batch_size``.
+    trained order, so every worker runs the same number of steps (a synchronous job hangs
+    otherwise) and the workers' batch ``b`` together are batch ``b`` of one process with
+    ``workers × batch_size``.
+
+    ``last_batch``: ``discard`` trains whole steps of ``workers × batch_size`` only and leaves
+    the rest of the order out (``left_out()``, another set each epoch); ``keep`` trains the rest
+    as a smaller last step, split over the workers, when it gives each at least one item.
     """
 
     def __init__(self, n: int, batch_size: int, *, seed: int, shuffle: bool = True,
@@ -57,16 +61,23 @@ class EpochSampler(gluon.data.Sampler):
             return np.arange(self.n)
         return np.random.default_rng([_ORDER_TAG, self.seed % 2**64, epoch]).permutation(self.n)
 
+    def _trained(self) -> int:
+        """How many items of the epoch's order are trained (its head): a worker without an item in
+        the last step would hang the others, so ``keep`` leaves out a rest smaller than the job."""
+        step = self.batch_size * self.workers
+        full, rest = divmod(self.n, step)
+        return full * step + (rest if self.last_batch == "keep" and rest >= self.workers else 0)
+
+    def left_out(self) -> int:
+        """Items of every epoch that no worker trains on: the tail of that epoch's order."""
+        return self.n - self._trained()
+
     def batches_per_epoch(self) -> int:
-        if self.workers > 1:  # a partial batch on some workers only would hang the others
-            return self.n // (self.batch_size * self.workers)
-        full, rest = divmod(self.n, self.batch_size)
-        return full + (1 if rest and self.last_batch == "keep" else 0)
+        return -(-self._trained() // (self.batch_size * self.workers))
 
     def __iter__(self) -> Iterator[list[tuple[int, int]]]:
         order, start, epoch = self.order(), self._skip, self.epoch
-        # one worker keeps the whole order: its cut only drops items after the last batch visited
-        order = order[:self.batches_per_epoch() * self.batch_size * self.workers][self.rank::self.workers]
+        order = order[:self._trained()][self.rank::self.workers]
         self._skip = 0
         for b in range(start, self.batches_per_epoch()):
             yield [(int(i), epoch) for i in order[b * self.batch_size:(b + 1) * self.batch_size]]

@@ -57,6 +57,29 @@ def test_digest_of_an_undistributed_recipe_is_what_it_was_before_the_field_exist
     assert _recipe({"backend": "kvstore", "batch_norm": "rank0"}).digest("train") != kv.digest("train")
 
 
+def test_unset_backend_is_kvstore_in_a_launched_worker(monkeypatch):
+    """The README's recipes leave train.distributed out: under gluontl launch they train with the
+    parameter server, alone they stay one process, and their digest is an undistributed one."""
+    from gluontl.recipe import resolve_backend
+
+    monkeypatch.delenv("DMLC_ROLE", raising=False)
+    unset = _recipe()
+    assert unset.train.distributed.backend is None
+    assert unset.digest("model", "surgery", "rules", "data", "train") == "14df97be8fa0a055"
+    alone = resolve_backend(unset)
+    assert alone.train.distributed.backend == "none" and alone.digest("train") == unset.digest("train")
+    monkeypatch.setenv("DMLC_ROLE", "worker")
+    launched = resolve_backend(unset)
+    assert launched.train.distributed.backend == "kvstore"
+    assert launched.digest("train") == _recipe({"backend": "kvstore"}).digest("train")
+    for explicit in ("none", "horovod"):  # a recipe that says so is never overruled
+        assert resolve_backend(_recipe({"backend": explicit})).train.distributed.backend == explicit
+    staged = _recipe(rules=[{"match": ["*"], "grad_req": "null"},
+                            {"stage": ["head"], "grad_req": "write", "from_epoch": 2}])
+    with pytest.raises(RecipeError, match="unset: kvstore in a launched worker.*rules 2 start at a later epoch"):
+        resolve_backend(staged)
+
+
 def _tiny(tmp_path, **distributed):
     return parse_recipe({"name": "t", "model": {"source": f"symbol:{helpers.tiny_symbol(tmp_path)}",
                                                 "input_shape": [3, 16, 16]}, "data": helpers.DIGITS_5_9,
@@ -126,12 +149,15 @@ def test_the_private_trainer_api_the_first_step_broadcast_uses_is_there():
     assert t._kv_initialized is True and t._params_to_init == []
 
 
-@pytest.mark.parametrize("var, value, engine", [("DMLC_ROLE", "worker", "kvstore"), ("HOROVOD_RANK", "1", "horovod")])
-def test_a_job_s_worker_with_an_undistributed_recipe_is_refused(monkeypatch, tmp_path, var, value, engine):
-    """It would train alone and race the other workers for the run folder."""
+@pytest.mark.parametrize("var, value, engine, backend", [("DMLC_ROLE", "worker", "kvstore", {"backend": "none"}),
+                                                       ("HOROVOD_RANK", "1", "horovod", {"backend": "none"}),
+                                                       ("HOROVOD_RANK", "1", "horovod", {})])  # unset
+def test_a_job_s_worker_with_an_undistributed_recipe_is_refused(monkeypatch, tmp_path, var, value, engine, backend):
+    """It would train alone and race the other workers for the run folder. (Unset under gluontl
+    launch means kvstore: test_unset_backend_is_kvstore_in_a_launched_worker.)"""
     monkeypatch.setenv(var, value)
     with pytest.raises(TrainError, match=f"--set train.distributed.backend={engine}"):
-        finetune(_tiny(tmp_path), runs_root=tmp_path / "runs", quiet=True)
+        finetune(_tiny(tmp_path, **backend), runs_root=tmp_path / "runs", quiet=True)
     assert not (tmp_path / "runs").exists()
 
 

@@ -116,6 +116,35 @@ def test_two_workers_match_one_process_on_the_combined_batch_three_times(tiny_bn
         assert "rank 1" in (run / "logs" / "worker-1.log").read_text()
 
 
+def test_a_kept_last_batch_trains_every_image_and_matches_one_process(tiny_bn, tmp_path):
+    """291 training images: whole batches only leave 3 out each epoch, and the plan says so;
+    data.last_batch: keep trains them in a smaller last step, on 2 workers (2 + 1 images) as on
+    one process with the combined batch."""
+    def keep(r):
+        return {**r, "data": {**r["data"], "last_batch": "keep"}}
+
+    bn_frozen = [{"type": ["BatchNorm"], "bn": "frozen"}]
+    dropped = finetune(parse_recipe(recipe(tiny_bn, batch_size=32, rules=bn_frozen)), runs_root=tmp_path / "drop",
+                       quiet=True, stop_after_steps=1)
+    data = json.loads((dropped.run_dir / "plan.json").read_text())["epoch_data"]
+    assert (data["train_images"], data["batches"], data["left_out"]) == (291, 9, 3)
+    assert "291 training images, 9 batches of 32 per epoch; 3 left out each epoch" in \
+        (dropped.run_dir / "plan.txt").read_text()
+    ref = finetune(parse_recipe(keep(recipe(tiny_bn, batch_size=32, rules=bn_frozen))),
+                   runs_root=tmp_path / "ref", quiet=True)
+    assert json.loads((ref.run_dir / "plan.json").read_text())["epoch_data"]["left_out"] == 0
+    assert len(step_losses(ref.run_dir)) == 10  # 9 x 32 + 3
+    run = run_folder(launch(tmp_path / "job", keep(recipe(tiny_bn, distributed={"backend": "kvstore"}))),
+                     tmp_path / "job")
+    data = json.loads((run / "plan.json").read_text())["epoch_data"]
+    assert (data["workers"], data["batches"], data["left_out"]) == (2, 10, 0)
+    assert len({(run / "logs" / f"worker-{r}.sha256").read_text() for r in (0, 1)}) == 1
+    got, want = params(run), params(ref.run_dir)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=0, atol=1e-6, err_msg=name)
+    np.testing.assert_allclose(step_losses(run), step_losses(ref.run_dir), rtol=0, atol=1e-6)
+
+
 def test_a_stopped_and_resumed_job_matches_an_uninterrupted_one(tiny_bn, tmp_path):
     r = recipe(tiny_bn, distributed={"backend": "kvstore", "batch_norm": "rank0"}, epochs=2)
     full = run_folder(launch(tmp_path / "full", r), tmp_path / "full")

@@ -279,9 +279,14 @@ def test_workers_that_finish_end_the_job_with_0(job_dir, launched):
     code, out, err = job.finish(timeout=60)
     assert code == 0, out + err
     assert err == ""
-    assert re.search(r"^\[worker \d\] done: best", out, re.M) and re.search(r"^\[worker \d\] done \(rank 1\)",
-                                                                           out, re.M), out
+    # rank 0 alone prints its epoch lines and result; the other worker's go to its log only
+    (root, line), = re.findall(r"^\[worker (\d)\] (epoch 1/1 .*)$", out, re.M)
+    assert re.search(rf"^\[worker {root}\] done: best", out, re.M) and "done (rank 1)" not in out, out
+    assert re.search(r"^\[worker \d\] gluontl worker: rank 1 of 2$", out, re.M)  # how launch names a failing rank
     run, = (job_dir / "ok").iterdir()  # one job: rank 0 writes the run folder
+    other = (run / "logs" / "worker-1.log").read_text()
+    assert "epoch 1/1 train_loss" in other and "done (rank 1); rank 0 wrote the run folder" in other
+    assert line in (run / "logs" / "worker-0.log").read_text()
     assert survivors(job.started) == []
 
 
@@ -357,7 +362,7 @@ def test_a_worker_killed_on_its_host_stops_every_host(job_dir, launched, tmp_pat
     (tmp_path / "hosts").write_text("127.0.0.2 cpus=1\n127.0.0.3 cpus=1\n")  # both on this machine's cores
     job = launched(job_dir, "-n", "2", "--hosts", str(tmp_path / "hosts"), "--ssh", str(ssh), "--",
                    "finetune", "-r", "r.yaml", "--runs", "remote", "-q", env={"FAKE_SSH_LOG": str(tmp_path / "log")})
-    job.wait_for(r"^\[worker 1\] epoch 1/")
+    job.wait_for(r"^\[worker \d\] epoch 1/")  # rank 0's: every worker is training
     job.started = descendants(job.popen.pid)
     worker, = [p for p in job.started if environ(p).get("GLUONTL_LAUNCH_INDEX") == "1"
                and environ(p).get("DMLC_ROLE") == "worker"]
@@ -368,3 +373,33 @@ def test_a_worker_killed_on_its_host_stops_every_host(job_dir, launched, tmp_pat
     assert re.match(rf"error: worker 1 \(rank \d, host 127\.0\.0\.3, pid {worker}\) exited with code \d+",
                     " ".join(err.split())), err
     assert survivors(job.started) == []
+
+
+def test_the_launcher_makes_a_weights_from_pretrain_once_and_an_unset_backend_trains(tmp_path, launched):
+    """The README's recipes as written: no train.distributed (kvstore under launch) and weights
+    made by another recipe on first use, made by the launcher before any worker starts; on two
+    (fake ssh) hosts, which see the launcher's working folder as a shared file system would."""
+    prefix = helpers.tiny_symbol(tmp_path)
+    short = {"epochs": 1, "lr": 0.05, "guards": "off"}
+    pre = {"name": "pre", "model": {"source": f"symbol:{prefix}", "input_shape": [3, 16, 16]},
+           "data": helpers.DIGITS_5_9, "train": short, "export": {"formats": []}}
+    (tmp_path / "pre.yaml").write_text(yaml.safe_dump(pre))
+    weights = ".cache/pretrain/tiny.params"
+    r = {**pre, "name": "t", "model": {**pre["model"], "weights": weights, "weights_from": "pre.yaml"}}
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(r))
+    ssh = tmp_path / "ssh"
+    ssh.write_text(FAKE_SSH)
+    ssh.chmod(0o755)
+    (tmp_path / "hosts").write_text("127.0.0.2 cpus=1\n127.0.0.3 cpus=1\n")
+    job = launched(tmp_path, "-n", "2", "--hosts", "hosts", "--ssh", str(ssh), "--", "finetune", "-r", "r.yaml",
+                   "--runs", "runs", env={"FAKE_SSH_LOG": str(tmp_path / "ssh.log")})
+    code, out, err = job.finish(timeout=240)
+    assert code == 0, out[-4000:] + err
+    made = [line for line in out.splitlines() if "does not exist yet: making it with pre.yaml" in line]
+    assert made == [f"'{weights}' does not exist yet: making it with pre.yaml (one time)"]  # the launcher's own line
+    assert out.index(made[0]) < out.index("[worker")  # before any worker started
+    assert (tmp_path / weights).is_file()
+    assert len(list((tmp_path / ".cache" / "pretrain" / "runs").iterdir())) == 1  # one pretrain, not one per worker
+    run, = (tmp_path / "runs").iterdir()
+    assert yaml.safe_load((run / "recipe.yaml").read_text())["train"]["distributed"]["backend"] == "kvstore"
+    assert len({(run / "logs" / f"worker-{k}.sha256").read_text() for k in (0, 1)}) == 1

@@ -19,28 +19,34 @@ def _keys(sampler, epoch, skip=0):
 
 
 @settings(max_examples=80, deadline=None, derandomize=True)
-@given(st.integers(1, 200), st.integers(1, 9), st.integers(2, 5), st.integers(0, 3), st.booleans(),
+@given(st.integers(1, 200), st.integers(1, 9), st.integers(1, 5), st.integers(0, 3), st.booleans(),
        st.sampled_from(["keep", "discard"]))
-def test_shards_are_equal_disjoint_and_add_up_to_the_combined_batches(n, batch, workers, epoch, shuffle, last):
+def test_shards_are_disjoint_in_step_and_add_up_to_the_combined_batches(n, batch, workers, epoch, shuffle, last):
     shards = []
     for rank in range(workers):
         s = EpochSampler(n, batch, seed=7, shuffle=shuffle, last_batch=last)
         s.shard(rank, workers)
         shards.append(_keys(s, epoch))
-    steps = n // (batch * workers)
-    combined = EpochSampler(n, batch * workers, seed=7, shuffle=shuffle, last_batch="discard")
-    want = _keys(combined, epoch)
-    assert len(want) == steps
-    for rank, got in enumerate(shards):
-        assert len(got) == steps and all(len(b) == batch for b in got)  # equal steps, equal batches
+    whole, rest = divmod(n, batch * workers)
+    kept = last == "keep" and rest >= workers  # a smaller last step that gives every worker an item
+    steps = whole + kept
+    left = 0 if kept else rest
+    assert s.left_out() == left
+    want = _keys(EpochSampler(n, batch * workers, seed=7, shuffle=shuffle, last_batch=last), epoch)
+    for got in shards:  # equal steps (a synchronous job hangs otherwise), whole batches but the kept rest
+        assert len(got) == steps and all(len(b) == batch for b in got[:whole]) and all(got)
     for b in range(steps):
         together = [i for got in shards for i in got[b]]
         assert sorted(together) == sorted(want[b])  # the same images as one process's step b
         assert len(set(together)) == len(together)
+    trained = [i for got in shards for b in got for i in b]
+    order = s.order(epoch).tolist()
+    assert sorted(trained) == sorted(order[:n - left])  # each image at most once; the left-out are the tail
+    assert len(trained) + left == n
 
 
 def test_skip_resumes_every_shard_at_the_same_step():
-    s = EpochSampler(100, 4, seed=1)
+    s = EpochSampler(100, 4, seed=1, last_batch="discard")
     s.shard(1, 3)
     full = _keys(s, 2)
     assert _keys(s, 2, skip=5) == full[5:]
@@ -73,7 +79,8 @@ def test_the_order_of_an_epoch_never_changes():
 @pytest.mark.parametrize("n, batch, last, workers, per_epoch", [
     (7, 3, "keep", 1, 3), (7, 3, "discard", 1, 2), (6, 3, "keep", 1, 2),
     (2, 3, "keep", 1, 1), (2, 3, "discard", 1, 0),  # fewer images than a batch
-    (100, 4, "keep", 3, 8), (100, 4, "discard", 3, 8), (5, 3, "keep", 2, 0)])  # shards: full batches only
+    (100, 4, "keep", 3, 9), (100, 4, "discard", 3, 8), (97, 4, "keep", 3, 8),  # shards: a rest of 4, of 1
+    (5, 3, "keep", 2, 1), (5, 3, "discard", 2, 0), (1, 3, "keep", 2, 0)])  # fewer images than a step, than workers
 @pytest.mark.parametrize("skip", [0, 1, 2, 8, 9])
 def test_len_is_the_number_of_batches_the_next_iteration_yields(n, batch, last, workers, per_epoch, skip):
     s = EpochSampler(n, batch, seed=0, last_batch=last)

@@ -168,6 +168,29 @@ def test_progress_bars_only_on_a_terminal(tiny_symbol, tmp_path):
     assert sum(l.startswith("epoch 1/1 train_loss") for l in (tmp_path / "out").read_text().splitlines()) == 1
 
 
+@pytest.mark.parametrize("echo", [True, False])
+def test_a_worker_log_keeps_every_line_and_only_rank_0_echoes(tmp_path, capsys, echo):
+    """A job's console gets rank 0's lines once; every worker's log gets its own, those from before
+    the run folder existed first, then the error that ended it. The watchdog's alert always shows."""
+    from gluontl.train.logs import WorkerLog, alert, say, show
+
+    path = tmp_path / "logs" / "worker-1.log"
+    with pytest.raises(TrainError):
+        with WorkerLog(echo=echo) as log:
+            say(False, "threads: 1")
+            log.open(path)
+            show("epoch 1/1 train_loss 0.5000", quiet=True)
+            alert("error: rank 1: a step did not finish")
+            raise TrainError("stuck")
+    out, err = capsys.readouterr()
+    assert out == ("threads: 1\nepoch 1/1 train_loss 0.5000\n" if echo else "")
+    assert err == "error: rank 1: a step did not finish\n"
+    assert path.read_text().splitlines() == ["threads: 1", "epoch 1/1 train_loss 0.5000",
+                                             "error: rank 1: a step did not finish", "error: TrainError: stuck"]
+    show("after the run")  # the log is closed and out of the way
+    assert capsys.readouterr().out == "after the run\n" and "after" not in path.read_text()
+
+
 def test_digits_demo_log_is_small_when_redirected(tmp_path):
     """The demo recipe (2 epochs; no pretraining run, guards warn about the random backbone)
     redirected to files: before, the bars wrote about 6 KB per epoch; now one line."""
