@@ -9,7 +9,9 @@ OpenCV or gluontl::
 
     import json, onnxruntime as ort
     from deploy_preprocess import preprocess
-    session = ort.InferenceSession("elpv.onnx")
+    options = ort.SessionOptions()  # float kernels, as gluontl predict runs the file
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    session = ort.InferenceSession("elpv.onnx", options, providers=["CPUExecutionProvider"])
     meta = session.get_modelmeta().custom_metadata_map
     record, classes = json.loads(meta["gluontl.preprocess"]), json.loads(meta["gluontl.classes"])
     logits = session.run(None, {record["input"]["name"]: preprocess("cell.png", record)[None]})[0]
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 import io
 import os
-from typing import Any, Mapping, Union
+from typing import Any, Callable, Mapping, Union
 
 import numpy as np
 from PIL import Image, ImageOps
@@ -75,8 +77,20 @@ def to_rgb(im: Image.Image) -> np.ndarray:
     return np.array(im.convert("RGB") if im.mode != "RGB" else im, np.uint8)
 
 
-def resize_shorter(img: np.ndarray, size: int) -> np.ndarray:
-    """Shorter side to ``size``, the longer to ``round(long * size / short)`` (Python's round)."""
+def resize(img: np.ndarray, w: int, h: int) -> np.ndarray:
+    """``cv2.resize(img, (w, h))`` of an H,W,C uint8 image: INTER_AREA when the area shrinks (as
+    gluontl resizes, both sides then shrink), else INTER_LINEAR."""
+    if w * h < img.shape[0] * img.shape[1]:
+        return _area(img, w, h)
+    return _linear(img, w, h)
+
+
+Resize = Callable[[np.ndarray, int, int], np.ndarray]
+
+
+def resize_shorter(img: np.ndarray, size: int, resize: Resize = resize) -> np.ndarray:
+    """Shorter side to ``size``, the longer to ``round(long * size / short)`` (Python's round).
+    (gluontl itself passes OpenCV as ``resize``: only the kernel differs, never the geometry.)"""
     h, w = img.shape[:2]
     if min(h, w) == size:
         return img
@@ -85,20 +99,13 @@ def resize_shorter(img: np.ndarray, size: int) -> np.ndarray:
     return resize(img, size, max(1, round(h * size / w)))
 
 
-def center_crop(img: np.ndarray, size: int) -> np.ndarray:
+def center_crop(img: np.ndarray, size: int, resize: Resize = resize) -> np.ndarray:
+    """The centre ``size`` x ``size``, after :func:`resize_shorter` to ``size`` if smaller."""
     if min(img.shape[:2]) < size:
-        img = resize_shorter(img, size)
+        img = resize_shorter(img, size, resize)
     h, w = img.shape[:2]
     y, x = (h - size) // 2, (w - size) // 2
     return img[y:y + size, x:x + size]
-
-
-def resize(img: np.ndarray, w: int, h: int) -> np.ndarray:
-    """``cv2.resize(img, (w, h))`` of an H,W,C uint8 image: INTER_AREA when the area shrinks (as
-    gluontl resizes, both sides then shrink), else INTER_LINEAR."""
-    if w * h < img.shape[0] * img.shape[1]:
-        return _area(img, w, h)
-    return _linear(img, w, h)
 
 
 def _area(img: np.ndarray, w: int, h: int) -> np.ndarray:

@@ -44,7 +44,7 @@ import cv2
 import numpy as np
 from PIL import Image, ImageFile, UnidentifiedImageError
 
-from ..deploy_preprocess import to_rgb
+from ..deploy_preprocess import center_crop, resize_shorter, to_rgb
 from ..errors import DataError, ModelSourceError
 from ..recipe import TransformSpec, as_spec
 
@@ -415,20 +415,11 @@ def _resize(img: np.ndarray, w: int, h: int) -> np.ndarray:
 
 
 def _shorter_side(img: np.ndarray, size: int) -> np.ndarray:
-    h, w = img.shape[:2]
-    if min(h, w) == size:
-        return img
-    if h <= w:
-        return _resize(img, max(1, round(w * size / h)), size)
-    return _resize(img, size, max(1, round(h * size / w)))
+    return resize_shorter(img, size, _resize)
 
 
 def _center_crop(img: np.ndarray, size: int) -> np.ndarray:
-    if min(img.shape[:2]) < size:
-        img = _shorter_side(img, size)
-    h, w = img.shape[:2]
-    y, x = (h - size) // 2, (w - size) // 2
-    return img[y:y + size, x:x + size]
+    return center_crop(img, size, _resize)
 
 
 def _random_resized_crop(img: np.ndarray, size: int, rng: np.random.Generator,
