@@ -119,14 +119,10 @@ def finetune(recipe: Optional[Path] = typer.Option(None, "--recipe", "-r", help=
         raise GluontlError(f"--init-from starts a new run and --resume continues one; to continue {resume} drop "
                            f"--init-from, to start from it use --init-from {resume} without --resume.")
     r = load_recipe(resume / "recipe.yaml" if resume is not None and recipe is None else recipe, set_)
-    if init_from is not None:
-        from .train.runs import init_from as start_from
-
-        r = start_from(r, init_from)
     from .api import finetune as run
 
     # SIGINT/SIGTERM: Interrupted, see main()
-    result = run(r, runs_root=runs, resume=resume, quiet=quiet, stop_after_steps=stop_after_steps)
+    result = run(r, runs_root=runs, resume=resume, init_from=init_from, quiet=quiet, stop_after_steps=stop_after_steps)
     if result.stopped_early:  # --stop-after-steps, or another worker of the job was signalled
         if result.is_root:
             from .errors import resume_command
