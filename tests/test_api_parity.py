@@ -150,7 +150,7 @@ def test_export_onnx_with_classes_and_preprocess_is_a_file_predict_takes(tmp_pat
 
 
 @pytest.mark.parametrize("kwargs,needles", [
-    ({"classes": ["a", "b"], "preprocess": {"resize": 16}}, ["names 2 classes", "3"]),
+    ({"classes": ["a", "b"], "preprocess": {"resize": 16}}, ["lists 2 names", "['batch', 3]"]),
     ({"classes": ["a", "b", "c"]}, ["classes without preprocess", "predict needs both"]),
     ({"classes": ["a", "b", "c"], "preprocess": {"resize": 20}}, ["[3, 20, 20]", "[3, 16, 16]", "'resize': 16"]),
     ({"classes": "abc", "preprocess": {"resize": 16}}, ["class names in label order"]),

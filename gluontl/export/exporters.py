@@ -298,13 +298,13 @@ def _card_props(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]], clas
         raise ExportError(f"export_onnx got {'classes' if preprocess is None else 'preprocess'} without "
                           f"{'preprocess' if preprocess is None else 'classes'}; predict needs both: pass the class "
                           f"names and the transform (e.g. preprocess={{'resize': 224}}), or neither.")
-    classes = list(classes) if not isinstance(classes, str) else classes
-    if not (isinstance(classes, list) and classes and all(isinstance(c, str) for c in classes)):
+    if isinstance(classes, str) or not (classes and all(isinstance(c, str) for c in classes)):
         raise ExportError(f"classes is {classes!r}; pass the class names in label order, e.g. ['cat', 'dog'].")
-    if len(shapes) != 1 or len(next(iter(shapes.values()))) != 4 or next(iter(shapes.values()))[1] != 3:
+    classes = list(classes)
+    name, shape = next(iter(shapes.items()))
+    if len(shapes) != 1 or len(shape) != 4 or shape[1] != 3:
         raise ExportError(f"classes and preprocess describe an image classifier with one N,3,H,W input; this model "
                           f"takes {shapes}. Export it without them.")
-    (name, shape), = shapes.items()
     prep, _ = load_preprocess(preprocess)
     made = prep(np.zeros((shape[2] + 7, shape[3] + 13, 3), np.uint8)).shape
     if made != tuple(shape[1:]):
@@ -314,7 +314,7 @@ def _card_props(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]], clas
     out = model.graph.output[0].type.tensor_type.shape.dim
     width = out[-1].dim_value if len(out) == 2 and out[-1].HasField("dim_value") else None
     if len(model.graph.output) != 1 or width != len(classes):
-        raise ExportError(f"classes names {len(classes)} classes, but the model's outputs are "
+        raise ExportError(f"classes lists {len(classes)} names, but the model's outputs are "
                           f"{[(o.name, _dims(o)) for o in model.graph.output]}; a classifier has one N x classes "
                           f"output. Pass one name per output column.")
     return onnx_props({"preprocess": prep.to_json(name, (None, *shape[1:])), "classes": classes})
