@@ -18,7 +18,8 @@ OpenCV or gluontl::
 
 It follows OpenCV 4's uint8 kernels: INTER_AREA sums float32 weights per source pixel in OpenCV's
 order (an integer ratio averages whole blocks; a 2x2 block rounds half up), INTER_LINEAR uses
-11-bit fixed-point weights. Imports numpy and Pillow only.
+11-bit fixed-point weights. Checked against the opencv-python gluontl installs (4.10), with its
+CPU-specific code paths on and off. Imports numpy and Pillow only.
 """
 from __future__ import annotations
 

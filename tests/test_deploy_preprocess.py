@@ -52,6 +52,21 @@ def test_reference_is_gluontl_preprocess_bit_for_bit(hw, size, crop, gray):
     assert np.array_equal(got, want), f"{(got != want).sum()} of {got.size} values differ"
 
 
+def test_opencv_without_its_cpu_specific_code_gives_the_same_pixels():
+    """The reference must not match one CPU's SIMD path only: OpenCV's generic code agrees."""
+    import cv2
+
+    rng, before = np.random.default_rng(8), cv2.useOptimized()
+    try:
+        cv2.setUseOptimized(False)
+        for hw, size, crop in FIXED:
+            img = rng.integers(0, 256, (*hw, 3), dtype=np.uint8)
+            rec = record(size, crop)
+            assert np.array_equal(ref.preprocess(img, rec), gluontl.preprocess(img, rec)), hw
+    finally:
+        cv2.setUseOptimized(before)
+
+
 def _exif(orientation):
     exif = Image.Exif()
     exif[0x0112] = orientation
