@@ -16,13 +16,22 @@ _API = {
     "Rule": ("gluontl.recipe", "Rule"),
     "make_plan": ("gluontl.rules", "make_plan"),
     "apply_plan": ("gluontl.rules", "apply_plan"),
-    "finetune": ("gluontl.train.loop", "finetune"),
+    "finetune": ("gluontl.api", "finetune"),
+    "export_run": ("gluontl.train.runs", "export_run"),
+    "evaluate": ("gluontl.train.runs", "evaluate"),
+    "attach_head": ("gluontl.surgery", "attach_head"),
+    "cut_at": ("gluontl.surgery", "cut_at"),
     "import_onnx": ("gluontl.onnx", "import_model"),
     "export_onnx": ("gluontl.export", "export_onnx"),
     "export_symbol": ("gluontl.export", "export_symbol"),
     "preprocess": ("gluontl.train.transforms", "preprocess"),
 }
 __all__ = sorted(_API)
+
+
+def __dir__() -> list[str]:
+    """The lazy API too: ``dir(gluontl)`` and tab completion list it before anything is imported."""
+    return sorted({*__all__, *(name for name in globals() if name.startswith("__"))})
 
 
 def __getattr__(name: str) -> Any:

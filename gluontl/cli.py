@@ -130,8 +130,8 @@ def finetune(recipe: Optional[Path] = typer.Option(None, "--recipe", "-r", help=
     """Fine-tune per the recipe: plan, train, checkpoint, log metrics to runs/NAME.
 
     --resume RUN --set train.epochs=N extends a run to N epochs."""
-    r = finetune_recipe(recipe, set_, resume, init_from)
-    from .train.loop import finetune as run
+    r = finetune_recipe(recipe, set_, resume, init_from)  # --init-from already applied
+    from .api import finetune as run
 
     # SIGINT/SIGTERM: Interrupted, see main()
     result = run(r, runs_root=runs, resume=resume, quiet=quiet, stop_after_steps=stop_after_steps)
@@ -142,11 +142,8 @@ def finetune(recipe: Optional[Path] = typer.Option(None, "--recipe", "-r", help=
             why = f"after {stop_after_steps} steps" if stop_after_steps else "with the other workers"
             typer.echo(f"stopped {why}; continue with `{resume_command(result.run_dir, result.workers)}`")
         return
-    if r.export.formats and result.is_root:  # a distributed run: rank 0 writes the run folder
-        from .train.runs import export_run
-
-        for path in export_run(result.run_dir, force=resume is not None):
-            typer.echo(f"exported {path} (verified)" if path.suffix == ".onnx" else f"exported {path}")
+    for path in result.exported:  # a distributed run: rank 0 writes the run folder and its export
+        typer.echo(f"exported {path} (verified)" if path.suffix == ".onnx" else f"exported {path}")
 
 
 @app.command()

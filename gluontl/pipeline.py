@@ -3,12 +3,14 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import os
+from typing import Any, Mapping
 
 import mxnet as mx
 from mxnet.gluon import HybridBlock
 
 from .naming import named_params
-from .recipe import Recipe
+from .recipe import Recipe, as_recipe
 from .rules import Plan, apply_plan, make_plan
 from .sources import RestoreReport, _input_name, build_model, restore
 from .surgery import apply_surgery, needs_surgery
@@ -22,12 +24,14 @@ class Prepared:
     loaded: set[str] | None = None  # names with values from a file, where the source alone does not say
 
 
-def prepare(recipe: Recipe, *, ctx=None, apply: bool = True) -> Prepared:
-    """Build the recipe's model, restore its weights, attach the head and plan (and apply) rules.
+def prepare(recipe: Recipe | Mapping[str, Any] | str | os.PathLike, *, ctx=None, apply: bool = True) -> Prepared:
+    """Build the recipe's model, restore its weights, attach the head and plan (and apply) rules;
+    ``recipe`` as ``gluontl.finetune`` takes it.
 
     Every rule is checked for matches up front, including ``from_epoch`` rules that only
     take effect later, so a typo fails before training starts, not hours in.
     """
+    recipe = as_recipe(recipe)
     ctx = ctx or mx.cpu()
     head = recipe.surgery.head
     if needs_surgery(recipe.surgery, recipe.model.source):

@@ -12,12 +12,14 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any, Iterable, Literal, Mapping, get_args
+from typing import Annotated, Any, Iterable, Literal, Mapping, TypeVar, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .errors import ModelSourceError, RecipeError, RuleError
+from .errors import GluontlError, ModelSourceError, RecipeError, RuleError
+
+SpecT = TypeVar("SpecT", bound=BaseModel)
 
 GradReq = Literal["write", "null", "add"]
 BNMode = Literal["train", "frozen"]
@@ -617,23 +619,41 @@ def _describe(err: Mapping[str, Any], root: type[BaseModel] = Recipe) -> str:
         f"'{loc}': {msg} (got {err.get('input')!r})"
 
 
+def as_spec(value: Any, cls: type[SpecT], what: str, error: type[GluontlError], example: str,
+            hint: str = "") -> SpecT:
+    """``value`` as the spec ``cls`` where the API takes one: the object itself, or a dict with
+    the recipe section's keys, validated like a recipe (a wrong key is named, never an
+    AttributeError deep inside)."""
+    if isinstance(value, cls):
+        return value
+    if not isinstance(value, Mapping):
+        raise error(f"{what} is a {type(value).__name__}; give it as a dict with the recipe's keys (e.g. "
+                    f"{example}) or as a gluontl.recipe.{cls.__name__}.")
+    try:
+        return cls.model_validate(dict(value))
+    except ValidationError as e:
+        problems = "; ".join(_describe(err, cls) for err in e.errors())
+        raise error(f"{what} is invalid: {problems}. {hint or f'It takes the keys of {cls.__name__} (see the README).'}"
+                    ) from None
+
+
 def as_rules(rules: Iterable[Rule | Mapping[str, Any]]) -> list[Rule]:
     """Rules as the API takes them: ``Rule`` objects or dicts with a recipe rule's keys."""
-    out = []
-    for i, r in enumerate(rules, 1):
-        if isinstance(r, Rule):
-            out.append(r)
-            continue
-        if not isinstance(r, Mapping):
-            raise RuleError(f"rule {i} is a {type(r).__name__}; give each rule as a dict with a recipe rule's keys "
-                            f"(e.g. {{'match': 'features.*', 'grad_req': 'null'}}) or as a gluontl.recipe.Rule.")
-        try:
-            out.append(Rule.model_validate(dict(r)))
-        except ValidationError as e:
-            problems = "; ".join(_describe(err, Rule) for err in e.errors())
-            raise RuleError(f"rule {i} is invalid: {problems}. Rules take the keys of a recipe's rules "
-                            f"(see the README's rule reference).") from None
-    return out
+    return [as_spec(r, Rule, f"rule {i}", RuleError, "{'match': 'features.*', 'grad_req': 'null'}",
+                    "Rules take the keys of a recipe's rules (see the README's rule reference).")
+            for i, r in enumerate(rules, 1)]
+
+
+def as_recipe(recipe: Any) -> "Recipe":
+    """A recipe as the API takes it: a ``Recipe``, a dict with a recipe file's keys, or a YAML path."""
+    if isinstance(recipe, Recipe):
+        return recipe
+    if isinstance(recipe, Mapping):
+        return parse_recipe(dict(recipe), origin="the recipe dict")
+    if isinstance(recipe, (str, os.PathLike)):
+        return load_recipe(recipe)
+    raise RecipeError(f"recipe is a {type(recipe).__name__}; pass a gluontl.recipe.Recipe, a dict with a recipe "
+                      f"file's keys (name, model, data, ...) or the path of a recipe YAML file.")
 
 
 def parse_recipe(data: Any, origin: str = "<recipe>",

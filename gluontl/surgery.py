@@ -34,14 +34,14 @@ import dataclasses
 import difflib
 import json
 from collections import Counter
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import mxnet as mx
 import numpy as np
 from mxnet.gluon import HybridBlock, ParameterDict, SymbolBlock, nn
 
 from .errors import OnnxImportError, SurgeryError, short_reason
-from .recipe import HeadSpec, SurgerySpec
+from .recipe import HeadSpec, SurgerySpec, as_spec
 from .sources import _INITS
 from .stages import _units
 
@@ -429,8 +429,12 @@ def ignore(block: HybridBlock, names: Sequence[str], *, input_shape: Shape | Non
     return trunk
 
 
-def attach_head(block: HybridBlock, spec: HeadSpec, input_shape: Shape, ctx: mx.Context | None = None) -> HybridBlock:
-    """A new ``head.*`` classifier on the model's output, or on the tensors ``spec.inputs`` names."""
+def attach_head(block: HybridBlock, spec: HeadSpec | Mapping[str, Any], input_shape: Shape,
+                ctx: mx.Context | None = None) -> HybridBlock:
+    """A new ``head.*`` classifier on the model's output, or on the tensors ``spec.inputs`` names;
+    ``spec`` is a ``HeadSpec`` or a dict with a recipe's ``surgery.head`` keys."""
+    spec = as_spec(spec, HeadSpec, "head", SurgeryError, "{'classes': 3}",
+                   "A head takes the keys of a recipe's surgery.head (see the README's Surgery section).")
     ctx = ctx or mx.cpu()
     if isinstance(block, SymbolBlock):
         g = _Graph(block)
@@ -519,9 +523,12 @@ def needs_surgery(spec: SurgerySpec, source: str) -> bool:
     return bool(spec.cut_at or spec.drop_last or spec.ignore or custom_head)
 
 
-def apply_surgery(block: HybridBlock, spec: SurgerySpec, input_shape: Shape,
+def apply_surgery(block: HybridBlock, spec: SurgerySpec | Mapping[str, Any], input_shape: Shape,
                   ctx: mx.Context | None = None) -> HybridBlock:
-    """ignore → cut_at / drop_last → head, in that order; with a head but no cut, cut at ``feature_end``."""
+    """ignore → cut_at / drop_last → head, in that order; with a head but no cut, cut at ``feature_end``.
+    ``spec``: a ``SurgerySpec`` or a dict with a recipe's ``surgery`` keys."""
+    spec = as_spec(spec, SurgerySpec, "surgery", SurgeryError, "{'cut_at': 'flatten', 'head': {'classes': 3}}",
+                   "Surgery takes the keys of a recipe's surgery section (see the README's Surgery section).")
     block = ignore(block, spec.ignore, input_shape=input_shape)
     if spec.cut_at:
         block = cut_at(block, spec.cut_at, input_shape=input_shape)

@@ -10,8 +10,9 @@ import os
 import shutil
 import tempfile
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import mxnet as mx
 import numpy as np
@@ -26,7 +27,7 @@ from gluontl.export.lean import make_lean
 from gluontl.export.patch import patch_model, source_info
 from gluontl.export.trace import TracedBlock, dummy_inputs, predict, trace_block
 from gluontl.export.verify import compare, ort_session, output_error, saturating_scales
-from gluontl.train.transforms import META_CLASSES, META_PREPROCESS
+from gluontl.train.transforms import META_CLASSES, META_PREPROCESS, load_preprocess, onnx_props
 
 log = logging.getLogger(__name__)
 
@@ -289,6 +290,40 @@ def set_metadata(model: onnx.ModelProto, metadata: dict[str, str]) -> None:
         model.metadata_props.add(key=str(key), value=str(value))
 
 
+def _card_props(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]], classes: Sequence[str] | None,
+                preprocess: Any) -> dict[str, str]:
+    """The class-name and preprocessing metadata of a classifier taking one N,3,H,W image batch;
+    checked against the graph so ``predict`` cannot meet a file whose metadata does not fit it."""
+    if classes is None or preprocess is None:
+        raise ExportError(f"export_onnx got {'classes' if preprocess is None else 'preprocess'} without "
+                          f"{'preprocess' if preprocess is None else 'classes'}; predict needs both: pass the class "
+                          f"names and the transform (e.g. preprocess={{'resize': 224}}), or neither.")
+    if isinstance(classes, str) or not (classes and all(isinstance(c, str) for c in classes)):
+        raise ExportError(f"classes is {classes!r}; pass the class names in label order, e.g. ['cat', 'dog'].")
+    classes = list(classes)
+    name, shape = next(iter(shapes.items()))
+    if len(shapes) != 1 or len(shape) != 4 or shape[1] != 3:
+        raise ExportError(f"classes and preprocess describe an image classifier with one N,3,H,W input; this model "
+                          f"takes {shapes}. Export it without them.")
+    prep, _ = load_preprocess(preprocess)
+    made = prep(np.zeros((shape[2] + 7, shape[3] + 13, 3), np.uint8)).shape
+    if made != tuple(shape[1:]):
+        raise ExportError(f"preprocess makes inputs of shape {list(made)} from an image of another size, but the "
+                          f"model takes {name} of shape {list(shape[1:])}; end the transform with a crop of that "
+                          f"size (e.g. {{'resize': {shape[2]}}} for a square input).")
+    out = model.graph.output[0].type.tensor_type.shape.dim
+    width = out[-1].dim_value if len(out) == 2 and out[-1].HasField("dim_value") else None
+    if len(model.graph.output) != 1 or width != len(classes):
+        raise ExportError(f"classes lists {len(classes)} names, but the model's outputs are "
+                          f"{[(o.name, _dims(o)) for o in model.graph.output]}; a classifier has one N x classes "
+                          f"output. Pass one name per output column.")
+    return onnx_props({"preprocess": prep.to_json(name, (None, *shape[1:])), "classes": classes})
+
+
+def _dims(value: onnx.ValueInfoProto) -> list[int | str]:
+    return [d.dim_value if d.HasField("dim_value") else d.dim_param for d in value.type.tensor_type.shape.dim]
+
+
 def _opset_of(model: onnx.ModelProto) -> int:
     return next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
 
@@ -320,6 +355,8 @@ def export_onnx(
     sample: dict[str, np.ndarray] | None = None,
     output_names: list[str] | None = None,
     metadata: dict[str, str] | None = None,
+    classes: Sequence[str] | None = None,
+    preprocess: Any = None,
 ) -> Path:
     """Write ``block`` as ONNX; with ``verify``, only if onnxruntime reproduces the block's
     predict-mode outputs on batches of 1 and 2 (and ``sample``) within ``rtol`` of each output's
@@ -332,7 +369,9 @@ def export_onnx(
     order, to batch-1 shapes; the names become the ONNX input names (imported graphs default to
     their own names and shapes). Outputs are named ``output_names`` (default: the graph's own,
     else ``output`` or ``output0``, ``output1``, ...). ``metadata`` goes into the file's
-    metadata_props (e.g. class names, preprocessing).
+    metadata_props. ``classes`` (names in label order) with ``preprocess`` (a recipe transform
+    as ``TransformSpec`` or dict, or a ``gluontl.preprocess`` record) write the metadata a run's
+    export carries, so ``gluontl predict`` and ``gluontl.preprocess`` take the file.
     """
     path = Path(path)
     check_target(path, force)
@@ -346,6 +385,8 @@ def export_onnx(
         model, traced = convert_block(block, input_shapes, opset=13 if opset is None else opset, lean=lean,
                                       output_names=output_names)
         shapes, dtypes, sizes = traced.input_shapes, {}, [1, 2]
+    if classes is not None or preprocess is not None:
+        metadata = {**(metadata or {}), **_card_props(model, shapes, classes, preprocess)}
     set_metadata(model, metadata or {})
     if model.ByteSize() > _PROTOBUF_LIMIT:
         raise ExportError(f"The model is larger than 2 GB, the ONNX protobuf limit, so {path} cannot hold it; use export_symbol.")

@@ -211,6 +211,7 @@ def patch_model(block: mx.gluon.HybridBlock, info: ImportInfo, input_names: list
                 graph.node.add().CopyFrom(helper.make_node("Identity", [o.name], [new], name=f"{new}/rename"))
                 o.name = new
     _check_data(model)
+    _name_batch(graph, inputs)
     shapes, dtypes = {}, {}
     for v in inputs:
         tt = v.type.tensor_type
@@ -218,6 +219,20 @@ def patch_model(block: mx.gluon.HybridBlock, info: ImportInfo, input_names: list
         shapes[v.name] = tuple(dims)
         dtypes[v.name] = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type))
     return Patched(model, shapes, dtypes)
+
+
+def _name_batch(graph: onnx.GraphProto, inputs: list[onnx.ValueInfoProto]) -> None:
+    """The inputs' free dimension 0 is called ``batch`` on inputs and outputs alike, as in every
+    other gluontl export (a new head's output already says ``batch``): one symbol the file's own
+    name for it (``N``) is renamed everywhere, so which dimensions are equal stays as it was."""
+    firsts = {v.type.tensor_type.shape.dim[0].dim_param for v in inputs if v.type.tensor_type.shape.dim}
+    if len(firsts) != 1 or "" in firsts or firsts == {"batch"}:
+        return  # fixed, mixed or already so named: nothing one rename can make consistent
+    old, = firsts
+    for value in (*graph.input, *graph.output, *graph.value_info):
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.dim_param == old:
+                dim.dim_param = "batch"
 
 
 def _head_nodes(head, features: list[str], taken: set[str]) -> tuple[list, list, str, int]:

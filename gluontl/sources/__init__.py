@@ -19,7 +19,7 @@ from mxnet.gluon import HybridBlock
 from ..errors import ModelSourceError, short_reason
 from ..graphblock import GraphBlock
 from ..naming import graph_nodes, named_params, shape_of
-from ..recipe import ModelSpec, resolve_source
+from ..recipe import ModelSpec, as_spec, resolve_source
 from .restore import RestoreReport, restore
 
 __all__ = ["load_model", "build_model", "input_shapes", "model_inputs", "resolve_source", "zoo_input_shape",
@@ -236,7 +236,7 @@ def _dims(shape: tuple, batch: int | None = None) -> str:
     return ",".join(str(d).upper() if isinstance(d, str) else str(d if d is not None else "?") for d in dims)
 
 
-def load_model(spec: str | ModelSpec, *, classes: int | None = None, ctx=None,
+def load_model(spec: str | ModelSpec | Mapping[str, Any], *, classes: int | None = None, ctx=None,
                input_shapes: Mapping[str, tuple] | None = None) -> HybridBlock:
     """A model from ``zoo:NAME``, ``symbol:PREFIX`` or ``onnx:PATH`` (or a bare name or path),
     parameters initialized; ``input_shapes`` names a symbol's or ONNX file's inputs, batch
@@ -250,6 +250,8 @@ def load_model(spec: str | ModelSpec, *, classes: int | None = None, ctx=None,
     """
     if isinstance(spec, str):
         spec = ModelSpec(source=resolve_source(spec))  # a bad spec: ModelSourceError, not pydantic's
+    spec = as_spec(spec, ModelSpec, "model", ModelSourceError, "{'source': 'zoo:resnet18_v1'}",
+                   "A model takes the keys of a recipe's model section (see the README).")
     ctx = ctx or mx.cpu()
     scheme, _, rest = spec.source.partition(":")
     if scheme == "zoo":

@@ -65,6 +65,7 @@ class RunResult:
     stopped_early: bool = False
     rank: int = 0  # a distributed worker's rank; only rank 0 writes the run folder
     workers: int = 1
+    exported: list[Path] = dataclasses.field(default_factory=list)  # what the recipe's export: section wrote
 
     @property
     def is_root(self) -> bool:

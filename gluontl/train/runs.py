@@ -11,7 +11,7 @@ import numpy as np
 
 from ..errors import DataError, ExportError, TrainError, short_reason
 from ..pipeline import prepare
-from ..recipe import DataSpec, Recipe, load_recipe
+from ..recipe import DataSpec, ExportSpec, Recipe, as_spec, load_recipe
 from . import checkpoint
 
 
@@ -294,18 +294,26 @@ def export_block(block, out_dir: str | Path, name: str, input_shapes: Mapping[st
 
 
 def export_run(run_dir: str | Path, out_dir: str | Path | None = None, *, formats: list[str] | None = None,
-               tag: str = "best", force: bool = False) -> list[Path]:
-    """Export a run's checkpoint as the recipe's ``export:`` section says, verified on real val images."""
+               tag: str = "best", force: bool = False, export: ExportSpec | Mapping[str, Any] | None = None
+               ) -> list[Path]:
+    """Export a run's checkpoint as the recipe's ``export:`` section says (or ``export``, an
+    ``ExportSpec`` or a dict of its keys, in its place), verified on real val images; into
+    ``RUN/export/`` unless ``out_dir`` says where."""
     from .data import load_split
 
     recipe, net = load_run(run_dir, tag)
+    if export is not None:
+        spec = as_spec(export, ExportSpec, "export", ExportError, "{'formats': ['onnx'], 'opset': 13}",
+                       "It takes the keys of a recipe's export section (see the README's Export section).")
+        recipe = recipe.model_copy(update={"export": spec})
     if recipe.task == "detection":
         from ..detect import runs as detect_runs
 
         return detect_runs.export(run_dir, recipe, net, out_dir, formats or list(recipe.export.formats), force)
-    card = stored_card(run_dir, recipe)
     spec = recipe.export
     name = _export_input_name(recipe)
+    card = stored_card(run_dir, recipe)
+    card = {**card, "preprocess": {**card["preprocess"], "input": {**card["preprocess"]["input"], "name": name}}}
     sample = None
     if recipe.data is not None:
         ds = load_split(recipe.data, recipe.data.val)

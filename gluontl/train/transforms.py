@@ -42,15 +42,15 @@ from typing import Any, BinaryIO, Iterator, Mapping, Union
 
 import cv2
 import numpy as np
-from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
+from PIL import Image, ImageFile, UnidentifiedImageError
 
+from ..deploy_preprocess import center_crop, resize_shorter, to_rgb
 from ..errors import DataError, ModelSourceError
-from ..recipe import TransformSpec
+from ..recipe import TransformSpec, as_spec
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 _LUMA = np.array([0.299, 0.587, 0.114], np.float32)
-_SIXTEEN_BIT = ("I;16", "I;16B", "I;16L", "I;16N", "I")
 _SAMPLE_TAG = 0x5A3E  # keeps per-sample streams apart from the loader's order stream
 
 
@@ -89,13 +89,7 @@ def decode_image(source: str | Path | bytes, name: str | None = None) -> np.ndar
     """
     try:
         with _strict_decoding(), _open(source) as im:
-            im = ImageOps.exif_transpose(im)
-            if im.mode in _SIXTEEN_BIT:
-                gray = np.clip(np.rint(np.asarray(im, np.float64) / 257.0), 0, 255).astype(np.uint8)
-                return np.repeat(gray[:, :, None], 3, axis=2)
-            if im.mode in ("P", "PA"):
-                im = im.convert("RGBA")
-            return np.array(im.convert("RGB") if im.mode != "RGB" else im, np.uint8)
+            return to_rgb(im)  # the deployable reference's decoding, so the two cannot drift apart
     except Exception as e:
         where = name or str(source)
         raise DataError(f"Cannot read image '{where}': {e}. Replace or delete the file (datasets are "
@@ -293,8 +287,8 @@ def preprocess(image: ImageInput, spec: SpecInput) -> np.ndarray:
     enlarging; centre crop) -> ``(pixel / 255 - mean) / std`` in float32 -> CHW.
 
     ``image``: a file path, encoded bytes, or an HWC uint8 RGB (or HW gray) array.
-    ``spec``: a recipe's ``TransformSpec`` (its evaluation form), a ``gluontl.preprocess``
-    record (dict), or where one is stored: an exported ``.onnx`` file (its metadata), a
+    ``spec``: a recipe's ``TransformSpec`` or a dict of its keys (the evaluation form), a
+    ``gluontl.preprocess`` record (dict), or where one is stored: an exported ``.onnx`` file (its metadata), a
     ``NAME-preprocess.json`` beside a symbol export, or a run folder (``preprocess.json``).
     """
     return load_preprocess(spec)[0](_as_rgb(image))
@@ -302,6 +296,10 @@ def preprocess(image: ImageInput, spec: SpecInput) -> np.ndarray:
 
 def load_preprocess(spec: SpecInput) -> tuple[Preprocess, list[str] | None]:
     """The pipeline ``spec`` describes and the class names stored with it (None if none are)."""
+    if isinstance(spec, Mapping) and "format" not in spec and "preprocess" not in spec:
+        spec = as_spec(spec, TransformSpec, "the transform", DataError, "{'resize': 256, 'center_crop': 224}",
+                       "A transform takes the keys of a recipe's data.val_transform; a record from an export has "
+                       "\"format\": \"gluontl.preprocess\".")
     if isinstance(spec, TransformSpec):
         return Preprocess.from_spec(spec), None
     if isinstance(spec, Mapping):
@@ -417,20 +415,11 @@ def _resize(img: np.ndarray, w: int, h: int) -> np.ndarray:
 
 
 def _shorter_side(img: np.ndarray, size: int) -> np.ndarray:
-    h, w = img.shape[:2]
-    if min(h, w) == size:
-        return img
-    if h <= w:
-        return _resize(img, max(1, round(w * size / h)), size)
-    return _resize(img, size, max(1, round(h * size / w)))
+    return resize_shorter(img, size, _resize)
 
 
 def _center_crop(img: np.ndarray, size: int) -> np.ndarray:
-    if min(img.shape[:2]) < size:
-        img = _shorter_side(img, size)
-    h, w = img.shape[:2]
-    y, x = (h - size) // 2, (w - size) // 2
-    return img[y:y + size, x:x + size]
+    return center_crop(img, size, _resize)
 
 
 def _random_resized_crop(img: np.ndarray, size: int, rng: np.random.Generator,

@@ -121,6 +121,8 @@ def test_export_after_a_hybridized_training_step(tmp_path):
     with mx.autograd.record(train_mode=True):
         cls_preds, box_preds, anchors = net(mx.nd.array(x))
     export_detector(net, tmp_path, "det", (3, SIZE, SIZE), class_names=CLASSES, sample=x, formats=["onnx"])
+    graph = onnx.load(str(tmp_path / "det.onnx")).graph  # one name for the batch, as every export has it
+    assert [v.type.tensor_type.shape.dim[0].dim_param for v in (*graph.input, *graph.output)] == ["batch"] * 4
     got = ort.InferenceSession(str(tmp_path / "det.onnx"), providers=["CPUExecutionProvider"]).run(None, {"data": x})
     want = _mxnet(net, x)
     assert want[0].shape == (2, 100, 1)  # the inference graph again
