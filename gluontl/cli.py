@@ -230,9 +230,15 @@ def inspect(model: str = typer.Argument(..., help="NAME, PREFIX, PATH.onnx or zo
         from .onnx import format_report, inspect_onnx
         from .sources import input_shapes
 
-        if input_shape:  # not needed here, but a wrong name or rank is still worth saying
+        if input_shape:  # not needed here, but a wrong name, rank or size is still worth saying
             input_shapes(source, _shapes(input_shape))
-        typer.echo(format_report(inspect_onnx(source[5:])))
+        report = inspect_onnx(source[5:])
+        typer.echo(format_report(report))
+        if report.problems:
+            from .errors import OnnxImportError
+
+            raise OnnxImportError(f"{source[5:]} cannot be imported ({len(report.problems)} problem(s), listed "
+                                  f"first in the report above): " + " ".join(report.problems))
         return
     spec, block, shapes = _model(source, input_shape, classes)
     if nodes:
