@@ -55,6 +55,7 @@ def world(tmp_path_factory):
     recipe("jpg_weights.yaml", weights=str(d / "photo.jpg"))
     recipe("jpg_model.yaml", source=str(d / "photo.jpg"))
     recipe("dir_model.yaml", source=str(d / "adir"))
+    recipe("hwc_onnx.yaml", source=str(ONNX), input_shape=[32, 32, 3])  # the file declares (batch, 3, 32, 32)
     (d / "ctx.yaml").write_text(yaml.safe_dump(dict(good, train={"ctx": "cpu:0,0"})))
 
     from gluontl.train.loop import finetune
@@ -91,6 +92,8 @@ CASES = {
     "plan-jpeg-weights": (["plan", "-r", "{d}/jpg_weights.yaml"], ["{d}/photo.jpg", "Invalid NDArray file format"]),
     "plan-jpeg-model": (["plan", "-r", "{d}/jpg_model.yaml"], ["model.source", "{d}/photo.jpg", "neither an ONNX"]),
     "plan-dir-model": (["plan", "-r", "{d}/dir_model.yaml"], ["model.source", "{d}/adir", "is a directory"]),
+    "plan-input-shape-hwc": (["plan", "-r", "{d}/hwc_onnx.yaml"], ["model.input_shape 32,32,3", "'x'", "H,W,C",
+                                                                   "C,H,W: 3,32,32"]),
     "plan-set-not-yaml": (["plan", "-r", "{d}/good.yaml", "--set", "train.lr=["], ["train.lr=[", "not valid YAML"]),
     "plan-no-recipe-option": (["plan"], ["--recipe", "plan --help"]),
     "finetune-nothing": (["finetune"], ["--recipe"]),
@@ -126,6 +129,10 @@ CASES = {
     "inspect-shape-rank-zoo": (["inspect", "resnet18_v1", "--input-shape", "32,32"],
                                ["--input-shape", "zoo:resnet18_v1", "(1, 32, 32)", "4D"]),
     "inspect-shape-rank-symbol": (["inspect", "{sym}", "--input-shape", "16,16"], ["--input-shape", "{sym}"]),
+    "inspect-shape-hwc-onnx": (["inspect", "{onnx}", "--input-shape", "32,32,3"],  # as strict as with --nodes
+                               ["--input-shape 32,32,3", "'x'", "dimension 1", "C,H,W: 3,32,32"]),
+    "inspect-shape-hwc-onnx-nodes": (["inspect", "{onnx}", "--nodes", "--input-shape", "32,32,3"],
+                                     ["--input-shape 32,32,3", "'x'", "dimension 1", "C,H,W: 3,32,32"]),
     "inspect-shape-unknown-input": (["inspect", "{onnx}", "--input-shape", "data=1,3,32,32"],
                                     ["--input-shape", "data", "input(s) x"]),
     "inspect-symbolic-dims": (["inspect", "{dyn}", "--nodes"], ["'x'", "height (dim 2)", "width (dim 3)",

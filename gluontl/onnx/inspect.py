@@ -83,7 +83,8 @@ def _checker(path: str) -> str | None:
     return None
 
 
-def inspect_onnx(path: str | os.PathLike) -> OnnxReport:
+def inspect_onnx(path: str | os.PathLike, *, check: bool = True) -> OnnxReport:
+    """The report; ``check=False`` skips ``problems`` and ``checker`` (callers after the inputs only)."""
     proto = inline_functions(read_proto(os.fspath(path)), os.fspath(path))  # as import sees it
     g = proto.graph
     opsets = {(o.domain or "ai.onnx"): int(o.version) for o in proto.opset_import}
@@ -109,7 +110,8 @@ def inspect_onnx(path: str | os.PathLike) -> OnnxReport:
         cut_points=[(n.name, n.op_type, n.output[0] if n.output else "") for n in g.node
                     if n.name and n.op_type not in ("Constant", "Shape", "Gather", "Unsqueeze",
                                                     "Concat", "Identity")],
-        problems=_problems(proto, os.fspath(path)), checker=_checker(os.fspath(path)))
+        problems=_problems(proto, os.fspath(path)) if check else [],
+        checker=_checker(os.fspath(path)) if check else None)
 
 
 def format_report(report: OnnxReport, max_cut_points: int = 40) -> str:

@@ -22,7 +22,7 @@ from ..naming import graph_nodes, named_params, shape_of
 from ..recipe import ModelSpec, resolve_source
 from .restore import RestoreReport, restore
 
-__all__ = ["load_model", "build_model", "input_shapes", "model_inputs", "resolve_source", "zoo_input_shape",
+__all__ = ["load_model", "build_model", "check_input_shape", "input_shapes", "model_inputs", "resolve_source", "zoo_input_shape",
            "zoo_names", "RestoreReport", "restore"]
 
 
@@ -180,7 +180,7 @@ def model_inputs(source: str, *, epoch: int | None = None) -> list[tuple[str, Sh
         return [(n, None) for n in _symbol_inputs(rest, epoch)]
     from ..onnx import inspect_onnx
 
-    return [(name, shape) for name, shape, _ in inspect_onnx(rest).inputs]
+    return [(name, shape) for name, shape, _ in inspect_onnx(rest, check=False).inputs]
 
 
 def input_shapes(source: str, given: Mapping[str | None, tuple[int, ...]] | None = None, *,
@@ -214,6 +214,8 @@ def input_shapes(source: str, given: Mapping[str | None, tuple[int, ...]] | None
                     f"--input-shape for input '{name}' of {spec} has {len(given[name]) - 1} dims after the batch "
                     f"{given[name][1:]}, but the model declares {len(shape) - 1}: {_dims(shape)}. Pass "
                     f"--input-shape {name}={_dims(shape, 1)} (or C,H,W style for the first input).")
+            if shape is not None:
+                _check_declared(spec, name, given[name], shape, "--input-shape")
             shapes[name] = given[name]
         elif shape is None:
             if len(declared) > 1:
@@ -228,6 +230,35 @@ def input_shapes(source: str, given: Mapping[str | None, tuple[int, ...]] | None
                     f"{_dims(shape)}; give values with --input-shape {name}={_dims(shape, 1)}.")
             shapes[name] = (1, *shape[1:])
     return shapes
+
+
+def _check_declared(source: str, name: str, given: tuple[int, ...], declared: tuple, option: str) -> None:
+    """``given`` (batch first) against the sizes the model declares after the batch, naming ``option``."""
+    clash = [k for k, (g, d) in enumerate(zip(given, declared)) if k and isinstance(d, int) and g != d]
+    if clash:
+        raise ModelSourceError(
+            f"{option} {','.join(map(str, given[1:]))} for input '{name}' of {source} conflicts with the shape "
+            f"the model declares, {_dims(declared)} (batch first), at dimension {clash[0]}.{_hwc_hint(given[1:])} "
+            f"Give {option} in the model's order (after the batch): {_dims(declared[1:])}.")
+
+
+def check_input_shape(spec: ModelSpec, name: str) -> None:
+    """A recipe's ``model.input_shape`` against the shape an ONNX source declares for input ``name``,
+    before import: its error names the recipe key (import's would name only the input)."""
+    if not spec.source.startswith("onnx:"):
+        return
+    shape = (1, *spec.input_shape)
+    declared = dict(model_inputs(spec.source)).get(name)
+    if declared is not None and len(declared) == len(shape):
+        _check_declared(spec.source, name, shape, declared, "model.input_shape")
+
+
+def _hwc_hint(chw: tuple[int, ...]) -> str:
+    """Image libraries hand out channels-last shapes (224,224,3); gluontl's, as MXNet's, are C,H,W."""
+    if len(chw) == 3 and chw[2] in (1, 3, 4) and chw[0] not in (1, 3, 4):
+        return (f" {','.join(map(str, chw))} looks like H,W,C; gluontl takes channels first, C,H,W: "
+                f"{chw[2]},{chw[0]},{chw[1]}.")
+    return ""
 
 
 def _dims(shape: tuple, batch: int | None = None) -> str:
@@ -282,6 +313,8 @@ def build_model(spec: ModelSpec, *, classes: int | None = None, head_init: str =
     """
     ctx = ctx or mx.cpu()
     shapes = dict(input_shapes or {_input_name(spec): (1, *spec.input_shape)})
+    if input_shapes is None:
+        check_input_shape(spec, next(iter(shapes)))
     net = load_model(spec, classes=classes, ctx=ctx, input_shapes=shapes)
     if not spec.source.startswith("zoo:"):  # load_model ran zoo models at these shapes already
         materialize(net, shapes, ctx, spec.source)
@@ -360,7 +393,8 @@ def materialize(net: HybridBlock, shapes: Mapping[str, tuple[int, ...]], ctx, so
             mx.nd.waitall()
     except (mx.base.MXNetError, ValueError) as e:
         given = ", ".join(f"{n} {tuple(s)}" for n, s in shapes.items())
+        hint = "".join(_hwc_hint(tuple(s[1:])) for s in shapes.values())
         raise ModelSourceError(
-            f"{source} does not accept inputs of shape {given} (batch first): {short_reason(e)}. Set model.input_shape "
+            f"{source} does not accept inputs of shape {given} (batch first): {short_reason(e)}.{hint} Set model.input_shape "
             f"in the recipe, or --input-shape on the command line (C,H,W without the batch, or NAME=1,C,H,W), to "
             f"what the model expects.") from None
