@@ -19,11 +19,11 @@ from mxnet.gluon import HybridBlock
 from ..errors import ModelSourceError, short_reason
 from ..graphblock import GraphBlock
 from ..naming import graph_nodes, named_params, shape_of
-from ..recipe import ModelSpec, resolve_source
+from ..recipe import ModelSpec, gluontl_home, resolve_source
 from .restore import RestoreReport, restore
 
-__all__ = ["load_model", "build_model", "check_input_shape", "input_shapes", "model_inputs", "resolve_source", "zoo_input_shape",
-           "zoo_names", "RestoreReport", "restore"]
+__all__ = ["load_model", "build_model", "check_input_shape", "input_shapes", "model_inputs", "resolve_source",
+           "zoo_input_shape", "zoo_names", "RestoreReport", "restore"]
 
 
 def zoo_names() -> list[str]:
@@ -180,7 +180,31 @@ def model_inputs(source: str, *, epoch: int | None = None) -> list[tuple[str, Sh
         return [(n, None) for n in _symbol_inputs(rest, epoch)]
     from ..onnx import inspect_onnx
 
-    return [(name, shape) for name, shape, _ in inspect_onnx(rest, check=False).inputs]
+    return [(name, shape) for name, shape, _ in inspect_onnx(_onnx_file(rest), check=False).inputs]
+
+
+def _onnx_file(path: str) -> str:
+    """``path``, made first when it is the ImageNet EfficientNet-Lite0 recipes name under
+    ``$GLUONTL_HOME/models`` (made on first use, as ``weights_from`` makes pretrains)."""
+    import sys
+
+    from ..convert import efficientnet_lite as lite
+
+    p = Path(path)
+    if p.name != lite.ONNX_NAME or p.exists():
+        return path
+    made = gluontl_home() / "models" / lite.ONNX_NAME
+    if p.resolve() != made.resolve():
+        raise ModelSourceError(f"ONNX file '{path}' does not exist. It is the ImageNet EfficientNet-Lite0 that "
+                               f"`python scripts/make_imagenet_onnx.py --out {path}` writes; gluontl makes it by "
+                               f"itself only at $GLUONTL_HOME/models/{lite.ONNX_NAME} ({made}).")
+    print(f"'{path}' does not exist yet: making it from the ImageNet weights of {lite.PACKAGE} (one time)",
+          file=sys.stderr)
+    try:
+        lite.ensure_imagenet_onnx()
+    except ModelSourceError as e:
+        raise ModelSourceError(f"ONNX file '{path}' does not exist, and gluontl cannot make it: {e}") from None
+    return path
 
 
 def input_shapes(source: str, given: Mapping[str | None, tuple[int, ...]] | None = None, *,
@@ -298,7 +322,7 @@ def load_model(spec: str | ModelSpec, *, classes: int | None = None, ctx=None,
         return _symbol(rest, list(input_shapes or [spec.input_name]), spec.epoch, ctx)
     from ..onnx import import_model
 
-    return import_model(rest, input_shapes=input_shapes, ctx=ctx)
+    return import_model(_onnx_file(rest), input_shapes=input_shapes, ctx=ctx)
 
 
 def build_model(spec: ModelSpec, *, classes: int | None = None, head_init: str = "xavier", ctx=None,
