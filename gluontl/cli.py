@@ -67,8 +67,12 @@ def plan(recipe: Path = RecipeOpt, set_: Optional[List[str]] = SetOpt,
         from .rules import freeze_bn_stats
 
         prep.plan = freeze_bn_stats(prep.plan, "train.distributed.batch_norm")  # what workers of a job train
+    split = None
     if r.task != "detection":
+        from .train.data import split_preview
+
         cache = preview(r, prep.block, prep.plan)
+        split = split_preview(r.data) if r.data is not None else None
     # what the guards of finetune will say about these weights and rules
     weights, flags = (weights, []) if pending else plan_flags(r, prep)
     if as_json:
@@ -77,6 +81,8 @@ def plan(recipe: Path = RecipeOpt, set_: Optional[List[str]] = SetOpt,
         out["restore"] = prep.restore.lines() if prep.restore else []
         out["feature_cache"] = cache
         out["guards"] = flags
+        if split:
+            out["split"] = {k: v for k, v in split[0].to_json().items() if k != "val"}
         typer.echo(json.dumps(out, indent=1))
         return
     typer.echo(weights)
@@ -84,6 +90,8 @@ def plan(recipe: Path = RecipeOpt, set_: Optional[List[str]] = SetOpt,
         typer.echo("\n".join(prep.restore.lines()))
     typer.echo(format_plan(prep.plan))
     typer.echo(cache)
+    if split:
+        typer.echo(split[0].summary(*split[1:]) + " (as listed: finetune leaves out bad images)")
     for line in flags:
         typer.echo(line)
     if pending:

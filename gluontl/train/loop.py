@@ -344,6 +344,7 @@ def _finetune(recipe: Recipe, dist: Backend, runs_root: str | Path, resume: str 
             write_text(run_dir / "recipe.yaml", yaml.safe_dump(recipe.model_dump(mode="json", exclude_none=True), sort_keys=False))
             if loaders.split is not None:  # an automatic hold-out: which files it held out, for audits
                 write_text(run_dir / "split.json", json.dumps(loaders.split.to_json(), indent=1), TrainError)
+                say(quiet, loaders.split.summary(loaders.train_size, loaders.val_size))
         meta = None
     logged(run_dir)
     if root:
