@@ -145,8 +145,7 @@ def finetune(recipe: Optional[Path] = typer.Option(None, "--recipe", "-r", help=
     if r.export.formats and result.is_root:  # a distributed run: rank 0 writes the run folder
         from .train.runs import export_run
 
-        for path in export_run(result.run_dir, force=resume is not None):
-            typer.echo(f"exported {path} (verified)" if path.suffix == ".onnx" else f"exported {path}")
+        _exported(export_run(result.run_dir, force=resume is not None))
 
 
 @app.command()
@@ -174,8 +173,13 @@ def export(source: str = typer.Argument(..., help="run folder (runs/NAME) or mod
         scheme, _, rest = spec.source.partition(":")
         name = (Path(rest).stem if scheme == "onnx" else Path(rest).name).replace(".", "_") or "model"
         paths = export_block(block, out, name, shapes, formats=formats, force=force)
+    _exported(paths)
+
+
+def _exported(paths: list[Path]) -> None:
+    """Every ONNX export was checked against onnxruntime before it was kept; say so."""
     for p in paths:
-        typer.echo(f"exported {p}")
+        typer.echo(f"exported {p} (verified)" if p.suffix == ".onnx" else f"exported {p}")
 
 
 def _choice(value: str, allowed: Sequence[str], option: str) -> str:

@@ -282,6 +282,7 @@ def test_bare_onnx_path_inspect_and_export(world, tmp_path, monkeypatch, capsys)
     code, out, err = run_cli(monkeypatch, capsys, "export", str(ONNX), "--format", "onnx", "--out", str(tmp_path))
     assert code == 0, err
     exported = tmp_path / "resnet_legacy_op13.onnx"
+    assert out.splitlines() == [f"exported {exported} (verified)"]  # as finetune says: checked in onnxruntime
     inp = onnx.load(str(exported)).graph.input[0]
     assert inp.name == "x"  # the model's own input name, no --input-shape needed
     assert [d.dim_value for d in inp.type.tensor_type.shape.dim][1:] == [3, 32, 32]
