@@ -57,6 +57,7 @@ def world(tmp_path_factory):
     recipe("dir_model.yaml", source=str(d / "adir"))
     recipe("hwc_onnx.yaml", source=str(ONNX), input_shape=[32, 32, 3])  # the file declares (batch, 3, 32, 32)
     (d / "ctx.yaml").write_text(yaml.safe_dump(dict(good, train={"ctx": "cpu:0,0"})))
+    (d / "gpu.yaml").write_text(yaml.safe_dump(dict(good, train={"ctx": "gpu:0"})))  # setup.cfg's mxnet: CPU-only
 
     from gluontl.train.loop import finetune
     run = finetune(parse_recipe(good), runs_root=d / "runs", quiet=True).run_dir
@@ -98,6 +99,8 @@ CASES = {
     "plan-no-recipe-option": (["plan"], ["--recipe", "plan --help"]),
     "finetune-nothing": (["finetune"], ["--recipe"]),
     "finetune-missing-recipe": (["finetune", "-r", "{d}/none.yaml"], ["{d}/none.yaml"]),
+    "finetune-gpu-on-cpu-wheel": (["finetune", "-r", "{d}/gpu.yaml", "--runs", "{d}/runs_gpu"],
+                                  ["train.ctx 'gpu:0'", "CPU-only wheel", "mxnet-cu117==1.9.1", "8.6 only"]),
     "finetune-resume-missing": (["finetune", "--resume", "{d}/nowhere"], ["--resume", "{d}/nowhere"]),
     "finetune-resume-file": (["finetune", "--resume", "{d}/garbage"], ["--resume", "{d}/garbage"]),
     "finetune-resume-no-checkpoint": (["finetune", "--resume", "{d}/run_nockpt"], ["{d}/run_nockpt", "no checkpoint"]),
