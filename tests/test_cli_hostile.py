@@ -56,6 +56,7 @@ def world(tmp_path_factory):
     recipe("jpg_model.yaml", source=str(d / "photo.jpg"))
     recipe("dir_model.yaml", source=str(d / "adir"))
     recipe("hwc_onnx.yaml", source=str(ONNX), input_shape=[32, 32, 3])  # the file declares (batch, 3, 32, 32)
+    recipe("hwc_symbol.yaml", input_shape=[16, 16, 3])  # a symbol declares no shape
     (d / "ctx.yaml").write_text(yaml.safe_dump(dict(good, train={"ctx": "cpu:0,0"})))
     (d / "gpu.yaml").write_text(yaml.safe_dump(dict(good, train={"ctx": "gpu:0"})))  # setup.cfg's mxnet: CPU-only
 
@@ -95,6 +96,8 @@ CASES = {
     "plan-dir-model": (["plan", "-r", "{d}/dir_model.yaml"], ["model.source", "{d}/adir", "is a directory"]),
     "plan-input-shape-hwc": (["plan", "-r", "{d}/hwc_onnx.yaml"], ["model.input_shape 32,32,3", "'x'", "H,W,C",
                                                                    "C,H,W: 3,32,32"]),
+    "plan-input-shape-hwc-symbol": (["plan", "-r", "{d}/hwc_symbol.yaml"], ["model.input_shape 16,16,3", "H,W,C",
+                                                                         "C,H,W: 3,16,16"]),
     "plan-set-not-yaml": (["plan", "-r", "{d}/good.yaml", "--set", "train.lr=["], ["train.lr=[", "not valid YAML"]),
     "plan-no-recipe-option": (["plan"], ["--recipe", "plan --help"]),
     "finetune-nothing": (["finetune"], ["--recipe"]),
@@ -136,6 +139,8 @@ CASES = {
                                ["--input-shape 32,32,3", "'x'", "dimension 1", "C,H,W: 3,32,32"]),
     "inspect-shape-hwc-onnx-nodes": (["inspect", "{onnx}", "--nodes", "--input-shape", "32,32,3"],
                                      ["--input-shape 32,32,3", "'x'", "dimension 1", "C,H,W: 3,32,32"]),
+    "inspect-shape-hwc-symbol": (["inspect", "{sym}", "--input-shape", "16,16,3"],
+                                 ["--input-shape 16,16,3", "symbol:{sym}", "H,W,C", "C,H,W: 3,16,16"]),
     "inspect-shape-unknown-input": (["inspect", "{onnx}", "--input-shape", "data=1,3,32,32"],
                                     ["--input-shape", "data", "input(s) x"]),
     "inspect-symbolic-dims": (["inspect", "{dyn}", "--nodes"], ["'x'", "height (dim 2)", "width (dim 3)",

@@ -9,6 +9,7 @@ import difflib
 import functools
 import io
 import re
+import sys
 import warnings
 from pathlib import Path
 from typing import Any, Mapping
@@ -186,8 +187,6 @@ def model_inputs(source: str, *, epoch: int | None = None) -> list[tuple[str, Sh
 def _onnx_file(path: str) -> str:
     """``path``, made first when it is the ImageNet EfficientNet-Lite0 recipes name under
     ``$GLUONTL_HOME/models`` (made on first use, as ``weights_from`` makes pretrains)."""
-    import sys
-
     from ..convert import efficientnet_lite as lite
 
     p = Path(path)
@@ -238,8 +237,7 @@ def input_shapes(source: str, given: Mapping[str | None, tuple[int, ...]] | None
                     f"--input-shape for input '{name}' of {spec} has {len(given[name]) - 1} dims after the batch "
                     f"{given[name][1:]}, but the model declares {len(shape) - 1}: {_dims(shape)}. Pass "
                     f"--input-shape {name}={_dims(shape, 1)} (or C,H,W style for the first input).")
-            if shape is not None:
-                _check_declared(spec, name, given[name], shape, "--input-shape")
+            _check_shape(spec, name, given[name], shape, "--input-shape")
             shapes[name] = given[name]
         elif shape is None:
             if len(declared) > 1:
@@ -256,25 +254,29 @@ def input_shapes(source: str, given: Mapping[str | None, tuple[int, ...]] | None
     return shapes
 
 
-def _check_declared(source: str, name: str, given: tuple[int, ...], declared: tuple, option: str) -> None:
-    """``given`` (batch first) against the sizes the model declares after the batch, naming ``option``."""
+def _check_shape(source: str, name: str, given: tuple[int, ...], declared: Shape, option: str) -> None:
+    """``given`` (batch first) against the sizes the model declares after the batch, naming ``option``;
+    without a declared shape, one that looks channels-last is refused (gluontl feeds C,H,W images)."""
+    hint = _hwc_hint(given[1:])
+    text = f"{option} {','.join(map(str, given[1:]))} for input '{name}' of {source}"
+    if declared is None:
+        if hint:
+            raise ModelSourceError(f"{text}:{hint} Give {option} as C,H,W.")
+        return
     clash = [k for k, (g, d) in enumerate(zip(given, declared)) if k and isinstance(d, int) and g != d]
     if clash:
         raise ModelSourceError(
-            f"{option} {','.join(map(str, given[1:]))} for input '{name}' of {source} conflicts with the shape "
-            f"the model declares, {_dims(declared)} (batch first), at dimension {clash[0]}.{_hwc_hint(given[1:])} "
-            f"Give {option} in the model's order (after the batch): {_dims(declared[1:])}.")
+            f"{text} conflicts with the shape the model declares, {_dims(declared)} (batch first), at dimension "
+            f"{clash[0]}.{hint} Give {option} in the model's order (after the batch): {_dims(declared[1:])}.")
 
 
 def check_input_shape(spec: ModelSpec, name: str) -> None:
-    """A recipe's ``model.input_shape`` against the shape an ONNX source declares for input ``name``,
-    before import: its error names the recipe key (import's would name only the input)."""
-    if not spec.source.startswith("onnx:"):
-        return
+    """A recipe's ``model.input_shape`` against the shape an ONNX source declares for input ``name``
+    (other sources declare none), before the model is built: the error names the recipe key."""
     shape = (1, *spec.input_shape)
-    declared = dict(model_inputs(spec.source)).get(name)
-    if declared is not None and len(declared) == len(shape):
-        _check_declared(spec.source, name, shape, declared, "model.input_shape")
+    declared = dict(model_inputs(spec.source)).get(name) if spec.source.startswith("onnx:") else None
+    if declared is None or len(declared) == len(shape):  # a rank mismatch: import's own message
+        _check_shape(spec.source, name, shape, declared, "model.input_shape")
 
 
 def _hwc_hint(chw: tuple[int, ...]) -> str:
@@ -417,8 +419,7 @@ def materialize(net: HybridBlock, shapes: Mapping[str, tuple[int, ...]], ctx, so
             mx.nd.waitall()
     except (mx.base.MXNetError, ValueError) as e:
         given = ", ".join(f"{n} {tuple(s)}" for n, s in shapes.items())
-        hint = "".join(_hwc_hint(tuple(s[1:])) for s in shapes.values())
         raise ModelSourceError(
-            f"{source} does not accept inputs of shape {given} (batch first): {short_reason(e)}.{hint} Set model.input_shape "
+            f"{source} does not accept inputs of shape {given} (batch first): {short_reason(e)}. Set model.input_shape "
             f"in the recipe, or --input-shape on the command line (C,H,W without the batch, or NAME=1,C,H,W), to "
             f"what the model expects.") from None
