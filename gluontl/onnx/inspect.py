@@ -1,4 +1,6 @@
-"""Describe an ONNX file without importing it (works for models import would refuse)."""
+"""Describe an ONNX file without importing it (works for models import would refuse), and list
+what import would refuse in it: the importer's own checks of the graph, run here on the file
+alone, plus the onnx checker's finding."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,7 +10,8 @@ from collections import Counter
 import numpy as np
 import onnx
 
-from .importer import function_body, inline_functions, read_proto
+from ..errors import OnnxImportError
+from .importer import check_external, function_body, inline_functions, opsets_of, read_proto, topological
 from .ops.quantize import integer_as_float
 from .registry import get, get_evaluator
 
@@ -34,6 +37,8 @@ class OnnxReport:
     ops: list[OpUse]
     parameter_count: int  # elements of float weights (initializers and Constant nodes)
     cut_points: list[tuple[str, str, str]]  # node name, op type, first output tensor
+    problems: list[str] = dataclasses.field(default_factory=list)  # why import refuses the file
+    checker: str | None = None  # onnx.checker's first finding (import may still work)
 
     @property
     def unsupported(self) -> list[OpUse]:
@@ -55,7 +60,31 @@ def _float_size(t: onnx.TensorProto) -> int:
     return int(np.prod(t.dims, dtype=np.int64)) if t.data_type in floats else 0
 
 
-def inspect_onnx(path: str | os.PathLike) -> OnnxReport:
+def _problems(proto: onnx.ModelProto, path: str) -> list[str]:
+    """The importer's refusals that the file alone decides (each check stops at its first finding)."""
+    g = proto.graph
+    known = [t.name for t in g.initializer] + [i.name for i in g.input]
+    checks = (lambda: opsets_of(proto, path), lambda: check_external(proto, path),
+              lambda: topological(g.node, known, path))
+    found = []
+    for check in checks:
+        try:
+            check()
+        except OnnxImportError as e:
+            found.append(str(e))
+    return found
+
+
+def _checker(path: str) -> str | None:
+    try:
+        onnx.checker.check_model(path)
+    except Exception as e:  # ValidationError, or a C++ error for files it cannot read
+        return " ".join(str(e).split())[:300] or type(e).__name__
+    return None
+
+
+def inspect_onnx(path: str | os.PathLike, *, check: bool = True) -> OnnxReport:
+    """The report; ``check=False`` skips ``problems`` and ``checker`` (callers after the inputs only)."""
     proto = inline_functions(read_proto(os.fspath(path)), os.fspath(path))  # as import sees it
     g = proto.graph
     opsets = {(o.domain or "ai.onnx"): int(o.version) for o in proto.opset_import}
@@ -80,13 +109,19 @@ def inspect_onnx(path: str | os.PathLike) -> OnnxReport:
         outputs=[_value(o) for o in g.output], ops=ops, parameter_count=params,
         cut_points=[(n.name, n.op_type, n.output[0] if n.output else "") for n in g.node
                     if n.name and n.op_type not in ("Constant", "Shape", "Gather", "Unsqueeze",
-                                                    "Concat", "Identity")])
+                                                    "Concat", "Identity")],
+        problems=_problems(proto, os.fspath(path)) if check else [],
+        checker=_checker(os.fspath(path)) if check else None)
 
 
 def format_report(report: OnnxReport, max_cut_points: int = 40) -> str:
     """Human-readable summary for the CLI."""
     fmt = lambda vals: "\n".join(f"  {n}  {list(s) if s is not None else '?'}  {t}" for n, s, t in vals)
-    lines = [f"ONNX model {report.path}",
+    lines = [f"problems ({len(report.problems)}, import refuses the model):"] if report.problems else []
+    lines += [f"  {p}" for p in report.problems]
+    if report.checker:
+        lines.append(f"onnx.checker: {report.checker}")
+    lines += [f"ONNX model {report.path}",
              f"producer: {report.producer or '?'}   ir_version: {report.ir_version}   opsets: "
              + ", ".join(f"{d} {v}" for d, v in report.opsets.items()),
              f"parameters: {report.parameter_count:,}",

@@ -9,6 +9,7 @@ import difflib
 import functools
 import io
 import re
+import sys
 import warnings
 from pathlib import Path
 from typing import Any, Mapping
@@ -19,11 +20,11 @@ from mxnet.gluon import HybridBlock
 from ..errors import ModelSourceError, short_reason
 from ..graphblock import GraphBlock
 from ..naming import graph_nodes, named_params, shape_of
-from ..recipe import ModelSpec, as_spec, resolve_source
+from ..recipe import ModelSpec, as_spec, gluontl_home, resolve_source
 from .restore import RestoreReport, restore
 
-__all__ = ["load_model", "build_model", "input_shapes", "model_inputs", "resolve_source", "zoo_input_shape",
-           "zoo_names", "RestoreReport", "restore"]
+__all__ = ["load_model", "build_model", "check_input_shape", "input_shapes", "model_inputs", "resolve_source",
+           "zoo_input_shape", "zoo_names", "RestoreReport", "restore"]
 
 
 def zoo_names() -> list[str]:
@@ -180,7 +181,29 @@ def model_inputs(source: str, *, epoch: int | None = None) -> list[tuple[str, Sh
         return [(n, None) for n in _symbol_inputs(rest, epoch)]
     from ..onnx import inspect_onnx
 
-    return [(name, shape) for name, shape, _ in inspect_onnx(rest).inputs]
+    return [(name, shape) for name, shape, _ in inspect_onnx(_onnx_file(rest), check=False).inputs]
+
+
+def _onnx_file(path: str) -> str:
+    """``path``, made first when it is the ImageNet EfficientNet-Lite0 recipes name under
+    ``$GLUONTL_HOME/models`` (made on first use, as ``weights_from`` makes pretrains)."""
+    from ..convert import efficientnet_lite as lite
+
+    p = Path(path)
+    if p.name != lite.ONNX_NAME or p.exists():
+        return path
+    made = gluontl_home() / "models" / lite.ONNX_NAME
+    if p.resolve() != made.resolve():
+        raise ModelSourceError(f"ONNX file '{path}' does not exist. It is the ImageNet EfficientNet-Lite0 that "
+                               f"`python scripts/make_imagenet_onnx.py --out {path}` writes; gluontl makes it by "
+                               f"itself only at $GLUONTL_HOME/models/{lite.ONNX_NAME} ({made}).")
+    print(f"'{path}' does not exist yet: making it from the ImageNet weights of {lite.PACKAGE} (one time)",
+          file=sys.stderr)
+    try:
+        lite.ensure_imagenet_onnx()
+    except ModelSourceError as e:
+        raise ModelSourceError(f"ONNX file '{path}' does not exist, and gluontl cannot make it: {e}") from None
+    return path
 
 
 def input_shapes(source: str, given: Mapping[str | None, tuple[int, ...]] | None = None, *,
@@ -214,6 +237,7 @@ def input_shapes(source: str, given: Mapping[str | None, tuple[int, ...]] | None
                     f"--input-shape for input '{name}' of {spec} has {len(given[name]) - 1} dims after the batch "
                     f"{given[name][1:]}, but the model declares {len(shape) - 1}: {_dims(shape)}. Pass "
                     f"--input-shape {name}={_dims(shape, 1)} (or C,H,W style for the first input).")
+            _check_shape(spec, name, given[name], shape, "--input-shape")
             shapes[name] = given[name]
         elif shape is None:
             if len(declared) > 1:
@@ -228,6 +252,39 @@ def input_shapes(source: str, given: Mapping[str | None, tuple[int, ...]] | None
                     f"{_dims(shape)}; give values with --input-shape {name}={_dims(shape, 1)}.")
             shapes[name] = (1, *shape[1:])
     return shapes
+
+
+def _check_shape(source: str, name: str, given: tuple[int, ...], declared: Shape, option: str) -> None:
+    """``given`` (batch first) against the sizes the model declares after the batch, naming ``option``;
+    without a declared shape, one that looks channels-last is refused (gluontl feeds C,H,W images)."""
+    hint = _hwc_hint(given[1:])
+    text = f"{option} {','.join(map(str, given[1:]))} for input '{name}' of {source}"
+    if declared is None:
+        if hint:
+            raise ModelSourceError(f"{text}:{hint} Give {option} as C,H,W.")
+        return
+    clash = [k for k, (g, d) in enumerate(zip(given, declared)) if k and isinstance(d, int) and g != d]
+    if clash:
+        raise ModelSourceError(
+            f"{text} conflicts with the shape the model declares, {_dims(declared)} (batch first), at dimension "
+            f"{clash[0]}.{hint} Give {option} in the model's order (after the batch): {_dims(declared[1:])}.")
+
+
+def check_input_shape(spec: ModelSpec, name: str) -> None:
+    """A recipe's ``model.input_shape`` against the shape an ONNX source declares for input ``name``
+    (other sources declare none), before the model is built: the error names the recipe key."""
+    shape = (1, *spec.input_shape)
+    declared = dict(model_inputs(spec.source)).get(name) if spec.source.startswith("onnx:") else None
+    if declared is None or len(declared) == len(shape):  # a rank mismatch: import's own message
+        _check_shape(spec.source, name, shape, declared, "model.input_shape")
+
+
+def _hwc_hint(chw: tuple[int, ...]) -> str:
+    """Image libraries hand out channels-last shapes (224,224,3); gluontl's, as MXNet's, are C,H,W."""
+    if len(chw) == 3 and chw[2] in (1, 3, 4) and chw[0] not in (1, 3, 4):
+        return (f" {','.join(map(str, chw))} looks like H,W,C; gluontl takes channels first, C,H,W: "
+                f"{chw[2]},{chw[0]},{chw[1]}.")
+    return ""
 
 
 def _dims(shape: tuple, batch: int | None = None) -> str:
@@ -269,7 +326,7 @@ def load_model(spec: str | ModelSpec | Mapping[str, Any], *, classes: int | None
         return _symbol(rest, list(input_shapes or [spec.input_name]), spec.epoch, ctx)
     from ..onnx import import_model
 
-    return import_model(rest, input_shapes=input_shapes, ctx=ctx)
+    return import_model(_onnx_file(rest), input_shapes=input_shapes, ctx=ctx)
 
 
 def build_model(spec: ModelSpec, *, classes: int | None = None, head_init: str = "xavier", ctx=None,
@@ -284,6 +341,8 @@ def build_model(spec: ModelSpec, *, classes: int | None = None, head_init: str =
     """
     ctx = ctx or mx.cpu()
     shapes = dict(input_shapes or {_input_name(spec): (1, *spec.input_shape)})
+    if input_shapes is None:
+        check_input_shape(spec, next(iter(shapes)))
     net = load_model(spec, classes=classes, ctx=ctx, input_shapes=shapes)
     if not spec.source.startswith("zoo:"):  # load_model ran zoo models at these shapes already
         materialize(net, shapes, ctx, spec.source)

@@ -123,6 +123,14 @@ class SplitRecord:
         return {"source": self.source, "method": self.method, "seed": self.seed,
                 "val_fraction": self.val_fraction, "counts": self.counts, "val": self.val}
 
+    def summary(self, train: int, val: int, shown: int = 12) -> str:
+        """One line for the console: small data needs its split's counts in view, not only in split.json."""
+        per = self.counts.get("train", {})
+        pairs = [f"{c} {n}/{self.counts.get('val', {}).get(c, 0)}" for c, n in per.items()]
+        more = f", and {len(pairs) - shown} more classes" if len(pairs) > shown else ""
+        return (f"automatic split of {self.source} (data.val_fraction {self.val_fraction:g}, seed {self.seed}): "
+                f"train {train} images, val {val}; images per class (train/val): {', '.join(pairs[:shown])}{more}")
+
 
 @dataclass
 class Loaders:
@@ -146,8 +154,9 @@ class Loaders:
         return self.train
 
 
-def load_split(spec: DataSpec, split: str, *, train: bool = False, seed: int = 0) -> ImageDataset:
-    """The dataset of split ``split``, checked for bad images.
+def load_split(spec: DataSpec, split: str, *, train: bool = False, seed: int = 0,
+               check: bool = True) -> ImageDataset:
+    """The dataset of split ``split``, checked for bad images (``check=False``: listed only).
 
     ``train=True`` applies ``train_transform`` with its random steps (seeded by ``seed``);
     otherwise ``val_transform``, deterministically (evaluate, predict).
@@ -156,12 +165,12 @@ def load_split(spec: DataSpec, split: str, *, train: bool = False, seed: int = 0
     scheme, _, rest = spec.source.partition(":")
     if scheme == "demo":
         from .demo import demo_folder
-        return _folder(demo_folder(rest, spec.val_fraction), split, spec, transform, seed)
+        return _folder(demo_folder(rest, spec.val_fraction), split, spec, transform, seed, check)
     if scheme == "folder":
-        return _folder(Path(rest).expanduser(), split, spec, transform, seed)
+        return _folder(Path(rest).expanduser(), split, spec, transform, seed, check)
     if scheme == "list":
-        return _listfile(rest, split, spec, transform, seed)
-    return _recfile(rest, split, spec, transform, seed)
+        return _listfile(rest, split, spec, transform, seed, check)
+    return _recfile(rest, split, spec, transform, seed, check)
 
 
 def make_loaders(spec: DataSpec, *, seed: int, shuffle_train: bool = True,
@@ -207,6 +216,16 @@ def _split_record(spec: DataSpec, sets: dict[str, ImageDataset]) -> SplitRecord 
     counts = {w: {c: int(np.sum(ds.labels == i)) for i, c in enumerate(ds.class_names)} for w, ds in sets.items()}
     val = sets["val"]
     return SplitRecord(spec.source, spec.val_fraction, counts, [val.name(i) for i in range(len(val))])
+
+
+def split_preview(spec: DataSpec) -> tuple[SplitRecord, int, int] | None:
+    """The automatic split (and its train/val sizes) as listed, before finetune's bad-image pass
+    (``gluontl plan``); None for sources that come split."""
+    if spec.source.startswith("demo:"):  # made as split folders: nothing to list cheaply or to split
+        return None
+    sets = {w: load_split(spec, getattr(spec, w), check=False) for w in ("train", "val")}
+    record = _split_record(spec, sets)
+    return None if record is None else (record, len(sets["train"]), len(sets["val"]))
 
 
 def stratified_holdout(labels: np.ndarray, val_fraction: float, seed: int = SPLIT_SEED) -> np.ndarray:
@@ -270,8 +289,8 @@ def _require_classes(labels: np.ndarray, class_names: list[str], where: list[str
 
 def _finish(items: list, labels: np.ndarray, names: list[str], problem, class_names: list[str],
             class_where: list[str] | None, spec: DataSpec, what: str, transform: Transform, seed: int,
-            rec: str | None = None, held_out: bool = False) -> ImageDataset:
-    keep, bad = _check(names, problem, spec, what)
+            rec: str | None = None, held_out: bool = False, check: bool = True) -> ImageDataset:
+    keep, bad = _check(names, problem, spec, what) if check else (np.ones(len(names), bool), BadImageReport())
     labels = labels[keep]
     if class_where is not None:  # classes were declared (folders, data.classes), not inferred
         _require_classes(labels, class_names, class_where, spec, what, bad)
@@ -324,9 +343,9 @@ def _has_split_folders(root: Path, spec: DataSpec) -> bool:
     return True
 
 
-def _folder(root: Path, split: str, spec: DataSpec, transform: Transform, seed: int) -> ImageDataset:
+def _folder(root: Path, split: str, spec: DataSpec, transform: Transform, seed: int, check: bool) -> ImageDataset:
     if not _has_split_folders(root, spec):
-        return _class_folders(root, split, spec, transform, seed)
+        return _class_folders(root, split, spec, transform, seed, check)
     split_dir = root / split
     if not split_dir.is_dir():
         have = _class_dirs(root) if root.is_dir() else []
@@ -356,10 +375,11 @@ def _folder(root: Path, split: str, spec: DataSpec, transform: Transform, seed: 
         labels += [label] * len(files)
     return _finish([str(p) for p in paths], np.array(labels, np.int64), [str(p) for p in paths],
                    lambda i: _file_problem(paths[i]), list(classes), [str(split_dir / c) for c in classes],
-                   spec, f"'{split_dir}'", transform, seed)
+                   spec, f"'{split_dir}'", transform, seed, check=check)
 
 
-def _class_folders(root: Path, split: str, spec: DataSpec, transform: Transform, seed: int) -> ImageDataset:
+def _class_folders(root: Path, split: str, spec: DataSpec, transform: Transform, seed: int,
+                   check: bool) -> ImageDataset:
     """``root/<class>/...`` split into train/val by a stratified hold-out over all class folders,
     so the split does not move when data.classes picks a subset."""
     if split not in (spec.train, spec.val):
@@ -386,7 +406,7 @@ def _class_folders(root: Path, split: str, spec: DataSpec, transform: Transform,
     return _finish([str(p) for p in paths], np.array([classes.index(c) for _, c in chosen], np.int64),
                    [str(p) for p in paths], lambda i: _file_problem(paths[i]), list(classes),
                    [str(root / c) for c in classes], spec, f"split '{split}' of '{root}'", transform, seed,
-                   held_out=True)
+                   held_out=True, check=check)
 
 
 def _role(spec: DataSpec, split: str) -> str:
@@ -436,7 +456,7 @@ def _select(raw: np.ndarray, whole: bool, split: str, spec: DataSpec) -> tuple[n
     return np.flatnonzero(rows), mapping, names
 
 
-def _listfile(path: str, split: str, spec: DataSpec, transform: Transform, seed: int) -> ImageDataset:
+def _listfile(path: str, split: str, spec: DataSpec, transform: Transform, seed: int, check: bool) -> ImageDataset:
     f, whole = _split_file(path, split, spec, ".csv")
     if not f.is_file():
         raise DataError(f"List file '{f}' does not exist. A list source is a CSV of path,label lines "
@@ -467,7 +487,7 @@ def _listfile(path: str, split: str, spec: DataSpec, transform: Transform, seed:
     return _finish([str(p) for p in chosen], np.array([mapping[raw[r]] for r in rows], np.int64),
                    [str(p) for p in chosen], lambda i: _file_problem(chosen[i]), names,
                    _declared(spec, names, f), spec, f"split '{split}' of list '{f}'",
-                   transform, seed, held_out=whole)
+                   transform, seed, held_out=whole, check=check)
 
 
 def _open_rec(rec: str) -> recordio.MXIndexedRecordIO:
@@ -483,7 +503,7 @@ def _open_rec(rec: str) -> recordio.MXIndexedRecordIO:
                         f"with im2rec.py.") from None
 
 
-def _recfile(path: str, split: str, spec: DataSpec, transform: Transform, seed: int) -> ImageDataset:
+def _recfile(path: str, split: str, spec: DataSpec, transform: Transform, seed: int, check: bool) -> ImageDataset:
     f, whole = _split_file(path, split, spec, ".rec")
     reader = _open_rec(str(f))
     keys, raw, problems = list(reader.keys), [], []
@@ -498,11 +518,11 @@ def _recfile(path: str, split: str, spec: DataSpec, transform: Transform, seed: 
             raise DataError(f"{f}: record {key} has label {label.tolist()}; labels must be one integer "
                             f"class index >= 0.")
         raw.append(int(label[0]))
-        problems.append(image_problem(payload))
+        problems.append(image_problem(payload) if check else None)
     reader.close()
     rows, mapping, names = _select(np.array(raw, np.int64), whole, split, spec)
     chosen = [keys[r] for r in rows]
     return _finish(chosen, np.array([mapping[raw[r]] for r in rows], np.int64),
                    [f"{f}#{k}" for k in chosen], lambda i: problems[rows[i]], names,
                    _declared(spec, names, f), spec, f"split '{split}' of '{f}'",
-                   transform, seed, rec=str(f), held_out=whole)
+                   transform, seed, rec=str(f), held_out=whole, check=check)

@@ -37,6 +37,7 @@ from ..tasks import get_task, split
 from . import checkpoint
 from .cache import Feed
 from .logs import MetricsLog, WorkerLog, alert, bars_on, epoch_line, progress, say, show
+from .gpu import check_gpus
 from .guards import GuardLog
 from .schedule import lr_at
 
@@ -45,9 +46,8 @@ def parse_ctx(spec: str) -> list[mx.Context]:
     kind, _, ids = spec.partition(":")
     make = mx.gpu if kind == "gpu" else mx.cpu
     ctxs = [make(int(i)) for i in ids.split(",")] if ids else [make(0)]
-    if kind == "gpu" and mx.context.num_gpus() < len(ctxs):
-        raise TrainError(f"train.ctx '{spec}' asks for {len(ctxs)} GPU(s) but MXNet sees "
-                         f"{mx.context.num_gpus()} (CPU-only mxnet wheel?). Use ctx: cpu, or install mxnet-cuXXX.")
+    if kind == "gpu":
+        check_gpus(spec, [c.device_id for c in ctxs])
     return ctxs
 
 
@@ -356,6 +356,7 @@ def _finetune(recipe: Recipe, dist: Backend, runs_root: str | Path, resume: str 
             write_text(run_dir / "recipe.yaml", yaml.safe_dump(recipe.model_dump(mode="json", exclude_none=True), sort_keys=False))
             if loaders.split is not None:  # an automatic hold-out: which files it held out, for audits
                 write_text(run_dir / "split.json", json.dumps(loaders.split.to_json(), indent=1), TrainError)
+                say(quiet, loaders.split.summary(loaders.train_size, loaders.val_size))
         meta = None
     logged(run_dir)
     if root:

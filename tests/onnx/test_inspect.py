@@ -1,12 +1,14 @@
 """inspect_onnx: a description that works even for models import would refuse."""
 from __future__ import annotations
 
+import mxnet as mx
 import numpy as np
 import onnx
 import pytest
 
 from gluontl.errors import OnnxImportError
 from gluontl.onnx import format_report, import_model, inspect_onnx
+from helpers import run_cli
 from test_importer import make_model, node, weights_model
 
 
@@ -57,3 +59,68 @@ def test_ops_imported_by_rewriting_count_as_supported(tmp_path):
     model = make_model(nodes, [("x", [1, 4])], [("y", None)], {"w": np.ones((4, 2), np.uint8)})
     onnx.save(model, str(tmp_path / "q.onnx"))
     assert not inspect_onnx(tmp_path / "q.onnx").unsupported
+
+
+# ------------------------------------------------------------- graphs import refuses: inspect says why
+
+
+def _cycle(d):
+    nodes = [node("Relu", ["x"], ["y"]), node("Relu", ["a"], ["b"]), node("Relu", ["b"], ["a"])]
+    onnx.save(make_model(nodes, [("x", [1, 4])], [("y", [1, 4])]), str(d / "m.onnx"))
+
+
+def _dangling(d):
+    onnx.save(make_model([node("MatMul", ["x", "w"], ["y"])], [("x", [1, 4])], [("y", [1, 2])]), str(d / "m.onnx"))
+
+
+def _outside(d):
+    """Initializer data saved next to the model, then moved to the parent folder and pointed at there."""
+    model = make_model([node("MatMul", ["x", "w"], ["y"])], [("x", [1, 4])], [("y", [1, 2])],
+                       {"w": np.ones((4, 2), np.float32)})
+    onnx.save(model, str(d / "m.onnx"), save_as_external_data=True, all_tensors_to_one_file=True,
+              location="w.data", size_threshold=0)
+    (d / "w.data").rename(d.parent / "w.data")
+    model = onnx.load(str(d / "m.onnx"), load_external_data=False)
+    for entry in model.graph.initializer[0].external_data:
+        if entry.key == "location":
+            entry.value = "../w.data"
+    onnx.save(model, str(d / "m.onnx"))
+
+
+BROKEN = {"cycle": (_cycle, ["cycle through nodes ['b', 'a']"]),
+          "dangling": (_dangling, ["input 'w' of MatMul node 'y'", "dangling input"]),
+          "outside": (_outside, ["initializer 'w'", "'../w.data' outside the model's folder"])}
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN))
+def test_inspect_names_what_import_refuses_and_exits_2(case, tmp_path, capsys):
+    make, words = BROKEN[case]
+    d = tmp_path / "model"
+    d.mkdir()
+    make(d)
+    path = str(d / "m.onnx")
+    with pytest.raises(OnnxImportError) as refused:  # plan, finetune and export go through import
+        import_model(path)
+    code, out, err = run_cli(capsys, "inspect", path)
+    assert code == 2
+    lines = out.splitlines()
+    assert lines[0] == "problems (1, import refuses the model):" and lines[1].strip() == str(refused.value)
+    assert f"ONNX model {path}" in out and "cut points" in out  # the report is still there
+    flat = " ".join(err.split())
+    assert err.startswith("error: ") and "Traceback" not in err and path in flat
+    for w in words:
+        assert w in lines[1] and w in flat
+
+
+def test_checker_findings_are_shown_but_do_not_refuse_what_imports(tmp_path, capsys):
+    """Nodes out of file order break the ONNX spec (the checker says so) but import sorts them."""
+    nodes = [node("Relu", ["a"], ["y"]), node("Neg", ["x"], ["a"])]
+    onnx.save(make_model(nodes, [("x", [1, 4])], [("y", [1, 4])]), str(tmp_path / "m.onnx"))
+    x = np.array([[-2.0, -0.5, 0.5, 2.0]], np.float32)
+    np.testing.assert_array_equal(import_model(str(tmp_path / "m.onnx"))(mx.nd.array(x)).asnumpy(),
+                                  np.maximum(-x, 0))
+    code, out, err = run_cli(capsys, "inspect", str(tmp_path / "m.onnx"))
+    assert code == 0, err
+    first = out.splitlines()[0]
+    assert first.startswith("onnx.checker: ") and "topologically sorted" in first
+    assert "problems" not in out

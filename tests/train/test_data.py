@@ -545,3 +545,30 @@ def test_plot_draws_train_accuracy_in_the_accuracy_panel(tmp_path):
     cols = np.flatnonzero(np.abs(pngs["with"] - pngs["without"]).sum(axis=(0, 2)))
     width = pngs["with"].shape[1]
     assert len(cols) > 0 and width / 3 < cols.min() and cols.max() < 2 * width / 3  # only the middle panel
+
+
+def test_plan_and_finetune_print_the_automatic_splits_counts(tmp_path, capsys):
+    """Per class round(0.25 n), at least one: 12 -> 3, 7 -> 2 (1.75), 5 -> 1 (1.25) held out."""
+    import json
+
+    import helpers
+    import yaml
+
+    for name, n in (("blue", 12), ("green", 7), ("red", 5)):
+        _colour_classes(tmp_path / "data", [name], n)
+    prefix = helpers.tiny_symbol(tmp_path)
+    recipe = _tiny_recipe(prefix, f"folder:{tmp_path / 'data'}", {"drop_last": 1, "head": {"classes": 3}}, epochs=1)
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(recipe.model_dump(mode="json", exclude_none=True)))
+    line = (f"automatic split of folder:{tmp_path / 'data'} (data.val_fraction 0.25, seed 20240607): train 18 "
+            f"images, val 6; images per class (train/val): blue 9/3, green 5/2, red 4/1")
+    code, out, err = helpers.run_cli(capsys, "plan", "--recipe", str(tmp_path / "r.yaml"))
+    assert code == 0, err
+    assert f"{line} (as listed: finetune leaves out bad images)" in out.splitlines()
+    code, out, err = helpers.run_cli(capsys, "plan", "--recipe", str(tmp_path / "r.yaml"), "--json")
+    assert code == 0, err
+    assert json.loads(out)["split"]["counts"] == {"train": {"blue": 9, "green": 5, "red": 4},
+                                                  "val": {"blue": 3, "green": 2, "red": 1}}
+    code, out, err = helpers.run_cli(capsys, "finetune", "--recipe", str(tmp_path / "r.yaml"),
+                                     "--runs", str(tmp_path / "runs"))
+    assert code == 0, err
+    assert line in out.splitlines()
