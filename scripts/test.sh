@@ -12,8 +12,8 @@
 # distributed jobs, signals and kill -9, CLI input, recipes, logs, data readers, checkpoints, guards,
 # detector restores and runs — keeping CI under 20 minutes. What stays compares numbers against
 # references: the ONNX importer, exports against onnxruntime, training steps, caches, mAP.
-# During the first pass scripts/check_py312.sh checks in the background that Python 3.12 could
-# install it all (PyPI is needed for that, not for the tests).
+# During the first pass, in the background, scripts/check_py312.sh checks that Python 3.12 could
+# install it all (it needs PyPI; the tests do not) and the second venv is set up.
 # Tests run in one worker per core (pytest-xdist; most of a test is single-threaded Python),
 # each with one OpenMP thread; `-n 0` runs them in this process.
 source "$(dirname "$0")/env.sh"
@@ -21,13 +21,16 @@ workers=$(nproc 2>/dev/null || echo 1)
 if [ "$workers" -gt 1 ]; then
   export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 fi
-py312_log="$(mktemp)"
-bash scripts/check_py312.sh > "$py312_log" 2>&1 &
-py312=$!
-trap 'kill "$py312" 2>/dev/null || true; rm -f "$py312_log"' EXIT
+# During the first pass, set-up for after it (mostly downloads): the Python 3.12 check, then the second venv
+second=()  # on Python 3.12 the first venv has numpy 1.26 already
+[ "$numpy_pin" = 1.26 ] || second=(GLUONTL_VENV="$venv-np126" GLUONTL_NUMPY=1.26)
+prep_log="$(mktemp)"
+(bash scripts/check_py312.sh && env "${second[@]}" bash scripts/env.sh) > "$prep_log" 2>&1 &
+prep=$!
+trap 'kill "$prep" 2>/dev/null || true; rm -f "$prep_log"' EXIT
 python -m pytest tests -n "$workers" "$@"
-wait "$py312" || { cat "$py312_log" >&2; exit 1; }
-cat "$py312_log" >&2
+wait "$prep" || { cat "$prep_log" >&2; exit 1; }
+grep -v "is ignored: it is neither a file nor a directory" "$prep_log" >&2 || true
 not_kernels=(tests/distributed tests/test_interrupt.py tests/test_cli_hostile.py tests/test_cli_recipes.py
              tests/test_recipe_fuzz.py tests/test_recipe_null.py tests/test_atomic.py tests/test_api_consistency.py
              tests/train/test_logs.py tests/train/test_data.py tests/train/test_split.py tests/train/test_faults.py
@@ -35,10 +38,7 @@ not_kernels=(tests/distributed tests/test_interrupt.py tests/test_cli_hostile.py
              tests/train/test_checkpoint.py tests/train/test_guards.py tests/train/test_demo.py
              tests/detect/test_models.py tests/detect/test_detect_loop.py tests/detect/test_draw.py
              tests/test_random_init.py)
-if [ "$numpy_pin" != 1.26 ]; then  # on Python 3.12 the first venv has numpy 1.26 already
-  export GLUONTL_VENV="$venv-np126" GLUONTL_NUMPY=1.26
-  source scripts/env.sh
-fi
+[ ${#second[@]} -eq 0 ] || { export "${second[@]}"; source scripts/env.sh; }
 isa="${DNNL_MAX_CPU_ISA:-}"
 if [ -z "$isa" ] && grep -qw avx512f /proc/cpuinfo 2>/dev/null; then
   isa=AVX2
