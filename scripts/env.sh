@@ -31,8 +31,8 @@ fi
 numpy_pin="${GLUONTL_NUMPY:-$([ "$py_version" = 3.11 ] && echo 1.23 || echo 1.26)}"
 constraints="$root/scripts/constraints-np${numpy_pin//./}.txt"
 if [ ! -f "$constraints" ] || { [ "$numpy_pin" = 1.23 ] && [ "$py_version" != 3.11 ]; }; then
-  echo "error: GLUONTL_NUMPY=$numpy_pin: use 1.23 (Python 3.11 only; numpy 1.23 has no 3.12 wheels)" \
-       "or 1.26, or leave it unset." >&2
+  echo "error: GLUONTL_NUMPY=$numpy_pin with Python $py_version ($py): use 1.23 (Python 3.11 only; numpy" \
+       "1.23 has no 3.12 wheels) or 1.26, or leave it unset." >&2
   return 2 2>/dev/null || exit 2
 fi
 stamp="$venv/.gluontl-setup-$( (sha256sum "$root/setup.cfg" "$root/pyproject.toml" "$constraints"; echo "$py_version") \
