@@ -2,10 +2,11 @@
 
 numpy 1.24 removed ``np.bool``, ``np.int``, ``np.float``, ``np.complex``, ``np.object`` and ``np.str``
 (aliases of the builtins, deprecated since 1.20). mxnet 1.9.1 reads ``np.bool`` at import
-(``mxnet/numpy/utils.py``) and the others at run time (boolean indexing, ``mx.nd.array`` of a bool),
-and GluonCV 0.10.5's COCO metric and R-CNN anchors use ``np.float``; numpy 1.26 is the first with
-Python 3.12 wheels. So gluontl imports this module before anything imports mxnet (first thing in
-``gluontl/__init__.py``; tests and ``dist.launch``'s server processes import it by name).
+(``mxnet/numpy/utils.py``) and at run time (assignment through a boolean mask, ``mx.np.full`` of a
+bool), GluonCV 0.10.5's COCO metric and R-CNN anchors read ``np.float``; and numpy 1.26 is the
+first with Python 3.12 wheels. So gluontl imports this module before anything imports mxnet
+(first thing in ``gluontl/__init__.py``; tests and ``dist.launch``'s server processes import it
+by name).
 
 Only a name numpy does not have is defined, as the builtin it stood for before 1.24: numpy 1.23
 still has all six (deprecated), and this module then changes nothing. ``np.long`` and ``np.unicode``,
