@@ -35,8 +35,8 @@ if [ ! -f "$constraints" ] || { [ "$numpy_pin" = 1.23 ] && [ "$py_version" != 3.
        "1.23 has no 3.12 wheels) or 1.26, or leave it unset." >&2
   return 2 2>/dev/null || exit 2
 fi
-stamp="$venv/.gluontl-setup-$( (sha256sum "$root/setup.cfg" "$root/pyproject.toml" "$constraints"; echo "$py_version") \
-  | sha256sum | cut -c1-16)"
+inputs=("$root/setup.cfg" "$root/pyproject.toml" "$constraints")
+stamp="$venv/.gluontl-setup-$( (sha256sum "${inputs[@]}"; echo "$py_version") | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
   echo "setting up $venv with $py (Python $py_version) and numpy $numpy_pin (one time; a few minutes) ..." >&2
   clear=""  # a venv of another Python is built anew, not upgraded in place
