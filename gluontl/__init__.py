@@ -1,11 +1,14 @@
 """gluontl: parameter-granular fine-tuning for Apache MXNet Gluon.
 
 The public API is loaded lazily so ``gluontl.threads.configure()`` (and the CLI) can size
-MXNet's thread pool before MXNet is imported.
+MXNet's thread pool before MXNet is imported. ``npcompat`` is imported first, so whichever part
+of gluontl is imported, numpy's removed aliases are back before MXNet (which needs them) loads.
 """
 from __future__ import annotations
 
 from typing import Any
+
+from . import npcompat  # noqa: F401
 
 __version__ = "0.1.0"
 

@@ -49,6 +49,7 @@ def _time_ms(runs: dict[str, Callable[[], object]], warmup: int, repeats: int) -
 def main() -> None:
     args = _parse()
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # read by MXNet at import
+    import gluontl  # noqa: F401  (numpy's removed aliases, before mxnet)
     import mxnet as mx
     import numpy as np
     import onnxruntime as ort

@@ -46,6 +46,7 @@ def _parse() -> argparse.Namespace:
 
 
 def make_gluontl(out_dir: Path) -> None:
+    import gluontl  # noqa: F401  (numpy's removed aliases, before gluoncv imports mxnet)
     from gluoncv import model_zoo
 
     from gluontl.export import export_onnx

@@ -3,6 +3,7 @@ import random
 import sys
 import zlib
 
+import gluontl.npcompat  # noqa: F401  (numpy >= 1.24 lacks the aliases mxnet imports)
 import mxnet as mx
 import numpy as np
 import pytest

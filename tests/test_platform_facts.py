@@ -172,7 +172,7 @@ def test_dnnl_max_cpu_isa_is_honoured(isa, shown):
     """scripts/test.sh runs the suite a second time with DNNL_MAX_CPU_ISA=AVX2 on AVX-512
     machines, so kernels of AVX2-only CPUs are tested everywhere: oneDNN must obey it
     (SSE41 shows it does on an AVX2 machine too, where AVX2 is already native)."""
-    conv = ("import mxnet as mx\n"
+    conv = ("import gluontl.npcompat, mxnet as mx\n"
             "x, w = mx.nd.ones((1, 3, 8, 8)), mx.nd.ones((4, 3, 3, 3))\n"
             "mx.nd.Convolution(x, w, kernel=(3, 3), num_filter=4, no_bias=True).wait_to_read()\n")
     out = _python(conv, DNNL_MAX_CPU_ISA=isa, DNNL_VERBOSE="1", OMP_NUM_THREADS="1").stdout
@@ -186,7 +186,7 @@ def test_omp_num_threads_counts_only_before_import(when, honoured):
     sized when MXNet loads."""
     wanted = (os.cpu_count() or 1) + 1  # never MXNet's default, which is at most the core count
     set_it = f"os.environ['OMP_NUM_THREADS'] = '{wanted}'\n"
-    code = ("import ctypes, os\n" + (set_it if when == "before" else "") + "import mxnet as mx\n"
+    code = ("import ctypes, os\n" + (set_it if when == "before" else "") + "import gluontl.npcompat, mxnet as mx\n"
             + (set_it if when == "after" else "")
             + "mx.nd.dot(mx.nd.ones((64, 64)), mx.nd.ones((64, 64))).wait_to_read()\n"
               "print(ctypes.CDLL('libgomp.so.1').omp_get_max_threads())\n")

@@ -134,7 +134,8 @@ def plan(args: Sequence[str], workers: int, servers: int = 1, hosts: Sequence[Ho
                   + shlex.join([python, *command]))
         return Process(role, index, host, (*ssh, host.name, remote), env)
 
-    server = ["-c", "import mxnet"]  # with DMLC_ROLE set, importing mxnet runs that role until the job ends
+    # with DMLC_ROLE set, importing mxnet runs that role until the job ends (numpy's aliases first)
+    server = ["-c", "import gluontl.npcompat, mxnet"]
     out = [process("scheduler", 0, None, server, "1")]
     out += [process("server", i, i % len(places), server, "1") for i in range(servers)]
     for i in range(workers):

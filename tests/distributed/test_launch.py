@@ -40,7 +40,7 @@ def test_plan_on_this_machine_splits_the_cores_over_the_workers():
         assert p.env["DMLC_ROLE"] == p.role
         assert "PORT" not in p.env
     for name in ("scheduler", "server 0", "server 1"):
-        assert procs[name].argv == ("PY", "-c", "import mxnet")
+        assert procs[name].argv == ("PY", "-c", "import gluontl.npcompat, mxnet")
         assert procs[name].env["OMP_NUM_THREADS"] == "1" and "GLUONTL_LAUNCH_INDEX" not in procs[name].env
     for i in range(3):
         w = procs[f"worker {i}"]
