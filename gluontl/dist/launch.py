@@ -289,10 +289,12 @@ def _check(args: Sequence[str], workers: int, servers: int, commands: Mapping[st
 
 
 def make_weights(args: Sequence[str], commands: Mapping[str, "click.Command"]) -> None:
-    """A ``finetune`` job's ``model.weights_from`` pretrain, made here, once, before any worker
-    starts: every worker would otherwise pretrain at once and race to write the file. Remote
-    workers find it in the same working folder (a shared file system, as for ``runs/``). A
-    command line or recipe that does not load is left to the workers, which name what is wrong."""
+    """A ``finetune`` job's ``model.weights_from`` pretrain and the ImageNet ONNX its model may
+    name, made here, once, before any worker starts: every worker would otherwise make them at
+    once and race to write the file. Remote workers find the pretrain in the same working folder
+    (a shared file system, as for ``runs/``); the ONNX lies under this machine's $GLUONTL_HOME, so
+    a host that does not share it still makes its own. A command line or recipe that does not
+    load is left to the workers, which name what is wrong."""
     if args[0] != "finetune":
         return
     import click
@@ -307,9 +309,11 @@ def make_weights(args: Sequence[str], commands: Mapping[str, "click.Command"]) -
     except (click.ClickException, GluontlError):
         return
     if recipe.train.distributed.backend in (None, "kvstore"):  # what the workers of this job train with
+        from ..sources import make_model_file
         from ..train.weights import ensure_weights
 
         ensure_weights(recipe, quiet=opts["quiet"])
+        make_model_file(recipe.model.source)
 
 
 class _Job:
