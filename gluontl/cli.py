@@ -98,30 +98,6 @@ def plan(recipe: Path = RecipeOpt, set_: Optional[List[str]] = SetOpt,
         typer.echo(f"note: weights not made yet; `gluontl finetune` makes them first with {r.model.weights_from}")
 
 
-def finetune_recipe(recipe: Optional[Path], set_: Optional[List[str]], resume: Optional[Path],
-                    init_from: Optional[Path]) -> "Recipe":
-    """The recipe `finetune` trains with these options (``gluontl launch`` reads it too, to make
-    the recipe's pretrained weights once before it starts the workers)."""
-    from .recipe import load_recipe
-
-    if resume is not None and not (resume / "recipe.yaml").is_file():
-        raise GluontlError(f"--resume {resume}: not a run folder (no recipe.yaml). Pass runs/NAME of an earlier run.")
-    if resume is not None and not (resume / "checkpoints" / "last.json").is_file():
-        raise GluontlError(f"--resume {resume}: the run has no checkpoint (checkpoints/last.json) to continue "
-                           f"from; start it again with --recipe {resume / 'recipe.yaml'}.")
-    if recipe is None and resume is None:
-        raise GluontlError("finetune needs --recipe FILE (or --resume runs/NAME to continue a run).")
-    if init_from is not None and resume is not None:
-        raise GluontlError(f"--init-from starts a new run and --resume continues one; to continue {resume} drop "
-                           f"--init-from, to start from it use --init-from {resume} without --resume.")
-    r = load_recipe(resume / "recipe.yaml" if resume is not None and recipe is None else recipe, set_)
-    if init_from is not None:
-        from .train.runs import init_from as start_from
-
-        r = start_from(r, init_from)
-    return r
-
-
 @app.command()
 def finetune(recipe: Optional[Path] = typer.Option(None, "--recipe", "-r", help="YAML recipe (with --resume: "
                                                    "defaults to the run's own recipe.yaml)"),
@@ -138,6 +114,8 @@ def finetune(recipe: Optional[Path] = typer.Option(None, "--recipe", "-r", help=
     """Fine-tune per the recipe: plan, train, checkpoint, log metrics to runs/NAME.
 
     --resume RUN --set train.epochs=N extends a run to N epochs."""
+    from .train.runs import finetune_recipe
+
     r = finetune_recipe(recipe, set_, resume, init_from)  # --init-from already applied
     from .api import finetune as run
 
@@ -417,7 +395,8 @@ def launch(ctx: typer.Context,
     stops them all and names the process."""
     from .dist.launch import launch as run
 
-    raise typer.Exit(run(ctx.args, workers, servers, hosts, port, root_uri, ssh))
+    commands = ctx.find_root().command.commands  # type: ignore[attr-defined]
+    raise typer.Exit(run(ctx.args, workers, servers, hosts, port, root_uri, ssh, commands=commands))
 
 
 def main() -> None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import io
 import os
-from typing import Any, Callable, Mapping, Union
+from typing import Any, Callable, Mapping, Sequence, Union
 
 import numpy as np
 from PIL import Image, ImageOps
@@ -33,6 +33,8 @@ from PIL import Image, ImageOps
 ImageLike = Union[str, os.PathLike, bytes, np.ndarray, Image.Image]
 _SIXTEEN_BIT = ("I;16", "I;16B", "I;16L", "I;16N", "I")
 _DBL_EPSILON = 2.220446049250313e-16
+FORMAT, VERSION = "gluontl.preprocess", 1
+INTERPOLATION = {"library": "opencv", "shrink": "INTER_AREA", "enlarge": "INTER_LINEAR"}
 
 
 def preprocess(image: ImageLike, record: Mapping[str, Any]) -> np.ndarray:
@@ -41,7 +43,7 @@ def preprocess(image: ImageLike, record: Mapping[str, Any]) -> np.ndarray:
     ``record``: the ``gluontl.preprocess`` record (the ONNX metadata's JSON, parsed), version 1.
     ``image``: a file path, encoded bytes, a Pillow image, or an H,W,3 RGB / H,W gray uint8 array.
     """
-    if record.get("format") != "gluontl.preprocess" or record.get("version") != 1:
+    if record.get("format") != FORMAT or record.get("version") != VERSION:
         raise ValueError("not a version-1 gluontl.preprocess record; this file reproduces version 1 only")
     img = image if isinstance(image, np.ndarray) else decode(image)
     if img.ndim == 2:
@@ -57,6 +59,18 @@ def preprocess(image: ImageLike, record: Mapping[str, Any]) -> np.ndarray:
     mean = np.array(record["mean"], np.float32).reshape(3, 1, 1)
     std = np.array(record["std"], np.float32).reshape(3, 1, 1)
     return (x - mean) / std
+
+
+def make_record(input_name: str, input_shape: Sequence[int | None], steps: Sequence[tuple[str, int]],
+                mean: Sequence[float], std: Sequence[float]) -> dict[str, Any]:
+    """The record :func:`preprocess` reads (gluontl writes it into every export, and converted
+    models build it here without gluontl's training code); ``input_shape`` batch first (None:
+    any batch size, JSON null)."""
+    return {"format": FORMAT, "version": VERSION,
+            "input": {"name": input_name, "shape": list(input_shape), "layout": "NCHW", "dtype": "float32"},
+            "color": "RGB", "steps": [{"op": op, "size": size} for op, size in steps],
+            "interpolation": dict(INTERPOLATION), "scale": 255.0, "mean": list(mean), "std": list(std),
+            "output": "logits"}
 
 
 def decode(image: str | os.PathLike | bytes | Image.Image) -> np.ndarray:

@@ -5,6 +5,8 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
+from types import SimpleNamespace
 
 import mxnet as mx
 import numpy as np
@@ -35,11 +37,20 @@ def runs(tmp_path_factory):
               "data": DIGITS_5_9, "train": {"epochs": 1, "lr": 0.1, "seed": 0},
               "export": {"formats": ["onnx", "symbol"]}}
     (d / "tiny.yaml").write_text(yaml.safe_dump(recipe))
+    # both in a subprocess with the same environment: bit-equal weights need the same thread count,
+    # and pytest's own process may run with another one
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cli = subprocess.run([sys.executable, "-m", "gluontl", "finetune", "--recipe", str(d / "tiny.yaml"),
-                          "--runs", str(d / "cli"), "--quiet"], capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+                          "--runs", str(d / "cli"), "--quiet"], capture_output=True, text=True, timeout=600, env=env)
     assert cli.returncode == 0, cli.stderr
-    api = gluontl.finetune(recipe, runs_root=d / "api", quiet=True)
+    script = ("import json, sys, gluontl\n"
+              "r = gluontl.finetune(json.loads(sys.argv[1]), runs_root=sys.argv[2], quiet=True)\n"
+              "print(json.dumps({'run_dir': str(r.run_dir), 'exported': [str(p) for p in r.exported]}))\n")
+    proc = subprocess.run([sys.executable, "-c", script, json.dumps(recipe), str(d / "api")], capture_output=True,
+                          text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    api = SimpleNamespace(run_dir=Path(out["run_dir"]), exported=[Path(p) for p in out["exported"]])
     return {"d": d, "cli": next((d / "cli").iterdir()), "api": api, "stdout": cli.stdout}
 
 

@@ -91,6 +91,32 @@ def test_reference_decodes_every_kind_of_file_like_gluontl(tmp_path):
         assert np.array_equal(ref.preprocess(path.read_bytes(), rec), gluontl.preprocess(path, rec)), path.name
 
 
+def test_decoding_gives_the_pixels_written_into_each_kind_of_file(tmp_path):
+    """Files whose pixels are chosen here, so the expected RGB is known without decoding: a palette
+    looked up by hand, 16-bit gray / 257 rounded to nearest, alpha dropped (not blended), CMYK with
+    only C or only K inked (255 - C, 255 - K under any of Pillow's conversions)."""
+    palette = np.array([[10, 20, 30], [200, 100, 50], [0, 255, 128]], np.uint8)
+    index = np.array([[0, 1, 2], [2, 2, 1]], np.uint8)
+    pal = Image.fromarray(index, "P")
+    pal.putpalette(palette.ravel().tolist())
+    sixteen = np.array([[0, 128, 129, 257], [385, 386, 65534, 65535]], np.uint16)
+    gray, alpha = np.array([[0, 77, 255]], np.uint8), np.array([[255, 0, 9]], np.uint8)
+    rgb = np.array([[[1, 2, 3], [250, 128, 0]]], np.uint8)
+    c, k = np.array([[0, 40, 255, 0]], np.uint8), np.array([[0, 0, 0, 90]], np.uint8)
+    zero = np.zeros_like(c)
+    cases = {"palette.png": (pal, palette[index]),
+             "sixteen.png": (Image.fromarray(sixteen), np.array([[0, 0, 1, 1], [1, 2, 255, 255]], np.uint8)),
+             "la.png": (Image.fromarray(np.dstack([gray, alpha]), "LA"), gray),
+             "rgba.png": (Image.fromarray(np.dstack([rgb, np.array([[0, 128]], np.uint8)]), "RGBA"), rgb),
+             "cmyk.tif": (Image.fromarray(np.dstack([c, zero, zero, k]), "CMYK"),
+                          np.dstack([255 - c - k, 255 - k, 255 - k]))}
+    for name, (im, want) in cases.items():
+        im.save(tmp_path / name)
+        if want.ndim == 2:
+            want = np.repeat(want[:, :, None], 3, axis=2)
+        assert np.array_equal(ref.decode(tmp_path / name), want), name
+
+
 @pytest.mark.parametrize("orientation,turn", [(3, 2), (6, -1), (8, 1)])
 def test_exif_orientation_turns_the_stored_pixels_upright(tmp_path, orientation, turn):
     """By hand: orientation 6 is stored turned left (display turns it clockwise), 8 the other

@@ -28,6 +28,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from ..atomic import atomic_write
+from ..deploy_preprocess import make_record
 from ..errors import ModelSourceError
 from .torch_legacy import read_state_dict
 
@@ -104,10 +105,8 @@ def imagenet_classes() -> list[str]:
 
 def preprocess_record() -> dict:
     """The ``gluontl.preprocess`` record of the model's evaluation preprocessing."""
-    from ..train.transforms import Preprocess
-
-    prep = Preprocess((("resize_shorter", RESIZE), ("center_crop", CROP)), MEAN, STD)
-    return prep.to_json("input", (None, 3, IMAGE_SIZE, IMAGE_SIZE))  # any batch, as the graph
+    return make_record("input", (None, 3, IMAGE_SIZE, IMAGE_SIZE),  # any batch, as the graph
+                       (("resize_shorter", RESIZE), ("center_crop", CROP)), MEAN, STD)
 
 
 class _Graph:

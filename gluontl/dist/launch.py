@@ -28,10 +28,13 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Mapping, Optional, Sequence
+from typing import IO, TYPE_CHECKING, Mapping, Optional, Sequence
 
 from ..errors import LaunchError
 from ..threads import physical_cores, user_threads
+
+if TYPE_CHECKING:
+    import click
 
 STOP_GRACE = 5.0  # s between SIGTERM and SIGKILL when stopping after a failure
 FINISH_GRACE = 10.0  # s the scheduler and servers get to exit by themselves once every worker is done
@@ -259,58 +262,59 @@ class _Child:
 
 
 def launch(args: Sequence[str], workers: int, servers: int = 1, hosts_file: Optional[Path] = None,
-           port: Optional[int] = None, root_uri: Optional[str] = None, ssh: Optional[str] = None) -> int:
-    """Run the job; 0 when every worker exited 0. A failure or a stop raises ``LaunchError``."""
-    _check(args, workers, servers)
+           port: Optional[int] = None, root_uri: Optional[str] = None, ssh: Optional[str] = None, *,
+           commands: Mapping[str, "click.Command"]) -> int:
+    """Run the job; 0 when every worker exited 0. A failure or a stop raises ``LaunchError``.
+    ``commands`` are the CLI's (name -> click command), given by the CLI's ``launch`` so the
+    engine reads the workers' command line without importing the front door."""
+    _check(args, workers, servers, commands)
     hosts = read_hosts(hosts_file) if hosts_file is not None else []
     uri = root_uri or address_towards(hosts)
-    make_weights(args)
+    make_weights(args, commands)
     procs = plan(args, workers, servers, hosts, uri, port or free_port(uri), physical_cores(),
                  cwd=os.getcwd(), ssh=shlex.split(ssh) if ssh else SSH, threads=user_threads())
     return _Job(procs, sys.stdout).run()
 
 
-def _check(args: Sequence[str], workers: int, servers: int) -> None:
-    from typer.main import get_command
-
-    from ..cli import app
-
+def _check(args: Sequence[str], workers: int, servers: int, commands: Mapping[str, "click.Command"]) -> None:
     if workers < 1 or servers < 1:
         raise LaunchError(f"launch needs at least one worker and one server (got -n {workers}, --servers "
                           f"{servers}). Example: gluontl launch -n 2 -- finetune --recipe R.")
     if not args:
         raise LaunchError("launch needs the gluontl command each worker runs after `--`, e.g. "
                           "gluontl launch -n 2 -- finetune --recipe R.")
-    commands = sorted(set(get_command(app).commands) - {"launch"})  # type: ignore[attr-defined]
-    if args[0] not in commands:
+    names = sorted(set(commands) - {"launch"})
+    if args[0] not in names:
         raise LaunchError(f"launch runs a gluontl command on every worker, and '{args[0]}' is not one "
-                          f"({', '.join(commands)}). Write it without `gluontl`, e.g. -- finetune --recipe R.")
+                          f"({', '.join(names)}). Write it without `gluontl`, e.g. -- finetune --recipe R.")
 
 
-def make_weights(args: Sequence[str]) -> None:
-    """A ``finetune`` job's ``model.weights_from`` pretrain, made here, once, before any worker
-    starts: every worker would otherwise pretrain at once and race to write the file. Remote
-    workers find it in the same working folder (a shared file system, as for ``runs/``). A
-    command line or recipe that does not load is left to the workers, which name what is wrong."""
+def make_weights(args: Sequence[str], commands: Mapping[str, "click.Command"]) -> None:
+    """A ``finetune`` job's ``model.weights_from`` pretrain and the ImageNet ONNX its model may
+    name, made here, once, before any worker starts: every worker would otherwise make them at
+    once and race to write the file. Remote workers find the pretrain in the same working folder
+    (a shared file system, as for ``runs/``); the ONNX lies under this machine's $GLUONTL_HOME, so
+    a host that does not share it still makes its own. A command line or recipe that does not
+    load is left to the workers, which name what is wrong."""
     if args[0] != "finetune":
         return
     import click
-    from typer.main import get_command
 
-    from ..cli import app, finetune_recipe
     from ..errors import GluontlError
+    from ..train.runs import finetune_recipe
 
-    command = get_command(app).commands["finetune"]  # type: ignore[attr-defined]
     try:
-        with command.make_context("finetune", list(args[1:]), resilient_parsing=True) as ctx:
+        with commands["finetune"].make_context("finetune", list(args[1:]), resilient_parsing=True) as ctx:
             opts = ctx.params
             recipe = finetune_recipe(opts["recipe"], opts["set_"], opts["resume"], opts["init_from"])
     except (click.ClickException, GluontlError):
         return
     if recipe.train.distributed.backend in (None, "kvstore"):  # what the workers of this job train with
+        from ..sources import make_model_file
         from ..train.weights import ensure_weights
 
         ensure_weights(recipe, quiet=opts["quiet"])
+        make_model_file(recipe.model.source)
 
 
 class _Job:

@@ -277,14 +277,66 @@ def _outer_refs(node: onnx.NodeProto) -> set[str]:
     return refs
 
 
-def unsupported_report(nodes: Sequence[Node], foldable: set[str], source: str, opset: int) -> None:
-    """Raise one error listing every op without a converter (folded ops excepted)."""
+def graph_inputs(graph: onnx.GraphProto, source: str) -> list[onnx.ValueInfoProto]:
+    """The inputs fed at run time (initializers excepted); a block needs at least one."""
+    inits = {t.name for t in graph.initializer}
+    inputs = [i for i in graph.input if i.name not in inits]
+    if not inputs:
+        raise OnnxImportError(
+            f"'{source}' has no graph inputs (its outputs are constants), so there is nothing "
+            f"to run or train; a Gluon block needs at least one input.")
+    return inputs
+
+
+def check_outputs(graph: onnx.GraphProto, nodes: Sequence[onnx.NodeProto], source: str) -> None:
+    """Every graph output names a tensor the graph has."""
+    known = {t.name for t in graph.initializer} | {i.name for i in graph.input}
+    known |= {o for n in nodes for o in n.output if o}
+    for o in graph.output:
+        if o.name not in known:
+            raise OnnxImportError(f"'{source}': graph output '{o.name}' is not a graph input, "
+                                  f"an initializer or the output of any node; the model is "
+                                  f"broken, re-export it.")
+
+
+def expand(protos: Sequence[onnx.NodeProto], opset: int) -> list[onnx.NodeProto]:
+    """Ops without a converter, rewritten into ops that have one: integer-arithmetic
+    quantized ops as dequantize → float op, others by their ONNX function body."""
+    out: list[onnx.NodeProto] = []
+    for p in protos:
+        body = None
+        if p.domain in ("", "ai.onnx") and get(p.op_type, opset) is None \
+                and get_evaluator(p.op_type) is None:
+            body = integer_as_float(p) or function_body(p, opset)
+        out.extend(expand(body, opset) if body else [p])
+    return out
+
+
+def unsupported_ops(protos: Sequence[onnx.NodeProto], order: Iterable[int], inits: Iterable[str],
+                    opsets: Mapping[str, int]) -> dict[tuple[str, str], list[str]]:
+    """(domain, op type) -> names of the nodes import has no converter for. ``protos`` as
+    :func:`expand` leaves them, visited in ``order``; default-domain nodes whose inputs are
+    all known from the initializers (and Shape/Size) fold at import, so they need none."""
+    known = set(inits)
     missing: dict[tuple[str, str], list[str]] = defaultdict(list)
-    for n in nodes:
-        if n.name in foldable and n.domain in ("", "ai.onnx"):
-            continue
-        if get(n.op_type, n.opset, n.domain) is None and get_evaluator(n.op_type, n.domain) is None:
-            missing[(n.domain or "ai.onnx", n.op_type)].append(n.name)
+    for i in order:
+        p = protos[i]
+        domain = "" if p.domain == "ai.onnx" else p.domain
+        if p.op_type in ("Shape", "Size") or (
+                p.op_type not in fold.NONDETERMINISTIC and all(x in known for x in p.input if x)):
+            known.update(o for o in p.output if o)
+            if not domain:
+                continue
+        if get(p.op_type, opsets.get(domain, opsets[""]), domain) is None \
+                and get_evaluator(p.op_type, domain) is None:
+            missing[(domain or "ai.onnx", p.op_type)].append(p.name or f"{p.op_type}_{i}")
+    return missing
+
+
+def check_supported(protos: Sequence[onnx.NodeProto], order: Iterable[int], inits: Iterable[str],
+                    opsets: Mapping[str, int], source: str) -> None:
+    """Raise one error listing every op :func:`unsupported_ops` finds."""
+    missing = unsupported_ops(protos, order, inits, opsets)
     if not missing:
         return
     parts = []
@@ -298,7 +350,7 @@ def unsupported_report(nodes: Sequence[Node], foldable: set[str], source: str, o
                    "export a float model or a QDQ-quantized one (QuantizeLinear/"
                    "DequantizeLinear), whose weights import as float parameters")
     raise OnnxImportError(
-        f"'{source}' (opset {opset}) uses {len(missing)} op type{'s' * (len(missing) > 1)} gluontl "
+        f"'{source}' (opset {opsets['']}) uses {len(missing)} op type{'s' * (len(missing) > 1)} gluontl "
         f"cannot convert: " + "; ".join(parts) + f". {advice}.")
 
 
@@ -362,11 +414,7 @@ class _Importer:
         self.opsets = opsets_of(proto, source)
         self.opset = self.opsets[""]
         self.inits = self._initializers()
-        self.inputs = [i for i in self.graph.input if i.name not in self.inits]
-        if not self.inputs:
-            raise OnnxImportError(
-                f"'{source}' has no graph inputs (its outputs are constants), so there is nothing "
-                f"to run or train; a Gluon block needs at least one input.")
+        self.inputs = graph_inputs(self.graph, source)
         self.input_shapes, free = self._merge_shapes(input_shapes)
         self.batched = set() if fixed_batch else free
         first = [self.input_shapes[i.name][0] for i in self.inputs
@@ -724,7 +772,7 @@ class _Importer:
                                        f"which MXNet cannot hold (its shapes read 0 as unknown)")
 
     def build(self, ctx: mx.Context) -> OnnxBlock:
-        protos = self._expand(self.graph.node)
+        protos = expand(self.graph.node, self.opset)
         for name, value in self.inits.items():
             self._set_const(name, value)
             if value.dtype.kind == "f" and value.ndim > 0:  # a 1-channel bias is a weight too
@@ -733,8 +781,9 @@ class _Importer:
             if n.op_type in ("QuantizeLinear", "DequantizeLinear"):
                 self.weights.difference_update(n.input[1:])
         order = topological(protos, list(self.inits) + [i.name for i in self.inputs], self.source)
+        check_outputs(self.graph, protos, self.source)
+        check_supported(protos, order, self.inits, self.opsets, self.source)
         nodes = self._nodes(protos, order)
-        self._check_supported(nodes)
         self.info = self._inferred(protos)
         for i in self.inputs:
             shape = self.input_shapes[i.name]
@@ -801,18 +850,6 @@ class _Importer:
             self.alias[out] = self.alias.get(res.name, res.name)
         return True
 
-    def _expand(self, protos: Sequence[onnx.NodeProto]) -> list[onnx.NodeProto]:
-        """Ops without a converter, rewritten into ops that have one: integer-arithmetic
-        quantized ops as dequantize → float op, others by their ONNX function body."""
-        out: list[onnx.NodeProto] = []
-        for p in protos:
-            body = None
-            if p.domain in ("", "ai.onnx") and get(p.op_type, self.opset) is None \
-                    and get_evaluator(p.op_type) is None:
-                body = integer_as_float(p) or function_body(p, self.opset)
-            out.extend(self._expand(body) if body else [p])
-        return out
-
     def _nodes(self, protos: Sequence[onnx.NodeProto], order: list[int]
                ) -> list[tuple[Node, onnx.NodeProto]]:
         """Parsed nodes with unique names (empty or repeated names get a suffix)."""
@@ -832,26 +869,14 @@ class _Importer:
             out.append((node, proto))
         return out
 
-    def _check_supported(self, nodes: list[tuple[Node, onnx.NodeProto]]) -> None:
-        """Report every unsupported op at once; nodes that will fold need no converter."""
-        known = set(self.inits)
-        foldable = set()
-        for node, _ in nodes:
-            ins = [x for x in node.inputs if x]
-            if node.op_type in ("Shape", "Size") or (
-                    node.op_type not in fold.NONDETERMINISTIC and all(x in known for x in ins)):
-                foldable.add(node.name)
-                known.update(o for o in node.outputs if o)
-        unsupported_report([n for n, _ in nodes], foldable, self.source, self.opset)
-
     def _block(self, nodes, ctx: mx.Context) -> OnnxBlock:
         outs, seen = [], set()
         for o in self.graph.output:
             name = self.alias.get(o.name, o.name)
-            if name not in self.runtime and name not in self.consts:
-                raise OnnxImportError(f"'{self.source}': graph output '{o.name}' is not a graph input, "
-                                      f"an initializer or the output of any node; the model is "
-                                      f"broken, re-export it.")
+            if name not in self.runtime and name not in self.consts:  # check_outputs passed
+                raise OnnxImportError(f"'{self.source}': graph output '{o.name}' is an optional "
+                                      f"output its node does not compute in gluontl; end the "
+                                      f"graph at another tensor.")
             sym = self.tensor(name).sym
             if sym.get_children() is None or sym.name in seen:
                 sym = mx.sym.identity(sym, name=f"{o.name}/output")

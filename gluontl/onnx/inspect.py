@@ -11,9 +11,8 @@ import numpy as np
 import onnx
 
 from ..errors import OnnxImportError
-from .importer import check_external, function_body, inline_functions, opsets_of, read_proto, topological
-from .ops.quantize import integer_as_float
-from .registry import get, get_evaluator
+from .importer import (check_external, check_outputs, check_supported, expand, graph_inputs, inline_functions,
+                       opsets_of, read_proto, topological, unsupported_ops)
 
 Shape = tuple[int | str | None, ...] | None
 
@@ -60,19 +59,31 @@ def _float_size(t: onnx.TensorProto) -> int:
     return int(np.prod(t.dims, dtype=np.int64)) if t.data_type in floats else 0
 
 
-def _problems(proto: onnx.ModelProto, path: str) -> list[str]:
-    """The importer's refusals that the file alone decides (each check stops at its first finding)."""
+def _problems(proto: onnx.ModelProto, path: str) -> tuple[list[str], dict[tuple[str, str], list[str]]]:
+    """The importer's refusals that the file alone decides, through the importer's own checks
+    (each stops at its first finding), and the op types import has no converter for (in file
+    order when the graph has no node order; by the default opset's rules when its opset is bad)."""
     g = proto.graph
-    known = [t.name for t in g.initializer] + [i.name for i in g.input]
-    checks = (lambda: opsets_of(proto, path), lambda: check_external(proto, path),
-              lambda: topological(g.node, known, path))
     found = []
-    for check in checks:
+
+    def attempt(check):
         try:
-            check()
+            return check()
         except OnnxImportError as e:
             found.append(str(e))
-    return found
+            return None
+
+    opsets = attempt(lambda: opsets_of(proto, path))
+    attempt(lambda: check_external(proto, path))
+    attempt(lambda: graph_inputs(g, path))
+    valid = opsets or {"": onnx.defs.onnx_opset_version()}
+    protos = expand(g.node, valid[""])
+    inits = [t.name for t in g.initializer]
+    order = attempt(lambda: topological(protos, inits + [i.name for i in g.input], path))
+    attempt(lambda: check_outputs(g, protos, path))
+    if opsets and order is not None:
+        attempt(lambda: check_supported(protos, order, inits, opsets, path))
+    return found, unsupported_ops(protos, order or range(len(protos)), inits, valid)
 
 
 def _checker(path: str) -> str | None:
@@ -90,14 +101,8 @@ def inspect_onnx(path: str | os.PathLike, *, check: bool = True) -> OnnxReport:
     opsets = {(o.domain or "ai.onnx"): int(o.version) for o in proto.opset_import}
     inits = {t.name for t in g.initializer}
     hist = Counter((n.domain or "ai.onnx", n.op_type) for n in g.node)
-    example = {(n.domain or "ai.onnx", n.op_type): n for n in g.node}
-    ops = []
-    for (domain, op), count in hist.most_common():
-        d, opset = "" if domain == "ai.onnx" else domain, opsets.get(domain, 1)
-        ok = (get(op, opset, d) is not None or get_evaluator(op, d) is not None
-              or not d and (integer_as_float(example[(domain, op)]) is not None
-                            or function_body(example[(domain, op)], opset) is not None))
-        ops.append(OpUse(domain, op, count, ok))
+    problems, missing = _problems(proto, os.fspath(path))
+    ops = [OpUse(domain, op, count, (domain, op) not in missing) for (domain, op), count in hist.most_common()]
     params = sum(_float_size(t) for t in g.initializer)
     for n in g.node:
         if n.op_type == "Constant":
@@ -110,7 +115,7 @@ def inspect_onnx(path: str | os.PathLike, *, check: bool = True) -> OnnxReport:
         cut_points=[(n.name, n.op_type, n.output[0] if n.output else "") for n in g.node
                     if n.name and n.op_type not in ("Constant", "Shape", "Gather", "Unsqueeze",
                                                     "Concat", "Identity")],
-        problems=_problems(proto, os.fspath(path)) if check else [],
+        problems=problems if check else [],
         checker=_checker(os.fspath(path)) if check else None)
 
 

@@ -23,8 +23,8 @@ from ..naming import graph_nodes, named_params, shape_of
 from ..recipe import ModelSpec, as_spec, gluontl_home, resolve_source
 from .restore import RestoreReport, restore
 
-__all__ = ["load_model", "build_model", "check_input_shape", "input_shapes", "model_inputs", "resolve_source",
-           "zoo_input_shape", "zoo_names", "RestoreReport", "restore"]
+__all__ = ["load_model", "build_model", "check_input_shape", "input_shapes", "make_model_file", "model_inputs",
+           "resolve_source", "zoo_input_shape", "zoo_names", "RestoreReport", "restore"]
 
 
 def zoo_names() -> list[str]:
@@ -182,6 +182,15 @@ def model_inputs(source: str, *, epoch: int | None = None) -> list[tuple[str, Sh
     from ..onnx import inspect_onnx
 
     return [(name, shape) for name, shape, _ in inspect_onnx(_onnx_file(rest), check=False).inputs]
+
+
+def make_model_file(source: str) -> None:
+    """Make the file a model source names when gluontl makes it on first use (the ImageNet
+    EfficientNet-Lite0 ONNX): ``gluontl launch`` calls this once before its workers start, which
+    would otherwise all convert it at the same time."""
+    scheme, _, rest = resolve_source(source).partition(":")
+    if scheme == "onnx":
+        _onnx_file(rest)
 
 
 def _onnx_file(path: str) -> str:

@@ -273,6 +273,7 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
                          "(e.g. data: {source: demo:digits}).")
     from .weights import ensure_weights
 
+    ctxs = parse_ctx(recipe.train.ctx)  # a card MXNet cannot use is refused before any pretrain or connect
     recipe = resolve_backend(recipe)
     t = recipe.train
     if t.distributed.backend != "none":
@@ -292,7 +293,7 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
             if worker_log is not None:
                 worker_log.open(run_dir / "logs" / f"worker-{dist.rank}.log")
 
-        return _finetune(recipe, dist, runs_root, resume, quiet, stop_after_steps, logged)
+        return _finetune(recipe, dist, ctxs, runs_root, resume, quiet, stop_after_steps, logged)
 
 
 def _alone(recipe: Recipe) -> None:
@@ -323,14 +324,14 @@ def _weights_made_before(recipe: Recipe) -> None:
                          f"train.distributed.")
 
 
-def _finetune(recipe: Recipe, dist: Backend, runs_root: str | Path, resume: str | Path | None, quiet: bool,
-              stop_after_steps: int | None, logged: Callable[[Path], None]) -> RunResult:
+def _finetune(recipe: Recipe, dist: Backend, ctxs: list[mx.Context], runs_root: str | Path,
+              resume: str | Path | None, quiet: bool, stop_after_steps: int | None,
+              logged: Callable[[Path], None]) -> RunResult:
     t = recipe.train
     root = dist.is_root  # only rank 0 writes the run folder; every worker writes its own log
     say(quiet, f"threads: OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset (mxnet default)')}; "
                 f"hybridize static_alloc/static_shape: {t.hybridize}")
     seed_all(t.seed)
-    ctxs = parse_ctx(t.ctx)
     task = get_task(recipe)
     prep, loaders = task.setup(recipe, ctxs[0], seed=t.seed)
     net = prep.block

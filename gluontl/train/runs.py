@@ -9,7 +9,7 @@ from typing import Any, Mapping
 import mxnet as mx
 import numpy as np
 
-from ..errors import DataError, ExportError, TrainError, short_reason
+from ..errors import DataError, ExportError, GluontlError, TrainError, short_reason
 from ..pipeline import prepare
 from ..recipe import DataSpec, ExportSpec, Recipe, as_spec, load_recipe
 from . import checkpoint
@@ -56,6 +56,24 @@ def run_weights(ref: str | Path) -> Path | None:
                          f"it stopped before finishing an epoch. Finish it with `gluontl finetune --resume {path}`"
                          f"{', or name RUN/last' if tag == 'best' and (folder / 'last.json').is_file() else ''}.")
     return checkpoint._files(folder, tag, checkpoint.load(folder, tag))["params"]
+
+
+def finetune_recipe(recipe: Path | None, set_: list[str] | None, resume: Path | None,
+                    start: Path | None) -> Recipe:
+    """The recipe ``finetune`` trains with these options (``gluontl launch`` reads it too, to make
+    the recipe's pretrained weights once before it starts the workers); ``start`` is --init-from."""
+    if resume is not None and not (resume / "recipe.yaml").is_file():
+        raise GluontlError(f"--resume {resume}: not a run folder (no recipe.yaml). Pass runs/NAME of an earlier run.")
+    if resume is not None and not (resume / "checkpoints" / "last.json").is_file():
+        raise GluontlError(f"--resume {resume}: the run has no checkpoint (checkpoints/last.json) to continue "
+                           f"from; start it again with --recipe {resume / 'recipe.yaml'}.")
+    if recipe is None and resume is None:
+        raise GluontlError("finetune needs --recipe FILE (or --resume runs/NAME to continue a run).")
+    if start is not None and resume is not None:
+        raise GluontlError(f"--init-from starts a new run and --resume continues one; to continue {resume} drop "
+                           f"--init-from, to start from it use --init-from {resume} without --resume.")
+    r = load_recipe(resume / "recipe.yaml" if resume is not None and recipe is None else recipe, set_)
+    return init_from(r, start) if start is not None else r
 
 
 def init_from(recipe: Recipe, run: str | Path) -> Recipe:

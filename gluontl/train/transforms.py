@@ -44,7 +44,8 @@ import cv2
 import numpy as np
 from PIL import Image, ImageFile, UnidentifiedImageError
 
-from ..deploy_preprocess import center_crop, resize_shorter, to_rgb
+from ..deploy_preprocess import FORMAT as PREPROCESS_FORMAT, INTERPOLATION, VERSION as PREPROCESS_VERSION, \
+    center_crop, make_record, resize_shorter, to_rgb
 from ..errors import DataError, ModelSourceError
 from ..recipe import TransformSpec, as_spec
 
@@ -188,11 +189,7 @@ class Preprocess:
     def to_json(self, input_name: str, input_shape: tuple[int | None, ...]) -> dict[str, Any]:
         """The ``gluontl.preprocess`` record; ``input_shape`` is the model's, batch first (None:
         any batch size, JSON null)."""
-        return {"format": PREPROCESS_FORMAT, "version": PREPROCESS_VERSION,
-                "input": {"name": input_name, "shape": list(input_shape), "layout": "NCHW", "dtype": "float32"},
-                "color": "RGB", "steps": [{"op": op, "size": size} for op, size in self.steps],
-                "interpolation": dict(INTERPOLATION), "scale": 255.0,
-                "mean": list(self.mean), "std": list(self.std), "output": "logits"}
+        return make_record(input_name, input_shape, self.steps, self.mean, self.std)
 
     @classmethod
     def from_json(cls, record: Mapping[str, Any], where: str) -> "Preprocess":
@@ -227,11 +224,6 @@ class Preprocess:
         if min(std) <= 0:
             raise bad(f"has std {std!r} (values must be > 0)")
         return cls(tuple(steps), tuple(float(v) for v in mean), tuple(float(v) for v in std))
-
-
-PREPROCESS_FORMAT = "gluontl.preprocess"
-PREPROCESS_VERSION = 1
-INTERPOLATION = {"library": "opencv", "shrink": "INTER_AREA", "enlarge": "INTER_LINEAR"}
 
 
 class Transform:

@@ -403,3 +403,26 @@ def test_the_launcher_makes_a_weights_from_pretrain_once_and_an_unset_backend_tr
     run, = (tmp_path / "runs").iterdir()
     assert yaml.safe_load((run / "recipe.yaml").read_text())["train"]["distributed"]["backend"] == "kvstore"
     assert len({(run / "logs" / f"worker-{k}.sha256").read_text() for k in (0, 1)}) == 1
+
+
+def test_the_launcher_makes_a_missing_imagenet_onnx_once(tmp_path, monkeypatch, capsys):
+    """A recipe on the ImageNet EfficientNet-Lite0 ONNX with an empty GLUONTL_HOME: the launcher
+    converts it before the workers start (each would otherwise convert it at the same time)."""
+    from typer.main import get_command
+
+    from gluontl.cli import app
+    from gluontl.convert import efficientnet_lite as lite
+    from gluontl.dist.launch import make_weights
+
+    monkeypatch.setenv("GLUONTL_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    r = {"name": "lite", "model": {"source": f"onnx:$GLUONTL_HOME/models/{lite.ONNX_NAME}",
+                                   "input_shape": [3, 224, 224]},
+         "surgery": {"head": {"classes": 5}}, "data": helpers.DIGITS_5_9, "train": {"epochs": 1}}
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(r))
+    made = tmp_path / "home" / "models" / lite.ONNX_NAME
+    make_weights(["finetune", "-r", "r.yaml", "--runs", "runs"], get_command(app).commands)
+    assert "does not exist yet: making it from the ImageNet weights" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()  # nothing trained in the launcher
+    before = made.stat().st_mtime_ns
+    assert lite.ensure_imagenet_onnx() == made and made.stat().st_mtime_ns == before  # valid: not rebuilt

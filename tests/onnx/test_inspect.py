@@ -87,7 +87,23 @@ def _outside(d):
     onnx.save(model, str(d / "m.onnx"))
 
 
+def _unproduced_output(d):
+    onnx.save(make_model([node("Relu", ["x"], ["a"])], [("x", [1, 4])], [("y", [1, 4])]), str(d / "m.onnx"))
+
+
+def _no_inputs(d):
+    nodes = [node("Constant", [], ["y"], value=onnx.numpy_helper.from_array(np.ones((1, 4), np.float32)))]
+    onnx.save(make_model(nodes, [], [("y", [1, 4])]), str(d / "m.onnx"))
+
+
+def _unsupported(d):
+    onnx.save(make_model([node("Foo", ["x"], ["y"])], [("x", [1, 4])], [("y", [1, 4])]), str(d / "m.onnx"))
+
+
 BROKEN = {"cycle": (_cycle, ["cycle through nodes ['b', 'a']"]),
+          "unproduced output": (_unproduced_output, ["graph output 'y' is not a graph input"]),
+          "no inputs": (_no_inputs, ["has no graph inputs"]),
+          "unsupported op": (_unsupported, ["cannot convert: Foo (ai.onnx, 1 node, e.g. 'y')"]),
           "dangling": (_dangling, ["input 'w' of MatMul node 'y'", "dangling input"]),
           "outside": (_outside, ["initializer 'w'", "'../w.data' outside the model's folder"])}
 
@@ -124,3 +140,17 @@ def test_checker_findings_are_shown_but_do_not_refuse_what_imports(tmp_path, cap
     first = out.splitlines()[0]
     assert first.startswith("onnx.checker: ") and "topologically sorted" in first
     assert "problems" not in out
+
+
+def test_an_op_without_converter_that_folds_is_no_problem(tmp_path, capsys):
+    """NonZero has no converter, but on an initializer it folds at import: inspect agrees with import."""
+    c = np.array([0.0, 2.0, 0.0, 3.0], np.float32)
+    nodes = [node("NonZero", ["c"], ["nz"]), node("Cast", ["nz"], ["f"], to=onnx.TensorProto.FLOAT),
+             node("Add", ["x", "f"], ["y"])]
+    onnx.save(make_model(nodes, [("x", [1, 2])], [("y", [1, 2])], {"c": c}), str(tmp_path / "m.onnx"))
+    x = np.array([[10.0, 20.0]], np.float32)
+    np.testing.assert_array_equal(import_model(str(tmp_path / "m.onnx"))(mx.nd.array(x)).asnumpy(),
+                                  x + np.array([[1.0, 3.0]], np.float32))
+    code, out, err = run_cli(capsys, "inspect", str(tmp_path / "m.onnx"))
+    assert code == 0, err
+    assert "problems" not in out and "UNSUPPORTED" not in out and "0 unsupported" in out

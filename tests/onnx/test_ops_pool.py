@@ -90,6 +90,18 @@ def test_max_pool_indices_match_onnxruntime(attrs):
     _assert_indices_match(_ties(2, 3, 9, 8), attrs)
 
 
+@pytest.mark.parametrize("attrs", [{"kernel_shape": [2, 2], "pads": [1, 1, 0, 0]},
+                                   {"kernel_shape": [2, 3], "pads": [1, 1, 1, 1], "ceil_mode": 1, "strides": [2, 2]},
+                                   {"kernel_shape": [2, 2], "dilations": [2, 1], "pads": [1, 0, 0, 1]}])
+def test_max_pool_indices_of_windows_holding_only_minus_inf(attrs):
+    """onnxruntime names the first input position of such a window (never a pad) and returns
+    -inf; float32 lowest as padding (and MXNet's Pooling, which starts there) beat -inf."""
+    x = _ties(1, 2, 5, 4, seed=2)
+    x[0, 0] = -np.inf  # a channel of -inf only
+    x[0, 1, ::2] = -np.inf  # rows of -inf among finite values
+    _assert_indices_match(x, attrs)
+
+
 @pytest.mark.parametrize("shape,attrs", [
     ((2, 3, 10), {"kernel_shape": [3], "strides": [2], "pads": [1, 0]}),
     ((1, 2, 5, 6, 4), {"kernel_shape": [2, 3, 2], "strides": [2, 1, 2], "pads": [0, 1, 1, 1, 0, 0]}),

@@ -3,12 +3,15 @@ or a missing device. No machine here has a GPU: the message logic takes probe re
 hand (the one stub the issue allows); the CPU-only case runs the real probe on this machine."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from gluontl.errors import TrainError
 from gluontl.train.gpu import GpuProbe, refusal, runs_on
 from gluontl.train.loop import parse_ctx
 
+REPO = Path(__file__).resolve().parents[2]
 NO_KERNEL = "CUDA: no kernel image is available for execution on the device"  # cudaErrorNoKernelImageForDevice
 
 
@@ -51,3 +54,23 @@ def test_cpu_only_wheel_is_refused_by_the_real_probe_with_install_advice():
         parse_ctx("gpu:0")  # this machine's mxnet is the CPU-only wheel
     for words in ("train.ctx 'gpu:0'", "CPU-only wheel", "pip install mxnet-cu117==1.9.1", "8.6 only", "ctx: cpu"):
         assert words in str(e.value), words
+
+
+def test_gpu_is_refused_before_the_pretrain_is_made(tmp_path, monkeypatch):
+    """ensure_weights would train weights_from first (minutes) and only then meet the card."""
+    from gluontl.recipe import load_recipe
+    from gluontl.train.loop import finetune
+
+    pretrain = tmp_path / "pretrain.yaml"
+    pretrain.write_text("name: tiny_pretrain\nmodel: {source: zoo:resnet18_v1, input_shape: [3, 16, 16]}\n"
+                        "surgery: {head: {classes: 5}}\n"
+                        "data: {source: demo:digits, classes: ['0', '1', '2', '3', '4'], batch_size: 32,\n"
+                        "       train_transform: {resize: 16}, val_transform: {resize: 16}}\n"
+                        "train: {epochs: 1, optimizer: sgd, lr: 0.05, seed: 0}\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GLUONTL_HOME", str(tmp_path / "home"))
+    recipe = load_recipe(REPO / "recipes" / "resnet18_freeze.yaml",
+                         [f"model.weights_from={pretrain}", "model.weights=pre/w.params", "train.ctx=gpu:0"])
+    with pytest.raises(TrainError, match=r"train.ctx 'gpu:0'.*CPU-only wheel"):  # this machine's wheel
+        finetune(recipe, runs_root=tmp_path / "runs")
+    assert not (tmp_path / "pre").exists() and not (tmp_path / "runs").exists()

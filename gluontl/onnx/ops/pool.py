@@ -94,12 +94,14 @@ def _out_sizes(kernel, strides, dilations, ceil, begin, end, sizes):
     return outs, tail
 
 
-def _argmax_indices(node, x, data):
-    """ONNX MaxPool's Indices: the flat position of each window's maximum in the input,
-    counting N and C (row-major; column-major over the spatial axes with storage_order=1).
-    onnxruntime keeps a window's first strictly larger value in row-major scan order, and
-    argmax over the stacked offset slices picks the first maximum in the same order: no
-    arithmetic touches the values, so the positions are exact."""
+def _argmax_indices(node, x, data, name):
+    """ONNX MaxPool's output and Indices: the flat position of each window's maximum in the
+    input, counting N and C (row-major; column-major over the spatial axes with storage_order=1).
+    onnxruntime keeps a window's first maximum among its input positions in row-major scan
+    order, also when that maximum is -inf: the maximum is taken over the stacked offset slices
+    (padded with -inf, which no finite value ties; MXNet's Pooling starts from float32 lowest
+    and returns that for a window of -inf), then argmax picks the first slice that holds it and
+    is not padding. Comparisons only: the values and positions are exact."""
     kernel, strides, dilations, ceil, begin, end, sizes = _windows(node, x)
     channels = x.shape[1] if x.shape is not None and len(x.shape) > 1 else None
     if any(v is None for v in [*sizes, channels]):
@@ -107,11 +109,19 @@ def _argmax_indices(node, x, data):
                                "sizes; pass input_shapes=... when importing")
     n = len(kernel)
     outs, tail = _out_sizes(kernel, strides, dilations, ceil, begin, end, sizes)
-    padded = pad_spatial(node, data, n + 2, begin, [e + t for e, t in zip(end, tail)], _NEG,
-                         suffix="idx_pad")
-    slices = _window_slices(node, padded, kernel, strides, dilations, outs, "idx")
-    which = mx.sym.Cast(mx.sym.argmax(mx.sym.stack(*slices, axis=2, name=node.sub("idx_stack")),
-                                      axis=2, name=node.sub("idx_argmax")),
+    ends = [e + t for e, t in zip(end, tail)]
+
+    def stacked(sym, pad, tag):
+        padded = pad_spatial(node, sym, n + 2, begin, ends, pad, suffix=f"{tag}_pad")
+        slices = _window_slices(node, padded, kernel, strides, dilations, outs, tag)
+        return mx.sym.stack(*slices, axis=2, name=node.sub(f"{tag}_stack"))
+
+    windows = stacked(data, -np.inf, "idx")
+    inside = stacked(mx.sym.ones_like(data, name=node.sub("idx_ones")), 0.0, "idx_in")
+    pooled = mx.sym.max(windows, axis=2, name=name)
+    first = mx.sym.broadcast_equal(windows, mx.sym.expand_dims(pooled, axis=2, name=node.sub("idx_max_e")),
+                                   name=node.sub("idx_is_max")) * inside
+    which = mx.sym.Cast(mx.sym.argmax(first, axis=2, name=node.sub("idx_argmax")),
                         dtype="int64", name=node.sub("idx_which"))
     # element strides of the spatial axes in the flat index
     order = range(n) if node.attr("storage_order", 0) else range(n - 1, -1, -1)
@@ -138,7 +148,7 @@ def _argmax_indices(node, x, data):
     index = terms[0]
     for i, t in enumerate(terms[1:]):
         index = mx.sym.broadcast_add(index, t, name=node.sub(f"idx_sum{i}"))
-    return mx.sym._internal._plus_scalar(index, scalar=shift, name=node.sub("indices"))
+    return pooled, mx.sym._internal._plus_scalar(index, scalar=shift, name=node.sub("indices"))
 
 
 def _pool(node, inputs, kind, data=None, name=None):
@@ -187,14 +197,19 @@ def max_pool(node, inputs):
     dtype = np.dtype(x.dtype) if x.dtype is not None else np.dtype(np.float32)
     want_indices = len(node.outputs) > 1 and bool(node.outputs[1])
     if dtype.kind == "f":
-        data, pooled = x.sym, _pool(node, inputs, "max")
+        data = x.sym
     elif dtype.itemsize > 2:
         raise node.unsupported(f"{dtype} input: only float, int8 and uint8 MaxPool is defined")
     else:
         data = mx.sym.Cast(x.sym, dtype="float32", name=node.sub("float_in"))
-        pooled = mx.sym.Cast(_pool(node, inputs, "max", data=data, name=node.sub("float_out")),
-                             dtype=dtype.name, name=node.name)
-    return [pooled, _argmax_indices(node, x, data)] if want_indices else pooled
+    out = node.name if dtype.kind == "f" else node.sub("float_out")
+    if want_indices:
+        pooled, indices = _argmax_indices(node, x, data, out)
+    else:
+        pooled = _pool(node, inputs, "max", data=data, name=out)
+    if dtype.kind != "f":
+        pooled = mx.sym.Cast(pooled, dtype=dtype.name, name=node.name)
+    return [pooled, indices] if want_indices else pooled
 
 
 @converter("AveragePool", since=1)
