@@ -75,6 +75,12 @@ def _box_iou(a: list[float], b: list[float]) -> float:
 
 def render(index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Image ``index``: (128x128x3 uint8 RGB, its background before pasting, labels (N, 6))."""
+    return paste(index)[:3]
+
+
+def paste(index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[tuple[int, int, np.ndarray, int]]]:
+    """:func:`render` plus each pasted glyph as ``(x, y, alpha, digit)`` in paste order (the
+    ink geometry pixel masks are made of, for ``demo:digits_seg``)."""
     photos, glyphs, target, glyph_val = _material()
     _, split, digits = layout()[index]
     rng = np.random.default_rng([_SEED, index])
@@ -86,6 +92,7 @@ def render(index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     img = background.astype(np.float32)
     pool = np.flatnonzero(np.isin(target, list(digits)) & (glyph_val == (split == "val")))
     rows: list[list[float]] = []
+    glyphs_at: list[tuple[int, int, np.ndarray, int]] = []
     for _ in range(int(rng.integers(1, 4))):
         g = int(rng.choice(pool))
         s = int(rng.integers(GLYPH_PX[0], GLYPH_PX[1] + 1))
@@ -105,8 +112,9 @@ def render(index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         a = alpha[:, :, None]
         img[py:py + s, px:px + s] = patch * (1 - a) + ink.astype(np.float32) * a
         rows.append([float(v) for v in box] + [float(target[g]), 0.0])
+        glyphs_at.append((px, py, alpha, int(target[g])))
     out = np.clip(np.rint(img), 0, 255).astype(np.uint8)
-    return out, background, np.array(rows, np.float32).reshape(-1, 6)
+    return out, background, np.array(rows, np.float32).reshape(-1, 6), glyphs_at
 
 
 def _fill(root: Path) -> None:

@@ -70,6 +70,9 @@ def _materialize(final: Path, name: str, fill: Callable[[Path], None]) -> Path:
     return final
 
 
+materialize = _materialize  # the public name for tasks' own packages (gluontl/segment)
+
+
 def _cache_dir(name: str, val_fraction: float, home: Path | None) -> Path:
     return (home or gluontl_home()) / "datasets" / name / f"{_LAYOUT}-val{val_fraction:g}"
 
