@@ -27,7 +27,8 @@ def test_resize_mask_is_nearest_at_pixel_centres():
     for _ in range(60):
         h, w, oh, ow = (int(v) for v in rng.integers(1, 50, 4))
         mask = rng.integers(0, 21, (h, w)).astype(np.uint8)
-        np.testing.assert_array_equal(resize_mask(mask, ow, oh), _nearest_ref(mask, ow, oh), err_msg=f"{h}x{w}->{oh}x{ow}")
+        np.testing.assert_array_equal(resize_mask(mask, ow, oh), _nearest_ref(mask, ow, oh),
+                                      err_msg=f"{h}x{w}->{oh}x{ow}")
 
 
 def _scene():
@@ -107,7 +108,8 @@ def test_sizes_that_are_not_multiples_of_the_stride_are_padded_with_ignore():
     np.testing.assert_array_equal(unpad(m, mask.shape), mask)
     np.testing.assert_allclose(_pixels(unpad(x, mask.shape)), img.astype(np.float32), atol=0.01)
     assert (m[100:] == 255).all() and (m[:, 60:] == 255).all() and not x[:, 100:].any()
-    x, m = SegmentationTransform(True, IMAGENET_MEAN, IMAGENET_STD, crop=(50, 36), stride=8)(img, mask, sample_rng(0, 0, 0))
+    t = SegmentationTransform(True, IMAGENET_MEAN, IMAGENET_STD, crop=(50, 36), stride=8)
+    x, m = t(img, mask, sample_rng(0, 0, 0))
     assert x.shape == (3, 56, 40) and (m[50:] == 255).all() and (m[:, 36:] == 255).all()
 
 
