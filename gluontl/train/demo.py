@@ -70,8 +70,6 @@ def materialize(final: Path, name: str, fill: Callable[[Path], None]) -> Path:
     return final
 
 
-
-
 def _cache_dir(name: str, val_fraction: float, home: Path | None) -> Path:
     return (home or gluontl_home()) / "datasets" / name / f"{_LAYOUT}-val{val_fraction:g}"
 
