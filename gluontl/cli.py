@@ -48,6 +48,7 @@ def plan(recipe: Path = RecipeOpt, set_: Optional[List[str]] = SetOpt,
     r = load_recipe(recipe, set_)  # before MXNet is imported: a bad recipe fails at once
     from .pipeline import prepare
     from .rules import format_plan
+    from .tasks import get_task, transform_lines
     from .train.cache import preview
     from .train.guards import plan_flags
 
@@ -71,11 +72,13 @@ def plan(recipe: Path = RecipeOpt, set_: Optional[List[str]] = SetOpt,
         cache = preview(r, prep.block, prep.plan)
     # what the guards of finetune will say about these weights and rules
     weights, flags = (weights, []) if pending else plan_flags(r, prep)
+    transforms = get_task(r).transforms(r) if r.data is not None else None
     if as_json:
         out = prep.plan.to_json()
         out["weights"] = weights
         out["restore"] = prep.restore.lines() if prep.restore else []
         out["feature_cache"] = cache
+        out["transforms"] = transforms
         out["guards"] = flags
         typer.echo(json.dumps(out, indent=1))
         return
@@ -84,6 +87,8 @@ def plan(recipe: Path = RecipeOpt, set_: Optional[List[str]] = SetOpt,
         typer.echo("\n".join(prep.restore.lines()))
     typer.echo(format_plan(prep.plan))
     typer.echo(cache)
+    for line in transform_lines(transforms) if transforms else []:
+        typer.echo(line)
     for line in flags:
         typer.echo(line)
     if pending:

@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Annotated, Any, Iterable, Literal, Mapping, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator,
+                      model_validator)
+from pydantic_core import PydanticCustomError
 
 from .errors import ModelSourceError, RecipeError, RuleError
 
@@ -330,6 +332,16 @@ class TransformSpec(Strict):
     color_jitter: float = Field(default=0.0, ge=0.0, le=1.0)
     normalize: Literal["imagenet", "none"] | tuple[tuple[float, float, float], tuple[float, float, float]] = "imagenet"
 
+    def out_size(self) -> int | None:
+        """The side of the square image this transform makes (train and evaluation alike: the last
+        crop, else the resize), or None when it keeps each image's own size."""
+        return self.center_crop or self.random_resized_crop or self.resize
+
+    def sizes(self) -> str:
+        """The size keys as a recipe writes them, e.g. ``resize: 256, center_crop: 224``."""
+        return ", ".join(f"{k}: {getattr(self, k)}" for k in ("resize", "random_resized_crop", "center_crop")
+                         if getattr(self, k))
+
 
 class DataSpec(Strict):
     source: str = Field(description="demo:digits | demo:elpv | folder:PATH | rec:PATH.rec | list:PATH.csv; "
@@ -345,6 +357,12 @@ class DataSpec(Strict):
     val_fraction: float = Field(default=0.2, gt=0.0, lt=1.0, description="share held out for val (fixed "
                                 "seed) where the source has no val split: demo:, plain class folders, one "
                                 "list/rec file")
+    # transform key -> why it is (partly) a default rather than the recipe's own; see Recipe._transforms_fit
+    _defaults: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    def transform_default(self, key: str) -> str | None:
+        """Why ``key`` (train_transform / val_transform) is gluontl's default, None when the recipe gave it."""
+        return self._defaults.get(key)
 
     @field_validator("classes", mode="before")
     @classmethod
@@ -481,6 +499,7 @@ class ExportSpec(Strict):
     lean: bool = True
 
 
+_TRANSFORMS = ("train_transform", "val_transform")
 DETECTION_SOURCES = ("voc:", "coco:", "yolo:", "demo:digits_det")
 TASK_METRICS = {"classification": ("val_top1", "val_balanced_acc", "val_loss"),
                 "detection": ("val_map50", "val_map")}
@@ -544,6 +563,53 @@ class Recipe(Strict):
                              "chooses which class rows start from old ones)")
         return self
 
+    @model_validator(mode="after")
+    def _transforms_fit(self) -> "Recipe":
+        """Transforms a recipe leaves out, or gives without a size, come from ``model.input_shape``
+        (timm's ``resolve_data_config``): evaluation scales the shorter side to H and takes the
+        centre H x W; training adds a horizontal flip. A size that differs from the input size is
+        refused here, before any work: hybridized blocks (static shapes), the onnxruntime prefix and
+        exports are built for that one size."""
+        if self.data is None:
+            return self
+        given = self.data.model_fields_set
+        if self.task == "detection":  # a detector resizes every image to input_shape's H, W itself
+            self.data._defaults = {k: "default: the detector's own rule" for k in _TRANSFORMS if k not in given}
+            return self
+        if len(self.model.input_shape) != 3:
+            return self
+        shape, (_, h, w) = list(self.model.input_shape), self.model.input_shape
+        filled, defaults, wrong = {}, {}, []
+        for key in _TRANSFORMS:
+            spec = getattr(self.data, key)
+            size = spec.out_size()
+            if size is not None and (size, size) != (h, w):
+                wrong.append((key, f"data.{key} makes {size}x{size} images ({spec.sizes()})"))
+            elif size is None and h == w:
+                flip = (key == "train_transform" and key not in given
+                        and not (self.train.cache_features == "on" and self.train.cache_views == 0))
+                filled[key] = spec.model_copy(update={"resize": h, "flip": spec.flip or flip})
+                defaults[key] = (f"{'default' if key not in given else 'size'} from model.input_shape {shape}"
+                                 + (", no flip: train.cache_features: on caches one view" if key not in given
+                                    and key == "train_transform" and not flip else ""))
+            elif size is None:
+                wrong.append((key, f"data.{key} gives no size, and gluontl's transforms make square images"))
+        if wrong:
+            fix = (f"Set the transform's size to {h} (resize: {h}; or resize: N >= {h} with center_crop: {h}), "
+                   f"or leave the sizes out to get the default (shorter side to {h}, centre crop {h}x{w}), or "
+                   f"change model.input_shape to the size the transform makes" if h == w else
+                   "Give a square model.input_shape [C, S, S] and a transform of size S")
+            raise PydanticCustomError(
+                "transform_size", f"{'; '.join(w for _, w in wrong)}, but model.input_shape {shape} takes {h}x{w} images "
+                f"(H x W), the one size the model is built for (hybridized with static shapes, a frozen prefix "
+                f"run by onnxruntime, the exported ONNX). {fix}",
+                {"keys": [("model", "input_shape"), *(("data", k) for k, _ in wrong)]})
+        if filled:
+            data = self.data.model_copy(update=filled)
+            data._defaults = defaults
+            object.__setattr__(self, "data", data)  # frozen: this validator completes construction
+        return self
+
     def differences(self, other: "Recipe", *sections: str) -> list[str]:
         """``key.path: old -> new`` for every leaf that differs (what a refused resume reports)."""
         def leaves(d: Any, path: str = "") -> dict[str, Any]:
@@ -598,6 +664,8 @@ def _describe(err: Mapping[str, Any], root: type[BaseModel] = Recipe) -> str:
         return f"unknown key '{loc}'" + (suggest(err["loc"][-1], section.model_fields) if section else "")
     if kind == "missing":
         return f"missing required key '{loc}'"
+    if kind == "transform_size":  # names its keys itself
+        return msg
     msg = msg.removeprefix("Value error, ")
     if kind == "literal_error":
         expected = re.findall(r"'([^']*)'", str(err.get("ctx", {}).get("expected", "")))
@@ -642,7 +710,7 @@ def parse_recipe(data: Any, origin: str = "<recipe>",
     try:
         return Recipe(**data)
     except ValidationError as e:
-        found = [(_describe(err), _culprit(written, err["loc"])) for err in e.errors()]
+        found = [(_describe(err), _culprit(written, err)) for err in e.errors()]
         if all(ov for _, ov in found):
             problems = "; ".join(f"--set {ov!r}: {d}" for d, ov in found)
             raise RecipeError(f"Invalid --set value: {problems}. Fix the value given with --set (list items, "
@@ -654,9 +722,11 @@ def parse_recipe(data: Any, origin: str = "<recipe>",
         raise RecipeError(f"{origin}: invalid recipe: {e}.") from None
 
 
-def _culprit(written: list[tuple[tuple, str]], loc: tuple) -> str | None:
-    """The last ``--set`` that wrote at, above or below the key path of a problem."""
-    return next((ov for path, ov in reversed(written)
+def _culprit(written: list[tuple[tuple, str]], err: Mapping[str, Any]) -> str | None:
+    """The last ``--set`` that wrote at, above or below the key path of a problem (or of one of
+    the ``keys`` a recipe-wide problem names)."""
+    locs = err.get("ctx", {}).get("keys") or [err["loc"]]
+    return next((ov for path, ov in reversed(written) for loc in locs
                  if loc[:len(path)] == path or path[:len(loc)] == loc), None)
 
 

@@ -33,7 +33,7 @@ from ..pipeline import with_input_name
 from ..recipe import Recipe, ScheduleSpec, load_recipe
 from ..naming import named_params
 from ..rules import Plan, apply_plan, format_plan, freeze_bn_stats, make_plan, trainable_params
-from ..tasks import get_task, split
+from ..tasks import get_task, split, transform_lines
 from . import checkpoint
 from .cache import Feed
 from .logs import MetricsLog, WorkerLog, bars_on, epoch_line, progress, say, show
@@ -421,7 +421,7 @@ def _finetune(recipe: Recipe, dist: Backend, runs_root: str | Path, resume: str 
                             feed.close()
                     feed = new_feed
                     if root:
-                        _write_plan(run_dir, plan, feed)
+                        _write_plan(run_dir, plan, feed, task.transforms(recipe))
                 stepper = Stepper(feed.net, trainer, task.forward, ctxs, dist)
                 feed.prepare(epoch)
                 bar = _bar(feed.train_batches(epoch, skip), epoch, t.epochs, quiet, skip, n_batches)
@@ -544,10 +544,11 @@ def _write_checksum(run_dir: Path, net, rank: int) -> None:
     write_text(run_dir / "logs" / f"worker-{rank}.sha256", h.hexdigest() + "\n", TrainError)
 
 
-def _write_plan(run_dir: Path, plan: Plan, feed: Feed) -> None:
-    write_text(run_dir / "plan.txt", format_plan(plan) + f"\n{feed.log}\n", TrainError)
-    write_text(run_dir / "plan.json", json.dumps({**plan.to_json(), "feature_cache": feed.summary()}, indent=1),
-               TrainError)
+def _write_plan(run_dir: Path, plan: Plan, feed: Feed, transforms: dict[str, Any]) -> None:
+    lines = "\n".join([feed.log, *transform_lines(transforms)])
+    write_text(run_dir / "plan.txt", format_plan(plan) + f"\n{lines}\n", TrainError)
+    write_text(run_dir / "plan.json", json.dumps({**plan.to_json(), "feature_cache": feed.summary(),
+                                                  "transforms": transforms}, indent=1), TrainError)
 
 
 
