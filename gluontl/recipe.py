@@ -357,8 +357,10 @@ class DataSpec(Strict):
     val_fraction: float = Field(default=0.2, gt=0.0, lt=1.0, description="share held out for val (fixed "
                                 "seed) where the source has no val split: demo:, plain class folders, one "
                                 "list/rec file")
-    # transform key -> why it is (partly) a default rather than the recipe's own; see Recipe._transforms_fit
+    # transform key -> why it is (partly) a default rather than the recipe's own, and the transform as the
+    # recipe gave it (None: not at all); see Recipe._transforms_fit
     _defaults: dict[str, str] = PrivateAttr(default_factory=dict)
+    _given: dict[str, TransformSpec | None] = PrivateAttr(default_factory=dict)
 
     def transform_default(self, key: str) -> str | None:
         """Why ``key`` (train_transform / val_transform) is gluontl's default, None when the recipe gave it."""
@@ -595,7 +597,8 @@ class Recipe(Strict):
             elif size is None:
                 wrong.append((key, f"data.{key} gives no size, and gluontl's transforms make square images"))
         if wrong:
-            fix = (f"Set the transform's size to {h} (resize: {h}; or resize: N >= {h} with center_crop: {h}), "
+            fix = (f"Give {' and '.join(f'data.{k}' for k, _ in wrong)} the size {h} (resize: {h}; or resize: "
+                   f"N >= {h} with center_crop: {h}), "
                    f"or leave the sizes out to get the default (shorter side to {h}, centre crop {h}x{w}), or "
                    f"change model.input_shape to the size the transform makes" if h == w else
                    "Give a square model.input_shape [C, S, S] and a transform of size S")
@@ -607,6 +610,7 @@ class Recipe(Strict):
         if filled:
             data = self.data.model_copy(update=filled)
             data._defaults = defaults
+            data._given = {k: getattr(self.data, k) if k in given else None for k in filled}
             object.__setattr__(self, "data", data)  # frozen: this validator completes construction
         return self
 
@@ -622,10 +626,26 @@ class Recipe(Strict):
         return [f"{k}: {mine.get(k)!r} -> {theirs.get(k)!r}" for k in sorted(set(mine) | set(theirs))
                 if mine.get(k) != theirs.get(k)]
 
+    def as_written(self) -> dict[str, Any]:
+        """The recipe as YAML data that loads back to it (a run folder's recipe.yaml): transforms
+        derived from the model's input size are left out, to be derived again (and shown as
+        defaults) when it is loaded."""
+        out = self.model_dump(mode="json", exclude_none=True)
+        for key, spec in (self.data._given if self.data is not None else {}).items():
+            if spec is None:
+                del out["data"][key]
+            else:
+                out["data"][key] = spec.model_dump(mode="json", exclude_none=True)
+        return out
+
     def digest(self, *sections: str) -> str:
         """Hash of the sections that decide what a run computes (for resume checks); guards
-        only watch a run, so a resume may change them."""
+        only watch a run, so a resume may change them. Transforms count as the recipe wrote them
+        (what is derived from them is a function of the rest), so digests are those of before
+        defaults existed."""
         data = self.model_dump(mode="json", include=set(sections) or None, exclude={"train": {"guards"}})
+        for key, spec in (self.data._given if self.data is not None and "data" in data else {}).items():
+            data["data"][key] = (spec or TransformSpec()).model_dump(mode="json")
         dist = data.get("train", {}).pop("distributed", None)
         if dist and dist["backend"] != "none":  # absent when not distributed: runs from before it agree
             data["train"]["distributed"] = {k: v for k, v in dist.items() if k != "step_timeout"}

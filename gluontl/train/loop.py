@@ -142,7 +142,7 @@ def _check_resume(run_dir: Path, recipe: Recipe, meta: dict[str, Any], quiet: bo
     if diff:
         say(quiet, f"extending {run_dir}: {'; '.join(diff)}")
         if write:
-            write_text(run_dir / "recipe.yaml", yaml.safe_dump(recipe.model_dump(mode="json", exclude_none=True), sort_keys=False))
+            write_text(run_dir / "recipe.yaml", yaml.safe_dump(recipe.as_written(), sort_keys=False))
 
 
 def _new_run_dir(root: Path, name: str) -> Path:
@@ -341,7 +341,7 @@ def _finetune(recipe: Recipe, dist: Backend, runs_root: str | Path, resume: str 
         with dist.guard("sharing the run folder's name"):
             run_dir = Path(dist.broadcast_text(str(_new_run_dir(Path(runs_root), recipe.name)) if root else ""))
         if root:
-            write_text(run_dir / "recipe.yaml", yaml.safe_dump(recipe.model_dump(mode="json", exclude_none=True), sort_keys=False))
+            write_text(run_dir / "recipe.yaml", yaml.safe_dump(recipe.as_written(), sort_keys=False))
             if loaders.split is not None:  # an automatic hold-out: which files it held out, for audits
                 write_text(run_dir / "split.json", json.dumps(loaders.split.to_json(), indent=1), TrainError)
         meta = None
