@@ -17,8 +17,8 @@ import helpers
 from gluontl.errors import TrainError
 from gluontl.pipeline import prepare
 from gluontl.recipe import load_recipe, parse_recipe
-from gluontl.train.guards import (COLLAPSE_RTOL, STUCK_MIN_STEPS, check_first_epoch, check_weights, collapsed,
-                                  weights_of)
+from gluontl.train.guards import (COLLAPSE_RTOL, STUCK_MIN_STEPS, STUCK_RTOL, check_first_epoch, check_weights,
+                                  collapsed, weights_of)
 from gluontl.train.loop import finetune
 
 ROOT = Path(__file__).parents[2]
@@ -296,3 +296,131 @@ def test_cli_plan_says_where_weights_come_from_and_finetune_exits_2(tmp_path, ca
     text = " ".join(run.stderr.split())
     assert text.startswith("error: The rules freeze") and "train.guards.random_backbone: warn" in text
     assert not (tmp_path / "runs").exists()
+
+
+# ------------------------------------------------------------ thresholds: just inside and just outside
+
+@pytest.mark.parametrize("classes", [2, 10])
+@pytest.mark.parametrize("side", [1, -1])
+def test_stuck_loss_just_inside_and_just_outside_stuck_rtol_on_both_sides_of_ln_c(classes, side):
+    c = math.log(classes)
+    at = lambda rel: [c * (1 + side * rel)] * 40  # noqa: E731 a whole epoch at one distance from ln C
+    assert [f.guard for f in check_first_epoch(at(0.005), 40, classes)] == ["stuck_loss"]  # 0.5 % away: stuck
+    assert [f.guard for f in check_first_epoch(at(0.99 * STUCK_RTOL), 40, classes)] == ["stuck_loss"]
+    assert check_first_epoch(at(1.01 * STUCK_RTOL), 40, classes) == []
+    assert STUCK_RTOL == 0.01  # what the README and the message's reasoning (55 % on two classes) rely on
+
+
+def test_stuck_loss_needs_the_last_quarter_at_chance_too():
+    c = math.log(5)
+    # mean 0.5 % off; the last quarter (10 of 40) holds one batch 20 % off, so it is 2 % off: learning
+    one_late = [c] * 30 + [c * 1.2] + [c] * 9
+    assert abs(np.mean(one_late) - c) < STUCK_RTOL * c and check_first_epoch(one_late, 40, 5) == []
+    # that batch one place earlier is outside the last quarter: stuck
+    assert [f.guard for f in check_first_epoch([c] * 29 + [c * 1.2] + [c] * 10, 40, 5)] == ["stuck_loss"]
+    # mean 2 % off, last quarter at chance: not stuck either
+    assert check_first_epoch([c * 1.0267] * 30 + [c] * 10, 40, 5) == []
+    # fewer than 4 batches: the last one is the last quarter
+    assert [f.guard for f in check_first_epoch([c * 0.97, c * 1.03, c], 40, 5)] == ["stuck_loss"]
+    assert check_first_epoch([c, c, c * 1.03], 40, 5) == []
+
+
+def test_stuck_loss_judges_from_ten_steps_and_two_classes():
+    c2 = math.log(2)
+    flat = [c2] * STUCK_MIN_STEPS
+    assert STUCK_MIN_STEPS == 10
+    assert [f.guard for f in check_first_epoch(flat, STUCK_MIN_STEPS, 2)] == ["stuck_loss"]
+    assert check_first_epoch(flat, STUCK_MIN_STEPS - 1, 2) == []
+    assert check_first_epoch([0.0] * 20, 20, 1) == []  # one class: ln 1 = 0 is no chance level
+    assert check_first_epoch([], 20, 2) == []
+    message = check_first_epoch([c2 * 1.002] * 20, 20, 2)[0].message
+    assert "ln(2) = 0.6931" in message and "(20 steps; mean 0.6945, last quarter 0.6945)" in message
+
+
+@pytest.mark.parametrize("size", [0.0, 1.0, 100.0])
+def test_collapse_just_inside_and_just_outside_collapse_rtol(size):
+    """Two rows m ± e per feature: spread (std across the batch) e, size |m|, exactly."""
+    def rows(e):
+        return np.array([[size + e] * 16, [size - e] * 16], np.float64)
+
+    limit = COLLAPSE_RTOL * (1 + size)
+    assert collapsed(rows(0.99 * limit)) and not collapsed(rows(1.01 * limit))
+    assert COLLAPSE_RTOL == 1e-6
+
+
+def test_spread_is_the_rms_of_per_feature_std_and_of_the_batch_mean():
+    from gluontl.train.guards import _spread
+
+    a = np.array([[1.0, 2.0, -3.0], [3.0, 2.0, 5.0]])  # std per feature 1, 0, 4; mean 2, 2, 1
+    spread, size = _spread(a)
+    assert spread == pytest.approx(math.sqrt((1 + 0 + 16) / 3), rel=1e-12)
+    assert size == pytest.approx(math.sqrt((4 + 4 + 1) / 3), rel=1e-12)
+    assert _spread(a.reshape(2, 3, 1)) == (spread, size)  # feature maps are flattened per image
+
+
+def _bn_symbol(folder):
+    mx.random.seed(2)
+    net = mx.gluon.nn.HybridSequential()
+    net.add(mx.gluon.nn.Conv2D(4, 3), mx.gluon.nn.BatchNorm(), mx.gluon.nn.Activation("relu"),
+            mx.gluon.nn.GlobalAvgPool2D(), mx.gluon.nn.Dense(2))
+    net.initialize(mx.init.Xavier())
+    net.hybridize()
+    net(mx.nd.zeros((1, 3, 16, 16)))
+    net.export(str(folder / "bn"))
+    return f"symbol:{folder / 'bn'}"
+
+
+@pytest.mark.parametrize("stat, nudge", [("running_mean", 1e-6), ("running_var", -1e-6), ("running_var", 1e-6)])
+def test_unloaded_statistics_are_exactly_zero_and_one_and_a_nudge_is_not(tmp_path, stat, nudge):
+    r = recipe({"source": _bn_symbol(tmp_path), "random_init": True}, FROZEN_BN)
+    prep = prepare(r)
+    assert [f.guard for f in check_weights(r, prep)] == ["unloaded_bn_stats"]
+    param = next(prep.block.collect_params()[row.global_name] for row in prep.plan.rows
+                 if row.aux and row.name.endswith(stat))
+    value = param.data().asnumpy()
+    value[0] += nudge  # one value off the initial 0 / 1: statistics that came from somewhere
+    param.set_data(mx.nd.array(value))
+    assert check_weights(r, prep) == []
+
+
+def test_a_frozen_backbone_is_an_error_when_all_of_it_is_random_and_a_warning_when_part_is(tmp_path):
+    source = _bn_symbol(tmp_path)
+    freeze = [{"match": "*", "grad_req": "null"}]
+    head = {"match": ["dense*"], "grad_req": "write"}
+    assert findings(recipe({"source": source}, [*freeze, head])) == []  # a symbol file carries its weights
+    every = recipe({"source": source, "random_init": True}, [*freeze, head])
+    assert findings(every) == [("random_backbone", "error")]
+    prep = prepare(every)
+    frozen = [r.name for r in prep.plan.rows if not r.aux and r.grad_req == "null"]
+    w = weights_of(every, prep)
+    w.loaded.add(frozen[0])  # all frozen parameters but one random: a restore that missed some
+    found = check_weights(every, prep, w)
+    assert [(f.guard, f.level) for f in found] == [("random_backbone", "warn")]
+    assert f"{len(frozen) - 1} of the {len(frozen)} frozen parameters were never loaded" in found[0].message
+    w.loaded.update(frozen)
+    assert check_weights(every, prep, w) == []
+
+
+@pytest.mark.parametrize("level, raised, warned", [("error", True, 0), ("warn", False, 1), ("off", False, 0)])
+def test_guard_levels(tmp_path, level, raised, warned):
+    from gluontl.recipe import GuardsSpec
+    from gluontl.train.guards import Finding, GuardLog
+
+    said = []
+    log = GuardLog(GuardsSpec(stuck_loss=level), said.append)
+    log.attach(tmp_path)
+    if raised:
+        with pytest.raises(TrainError, match="boom. If this is intended, set train.guards.stuck_loss: warn"):
+            log.handle([Finding("stuck_loss", "boom.")])
+    else:
+        log.handle([Finding("stuck_loss", "boom.")])
+    assert len(said) == warned == len(log.warnings)
+    # a warn-level finding never stops a run
+    log.handle([Finding("stuck_loss", "soft.", level="warn")])
+    assert len(log.warnings) == warned + (level != "off")
+    if log.warnings:
+        saved = json.loads((tmp_path / "warnings.json").read_text())
+        assert saved == log.warnings and "train.guards.stuck_loss: off" in saved[-1]["message"]
+        again = GuardLog(GuardsSpec(), said.append)
+        again.attach(tmp_path)  # a resumed run keeps what its start found
+        assert again.warnings == log.warnings
