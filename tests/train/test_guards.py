@@ -424,3 +424,23 @@ def test_guard_levels(tmp_path, level, raised, warned):
         again = GuardLog(GuardsSpec(), said.append)
         again.attach(tmp_path)  # a resumed run keeps what its start found
         assert again.warnings == log.warnings
+
+
+@pytest.mark.parametrize("batch, checked", [(1, None), (2, 2), (7, 7), (8, 8), (9, 8)])
+def test_features_are_compared_on_two_to_eight_images_of_the_first_batch(tmp_path, batch, checked):
+    from gluontl.train.data import make_loaders
+    from gluontl.train.guards import check_features
+
+    prefix = _symbol(tmp_path, 0.0)  # a dead prefix: the same features for every image
+    r = symbol_recipe(prefix, guards={"collapsed_features": "error"})
+    r = r.model_copy(update={"data": r.data.model_copy(update={"batch_size": batch})})
+    prep = prepare(r)
+    found = check_features(r, prep.block, prep.plan, make_loaders(r.data, seed=0), mx.cpu())
+    if checked is None:  # one image: nothing to compare it with
+        assert found == []
+    else:
+        assert [f.guard for f in found] == ["collapsed_features"]
+        assert f"({checked} different images checked)" in found[0].message
+    off = r.model_copy(update={"train": r.train.model_copy(update={"guards": r.train.guards.model_copy(
+        update={"collapsed_features": "off"})})})
+    assert check_features(off, prep.block, prep.plan, None, mx.cpu()) == []  # off: not even a forward pass
