@@ -545,7 +545,7 @@ def _write_checksum(run_dir: Path, net, rank: int) -> None:
 
 
 def _write_plan(run_dir: Path, plan: Plan, feed: Feed, transforms: dict[str, Any]) -> None:
-    lines = "\n".join([feed.log, *transform_lines(transforms)])
+    lines = "\n".join([*transform_lines(transforms), feed.log])
     write_text(run_dir / "plan.txt", format_plan(plan) + f"\n{lines}\n", TrainError)
     write_text(run_dir / "plan.json", json.dumps({**plan.to_json(), "feature_cache": feed.summary(),
                                                   "transforms": transforms}, indent=1), TrainError)
