@@ -576,6 +576,13 @@ class Recipe(Strict):
             return self
         given = self.data.model_fields_set
         if self.task == "detection":  # a detector resizes every image to input_shape's H, W itself
+            sized = [f"data.{k} ({getattr(self.data, k).sizes()})" for k in _TRANSFORMS
+                     if getattr(self.data, k).out_size() is not None]
+            if sized:
+                raise ValueError(f"{' and '.join(sized)} sets a size, which detection does not use: every image is "
+                                 f"resized whole to model.input_shape's H x W {tuple(self.model.input_shape[-2:])} "
+                                 f"and crops are the IoU-constrained SSD crops; remove resize / center_crop / "
+                                 f"random_resized_crop")
             self.data._defaults = {k: "default: the detector's own rule" for k in _TRANSFORMS if k not in given}
             return self
         if len(self.model.input_shape) != 3:

@@ -36,3 +36,15 @@ def test_detection_transforms_are_the_ones_the_plan_prints_and_the_card_records(
     card = json.loads((run / "preprocess.json").read_text())
     assert transform_lines(card["transforms"]) == printed
     assert [line for line in (run / "plan.txt").read_text().splitlines() if " transform: " in line] == printed
+
+
+def test_a_detection_transform_with_a_size_is_refused_by_plan(small_voc, tmp_path, capsys):
+    r = _recipe(small_voc)
+    r["data"]["val_transform"] = {"resize": 128}
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(r))
+    code, out, err = helpers.run_cli(capsys, "plan", "-r", str(path))
+    text = " ".join(err.split())
+    assert code == 2 and out == ""
+    assert "data.val_transform (resize: 128) sets a size, which detection does not use" in text
+    assert "H x W (128, 96)" in text and "remove resize / center_crop / random_resized_crop" in text
