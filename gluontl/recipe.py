@@ -595,12 +595,12 @@ class Recipe(Strict):
             if size is not None and (size, size) != (h, w):
                 wrong.append((key, f"data.{key} makes {size}x{size} images ({spec.sizes()})"))
             elif size is None and h == w:
-                flip = (key == "train_transform" and key not in given
-                        and not (self.train.cache_features == "on" and self.train.cache_views == 0))
-                filled[key] = spec.model_copy(update={"resize": h, "flip": spec.flip or flip})
-                defaults[key] = (f"{'default' if key not in given else 'size'} from model.input_shape {shape}"
-                                 + (", no flip: train.cache_features: on caches one view" if key not in given
-                                    and key == "train_transform" and not flip else ""))
+                whole = key not in given  # else a transform without a size: it gets the size only
+                flip = whole and key == "train_transform"
+                one_view = flip and self.train.cache_features == "on" and self.train.cache_views == 0
+                filled[key] = spec.model_copy(update={"resize": h, "flip": spec.flip or (flip and not one_view)})
+                defaults[key] = (f"{'default' if whole else 'size'} from model.input_shape {shape}"
+                                 + (", no flip: train.cache_features: on caches one view" if one_view else ""))
             elif size is None:
                 wrong.append((key, f"data.{key} gives no size, and gluontl's transforms make square images"))
         if wrong:
@@ -610,7 +610,8 @@ class Recipe(Strict):
                    f"change model.input_shape to the size the transform makes" if h == w else
                    "Give a square model.input_shape [C, S, S] and a transform of size S")
             raise PydanticCustomError(
-                "transform_size", f"{'; '.join(w for _, w in wrong)}, but model.input_shape {shape} takes {h}x{w} images "
+                "transform_size", f"{'; '.join(text for _, text in wrong)}, but model.input_shape {shape} takes "
+                f"{h}x{w} images "
                 f"(H x W), the one size the model is built for (hybridized with static shapes, a frozen prefix "
                 f"run by onnxruntime, the exported ONNX). {fix}",
                 {"keys": [("model", "input_shape"), *(("data", k) for k, _ in wrong)]})

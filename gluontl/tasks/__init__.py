@@ -49,7 +49,8 @@ class Task(Protocol):
         """The train and val pipelines the run uses (:func:`transform_record`), for the plan and the card."""
 
 
-def transform_record(recipe: Recipe, describe: Callable[[TransformSpec, bool], str]) -> dict[str, dict[str, str | None]]:
+def transform_record(recipe: Recipe, describe: Callable[[TransformSpec, bool], str]
+                     ) -> dict[str, dict[str, str | None]]:
     """``{"train": {"steps": ..., "default": ...}, "val": ...}``: each pipeline as ``describe``
     words it, and why it is gluontl's default (None: the recipe's own)."""
     data = recipe.data
