@@ -108,8 +108,8 @@ def test_frozen_batchnorm_passes_when_its_statistics_were_loaded(resnet_weights)
     assert findings(recipe(zoo(), [{"type": "BatchNorm", "bn": "train"}], {"head": {"classes": 2}})) == []
 
 
-def test_statistics_loaded_from_a_file_count_even_at_zero_and_one(tmp_path):
-    """A BatchNorm exported before it saw data: mean 0 / var 1 in the file, but loaded from it."""
+def _bn_symbol(folder):
+    """A small conv net with one BatchNorm, exported before it saw data (statistics 0 / 1)."""
     mx.random.seed(2)
     net = mx.gluon.nn.HybridSequential()
     net.add(mx.gluon.nn.Conv2D(4, 3), mx.gluon.nn.BatchNorm(), mx.gluon.nn.Activation("relu"),
@@ -117,8 +117,13 @@ def test_statistics_loaded_from_a_file_count_even_at_zero_and_one(tmp_path):
     net.initialize(mx.init.Xavier())
     net.hybridize()
     net(mx.nd.zeros((1, 3, 16, 16)))
-    net.export(str(tmp_path / "bn"))
-    r = recipe({"source": f"symbol:{tmp_path / 'bn'}"}, FROZEN_BN)
+    net.export(str(folder / "bn"))
+    return f"symbol:{folder / 'bn'}"
+
+
+def test_statistics_loaded_from_a_file_count_even_at_zero_and_one(tmp_path):
+    """A BatchNorm exported before it saw data: mean 0 / var 1 in the file, but loaded from it."""
+    r = recipe({"source": _bn_symbol(tmp_path)}, FROZEN_BN)
     prep = prepare(r)
     stats = [prep.block.collect_params()[row.global_name].data().asnumpy() for row in prep.plan.rows if row.aux]
     assert len(stats) == 2 and {float(s.min()) for s in stats} == {0.0, 1.0}  # still at init, and loaded
@@ -356,18 +361,6 @@ def test_spread_is_the_rms_of_per_feature_std_and_of_the_batch_mean():
     assert spread == pytest.approx(math.sqrt((1 + 0 + 16) / 3), rel=1e-12)
     assert size == pytest.approx(math.sqrt((4 + 4 + 1) / 3), rel=1e-12)
     assert _spread(a.reshape(2, 3, 1)) == (spread, size)  # feature maps are flattened per image
-
-
-def _bn_symbol(folder):
-    mx.random.seed(2)
-    net = mx.gluon.nn.HybridSequential()
-    net.add(mx.gluon.nn.Conv2D(4, 3), mx.gluon.nn.BatchNorm(), mx.gluon.nn.Activation("relu"),
-            mx.gluon.nn.GlobalAvgPool2D(), mx.gluon.nn.Dense(2))
-    net.initialize(mx.init.Xavier())
-    net.hybridize()
-    net(mx.nd.zeros((1, 3, 16, 16)))
-    net.export(str(folder / "bn"))
-    return f"symbol:{folder / 'bn'}"
 
 
 @pytest.mark.parametrize("stat, nudge", [("running_mean", 1e-6), ("running_var", -1e-6), ("running_var", 1e-6)])
