@@ -437,3 +437,51 @@ def test_features_are_compared_on_two_to_eight_images_of_the_first_batch(tmp_pat
     off = r.model_copy(update={"train": r.train.model_copy(update={"guards": r.train.guards.model_copy(
         update={"collapsed_features": "off"})})})
     assert check_features(off, prep.block, prep.plan, None, mx.cpu()) == []  # off: not even a forward pass
+
+
+def test_where_the_weights_came_from_in_words(tmp_path, resnet_weights):
+    source = _bn_symbol(tmp_path)
+    words = {}
+    for name, r in {"symbol": recipe({"source": source}), "random": recipe({"source": source, "random_init": True}),
+                    "zoo": recipe(zoo(), [], {"head": {"classes": 2}}),
+                    "restored": recipe(zoo(weights=resnet_weights, restore={"only": ["features.*"]}), [],
+                                       {"head": {"classes": 2}})}.items():
+        w = weights_of(r, prepare(r))
+        words[name] = (w.text, len(w.loaded), len(w.fresh))
+    assert words == {
+        "symbol": (f"weights: {tmp_path / 'bn'} (from the symbol checkpoint)", 8, 0),
+        "random": ("weights: none — random init (model.random_init: true)", 0, 8),
+        "zoo": ("weights: none — random init (zoo:resnet18_v1 without model.pretrained: true or model.weights)",
+                0, 102),
+        "restored": (f"weights: {resnet_weights} (restored 100 of 102 arrays); 2 arrays start from a fresh init "
+                     f"(output.weight, output.bias)", 100, 2)}
+
+
+@pytest.mark.parametrize("level, label", [("error", "error at finetune: "), ("warn", "warning: "), ("off", None)])
+def test_plan_flags_in_the_words_of_each_level(level, label):
+    from gluontl.train.guards import plan_flags
+
+    r = recipe(zoo(), HEAD_ONLY, {"head": {"classes": 2}},
+               guards={"random_backbone": level, "unloaded_bn_stats": "off"})
+    text, lines = plan_flags(r, prepare(r))
+    assert text == "weights: none — random init (zoo:resnet18_v1 without model.pretrained: true or model.weights)"
+    if label is None:
+        assert lines == []
+        return
+    (line,) = lines
+    assert line.startswith(f"{label}The rules freeze 60 parameter(s) (grad_req null, rule 1.1) for the whole run, "
+                           f"but none of them was loaded from anywhere — {text}. A frozen random backbone stays")
+    assert ("(e.g. features.0.weight, features.1.gamma, features.1.beta, features.4.0.body.0.weight … (60 in "
+            "all))") in line
+    advice = ("If this is intended, set train.guards.random_backbone: warn (train anyway, with a warning) or off."
+              if level == "error" else "To silence this warning set train.guards.random_backbone: off (error stops "
+              "such runs).")
+    assert line.endswith(advice)
+
+
+def test_few_names():
+    from gluontl.train.guards import _few
+
+    assert _few(list("abcd")) == "a, b, c, d"
+    assert _few(list("abcde")) == "a, b, c, d … (5 in all)"
+    assert _few(list("abc"), 2) == "a, b … (3 in all)"
