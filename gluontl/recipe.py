@@ -202,17 +202,24 @@ class ModelSpec(Strict):
 
     @model_validator(mode="before")
     @classmethod
-    def _zoo_size(cls, data: Any) -> Any:
-        """Without ``input_shape`` a zoo model gets the size its family is made for (InceptionV3: 299)."""
+    def _declared_size(cls, data: Any) -> Any:
+        """Without ``input_shape`` a zoo model gets the size its family is made for (InceptionV3: 299),
+        an ONNX file the C, H, W its first input declares (when all three are numbers)."""
         if isinstance(data, Mapping) and "input_shape" not in data and isinstance(data.get("source"), str):
             try:
                 source = resolve_source(data["source"])
+                if source.startswith("zoo:"):
+                    from .sources import zoo_input_shape
+
+                    return {**data, "input_shape": zoo_input_shape(source)}
+                if source.startswith("onnx:"):
+                    from .sources import model_inputs
+
+                    declared = (model_inputs(source) or [("", None)])[0][1]
+                    if declared and len(declared) == 4 and all(isinstance(d, int) and d > 0 for d in declared[1:]):
+                        return {**data, "input_shape": tuple(declared[1:])}
             except ModelSourceError:
                 return data  # the source field's own validation says what is wrong
-            if source.startswith("zoo:"):
-                from .sources import zoo_input_shape
-
-                data = {**data, "input_shape": zoo_input_shape(source)}
         return data
 
 

@@ -197,3 +197,12 @@ def test_the_readme_recipe_trains_exports_and_predicts_on_photos_of_any_size(tmp
     prob = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
     assert onnx_top[0][0] == ["blue", "red"][int(prob.argmax())]
     np.testing.assert_allclose(onnx_top[0][1], prob.max(), rtol=1e-5)
+
+
+def test_an_onnx_file_declares_the_size_when_the_recipe_gives_none():
+    fixtures = Path(__file__).resolve().parents[1] / "onnx" / "fixtures"
+    r = parse_recipe({**MINIMAL, "model": {"source": str(fixtures / "resnet_legacy_op13_nofold.onnx")}})
+    assert r.model.input_shape == (3, 32, 32) and r.data.val_transform == TransformSpec(resize=32)
+    # symbolic H, W: the default size
+    dynamic = parse_recipe({**MINIMAL, "model": {"source": str(fixtures / "resnet_legacy_op13_dynhw.onnx")}})
+    assert dynamic.model.input_shape == (3, 224, 224)
