@@ -19,7 +19,7 @@ from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
                       model_validator)
 from pydantic_core import PydanticCustomError
 
-from .errors import ModelSourceError, RecipeError, RuleError
+from .errors import GluontlError, ModelSourceError, RecipeError, RuleError
 
 GradReq = Literal["write", "null", "add"]
 BNMode = Literal["train", "frozen"]
@@ -218,8 +218,8 @@ class ModelSpec(Strict):
                     declared = (model_inputs(source) or [("", None)])[0][1]
                     if declared and len(declared) == 4 and all(isinstance(d, int) and d > 0 for d in declared[1:]):
                         return {**data, "input_shape": tuple(declared[1:])}
-            except ModelSourceError:
-                return data  # the source field's own validation says what is wrong
+            except GluontlError:  # the source's own validation, or its loader, says what is wrong
+                return data
         return data
 
 
