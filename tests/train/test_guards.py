@@ -394,29 +394,111 @@ def test_a_frozen_backbone_is_an_error_when_all_of_it_is_random_and_a_warning_wh
     assert check_weights(every, prep, w) == []
 
 
-@pytest.mark.parametrize("level, raised, warned", [("error", True, 0), ("warn", False, 1), ("off", False, 0)])
-def test_guard_levels(tmp_path, level, raised, warned):
+@pytest.mark.parametrize("level", ["error", "warn", "off"])
+def test_guard_levels(tmp_path, monkeypatch, level):
     from gluontl.recipe import GuardsSpec
     from gluontl.train.guards import Finding, GuardLog
 
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "run"
+    run.mkdir()
     said = []
-    log = GuardLog(GuardsSpec(stuck_loss=level), said.append)
-    log.attach(tmp_path)
-    if raised:
-        with pytest.raises(TrainError, match="boom. If this is intended, set train.guards.stuck_loss: warn"):
-            log.handle([Finding("stuck_loss", "boom.")])
-    else:
-        log.handle([Finding("stuck_loss", "boom.")])
-    assert len(said) == warned == len(log.warnings)
-    # a warn-level finding never stops a run
-    log.handle([Finding("stuck_loss", "soft.", level="warn")])
-    assert len(log.warnings) == warned + (level != "off")
-    if log.warnings:
-        saved = json.loads((tmp_path / "warnings.json").read_text())
-        assert saved == log.warnings and "train.guards.stuck_loss: off" in saved[-1]["message"]
-        again = GuardLog(GuardsSpec(), said.append)
-        again.attach(tmp_path)  # a resumed run keeps what its start found
-        assert again.warnings == log.warnings
+    log = GuardLog(GuardsSpec(stuck_loss=level, collapsed_features="off"), said.append)
+    advice = "To silence this warning set train.guards.stuck_loss: off (error stops such runs)."
+    if level == "error":
+        with pytest.raises(TrainError) as e:
+            log.handle([Finding("collapsed_features", "quiet."), Finding("stuck_loss", "boom.")])
+        assert str(e.value) == ("boom. If this is intended, set train.guards.stuck_loss: warn (train anyway, with a "
+                                "warning) or off.")
+    else:  # an "off" guard is skipped, the next finding still counts
+        log.handle([Finding("collapsed_features", "quiet."), Finding("stuck_loss", "boom.")])
+    want = [{"guard": "stuck_loss", "message": f"boom. {advice}"}] if level == "warn" else []
+    assert log.warnings == want and said == [f"warning: {w['message']}" for w in want]
+    log.handle([Finding("stuck_loss", "soft.", level="warn")])  # a warn-level finding never stops a run
+    if level != "off":
+        want.append({"guard": "stuck_loss", "message": f"soft. {advice}"})
+    assert log.warnings == want
+    assert not (tmp_path / "warnings.json").exists()  # nowhere to write before the run folder is known
+    log.attach(run)
+    saved = run / "warnings.json"
+    assert (saved.read_text() == json.dumps(want, indent=1)) if want else not saved.exists()
+
+
+def test_a_resumed_run_keeps_the_warnings_its_start_found(tmp_path):
+    from gluontl.recipe import GuardsSpec
+    from gluontl.train.guards import Finding, GuardLog
+
+    earlier = [{"guard": "stuck_loss", "message": "from the first call — é"}]
+    (tmp_path / "warnings.json").write_text(json.dumps(earlier), encoding="utf-8")
+    resumed = GuardLog(GuardsSpec())
+    resumed.attach(tmp_path)
+    assert resumed.warnings == earlier
+    fresh = GuardLog(GuardsSpec(), lambda _: None)
+    fresh.handle([Finding("stuck_loss", "new.", level="warn")])
+    fresh.attach(tmp_path)  # a new run's own warnings replace what a folder held
+    assert [w["message"].split(" ")[0] for w in json.loads((tmp_path / "warnings.json").read_text())] == ["new."]
+    (tmp_path / "warnings.json").write_text("{not json")
+    damaged = GuardLog(GuardsSpec())
+    damaged.attach(tmp_path)  # a damaged record loses the old warnings, not the run
+    assert damaged.warnings == []
+    blocked = GuardLog(GuardsSpec(), lambda _: None)
+    blocked.handle([Finding("stuck_loss", "x.", level="warn")])
+    (tmp_path / "file").write_text("")
+    with pytest.raises(TrainError):
+        blocked.attach(tmp_path / "file")  # a run folder that is a file: the write fails as a TrainError
+
+
+def test_stuck_and_collapse_limits_are_inclusive():
+    c = math.log(108)  # ln 108 + 1 % of it lies exactly 1 % from ln 108 in float64 (checked below)
+    v = c + STUCK_RTOL * c
+    assert abs(float(np.mean([v])) - c) == STUCK_RTOL * c
+    assert [f.guard for f in check_first_epoch([v], STUCK_MIN_STEPS, 108)] == ["stuck_loss"]
+    from gluontl.train.guards import _spread
+
+    rows = np.array([[COLLAPSE_RTOL], [-COLLAPSE_RTOL]])
+    assert _spread(rows) == (COLLAPSE_RTOL, 0.0) and collapsed(rows)
+
+
+def test_frozen_throughout_is_frozen_in_the_plan_of_every_epoch_a_rule_starts(tmp_path):
+    source = _bn_symbol(tmp_path)
+    rules = [{"match": "*conv*", "grad_req": "null"}, {"match": "*dense*", "grad_req": "null"},
+             {"match": "*dense*", "grad_req": "write", "from_epoch": 2}]
+    later = recipe({"source": source, "random_init": True}, rules, epochs=3)
+    (f,) = check_weights(later, prepare(later))
+    # the conv only: the dense layer trains from epoch 2; the message names both freezing rules
+    assert f.message.startswith("The rules freeze 2 parameter(s) (grad_req null, rule 1) for the whole run")
+    both = recipe({"source": source, "random_init": True}, rules[:2] + [{"match": "*batchnorm*", "grad_req": "null"}])
+    (f,) = check_weights(both, prepare(both))
+    assert f.message.startswith("The rules freeze 6 parameter(s) (grad_req null, rule 1, 2, 3) for the whole run")
+    # frozen only from epoch 1 on: it trains in epoch 0, so it is not a frozen backbone
+    late = recipe({"source": source, "random_init": True}, [{"match": "*", "grad_req": "null", "from_epoch": 1}],
+                  epochs=2)
+    assert check_weights(late, prepare(late)) == []
+
+
+def test_features_are_not_compared_without_a_frozen_prefix_or_between_identical_images(tmp_path):
+    import cv2
+
+    from gluontl.train.data import make_loaders
+    from gluontl.train.guards import check_features
+
+    prefix = _symbol(tmp_path, 0.0)
+    r = symbol_recipe(prefix)
+    prep = prepare(r)
+    assert check_features(r, prep.block, prep.plan, make_loaders(r.data, seed=0), mx.cpu()) != []
+    whole = symbol_recipe(prefix).model_copy(update={"rules": []})  # everything trains: no prefix
+    prep = prepare(whole)
+    assert check_features(whole, prep.block, prep.plan, make_loaders(whole.data, seed=0), mx.cpu()) == []
+    same = np.full((16, 16, 3), 120, np.uint8)
+    for name in ("a", "b"):
+        (tmp_path / "same" / name).mkdir(parents=True)
+        for i in range(4):
+            cv2.imwrite(str(tmp_path / "same" / name / f"{i}.png"), same)
+    twins = symbol_recipe(prefix, guards={"collapsed_features": "error"})
+    twins = twins.model_copy(update={"data": twins.data.model_copy(update={
+        "source": f"folder:{tmp_path / 'same'}", "classes": None, "batch_size": 4})})
+    prep = prepare(twins)
+    assert check_features(twins, prep.block, prep.plan, make_loaders(twins.data, seed=0), mx.cpu()) == []
 
 
 @pytest.mark.parametrize("batch, checked", [(1, None), (2, 2), (7, 7), (8, 8), (9, 8)])
