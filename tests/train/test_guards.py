@@ -567,3 +567,34 @@ def test_few_names():
     assert _few(list("abcd")) == "a, b, c, d"
     assert _few(list("abcde")) == "a, b, c, d … (5 in all)"
     assert _few(list("abc"), 2) == "a, b … (3 in all)"
+
+
+def test_a_new_head_and_a_partial_restore_in_the_weights_line(tmp_path):
+    source = _bn_symbol(tmp_path)
+    head = recipe({"source": source}, [], {"head": {"classes": 3}})
+    w = weights_of(head, prepare(head))
+    assert w.text == (f"weights: {tmp_path / 'bn'} (from the symbol checkpoint); 2 arrays start from a fresh init "
+                      f"(head.fc.weight, head.fc.bias)")
+    assert w.fresh == ["head.fc.weight", "head.fc.bias"] and len(w.loaded) == 6  # the old dense layer is cut
+    # a restore of part of the file on top of the symbol's own weights: everything counts as loaded
+    part = recipe({"source": source, "weights": str(tmp_path / "bn-0000.params"), "restore": {"only": ["*conv*"]}})
+    w = weights_of(part, prepare(part))
+    assert w.text == f"weights: {tmp_path / 'bn-0000.params'} (restored 2 of 8 arrays)" and w.fresh == []
+    onnx = recipe({"source": str(Path(__file__).parents[1] / "onnx" / "fixtures" / "resnet_legacy_op13_nofold.onnx"),
+                   "input_shape": [3, 32, 32]}, data={**DATA, "train_transform": {}, "val_transform": {}})
+    assert weights_of(onnx, prepare(onnx)).text.endswith("resnet_legacy_op13_nofold.onnx (from the ONNX file)")
+
+
+def test_rule_lists_in_the_warning_and_the_batchnorm_error(resnet_weights):
+    from gluontl.train.guards import plan_flags
+
+    freeze = [{"match": m, "grad_req": "null"} for m in ("features.0.*", "features.1.*", "features.4.0.*")]
+    part = recipe(zoo(weights=resnet_weights, restore={"only": ["features.0.*"]}), freeze, {"head": {"classes": 2}},
+                  guards={"unloaded_bn_stats": "off"})
+    _, (line,) = plan_flags(part, prepare(part))
+    assert line.startswith("warning: ") and "(frozen by rule 2, 3; weights: " in line  # a warning even at error
+    assert line.endswith("To silence this warning set train.guards.random_backbone: off (error stops such runs).")
+    bn = recipe(zoo(), [{"match": "features.1.*", "bn": "frozen"}, {"match": "features.4.0.body.1.*", "bn": "frozen"}],
+                {"head": {"classes": 2}})
+    (f,) = check_weights(bn, prepare(bn))
+    assert f.message.startswith("2 BatchNorm layer(s) are in bn: frozen (rule 1, 2) but their running statistics")
