@@ -48,6 +48,7 @@ def plan(recipe: Path = RecipeOpt, set_: Optional[List[str]] = SetOpt,
     r = resolve_backend(load_recipe(recipe, set_))  # before MXNet is imported: a bad recipe fails at once
     from .pipeline import prepare
     from .rules import format_plan
+    from .tasks import get_task, transform_lines
     from .train.cache import preview
     from .train.guards import plan_flags
 
@@ -75,11 +76,13 @@ def plan(recipe: Path = RecipeOpt, set_: Optional[List[str]] = SetOpt,
         split = split_preview(r.data) if r.data is not None else None
     # what the guards of finetune will say about these weights and rules
     weights, flags = (weights, []) if pending else plan_flags(r, prep)
+    transforms = get_task(r).transforms(r) if r.data is not None else None
     if as_json:
         out = prep.plan.to_json()
         out["weights"] = weights
         out["restore"] = prep.restore.lines() if prep.restore else []
         out["feature_cache"] = cache
+        out["transforms"] = transforms
         out["guards"] = flags
         if split:
             out["split"] = {k: v for k, v in split[0].to_json().items() if k != "val"}
@@ -92,6 +95,8 @@ def plan(recipe: Path = RecipeOpt, set_: Optional[List[str]] = SetOpt,
     typer.echo(cache)
     if split:
         typer.echo(split[0].summary(*split[1:]) + " (as listed: finetune leaves out bad images)")
+    for line in transform_lines(transforms) if transforms else []:
+        typer.echo(line)
     for line in flags:
         typer.echo(line)
     if pending:

@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Annotated, Any, Iterable, Literal, Mapping, TypeVar, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator,
+                      model_validator)
+from pydantic_core import PydanticCustomError
 
 from .errors import GluontlError, ModelSourceError, RecipeError, RuleError
 
@@ -202,17 +204,24 @@ class ModelSpec(Strict):
 
     @model_validator(mode="before")
     @classmethod
-    def _zoo_size(cls, data: Any) -> Any:
-        """Without ``input_shape`` a zoo model gets the size its family is made for (InceptionV3: 299)."""
+    def _declared_size(cls, data: Any) -> Any:
+        """Without ``input_shape`` a zoo model gets the size its family is made for (InceptionV3: 299),
+        an ONNX file the C, H, W its first input declares (when all three are numbers)."""
         if isinstance(data, Mapping) and "input_shape" not in data and isinstance(data.get("source"), str):
             try:
                 source = resolve_source(data["source"])
-            except ModelSourceError:
-                return data  # the source field's own validation says what is wrong
-            if source.startswith("zoo:"):
-                from .sources import zoo_input_shape
+                if source.startswith("zoo:"):
+                    from .sources import zoo_input_shape
 
-                data = {**data, "input_shape": zoo_input_shape(source)}
+                    return {**data, "input_shape": zoo_input_shape(source)}
+                if source.startswith("onnx:"):
+                    from .sources import model_inputs
+
+                    declared = (model_inputs(source) or [("", None)])[0][1]
+                    if declared and len(declared) == 4 and all(isinstance(d, int) and d > 0 for d in declared[1:]):
+                        return {**data, "input_shape": tuple(declared[1:])}
+            except GluontlError:  # the source's own validation, or its loader, says what is wrong
+                return data
         return data
 
 
@@ -332,6 +341,16 @@ class TransformSpec(Strict):
     color_jitter: float = Field(default=0.0, ge=0.0, le=1.0)
     normalize: Literal["imagenet", "none"] | tuple[tuple[float, float, float], tuple[float, float, float]] = "imagenet"
 
+    def out_size(self) -> int | None:
+        """The side of the square image this transform makes (train and evaluation alike: the last
+        crop, else the resize), or None when it keeps each image's own size."""
+        return self.center_crop or self.random_resized_crop or self.resize
+
+    def sizes(self) -> str:
+        """The size keys as a recipe writes them, e.g. ``resize: 256, center_crop: 224``."""
+        return ", ".join(f"{k}: {getattr(self, k)}" for k in ("resize", "random_resized_crop", "center_crop")
+                         if getattr(self, k))
+
 
 class DataSpec(Strict):
     source: str = Field(description="demo:digits | demo:elpv | folder:PATH | rec:PATH.rec | list:PATH.csv; "
@@ -352,6 +371,14 @@ class DataSpec(Strict):
         "distributed) and leaves out the rest of its shuffled order, another set each epoch (the run's plan says "
         "how many); keep: trains them as a smaller last batch (distributed: split over the workers, unless fewer "
         "than the workers are left)")
+    # transform key -> why it is (partly) a default rather than the recipe's own, and the transform as the
+    # recipe gave it (None: not at all); see Recipe._transforms_fit
+    _defaults: dict[str, str] = PrivateAttr(default_factory=dict)
+    _given: dict[str, TransformSpec | None] = PrivateAttr(default_factory=dict)
+
+    def transform_default(self, key: str) -> str | None:
+        """Why ``key`` (train_transform / val_transform) is gluontl's default, None when the recipe gave it."""
+        return self._defaults.get(key)
 
     @field_validator("classes", mode="before")
     @classmethod
@@ -490,6 +517,7 @@ class ExportSpec(Strict):
     lean: bool = True
 
 
+_TRANSFORMS = ("train_transform", "val_transform")
 DETECTION_SOURCES = ("voc:", "coco:", "yolo:", "demo:digits_det")
 TASK_METRICS = {"classification": ("val_top1", "val_balanced_acc", "val_loss"),
                 "detection": ("val_map50", "val_map")}
@@ -553,6 +581,63 @@ class Recipe(Strict):
                              "chooses which class rows start from old ones)")
         return self
 
+    @model_validator(mode="after")
+    def _transforms_fit(self) -> "Recipe":
+        """Transforms a recipe leaves out, or gives without a size, come from ``model.input_shape``
+        (timm's ``resolve_data_config``): evaluation scales the shorter side to H and takes the
+        centre H x W; training adds a horizontal flip. A size that differs from the input size is
+        refused here, before any work: hybridized blocks (static shapes), the onnxruntime prefix and
+        exports are built for that one size."""
+        if self.data is None:
+            return self
+        given = self.data.model_fields_set
+        if self.task == "detection":  # a detector resizes every image to input_shape's H, W itself
+            sized = [f"data.{k} ({getattr(self.data, k).sizes()})" for k in _TRANSFORMS
+                     if getattr(self.data, k).out_size() is not None]
+            if sized:
+                raise ValueError(f"{' and '.join(sized)} sets a size, which detection does not use: every image is "
+                                 f"resized whole to model.input_shape's H x W {tuple(self.model.input_shape[-2:])} "
+                                 f"and crops are the IoU-constrained SSD crops; remove resize / center_crop / "
+                                 f"random_resized_crop")
+            self.data._defaults = {k: "default: the detector's own rule" for k in _TRANSFORMS if k not in given}
+            return self
+        if len(self.model.input_shape) != 3:
+            return self
+        shape, (_, h, w) = list(self.model.input_shape), self.model.input_shape
+        filled, defaults, wrong = {}, {}, []
+        for key in _TRANSFORMS:
+            spec = getattr(self.data, key)
+            size = spec.out_size()
+            if size is not None and (size, size) != (h, w):
+                wrong.append((key, f"data.{key} makes {size}x{size} images ({spec.sizes()})"))
+            elif size is None and h == w:
+                whole = key not in given  # else a transform without a size: it gets the size only
+                flip = whole and key == "train_transform"
+                one_view = flip and self.train.cache_features == "on" and self.train.cache_views == 0
+                filled[key] = spec.model_copy(update={"resize": h, "flip": spec.flip or (flip and not one_view)})
+                defaults[key] = (f"{'default' if whole else 'size'} from model.input_shape {shape}"
+                                 + (", no flip: train.cache_features: on caches one view" if one_view else ""))
+            elif size is None:
+                wrong.append((key, f"data.{key} gives no size, and gluontl's transforms make square images"))
+        if wrong:
+            fix = (f"Give {' and '.join(f'data.{k}' for k, _ in wrong)} the size {h} (resize: {h}; or resize: "
+                   f"N >= {h} with center_crop: {h}), "
+                   f"or leave the sizes out to get the default (shorter side to {h}, centre crop {h}x{w}), or "
+                   f"change model.input_shape to the size the transform makes" if h == w else
+                   "Give a square model.input_shape [C, S, S] and a transform of size S")
+            raise PydanticCustomError(
+                "transform_size", f"{'; '.join(text for _, text in wrong)}, but model.input_shape {shape} takes "
+                f"{h}x{w} images "
+                f"(H x W), the one size the model is built for (hybridized with static shapes, a frozen prefix "
+                f"run by onnxruntime, the exported ONNX). {fix}",
+                {"keys": [("model", "input_shape"), *(("data", k) for k, _ in wrong)]})
+        if filled:
+            data = self.data.model_copy(update=filled)
+            data._defaults = defaults
+            data._given = {k: getattr(self.data, k) if k in given else None for k in filled}
+            object.__setattr__(self, "data", data)  # frozen: this validator completes construction
+        return self
+
     def differences(self, other: "Recipe", *sections: str) -> list[str]:
         """``key.path: old -> new`` for every leaf that differs (what a refused resume reports)."""
         def leaves(d: Any, path: str = "") -> dict[str, Any]:
@@ -565,10 +650,26 @@ class Recipe(Strict):
         return [f"{k}: {mine.get(k)!r} -> {theirs.get(k)!r}" for k in sorted(set(mine) | set(theirs))
                 if mine.get(k) != theirs.get(k)]
 
+    def as_written(self) -> dict[str, Any]:
+        """The recipe as YAML data that loads back to it (a run folder's recipe.yaml): transforms
+        derived from the model's input size are left out, to be derived again (and shown as
+        defaults) when it is loaded."""
+        out = self.model_dump(mode="json", exclude_none=True)
+        for key, spec in (self.data._given if self.data is not None else {}).items():
+            if spec is None:
+                del out["data"][key]
+            else:
+                out["data"][key] = spec.model_dump(mode="json", exclude_none=True)
+        return out
+
     def digest(self, *sections: str) -> str:
         """Hash of the sections that decide what a run computes (for resume checks); guards
-        only watch a run, so a resume may change them."""
+        only watch a run, so a resume may change them. Transforms count as the recipe wrote them
+        (what is derived from them is a function of the rest), so digests are those of before
+        defaults existed."""
         data = self.model_dump(mode="json", include=set(sections) or None, exclude={"train": {"guards"}})
+        for key, spec in (self.data._given if self.data is not None and "data" in data else {}).items():
+            data["data"][key] = (spec or TransformSpec()).model_dump(mode="json")
         dist = data.get("train", {}).pop("distributed", None)
         if dist and dist["backend"] not in (None, "none"):  # absent when not distributed: runs from before it agree
             data["train"]["distributed"] = {k: v for k, v in dist.items() if k != "step_timeout"}
@@ -609,6 +710,8 @@ def _describe(err: Mapping[str, Any], root: type[BaseModel] = Recipe) -> str:
         return f"unknown key '{loc}'" + (suggest(err["loc"][-1], section.model_fields) if section else "")
     if kind == "missing":
         return f"missing required key '{loc}'"
+    if kind == "transform_size":  # names its keys itself
+        return msg
     msg = msg.removeprefix("Value error, ")
     if kind == "literal_error":
         expected = re.findall(r"'([^']*)'", str(err.get("ctx", {}).get("expected", "")))
@@ -671,7 +774,7 @@ def parse_recipe(data: Any, origin: str = "<recipe>",
     try:
         return Recipe(**data)
     except ValidationError as e:
-        found = [(_describe(err), _culprit(written, err["loc"])) for err in e.errors()]
+        found = [(_describe(err), _culprit(written, err)) for err in e.errors()]
         if all(ov for _, ov in found):
             problems = "; ".join(f"--set {ov!r}: {d}" for d, ov in found)
             raise RecipeError(f"Invalid --set value: {problems}. Fix the value given with --set (list items, "
@@ -694,15 +797,17 @@ def resolve_backend(recipe: Recipe) -> Recipe:
     if os.environ.get("DMLC_ROLE") != "worker":
         train = recipe.train.model_copy(update={"distributed": spec.model_copy(update={"backend": "none"})})
         return recipe.model_copy(update={"train": train})
-    data = recipe.model_dump(mode="json", exclude_none=True)
+    data = recipe.as_written()  # transforms as written: defaults are derived again, and marked so
     data["train"]["distributed"]["backend"] = "kvstore"
     return parse_recipe(data, origin=f"recipe '{recipe.name}' (train.distributed.backend unset: kvstore in a "
                                      f"launched worker)")
 
 
-def _culprit(written: list[tuple[tuple, str]], loc: tuple) -> str | None:
-    """The last ``--set`` that wrote at, above or below the key path of a problem."""
-    return next((ov for path, ov in reversed(written)
+def _culprit(written: list[tuple[tuple, str]], err: Mapping[str, Any]) -> str | None:
+    """The last ``--set`` that wrote at, above or below the key path of a problem (or of one of
+    the ``keys`` a recipe-wide problem names)."""
+    locs = err.get("ctx", {}).get("keys") or [err["loc"]]
+    return next((ov for path, ov in reversed(written) for loc in locs
                  if loc[:len(path)] == path or path[:len(loc)] == loc), None)
 
 

@@ -53,6 +53,12 @@ MODULES: dict[str, tuple[str, list[str]]] = {
         "tests/train/test_data.py::test_same_seed_same_batches_other_seed_other_batches",
         "tests/train/test_data.py::test_skip_resumes_with_the_tail_of_the_epoch",
         "tests/train/test_data.py::test_epoch_sampler_keep_and_discard"]),
+    # the by-hand and threshold tests (the finetune runs of test_guards.py take minutes each)
+    "guards": ("gluontl/train/guards.py", [
+        "tests/train/test_guards.py", "-k", "by_hand or just or quarter or ten_steps or spread or nudge or "
+        "frozen_backbone_is or guard_levels or statistics_loaded or later_rule or left_out or two_to_eight or "
+        "zoo_backbone or dead_frozen or nan_weights or words or few_names or resumed_run_keeps or inclusive or "
+        "frozen_throughout or not_compared or weights_line or rule_lists"]),
 }
 
 # mutmut exit codes (mutmut.stats.status_by_exit_code) a mutant can end with

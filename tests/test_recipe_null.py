@@ -8,7 +8,7 @@ from gluontl.errors import RecipeError
 from gluontl.recipe import Rule, load_recipe, parse_recipe
 from gluontl.rules import make_plan
 
-GOOD = {"name": "t", "model": {"source": "zoo:mobilenetv2_0.25", "input_shape": [3, 32, 32]},
+GOOD = {"name": "t", "model": {"source": "zoo:mobilenetv2_0.25", "input_shape": [3, 16, 16]},
         "rules": [{"match": "*", "grad_req": "null"}, {"type": "BatchNorm", "bn": "frozen"}],
         "data": helpers.DIGITS_5_9}
 
@@ -49,7 +49,7 @@ def test_on_off_yes_no_stay_words_where_a_field_takes_words(tmp_path):
     """YAML 1.1 reads off/on/yes/no as booleans; recipes read them as YAML 1.2 does (words), and
     boolean fields still take them."""
     path = tmp_path / "r.yaml"
-    path.write_text("name: t\nmodel: {source: 'zoo:mobilenetv2_0.25'}\n"
+    path.write_text("name: t\nmodel: {source: 'zoo:mobilenetv2_0.25', input_shape: [3, 32, 32]}\n"
                     "data: {source: 'demo:digits', train_transform: {resize: 32, flip: yes}}\n"
                     "train: {cache_features: off, guards: off, hybridize: no}\n")
     r = load_recipe(path)

@@ -28,7 +28,7 @@ import numpy as np
 
 from ..errors import DataError
 from ..recipe import TransformSpec
-from ..train.transforms import _color_jitter, _mean_std, _resize, _to_tensor
+from ..train.transforms import _color_jitter, _mean_std, _resize, _to_tensor, describe_normalize
 
 CROP_CONSTRAINTS = ((0.1, None), (0.3, None), (0.5, None), (0.7, None), (0.9, None), (None, 1.0))
 CROP_SCALE = (0.3, 1.0)
@@ -73,6 +73,16 @@ class DetectionTransform:
         if self.random and self.spec.flip and rng.random() < 0.5:
             img, labels = hflip(img, labels)
         return _to_tensor(img, self.mean, self.std), labels
+
+
+def describe(spec: TransformSpec, input_hw: tuple[int, int], train: bool) -> str:
+    """The pipeline :class:`DetectionTransform` runs (default crop, no zoom-out), as the plan and
+    the run card show it."""
+    resize_to = f"resize to {input_hw[0]}x{input_hw[1]} (H x W, aspect not kept)"
+    parts = ([f"colour jitter {spec.color_jitter:g}"] if spec.color_jitter else []) + \
+        ["SSD IoU-constrained random crop", resize_to] + (["horizontal flip (p 1/2)"] if spec.flip else []) \
+        if train else [resize_to]
+    return ", ".join([*parts, describe_normalize(spec)])
 
 
 def resize(img: np.ndarray, labels: np.ndarray, hw: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import mxnet as mx
 
-from ..recipe import TASK_METRICS, Recipe
+from ..recipe import TASK_METRICS, Recipe, TransformSpec
 
 Batch = tuple[mx.nd.NDArray, mx.nd.NDArray]
 
@@ -43,7 +43,25 @@ class Task(Protocol):
         """Guard findings after epoch 1."""
 
     def card(self, recipe: Recipe, loaders) -> dict[str, Any]:
-        """The run's preprocess.json: what predict and exports read."""
+        """The run's preprocess.json: what predict and exports read (with :meth:`transforms`)."""
+
+    def transforms(self, recipe: Recipe) -> dict[str, dict[str, str | None]]:
+        """The train and val pipelines the run uses (:func:`transform_record`), for the plan and the card."""
+
+
+def transform_record(recipe: Recipe, describe: Callable[[TransformSpec, bool], str]
+                     ) -> dict[str, dict[str, str | None]]:
+    """``{"train": {"steps": ..., "default": ...}, "val": ...}``: each pipeline as ``describe``
+    words it, and why it is gluontl's default (None: the recipe's own)."""
+    data = recipe.data
+    return {split: {"steps": describe(getattr(data, key), split == "train"), "default": data.transform_default(key)}
+            for split, key in (("train", "train_transform"), ("val", "val_transform"))}
+
+
+def transform_lines(record: dict[str, dict[str, str | None]]) -> list[str]:
+    """A :func:`transform_record` as the plan prints it."""
+    return [f"{split} transform: {r['steps']}" + (f"  [{r['default']}]" if r["default"] else "")
+            for split, r in record.items()]
 
 
 def split(x: mx.nd.NDArray, ctxs: list[mx.Context]) -> list[mx.nd.NDArray]:

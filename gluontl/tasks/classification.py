@@ -11,7 +11,7 @@ from mxnet import autograd, gluon
 from ..errors import TrainError
 from ..pipeline import prepare
 from ..recipe import Recipe
-from . import split
+from . import split, transform_record
 
 
 class Classification:
@@ -55,7 +55,12 @@ class Classification:
     def card(self, recipe: Recipe, loaders) -> dict[str, Any]:
         from ..train.runs import run_card
 
-        return run_card(recipe, recipe.data, loaders.class_names)
+        return {**run_card(recipe, recipe.data, loaders.class_names), "transforms": self.transforms(recipe)}
+
+    def transforms(self, recipe: Recipe) -> dict[str, dict[str, str | None]]:
+        from ..train.transforms import describe
+
+        return transform_record(recipe, describe)
 
 
 def classify(net, xs, ys, loss: Callable) -> tuple[list[mx.nd.NDArray], list[mx.nd.NDArray]]:

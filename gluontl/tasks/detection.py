@@ -23,7 +23,7 @@ from mxnet import autograd
 from ..pipeline import Prepared
 from ..recipe import Recipe
 from ..rules import apply_plan, make_plan
-from . import split
+from . import split, transform_record
 
 
 class Detection:
@@ -80,7 +80,14 @@ class Detection:
     def card(self, recipe: Recipe, loaders) -> dict[str, Any]:
         from ..train.runs import run_card
 
-        return {**run_card(recipe, recipe.data, loaders.class_names), "task": "detection"}
+        return {**run_card(recipe, recipe.data, loaders.class_names), "task": "detection",
+                "transforms": self.transforms(recipe)}
+
+    def transforms(self, recipe: Recipe) -> dict[str, dict[str, str | None]]:
+        from ..detect.augment import describe
+
+        hw = recipe.model.input_shape[-2:]
+        return transform_record(recipe, lambda spec, train: describe(spec, hw, train))
 
 
 def prepare(recipe: Recipe, classes: list[str] | None = None, ctx=None, apply: bool = True) -> Prepared:

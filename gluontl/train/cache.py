@@ -27,7 +27,7 @@ from ..errors import TrainError
 from ..recipe import Recipe, TrainSpec, TransformSpec
 from ..rules import Plan
 from .data import ImageDataset, Loaders
-from .prefix import Engine, Split, choose_engine, split_frozen_prefix
+from .prefix import Engine, Split, check_images, choose_engine, split_frozen_prefix
 from .sampler import EpochSampler
 
 _RANDOM_STEPS = ("random_resized_crop", "flip", "color_jitter")
@@ -155,10 +155,11 @@ class Feed:
 
     def __init__(self, net: HybridBlock, loaders: Loaders, split: Split | None = None,
                  cache: FeatureCache | None = None, engine: Engine | None = None, log: str = "",
-                 val_cache: FeatureCache | None = None) -> None:
+                 val_cache: FeatureCache | None = None, input_shape: tuple[int, ...] | None = None) -> None:
         self.net, self.loaders, self.split, self.cache, self.engine = net, loaders, split, cache, engine
         self.log = log
         self.val_cache = val_cache or cache
+        self.input_shape = input_shape  # images fed to ``net`` itself are checked against it
 
     @property
     def boundary(self) -> str | None:
@@ -172,10 +173,17 @@ class Feed:
         if self.cache is not None:
             return self.cache.train_batches(epoch, skip)
         loader = self.loaders.train_epoch(epoch, skip_batches=skip)
-        return loader if self.engine is None else self._through_engine(loader)
+        return self._checked(loader) if self.engine is None else self._through_engine(loader)
 
     def val_batches(self) -> Iterable[tuple[mx.nd.NDArray, mx.nd.NDArray]]:
-        return self.loaders.val if self.val_cache is None else self.val_cache.val_batches()
+        return self._checked(self.loaders.val) if self.val_cache is None else self.val_cache.val_batches()
+
+    def _checked(self, batches: Iterable[tuple[mx.nd.NDArray, mx.nd.NDArray]]
+                 ) -> Iterator[tuple[mx.nd.NDArray, mx.nd.NDArray]]:
+        for x, y in batches:
+            if self.input_shape is not None:
+                check_images(x.shape, self.input_shape, "the network")
+            yield x, y
 
     def _through_engine(self, loader) -> Iterator[tuple[mx.nd.NDArray, mx.nd.NDArray]]:
         for x, y in loader:
@@ -211,7 +219,8 @@ def build_feed(net: HybridBlock, plan: Plan, recipe: Recipe, loaders: Loaders, c
     per_step = t.prefix_engine == "onnxruntime" or (t.prefix_engine == "auto" and t.cache_features != "off")
     use_engine = split.prefix is not None and (decision.train or per_step)
     if not use_engine:
-        return Feed(net, loaders, split, log=f"feature cache: off ({decision.reason})")
+        return Feed(net, loaders, split, log=f"feature cache: off ({decision.reason})",
+                    input_shape=recipe.model.input_shape)
     if t.hybridize:
         split.suffix.hybridize(static_alloc=True, static_shape=True)
     # per step, onnxruntime must clearly beat MXNet's own step, which skips backward through the prefix
@@ -224,7 +233,8 @@ def build_feed(net: HybridBlock, plan: Plan, recipe: Recipe, loaders: Loaders, c
         return Feed(split.suffix, loaders, split, cache=cache, engine=engine,
                     log=f"feature cache: on ({decision.reason}); {engine_log}")
     if engine.name == "mxnet":  # MXNet already skips backward through the frozen prefix
-        return Feed(net, loaders, split, log=f"feature cache: off ({decision.reason}); {engine_log}")
+        return Feed(net, loaders, split, log=f"feature cache: off ({decision.reason}); {engine_log}",
+                    input_shape=recipe.model.input_shape)
     return Feed(split.suffix, loaders, split, engine=engine, val_cache=cache,
                 log=f"feature cache: off ({decision.reason}); {engine_log}, run every step (val features cached)")
 

@@ -33,7 +33,7 @@ from ..pipeline import with_input_name
 from ..recipe import Recipe, ScheduleSpec, load_recipe, resolve_backend
 from ..naming import named_params
 from ..rules import Plan, apply_plan, format_plan, freeze_bn_stats, make_plan, trainable_params
-from ..tasks import get_task, split
+from ..tasks import get_task, split, transform_lines
 from . import checkpoint
 from .cache import Feed
 from .logs import MetricsLog, WorkerLog, alert, bars_on, epoch_line, progress, say, show
@@ -143,7 +143,7 @@ def _check_resume(run_dir: Path, recipe: Recipe, meta: dict[str, Any], quiet: bo
     if diff:
         say(quiet, f"extending {run_dir}: {'; '.join(diff)}")
         if write:
-            write_text(run_dir / "recipe.yaml", yaml.safe_dump(recipe.model_dump(mode="json", exclude_none=True), sort_keys=False))
+            write_text(run_dir / "recipe.yaml", yaml.safe_dump(recipe.as_written(), sort_keys=False))
 
 
 def _new_run_dir(root: Path, name: str) -> Path:
@@ -354,7 +354,7 @@ def _finetune(recipe: Recipe, dist: Backend, ctxs: list[mx.Context], runs_root: 
         with dist.guard("sharing the run folder's name"):
             run_dir = Path(dist.broadcast_text(str(_new_run_dir(Path(runs_root), recipe.name)) if root else ""))
         if root:
-            write_text(run_dir / "recipe.yaml", yaml.safe_dump(recipe.model_dump(mode="json", exclude_none=True), sort_keys=False))
+            write_text(run_dir / "recipe.yaml", yaml.safe_dump(recipe.as_written(), sort_keys=False))
             if loaders.split is not None:  # an automatic hold-out: which files it held out, for audits
                 write_text(run_dir / "split.json", json.dumps(loaders.split.to_json(), indent=1), TrainError)
                 say(quiet, loaders.split.summary(loaders.train_size, loaders.val_size))
@@ -437,7 +437,7 @@ def _finetune(recipe: Recipe, dist: Backend, ctxs: list[mx.Context], runs_root: 
                             feed.close()
                     feed = new_feed
                     if root:
-                        _write_plan(run_dir, plan, feed, epoch_data)
+                        _write_plan(run_dir, plan, feed, task.transforms(recipe), epoch_data)
                 stepper = Stepper(feed.net, trainer, task.forward, ctxs, dist)
                 feed.prepare(epoch)
                 bar = _bar(feed.train_batches(epoch, skip), epoch, t.epochs, quiet, skip, n_batches)
@@ -560,10 +560,12 @@ def _write_checksum(run_dir: Path, net, rank: int) -> None:
     write_text(run_dir / "logs" / f"worker-{rank}.sha256", h.hexdigest() + "\n", TrainError)
 
 
-def _write_plan(run_dir: Path, plan: Plan, feed: Feed, epoch_data: dict[str, Any]) -> None:
-    write_text(run_dir / "plan.txt", format_plan(plan) + f"\n{epoch_data['note']}\n{feed.log}\n", TrainError)
+def _write_plan(run_dir: Path, plan: Plan, feed: Feed, transforms: dict[str, Any], epoch_data: dict[str, Any]) -> None:
+    lines = "\n".join([*transform_lines(transforms), epoch_data["note"], feed.log])
+    write_text(run_dir / "plan.txt", format_plan(plan) + f"\n{lines}\n", TrainError)
     write_text(run_dir / "plan.json", json.dumps({**plan.to_json(), "feature_cache": feed.summary(),
-                                                  "epoch_data": epoch_data}, indent=1), TrainError)
+                                                  "transforms": transforms, "epoch_data": epoch_data}, indent=1),
+               TrainError)
 
 
 def _epoch_data(sampler) -> dict[str, Any]:

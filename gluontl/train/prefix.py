@@ -24,7 +24,7 @@ import numpy as np
 from mxnet import autograd
 from mxnet.gluon import HybridBlock, SymbolBlock, nn
 
-from ..errors import TrainError, short_reason
+from ..errors import DataError, TrainError, short_reason
 from ..rules import Plan
 from ..stages import _units
 
@@ -174,6 +174,19 @@ def _entry_name(sym: mx.sym.Symbol, node: str) -> str:
     return f"{node}_output" if f"{node}_output" in outs else f"{node}_output0"
 
 
+def check_images(shape: tuple[int, ...], input_shape: tuple[int, ...], where: str) -> None:
+    """Refuse a batch whose images are not ``input_shape``: onnxruntime and a hybridized block
+    with static shapes would fail on it with an error naming neither the transform nor the fix.
+    (Recipes are checked when loaded; this catches what reaches the model another way.)"""
+    if tuple(shape[1:]) != tuple(input_shape):
+        size = "x".join(map(str, input_shape[1:]))
+        raise DataError(f"A batch of {'x'.join(map(str, shape[1:]))} images (C x H x W) reached {where}, which is "
+                        f"built for model.input_shape {list(input_shape)}: data.train_transform and "
+                        f"data.val_transform must make {size} images. Set their size to the input's (resize: "
+                        f"{input_shape[-2]}), or leave the sizes out to get the default (shorter side to "
+                        f"{input_shape[-2]}, centre crop {size}).")
+
+
 class Engine(Protocol):
     name: str
 
@@ -185,12 +198,14 @@ class MxEngine:
 
     name = "mxnet"
 
-    def __init__(self, prefix: HybridBlock, ctx: mx.Context, hybridize: bool = True) -> None:
-        self.block, self.ctx = prefix, ctx
+    def __init__(self, prefix: HybridBlock, input_shape: tuple[int, ...], ctx: mx.Context,
+                 hybridize: bool = True) -> None:
+        self.block, self.input_shape, self.ctx = prefix, tuple(input_shape), ctx
         if hybridize:
             prefix.hybridize(static_alloc=True, static_shape=True)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
+        check_images(x.shape, self.input_shape, "the frozen prefix (MXNet)")
         with autograd.predict_mode():
             return self.block(mx.nd.array(x, ctx=self.ctx)).asnumpy()
 
@@ -214,9 +229,10 @@ class OrtEngine:
             if ctx.device_type == "gpu" and "CUDAExecutionProvider" in ort.get_available_providers():
                 providers.insert(0, ("CUDAExecutionProvider", {"device_id": ctx.device_id}))
             self.session = ort.InferenceSession(str(path), opts, providers=providers)
-        self.input = self.session.get_inputs()[0].name
+        self.input, self.input_shape = self.session.get_inputs()[0].name, tuple(input_shape)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
+        check_images(x.shape, self.input_shape, "the frozen prefix (onnxruntime)")
         return self.session.run(None, {self.input: np.ascontiguousarray(x, np.float32)})[0]
 
 
@@ -238,7 +254,7 @@ def choose_engine(kind: str, prefix: HybridBlock, input_shape: tuple[int, ...], 
     ``margin`` times faster on ``probe``; a margin > 1 covers costs the probe does not see
     (per-step copies between the engines) and its noise.
     """
-    mx_engine = MxEngine(prefix, ctx, hybridize)
+    mx_engine = MxEngine(prefix, input_shape, ctx, hybridize)
     if kind == "mxnet":
         return mx_engine, "prefix engine: mxnet (train.prefix_engine: mxnet)"
     try:

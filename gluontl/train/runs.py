@@ -85,7 +85,7 @@ def init_from(recipe: Recipe, run: str | Path) -> Recipe:
     if run_weights(run) is None:
         raise TrainError(f"--init-from {run}: not a run folder (no recipe.yaml). Pass runs/NAME (its best "
                          f"checkpoint), runs/NAME/best or runs/NAME/last.")
-    data = recipe.model_dump(mode="json", exclude_none=True)
+    data = recipe.as_written()
     data["model"].update(weights=str(Path(run).resolve()), weights_from=None, pretrained=False, random_init=False)
     data["model"]["restore"].update(only=[], prefix_map={})
     return parse_recipe(data, origin=f"--init-from {run}")

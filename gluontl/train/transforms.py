@@ -154,6 +154,27 @@ def _steps(spec: TransformSpec, train: bool) -> tuple[Step, ...]:
     return tuple(steps)
 
 
+_STEP_TEXT = {"resize_shorter": "shorter side to {0}", "center_crop": "centre crop {0}x{0}",
+              "random_resized_crop": "random resized crop to {0}x{0} (area 8-100 %, aspect 3/4-4/3)"}
+
+
+def describe(spec: TransformSpec, train: bool) -> str:
+    """The pipeline ``spec`` runs, in order, as the plan and the run card show it."""
+    parts = [_STEP_TEXT[op].format(size) for op, size in _steps(spec, train)]
+    if train and spec.flip:
+        parts.append("horizontal flip (p 1/2)")
+    if train and spec.color_jitter:
+        parts.append(f"colour jitter {spec.color_jitter:g}")
+    return ", ".join([*parts, describe_normalize(spec)])
+
+
+def describe_normalize(spec: TransformSpec) -> str:
+    if isinstance(spec.normalize, str):
+        return f"normalize {spec.normalize}"
+    mean, std = spec.normalize
+    return f"normalize mean {list(mean)} std {list(std)}"
+
+
 def _geometry(img: np.ndarray, steps: tuple[Step, ...], rng: np.random.Generator | None) -> np.ndarray:
     for op, size in steps:
         if op == "resize_shorter":

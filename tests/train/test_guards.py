@@ -17,8 +17,8 @@ import helpers
 from gluontl.errors import TrainError
 from gluontl.pipeline import prepare
 from gluontl.recipe import load_recipe, parse_recipe
-from gluontl.train.guards import (COLLAPSE_RTOL, STUCK_MIN_STEPS, check_first_epoch, check_weights, collapsed,
-                                  weights_of)
+from gluontl.train.guards import (COLLAPSE_RTOL, STUCK_MIN_STEPS, STUCK_RTOL, check_first_epoch, check_weights,
+                                  collapsed, weights_of)
 from gluontl.train.loop import finetune
 
 ROOT = Path(__file__).parents[2]
@@ -108,8 +108,8 @@ def test_frozen_batchnorm_passes_when_its_statistics_were_loaded(resnet_weights)
     assert findings(recipe(zoo(), [{"type": "BatchNorm", "bn": "train"}], {"head": {"classes": 2}})) == []
 
 
-def test_statistics_loaded_from_a_file_count_even_at_zero_and_one(tmp_path):
-    """A BatchNorm exported before it saw data: mean 0 / var 1 in the file, but loaded from it."""
+def _bn_symbol(folder):
+    """A small conv net with one BatchNorm, exported before it saw data (statistics 0 / 1)."""
     mx.random.seed(2)
     net = mx.gluon.nn.HybridSequential()
     net.add(mx.gluon.nn.Conv2D(4, 3), mx.gluon.nn.BatchNorm(), mx.gluon.nn.Activation("relu"),
@@ -117,8 +117,13 @@ def test_statistics_loaded_from_a_file_count_even_at_zero_and_one(tmp_path):
     net.initialize(mx.init.Xavier())
     net.hybridize()
     net(mx.nd.zeros((1, 3, 16, 16)))
-    net.export(str(tmp_path / "bn"))
-    r = recipe({"source": f"symbol:{tmp_path / 'bn'}"}, FROZEN_BN)
+    net.export(str(folder / "bn"))
+    return f"symbol:{folder / 'bn'}"
+
+
+def test_statistics_loaded_from_a_file_count_even_at_zero_and_one(tmp_path):
+    """A BatchNorm exported before it saw data: mean 0 / var 1 in the file, but loaded from it."""
+    r = recipe({"source": _bn_symbol(tmp_path)}, FROZEN_BN)
     prep = prepare(r)
     stats = [prep.block.collect_params()[row.global_name].data().asnumpy() for row in prep.plan.rows if row.aux]
     assert len(stats) == 2 and {float(s.min()) for s in stats} == {0.0, 1.0}  # still at init, and loaded
@@ -296,3 +301,307 @@ def test_cli_plan_says_where_weights_come_from_and_finetune_exits_2(tmp_path, ca
     text = " ".join(run.stderr.split())
     assert text.startswith("error: The rules freeze") and "train.guards.random_backbone: warn" in text
     assert not (tmp_path / "runs").exists()
+
+
+# ------------------------------------------------------------ thresholds: just inside and just outside
+
+@pytest.mark.parametrize("classes", [2, 10])
+@pytest.mark.parametrize("side", [1, -1])
+def test_stuck_loss_just_inside_and_just_outside_stuck_rtol_on_both_sides_of_ln_c(classes, side):
+    c = math.log(classes)
+    at = lambda rel: [c * (1 + side * rel)] * 40  # noqa: E731 a whole epoch at one distance from ln C
+    assert [f.guard for f in check_first_epoch(at(0.005), 40, classes)] == ["stuck_loss"]  # 0.5 % away: stuck
+    assert [f.guard for f in check_first_epoch(at(0.99 * STUCK_RTOL), 40, classes)] == ["stuck_loss"]
+    assert check_first_epoch(at(1.01 * STUCK_RTOL), 40, classes) == []
+    assert STUCK_RTOL == 0.01  # what the README and the message's reasoning (55 % on two classes) rely on
+
+
+def test_stuck_loss_needs_the_last_quarter_at_chance_too():
+    c = math.log(5)
+    # mean 0.5 % off; the last quarter (10 of 40) holds one batch 20 % off, so it is 2 % off: learning
+    one_late = [c] * 30 + [c * 1.2] + [c] * 9
+    assert abs(np.mean(one_late) - c) < STUCK_RTOL * c and check_first_epoch(one_late, 40, 5) == []
+    # that batch one place earlier is outside the last quarter: stuck
+    assert [f.guard for f in check_first_epoch([c] * 29 + [c * 1.2] + [c] * 10, 40, 5)] == ["stuck_loss"]
+    # mean 2 % off, last quarter at chance: not stuck either
+    assert check_first_epoch([c * 1.0267] * 30 + [c] * 10, 40, 5) == []
+    # fewer than 4 batches: the last one is the last quarter
+    assert [f.guard for f in check_first_epoch([c * 0.97, c * 1.03, c], 40, 5)] == ["stuck_loss"]
+    assert check_first_epoch([c, c, c * 1.03], 40, 5) == []
+
+
+def test_stuck_loss_judges_from_ten_steps_and_two_classes():
+    c2 = math.log(2)
+    flat = [c2] * STUCK_MIN_STEPS
+    assert STUCK_MIN_STEPS == 10
+    assert [f.guard for f in check_first_epoch(flat, STUCK_MIN_STEPS, 2)] == ["stuck_loss"]
+    assert check_first_epoch(flat, STUCK_MIN_STEPS - 1, 2) == []
+    assert check_first_epoch([0.0] * 20, 20, 1) == []  # one class: ln 1 = 0 is no chance level
+    assert check_first_epoch([], 20, 2) == []
+    message = check_first_epoch([c2 * 1.002] * 20, 20, 2)[0].message
+    assert "ln(2) = 0.6931" in message and "(20 steps; mean 0.6945, last quarter 0.6945)" in message
+
+
+@pytest.mark.parametrize("size", [0.0, 1.0, 100.0])
+def test_collapse_just_inside_and_just_outside_collapse_rtol(size):
+    """Two rows m ± e per feature: spread (std across the batch) e, size |m|, exactly."""
+    def rows(e):
+        return np.array([[size + e] * 16, [size - e] * 16], np.float64)
+
+    limit = COLLAPSE_RTOL * (1 + size)
+    assert collapsed(rows(0.99 * limit)) and not collapsed(rows(1.01 * limit))
+    assert COLLAPSE_RTOL == 1e-6
+
+
+def test_spread_is_the_rms_of_per_feature_std_and_of_the_batch_mean():
+    from gluontl.train.guards import _spread
+
+    a = np.array([[1.0, 2.0, -3.0], [3.0, 2.0, 5.0]])  # std per feature 1, 0, 4; mean 2, 2, 1
+    spread, size = _spread(a)
+    assert spread == pytest.approx(math.sqrt((1 + 0 + 16) / 3), rel=1e-12)
+    assert size == pytest.approx(math.sqrt((4 + 4 + 1) / 3), rel=1e-12)
+    assert _spread(a.reshape(2, 3, 1)) == (spread, size)  # feature maps are flattened per image
+
+
+@pytest.mark.parametrize("stat, nudge", [("running_mean", 1e-6), ("running_var", -1e-6), ("running_var", 1e-6)])
+def test_unloaded_statistics_are_exactly_zero_and_one_and_a_nudge_is_not(tmp_path, stat, nudge):
+    r = recipe({"source": _bn_symbol(tmp_path), "random_init": True}, FROZEN_BN)
+    prep = prepare(r)
+    assert [f.guard for f in check_weights(r, prep)] == ["unloaded_bn_stats"]
+    param = next(prep.block.collect_params()[row.global_name] for row in prep.plan.rows
+                 if row.aux and row.name.endswith(stat))
+    value = param.data().asnumpy()
+    value[0] += nudge  # one value off the initial 0 / 1: statistics that came from somewhere
+    param.set_data(mx.nd.array(value))
+    assert check_weights(r, prep) == []
+
+
+def test_a_frozen_backbone_is_an_error_when_all_of_it_is_random_and_a_warning_when_part_is(tmp_path):
+    source = _bn_symbol(tmp_path)
+    freeze = [{"match": "*", "grad_req": "null"}]
+    head = {"match": ["dense*"], "grad_req": "write"}
+    assert findings(recipe({"source": source}, [*freeze, head])) == []  # a symbol file carries its weights
+    every = recipe({"source": source, "random_init": True}, [*freeze, head])
+    assert findings(every) == [("random_backbone", "error")]
+    prep = prepare(every)
+    frozen = [r.name for r in prep.plan.rows if not r.aux and r.grad_req == "null"]
+    w = weights_of(every, prep)
+    w.loaded.add(frozen[0])  # all frozen parameters but one random: a restore that missed some
+    found = check_weights(every, prep, w)
+    assert [(f.guard, f.level) for f in found] == [("random_backbone", "warn")]
+    assert f"{len(frozen) - 1} of the {len(frozen)} frozen parameters were never loaded" in found[0].message
+    w.loaded.update(frozen)
+    assert check_weights(every, prep, w) == []
+
+
+@pytest.mark.parametrize("level", ["error", "warn", "off"])
+def test_guard_levels(tmp_path, monkeypatch, level):
+    from gluontl.recipe import GuardsSpec
+    from gluontl.train.guards import Finding, GuardLog
+
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "run"
+    run.mkdir()
+    said = []
+    log = GuardLog(GuardsSpec(stuck_loss=level, collapsed_features="off"), said.append)
+    advice = "To silence this warning set train.guards.stuck_loss: off (error stops such runs)."
+    if level == "error":
+        with pytest.raises(TrainError) as e:
+            log.handle([Finding("collapsed_features", "quiet."), Finding("stuck_loss", "boom.")])
+        assert str(e.value) == ("boom. If this is intended, set train.guards.stuck_loss: warn (train anyway, with a "
+                                "warning) or off.")
+    else:  # an "off" guard is skipped, the next finding still counts
+        log.handle([Finding("collapsed_features", "quiet."), Finding("stuck_loss", "boom.")])
+    want = [{"guard": "stuck_loss", "message": f"boom. {advice}"}] if level == "warn" else []
+    assert log.warnings == want and said == [f"warning: {w['message']}" for w in want]
+    log.handle([Finding("stuck_loss", "soft.", level="warn")])  # a warn-level finding never stops a run
+    if level != "off":
+        want.append({"guard": "stuck_loss", "message": f"soft. {advice}"})
+    assert log.warnings == want
+    assert not (tmp_path / "warnings.json").exists()  # nowhere to write before the run folder is known
+    log.attach(run)
+    saved = run / "warnings.json"
+    assert (saved.read_text() == json.dumps(want, indent=1)) if want else not saved.exists()
+
+
+def test_a_resumed_run_keeps_the_warnings_its_start_found(tmp_path):
+    from gluontl.recipe import GuardsSpec
+    from gluontl.train.guards import Finding, GuardLog
+
+    earlier = [{"guard": "stuck_loss", "message": "from the first call — é"}]
+    (tmp_path / "warnings.json").write_text(json.dumps(earlier), encoding="utf-8")
+    resumed = GuardLog(GuardsSpec())
+    resumed.attach(tmp_path)
+    assert resumed.warnings == earlier
+    fresh = GuardLog(GuardsSpec(), lambda _: None)
+    fresh.handle([Finding("stuck_loss", "new.", level="warn")])
+    fresh.attach(tmp_path)  # a new run's own warnings replace what a folder held
+    assert [w["message"].split(" ")[0] for w in json.loads((tmp_path / "warnings.json").read_text())] == ["new."]
+    (tmp_path / "warnings.json").write_text("{not json")
+    damaged = GuardLog(GuardsSpec())
+    damaged.attach(tmp_path)  # a damaged record loses the old warnings, not the run
+    assert damaged.warnings == []
+    blocked = GuardLog(GuardsSpec(), lambda _: None)
+    blocked.handle([Finding("stuck_loss", "x.", level="warn")])
+    (tmp_path / "file").write_text("")
+    with pytest.raises(TrainError):
+        blocked.attach(tmp_path / "file")  # a run folder that is a file: the write fails as a TrainError
+
+
+def test_stuck_and_collapse_limits_are_inclusive():
+    c = math.log(108)  # ln 108 + 1 % of it lies exactly 1 % from ln 108 in float64 (checked below)
+    v = c + STUCK_RTOL * c
+    assert abs(float(np.mean([v])) - c) == STUCK_RTOL * c
+    assert [f.guard for f in check_first_epoch([v], STUCK_MIN_STEPS, 108)] == ["stuck_loss"]
+    from gluontl.train.guards import _spread
+
+    rows = np.array([[COLLAPSE_RTOL], [-COLLAPSE_RTOL]])
+    assert _spread(rows) == (COLLAPSE_RTOL, 0.0) and collapsed(rows)
+
+
+def test_frozen_throughout_is_frozen_in_the_plan_of_every_epoch_a_rule_starts(tmp_path):
+    source = _bn_symbol(tmp_path)
+    rules = [{"match": "*conv*", "grad_req": "null"}, {"match": "*dense*", "grad_req": "null"},
+             {"match": "*dense*", "grad_req": "write", "from_epoch": 2}]
+    later = recipe({"source": source, "random_init": True}, rules, epochs=3)
+    (f,) = check_weights(later, prepare(later))
+    # the conv only: the dense layer trains from epoch 2; the message names both freezing rules
+    assert f.message.startswith("The rules freeze 2 parameter(s) (grad_req null, rule 1) for the whole run")
+    both = recipe({"source": source, "random_init": True}, rules[:2] + [{"match": "*batchnorm*", "grad_req": "null"}])
+    (f,) = check_weights(both, prepare(both))
+    assert f.message.startswith("The rules freeze 6 parameter(s) (grad_req null, rule 1, 2, 3) for the whole run")
+    # frozen at 0 and 2 but trained in epoch 1: not frozen throughout (the last rule alone would say frozen)
+    gap = recipe({"source": source, "random_init": True},
+                 [{"match": "*conv*", "grad_req": "null"}, {"match": "*conv*", "grad_req": "write", "from_epoch": 1},
+                  {"match": "*conv*", "grad_req": "null", "from_epoch": 2}], epochs=3)
+    assert check_weights(gap, prepare(gap)) == []
+    # frozen only from epoch 1 on: it trains in epoch 0, so it is not a frozen backbone
+    late = recipe({"source": source, "random_init": True}, [{"match": "*", "grad_req": "null", "from_epoch": 1}],
+                  epochs=2)
+    assert check_weights(late, prepare(late)) == []
+
+
+def test_features_are_not_compared_without_a_frozen_prefix_or_between_identical_images(tmp_path):
+    import cv2
+
+    from gluontl.train.data import make_loaders
+    from gluontl.train.guards import check_features
+
+    prefix = _symbol(tmp_path, 0.0)
+    r = symbol_recipe(prefix)
+    prep = prepare(r)
+    assert check_features(r, prep.block, prep.plan, make_loaders(r.data, seed=0), mx.cpu()) != []
+    whole = symbol_recipe(prefix).model_copy(update={"rules": []})  # everything trains: no prefix
+    prep = prepare(whole)
+    assert check_features(whole, prep.block, prep.plan, make_loaders(whole.data, seed=0), mx.cpu()) == []
+    same = np.full((16, 16, 3), 120, np.uint8)
+    for name in ("a", "b"):
+        (tmp_path / "same" / name).mkdir(parents=True)
+        for i in range(4):
+            cv2.imwrite(str(tmp_path / "same" / name / f"{i}.png"), same)
+    twins = symbol_recipe(prefix, guards={"collapsed_features": "error"})
+    twins = twins.model_copy(update={"data": twins.data.model_copy(update={
+        "source": f"folder:{tmp_path / 'same'}", "classes": None, "batch_size": 4})})
+    prep = prepare(twins)
+    assert check_features(twins, prep.block, prep.plan, make_loaders(twins.data, seed=0), mx.cpu()) == []
+
+
+@pytest.mark.parametrize("batch, checked", [(1, None), (2, 2), (7, 7), (8, 8), (9, 8)])
+def test_features_are_compared_on_two_to_eight_images_of_the_first_batch(tmp_path, batch, checked):
+    from gluontl.train.data import make_loaders
+    from gluontl.train.guards import check_features
+
+    prefix = _symbol(tmp_path, 0.0)  # a dead prefix: the same features for every image
+    r = symbol_recipe(prefix, guards={"collapsed_features": "error"})
+    r = r.model_copy(update={"data": r.data.model_copy(update={"batch_size": batch})})
+    prep = prepare(r)
+    found = check_features(r, prep.block, prep.plan, make_loaders(r.data, seed=0), mx.cpu())
+    if checked is None:  # one image: nothing to compare it with
+        assert found == []
+    else:
+        assert [f.guard for f in found] == ["collapsed_features"]
+        assert f"({checked} different images checked)" in found[0].message
+    off = r.model_copy(update={"train": r.train.model_copy(update={"guards": r.train.guards.model_copy(
+        update={"collapsed_features": "off"})})})
+    assert check_features(off, prep.block, prep.plan, None, mx.cpu()) == []  # off: not even a forward pass
+
+
+def test_where_the_weights_came_from_in_words(tmp_path, resnet_weights):
+    source = _bn_symbol(tmp_path)
+    words = {}
+    for name, r in {"symbol": recipe({"source": source}), "random": recipe({"source": source, "random_init": True}),
+                    "zoo": recipe(zoo(), [], {"head": {"classes": 2}}),
+                    "restored": recipe(zoo(weights=resnet_weights, restore={"only": ["features.*"]}), [],
+                                       {"head": {"classes": 2}})}.items():
+        w = weights_of(r, prepare(r))
+        words[name] = (w.text, len(w.loaded), len(w.fresh))
+    assert words == {
+        "symbol": (f"weights: {tmp_path / 'bn'} (from the symbol checkpoint)", 8, 0),
+        "random": ("weights: none — random init (model.random_init: true)", 0, 8),
+        "zoo": ("weights: none — random init (zoo:resnet18_v1 without model.pretrained: true or model.weights)",
+                0, 102),
+        "restored": (f"weights: {resnet_weights} (restored 100 of 102 arrays); 2 arrays start from a fresh init "
+                     f"(output.weight, output.bias)", 100, 2)}
+
+
+@pytest.mark.parametrize("level, label", [("error", "error at finetune: "), ("warn", "warning: "), ("off", None)])
+def test_plan_flags_in_the_words_of_each_level(level, label):
+    from gluontl.train.guards import plan_flags
+
+    r = recipe(zoo(), HEAD_ONLY, {"head": {"classes": 2}},
+               guards={"random_backbone": level, "unloaded_bn_stats": "off"})
+    text, lines = plan_flags(r, prepare(r))
+    assert text == "weights: none — random init (zoo:resnet18_v1 without model.pretrained: true or model.weights)"
+    if label is None:
+        assert lines == []
+        return
+    (line,) = lines
+    assert line.startswith(f"{label}The rules freeze 60 parameter(s) (grad_req null, rule 1.1) for the whole run, "
+                           f"but none of them was loaded from anywhere — {text}. A frozen random backbone stays")
+    assert ("(e.g. features.0.weight, features.1.gamma, features.1.beta, features.4.0.body.0.weight … (60 in "
+            "all))") in line
+    advice = ("If this is intended, set train.guards.random_backbone: warn (train anyway, with a warning) or off."
+              if level == "error" else "To silence this warning set train.guards.random_backbone: off (error stops "
+              "such runs).")
+    assert line.endswith(advice)
+
+
+def test_few_names():
+    from gluontl.train.guards import _few
+
+    assert _few(list("abcd")) == "a, b, c, d"
+    assert _few(list("abcde")) == "a, b, c, d … (5 in all)"
+    assert _few(list("abc"), 2) == "a, b … (3 in all)"
+
+
+def test_a_new_head_and_a_partial_restore_in_the_weights_line(tmp_path):
+    tmp_path = tmp_path / "a:b"  # a colon in the path is part of it, not of the scheme
+    tmp_path.mkdir()
+    source = _bn_symbol(tmp_path)
+    head = recipe({"source": source}, [], {"head": {"classes": 3}})
+    w = weights_of(head, prepare(head))
+    assert w.text == (f"weights: {tmp_path / 'bn'} (from the symbol checkpoint); 2 arrays start from a fresh init "
+                      f"(head.fc.weight, head.fc.bias)")
+    assert w.fresh == ["head.fc.weight", "head.fc.bias"] and len(w.loaded) == 6  # the old dense layer is cut
+    # a restore of part of the file on top of the symbol's own weights: everything counts as loaded
+    part = recipe({"source": source, "weights": str(tmp_path / "bn-0000.params"), "restore": {"only": ["*conv*"]}})
+    w = weights_of(part, prepare(part))
+    assert w.text == f"weights: {tmp_path / 'bn-0000.params'} (restored 2 of 8 arrays)" and w.fresh == []
+    onnx = recipe({"source": str(Path(__file__).parents[1] / "onnx" / "fixtures" / "resnet_legacy_op13_nofold.onnx"),
+                   "input_shape": [3, 32, 32]}, data={**DATA, "train_transform": {}, "val_transform": {}})
+    assert weights_of(onnx, prepare(onnx)).text.endswith("resnet_legacy_op13_nofold.onnx (from the ONNX file)")
+
+
+def test_rule_lists_in_the_warning_and_the_batchnorm_error(resnet_weights):
+    from gluontl.train.guards import plan_flags
+
+    freeze = [{"match": m, "grad_req": "null"} for m in ("features.0.*", "features.1.*", "features.4.0.*")]
+    part = recipe(zoo(weights=resnet_weights, restore={"only": ["features.0.*"]}), freeze, {"head": {"classes": 2}},
+                  guards={"unloaded_bn_stats": "off"})
+    _, (line,) = plan_flags(part, prepare(part))
+    assert line.startswith("warning: ") and "(frozen by rule 2, 3; weights: " in line  # a warning even at error
+    assert line.endswith("To silence this warning set train.guards.random_backbone: off (error stops such runs).")
+    bn = recipe(zoo(), [{"match": "features.1.*", "bn": "frozen"}, {"match": "features.4.0.body.1.*", "bn": "frozen"}],
+                {"head": {"classes": 2}})
+    (f,) = check_weights(bn, prepare(bn))
+    assert f.message.startswith("2 BatchNorm layer(s) are in bn: frozen (rule 1, 2) but their running statistics")
