@@ -10,7 +10,8 @@ walks that follow a recipe through an entry function.
 A walk is defined on the static reference graph: its nodes are the top-level functions and classes of
 ``gluontl/`` (a class is one node, its methods included), and a node points at every function or class
 its body names that resolves statically — a module-level def, a name bound by an import at the top or
-inside the function (re-exports followed), ``module.name`` on an imported module.  Dynamic dispatch
+inside the function (re-exports followed), ``module.name`` on an imported module; type annotations
+are not references.  Dynamic dispatch
 (the task registry, callbacks held in data) is not followed.  From the entry, the reachable subgraph
 is taken, and over its distinct edges between two *rooms* (packages: a directory, or a top-level
 module on its own):
@@ -55,11 +56,26 @@ def resolve(module: str, name: str, depth: int = 0) -> tuple[str, str] | None:
     return None
 
 
+def annotations(node: ast.AST) -> list[ast.expr]:
+    """Type annotations: names a signature mentions, which the run never follows."""
+    out = []
+    for n in ast.walk(node):
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            a = n.args
+            out += [x.annotation for x in [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg]
+                    if x is not None and x.annotation is not None] + ([n.returns] if n.returns else [])
+        elif isinstance(n, ast.AnnAssign):
+            out.append(n.annotation)
+    return out
+
+
 def references(module: str, name: str) -> set[tuple[str, str]]:
     node = next(n for n in T.tree(module).body if getattr(n, "name", None) == name)
     bound = {**scope_bindings(module, T.tree(module)), **scope_bindings(module, node)}
-    out = set()
+    out, typing = set(), {id(t) for a in annotations(node) for t in ast.walk(a)}
     for n in ast.walk(node):
+        if id(n) in typing:
+            continue
         hit = None
         if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
             if n.id in bound and bound[n.id][1]:
@@ -74,7 +90,7 @@ def references(module: str, name: str) -> set[tuple[str, str]]:
     return out
 
 
-def walk(entry: str) -> dict[str, int]:
+def walk(entry: str) -> dict[str, object]:
     module, name = entry.rsplit(".", 1)
     seen, todo, edges = {(module, name)}, [(module, name)], set()
     while todo:
@@ -97,15 +113,17 @@ def walk(entry: str) -> dict[str, int]:
             if more:
                 reach[p] |= more
                 changed = True
-    return {"rooms entered": len({room(n) for n in seen}),
-            "climbs back up": sum(T.layer(b[0]) > T.layer(a[0]) for _, _, a, b in crossing),
-            "revisits": sum(p in reach[q] for p, q, _, _ in crossing),
-            "functions reached": len(seen)}
+    name = lambda node: ".".join(node).removeprefix("gluontl.")  # noqa: E731
+    return {"rooms entered": len({room(n) for n in seen}), "functions reached": len(seen),
+            "climbs back up": sorted(f"{name(a)} → {name(b)}" for _, _, a, b in crossing
+                                     if T.layer(b[0]) > T.layer(a[0])),
+            "revisits": sorted(f"{name(a)} → {name(b)}" for p, q, a, b in crossing if p in reach[q])}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--root", type=Path, help="checkout to measure (default: this one)")
+    ap.add_argument("-v", "--verbose", action="store_true", help="list each climb and revisit of the walks")
     args = ap.parse_args()
     if args.root:
         T.PACKAGE = args.root.resolve() / "gluontl"
@@ -125,9 +143,11 @@ def main() -> None:
         print(f"  {T.LAYERS[lo]} → {T.LAYERS[hi]}: {n}")
     for label, entry in ENTRIES.items():
         w = walk(entry)
-        print(f"following a recipe through {label} ({entry}): climbs back up {w['climbs back up']} times, "
-              f"revisits rooms {w['revisits']} times ({w['rooms entered']} rooms, "
+        print(f"following a recipe through {label} ({entry}): climbs back up {len(w['climbs back up'])} times, "
+              f"revisits rooms {len(w['revisits'])} times ({w['rooms entered']} rooms, "
               f"{w['functions reached']} functions reached)")
+        for kind in ("climbs back up", "revisits") if args.verbose else ():
+            print(f"  {kind}:", *w[kind], sep="\n    ")
 
 
 if __name__ == "__main__":

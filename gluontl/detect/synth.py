@@ -125,6 +125,6 @@ def _fill(root: Path) -> None:
 
 def digits_det_folder(home: Path | None = None) -> Path:
     """The demo folder (VOC, YOLO and COCO at once), written on first use."""
-    from ..train.demo import materialize_dataset
+    from ..train.demo import materialize
 
-    return materialize_dataset((home or gluontl_home()) / "datasets" / "digits_det" / _LAYOUT, "digits_det", _fill)
+    return materialize((home or gluontl_home()) / "datasets" / "digits_det" / _LAYOUT, "digits_det", _fill)

@@ -41,7 +41,7 @@ ELPV_CLASSES = ("functional", "defective")
 _LAYOUT = "v1"  # bump when the pixels or the layout change, so stale caches are not reused
 
 
-def materialize_dataset(final: Path, name: str, fill: Callable[[Path], None]) -> Path:
+def materialize(final: Path, name: str, fill: Callable[[Path], None]) -> Path:
     """``final``, filled by ``fill(tmp)`` on first use.
 
     Written into a temporary sibling folder and renamed into place, so an interrupted write
@@ -95,7 +95,7 @@ def digits_folder(val_fraction: float, home: Path | None = None) -> Path:
             folder.mkdir(parents=True, exist_ok=True)
             _write_png(folder / f"{row:04d}.png", digits_image(ink))
 
-    return materialize_dataset(_cache_dir("digits", val_fraction, home), "digits", fill)
+    return materialize(_cache_dir("digits", val_fraction, home), "digits", fill)
 
 
 def _write_png(path: Path, rgb: np.ndarray) -> None:
@@ -140,7 +140,7 @@ def elpv_folder(val_fraction: float, home: Path | None = None) -> Path:
             folder.mkdir(parents=True, exist_ok=True)
             link_or_copy(src, folder / src.name)
 
-    return materialize_dataset(_cache_dir("elpv", val_fraction, home), "elpv", fill)
+    return materialize(_cache_dir("elpv", val_fraction, home), "elpv", fill)
 
 
 def demo_folder(name: str, val_fraction: float) -> Path:
