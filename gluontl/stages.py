@@ -22,7 +22,7 @@ _GLOBAL_POOLS = (nn.GlobalAvgPool2D, nn.GlobalMaxPool2D, nn.GlobalAvgPool1D, nn.
 Stage = int | str
 
 
-def _units(net: HybridBlock) -> list[tuple[str, HybridBlock]]:
+def trunk_units(net: HybridBlock) -> list[tuple[str, HybridBlock]]:
     """Top-level children, with plain Sequential containers opened one level."""
     out = []
     for name, child in net._children.items():
@@ -33,7 +33,7 @@ def _units(net: HybridBlock) -> list[tuple[str, HybridBlock]]:
     return out
 
 
-def _stage_of(shape: tuple[int, ...], in_hw: int, global_pool: bool) -> Stage:
+def stage_of(shape: tuple[int, ...], in_hw: int, global_pool: bool) -> Stage:
     """Head from global pooling on (or once the output is no feature map): a 1×1 map at a
     small input is still a stage — ResNet's stage 4 at 32² — not the head."""
     if len(shape) != 4 or global_pool:
@@ -52,12 +52,12 @@ def stage_map(net: HybridBlock, input_shape: tuple[int, ...]) -> dict[str, Stage
     if is_detector(net):
         return detector_stage_map(net, input_shape)
     if isinstance(net, SymbolBlock):
-        return _graph_stage_map(net, input_shape)
+        return graph_stage_map(net, input_shape)
     # Probe at ≥ 224² so small training inputs (32² digits) do not shrink stage 4 to 1×1.
     input_shape = (input_shape[0], max(input_shape[1], 224), max(input_shape[2], 224))
     shapes: dict[str, tuple[int, ...]] = {}
     hooks = []
-    for name, unit in _units(net):
+    for name, unit in trunk_units(net):
         def record(block, inputs, output, name=name):
             out = output[0] if isinstance(output, (list, tuple)) else output
             shapes[name] = tuple(out.shape)
@@ -74,10 +74,10 @@ def stage_map(net: HybridBlock, input_shape: tuple[int, ...]) -> dict[str, Stage
             net.hybridize(True)
     stages: dict[str, Stage] = {}
     last: Stage = STEM
-    for name, unit in _units(net):
+    for name, unit in trunk_units(net):
         shape = shapes.get(name)
         if shape is not None:
-            st = _stage_of(shape, input_shape[1], isinstance(unit, _GLOBAL_POOLS))
+            st = stage_of(shape, input_shape[1], isinstance(unit, _GLOBAL_POOLS))
             last = HEAD if HEAD in (st, last) else max(st, last, key=_order)
         prefix = name + "."
         for pname in named_params(net):
@@ -86,7 +86,7 @@ def stage_map(net: HybridBlock, input_shape: tuple[int, ...]) -> dict[str, Stage
     return stages
 
 
-def _graph_stage_map(net: SymbolBlock, input_shape: tuple[int, ...]) -> dict[str, Stage]:
+def graph_stage_map(net: SymbolBlock, input_shape: tuple[int, ...]) -> dict[str, Stage]:
     """Stages flow along data edges, not node order: a feature tap pooled for a new head
     must not turn the layers computed after it (in the file's order) into head layers."""
     sym = net._cached_graph[1]
@@ -105,7 +105,7 @@ def _graph_stage_map(net: SymbolBlock, input_shape: tuple[int, ...]) -> dict[str
             st: Stage = HEAD
         elif shape and all(d > 0 for d in shape):
             global_pool = node["op"] == "Pooling" and node.get("attrs", {}).get("global_pool") == "True"
-            st = _stage_of(shape, input_shape[1], global_pool)
+            st = stage_of(shape, input_shape[1], global_pool)
             st = st if st == HEAD else max([st, *before], key=_order)
         else:
             st = max(before, key=_order) if before else STEM

@@ -11,7 +11,7 @@ Two model kinds, one vocabulary:
   an MXNet operator for symbol models. The result is a new SymbolBlock of the same class
   whose ParameterDict shares the original Parameters; nodes nothing uses any more drop out
   with their parameters.
-* **Gluon blocks** (``zoo:``). A *unit* is what ``stages._units`` calls one: a top-level
+* **Gluon blocks** (``zoo:``). A *unit* is what ``stages.trunk_units`` calls one: a top-level
   child, with plain Sequential containers opened one level; paths into nested Sequential
   containers (``features.6.0``) open them further. The result is a ``Trunk`` that runs the
   kept units as a chain and registers them under their original paths, so
@@ -42,8 +42,8 @@ from mxnet.gluon import HybridBlock, ParameterDict, SymbolBlock, nn
 
 from .errors import OnnxImportError, SurgeryError, short_reason
 from .recipe import HeadSpec, SurgerySpec, as_spec
-from .sources import _INITS
-from .stages import _units
+from .sources import INITS
+from .stages import trunk_units
 
 Shape = tuple[int, ...]
 
@@ -117,7 +117,7 @@ def _new_head(spec: HeadSpec, shapes: Sequence[Shape], ctx) -> Head:
             raise SurgeryError(f"head input '{name}' has shape {shape}; a head needs a (batch, features, …) "
                                f"tensor of known shape. Pick another node (`gluontl inspect --nodes`).")
     head = Head(spec, shapes)
-    head.initialize(_INITS[spec.init](), ctx=ctx)
+    head.initialize(INITS[spec.init](), ctx=ctx)
     return head
 
 
@@ -238,7 +238,7 @@ class Trunk(HybridBlock):
     """Kept units of a Gluon model run as a chain (recording ``taps``), then an optional head.
 
     Units are registered under their original paths through Sequential containers, so
-    structural parameter names are unchanged and ``stages._units`` sees the same units.
+    structural parameter names are unchanged and ``stages.trunk_units`` sees the same units.
     """
 
     def __init__(self, units: Sequence[tuple[str, HybridBlock]], taps: Sequence[str] = (),
@@ -299,7 +299,7 @@ def _chain_units(net: HybridBlock, input_shape: Shape | None) -> list[tuple[str,
         if net.head is not None:
             raise SurgeryError("this model already has a new head; cut, drop or ignore before attach_head.")
         return list(net.units)
-    units = _units(net)
+    units = trunk_units(net)
     if input_shape is not None:
         x = mx.nd.array(np.random.RandomState(0).uniform(-1, 1, (1, *input_shape)), ctx=_ctx(net))
         with mx.autograd.predict_mode():
@@ -474,7 +474,7 @@ def list_nodes(block: HybridBlock, input_shape: Shape, batch: int = 1) -> list[N
         names.sort(key=lambda k: g.entry[g.names[k]])
         shapes = g.shapes([g.names[k] for k in names], input_shape, batch=batch)
         return [NodeInfo(k, ops.get(k) or g.nodes[g.entry[g.names[k]][0]]["op"], s) for k, s in zip(names, shapes)]
-    units = block.units if isinstance(block, Trunk) else _units(block)
+    units = block.units if isinstance(block, Trunk) else trunk_units(block)
     x = data = mx.nd.zeros((batch, *input_shape), ctx=_ctx(block))
     rows = []
     with mx.autograd.predict_mode():

@@ -276,7 +276,7 @@ def test_offline_guard_catches_a_backbone_download(offline):
 @pytest.mark.parametrize("name", ["ssd_512_resnet50_v1_voc", "yolo3_mobilenet1.0_voc", "faster_rcnn_resnet50_v1b_voc",
                                   "deeplab_resnet101_voc", "center_net_resnet18_v1b_voc", "resnet18_v1"])
 def test_zoo_models_download_nothing_unless_pretrained(offline, name):
-    net = sources._zoo(name, None, {}, False, mx.cpu())  # the constructor is where GluonCV fetches backbones
+    net = sources.zoo_block(name, None, {}, False, mx.cpu())  # the constructor is where GluonCV fetches backbones
     assert isinstance(net, mx.gluon.HybridBlock)
     assert offline == []
 

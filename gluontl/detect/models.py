@@ -32,8 +32,8 @@ from mxnet.gluon import HybridBlock
 from ..errors import ModelSourceError, RestoreError
 from ..naming import named_params, shape_of
 from ..recipe import Recipe
-from ..sources import _ZooInit, _zoo, materialize
-from ..sources.restore import RestoreReport, _file_key, read_params_file
+from ..sources import ZooInit, zoo_block, materialize
+from ..sources.restore import RestoreReport, file_key, read_params_file
 
 @dataclasses.dataclass(frozen=True)
 class HeadLayout:
@@ -92,11 +92,11 @@ def build_detector(recipe: Recipe, classes: list[str], ctx: mx.Context | None = 
         if spec.detector is not None:
             net, loaded = _ssd_on(spec, classes, ctx)
         else:
-            net = _zoo(name, None, _with_classes(name, spec.kwargs, classes), False, ctx)
+            net = zoo_block(name, None, _with_classes(name, spec.kwargs, classes), False, ctx)
     fam = family(net)
     with warnings.catch_warnings():  # Gluon warns for each parameter the backbone source did initialize
         warnings.simplefilter("ignore")
-        net.initialize(_ZooInit(), ctx=ctx)  # what the backbone source did not load
+        net.initialize(ZooInit(), ctx=ctx)  # what the backbone source did not load
     materialize(net, {"data": (1, *spec.input_shape)}, ctx, spec.source)
     if list(net.classes) != list(classes):  # a _voc/_coco name: its own classes, now replaced
         net.reset_class(classes)
@@ -264,7 +264,7 @@ def restore_detector(net: HybridBlock, fam: str, weights: str, kind: str, classe
     for name, e in entries.items():
         if any(fnmatch.fnmatchcase(name, g) for g in skip):
             continue
-        key = _file_key(name, spec.prefix_map)
+        key = file_key(name, spec.prefix_map)
         if key not in arrays and saved.get(id(e.param)) in arrays:
             key = saved[id(e.param)]
         if key not in arrays:
@@ -347,7 +347,7 @@ def stage_map(net: HybridBlock, input_shape: tuple[int, ...]) -> dict:
     then ``neck`` (SSD's extra feature layers; YOLOv3's transitions and detection blocks) and
     ``head`` (the class/box predictors), so "freeze the backbone" and "backbone + neck" are
     ``freeze_until_stage`` with a number or ``neck``."""
-    from ..stages import HEAD, NECK, _graph_stage_map, _stage_of
+    from ..stages import HEAD, NECK, graph_stage_map, stage_of
 
     fam = family(net)
     names = named_params(net)
@@ -358,7 +358,7 @@ def stage_map(net: HybridBlock, input_shape: tuple[int, ...]) -> dict:
             raise RuleError(f"stage selectors are mapped for SSDs whose features are a graph (MobileNet/ResNet "
                             f"zoo SSDs, model.detector); this one's are a {type(net.features).__name__}. Select "
                             f"by match: (e.g. 'features.*', 'class_predictors.*') or type: instead.")
-        inner = _graph_stage_map(net.features, input_shape)
+        inner = graph_stage_map(net.features, input_shape)
         out = {f"features.{k}": (NECK if _EXPANDER.search(k) else v) for k, v in inner.items()}
     else:
         out = {}
@@ -367,7 +367,7 @@ def stage_map(net: HybridBlock, input_shape: tuple[int, ...]) -> dict:
         with mx.autograd.predict_mode():
             for i, stage in enumerate(net.stages):
                 x = stage(x)
-                st = _stage_of(tuple(x.shape), input_shape[1], False)
+                st = stage_of(tuple(x.shape), input_shape[1], False)
                 out.update({n: st for n in names if n.startswith(f"stages.{i}.")})
         out.update({n: NECK for n in names if n.startswith(("transitions.", "yolo_blocks."))})
     return {n: out.get(n, HEAD) for n in names}

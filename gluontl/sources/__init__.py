@@ -43,7 +43,7 @@ def _zoo_names() -> tuple[str, ...]:
     return tuple(sorted({n.lower() for n in get_model_list()}))
 
 
-def _zoo(name: str, classes: int | None, kwargs: dict[str, Any], pretrained: bool, ctx) -> HybridBlock:
+def zoo_block(name: str, classes: int | None, kwargs: dict[str, Any], pretrained: bool, ctx) -> HybridBlock:
     names = zoo_names()
     key = name.lower()
     if key not in names:
@@ -79,7 +79,7 @@ def _zoo(name: str, classes: int | None, kwargs: dict[str, Any], pretrained: boo
     return net
 
 
-class _ZooInit(mx.init.Xavier):
+class ZooInit(mx.init.Xavier):
     """Xavier for weights; vectors that GluonCV's symbol parts (SSD feature expanders) leave
     without an initializer get ones (gamma, variance) or zeros, as Xavier cannot fill them."""
 
@@ -321,9 +321,9 @@ def load_model(spec: str | ModelSpec | Mapping[str, Any], *, classes: int | None
     ctx = ctx or mx.cpu()
     scheme, _, rest = spec.source.partition(":")
     if scheme == "zoo":
-        net = _zoo(rest, classes, spec.kwargs, spec.pretrained, ctx)
+        net = zoo_block(rest, classes, spec.kwargs, spec.pretrained, ctx)
         if not spec.pretrained:
-            net.initialize(_ZooInit(), ctx=ctx)
+            net.initialize(ZooInit(), ctx=ctx)
         shape = spec.input_shape if "input_shape" in spec.model_fields_set else zoo_input_shape(rest)
         # Gluon defers shapes to the first forward; callers get parameters they can read.
         materialize(net, dict(input_shapes or {"data": (1, *shape)}), ctx, spec.source)
@@ -361,7 +361,7 @@ def build_model(spec: ModelSpec, *, classes: int | None = None, head_init: str =
         return net, None
     report = restore(net, spec.weights, prefix_map=spec.restore.prefix_map, only=spec.restore.only)
     report.check(spec.restore.expect_missing, spec.restore.expect_unexpected, spec.restore.expect_mismatch)
-    init = _INITS[head_init]()
+    init = INITS[head_init]()
     entries = named_params(net)
     for name in report.not_restored():
         p = entries[name].param
@@ -408,7 +408,7 @@ def _input_name(spec: ModelSpec) -> str:
     return names[0] if names else spec.input_name
 
 
-_INITS = {"xavier": mx.init.Xavier, "normal": lambda: mx.init.Normal(0.01), "uniform": mx.init.Uniform,
+INITS = {"xavier": mx.init.Xavier, "normal": lambda: mx.init.Normal(0.01), "uniform": mx.init.Uniform,
           "zeros": mx.init.Zero, "msra": mx.init.MSRAPrelu}
 
 

@@ -106,7 +106,7 @@ def restore(block: HybridBlock, path: str | Path, *, prefix_map: dict[str, str] 
     report = RestoreReport(file=str(path))
     keys = {}
     for name, e in entries.items():
-        key = _file_key(name, prefix_map or {})
+        key = file_key(name, prefix_map or {})
         if key not in arrays and e.param.name in arrays:  # files written by export() use global names
             key = e.param.name
         keys[name] = key
@@ -127,7 +127,7 @@ def restore(block: HybridBlock, path: str | Path, *, prefix_map: dict[str, str] 
     return report
 
 
-def _file_key(name: str, prefix_map: dict[str, str]) -> str:
+def file_key(name: str, prefix_map: dict[str, str]) -> str:
     for model_prefix in sorted(prefix_map, key=len, reverse=True):
         if name.startswith(model_prefix):
             return prefix_map[model_prefix] + name[len(model_prefix):]

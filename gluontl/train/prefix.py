@@ -1,7 +1,7 @@
 """Frozen prefixes: where a network can be cut so everything before the cut is pure inference,
 and engines that run that inference (MXNet, or onnxruntime on a lean ONNX export).
 
-Gluon models are cut at the top-level trunk units of ``stages._units`` (``features.7``,
+Gluon models are cut at the top-level trunk units of ``stages.trunk_units`` (``features.7``,
 ``output``, …): the prefix is the run of units before the first one that trains, holds a
 BatchNorm in ``bn: train`` (batch statistics) or a Dropout. Imported graphs (SymbolBlock)
 are cut after the last node that has no such node upstream and that every such node (and
@@ -26,7 +26,7 @@ from mxnet.gluon import HybridBlock, SymbolBlock, nn
 
 from ..errors import DataError, TrainError, short_reason
 from ..rules import Plan
-from ..stages import _units
+from ..stages import trunk_units
 
 AGREE_RTOL = 1e-4
 _FEATURES = "gluontl_prefix_features"
@@ -74,7 +74,7 @@ def split_frozen_prefix(net: HybridBlock, plan: Plan, input_shape: tuple[int, ..
     if isinstance(net, SymbolBlock):
         return _check(net, _split_graph(net, plan), input_shape, ctx)
     whole = Split(None, net, None, "")
-    units = _units(net)
+    units = trunk_units(net)
     names = [n for n, _ in units]
     orphans = [r.name for r in plan.rows if not any(r.name.startswith(n + ".") for n in names)]
     if orphans:
