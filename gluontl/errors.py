@@ -101,3 +101,11 @@ def short_reason(err: BaseException, limit: int = 200) -> str:
     text = " ".join(s for s in lines if s and not s.startswith(_NOT_A_REASON))
     text = " ".join(_MX_NOISE.sub("", text).split()).rstrip(".") or type(err).__name__
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def hwc_hint(chw: tuple[int, ...]) -> str:
+    """Image libraries hand out channels-last shapes (224,224,3); gluontl's, as MXNet's, are C,H,W."""
+    if len(chw) == 3 and chw[2] in (1, 3, 4) and chw[0] not in (1, 3, 4):
+        return (f" {','.join(map(str, chw))} looks like H,W,C; gluontl takes channels first, C,H,W: "
+                f"{chw[2]},{chw[0]},{chw[1]}.")
+    return ""

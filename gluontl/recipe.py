@@ -19,7 +19,7 @@ from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
                       model_validator)
 from pydantic_core import PydanticCustomError
 
-from .errors import GluontlError, ModelSourceError, RecipeError, RuleError
+from .errors import GluontlError, ModelSourceError, RecipeError, RuleError, hwc_hint
 
 SpecT = TypeVar("SpecT", bound=BaseModel)
 
@@ -619,6 +619,10 @@ class Recipe(Strict):
                                  + (", no flip: train.cache_features: on caches one view" if one_view else ""))
             elif size is None:
                 wrong.append((key, f"data.{key} gives no size, and gluontl's transforms make square images"))
+        hint = hwc_hint(tuple(shape))
+        if wrong and hint:  # the transforms do not fit because the channels came last
+            raise PydanticCustomError("input_shape_hwc", f"model.input_shape {','.join(map(str, shape))}:{hint} Give "
+                                      f"model.input_shape as C,H,W", {"keys": [("model", "input_shape")]})
         if wrong:
             fix = (f"Give {' and '.join(f'data.{k}' for k, _ in wrong)} the size {h} (resize: {h}; or resize: "
                    f"N >= {h} with center_crop: {h}), "
@@ -710,7 +714,7 @@ def _describe(err: Mapping[str, Any], root: type[BaseModel] = Recipe) -> str:
         return f"unknown key '{loc}'" + (suggest(err["loc"][-1], section.model_fields) if section else "")
     if kind == "missing":
         return f"missing required key '{loc}'"
-    if kind == "transform_size":  # names its keys itself
+    if kind in ("transform_size", "input_shape_hwc"):  # names its keys itself
         return msg
     msg = msg.removeprefix("Value error, ")
     if kind == "literal_error":

@@ -94,7 +94,7 @@ CASES = {
     "plan-jpeg-weights": (["plan", "-r", "{d}/jpg_weights.yaml"], ["{d}/photo.jpg", "Invalid NDArray file format"]),
     "plan-jpeg-model": (["plan", "-r", "{d}/jpg_model.yaml"], ["model.source", "{d}/photo.jpg", "neither an ONNX"]),
     "plan-dir-model": (["plan", "-r", "{d}/dir_model.yaml"], ["model.source", "{d}/adir", "is a directory"]),
-    "plan-input-shape-hwc": (["plan", "-r", "{d}/hwc_onnx.yaml"], ["model.input_shape 32,32,3", "'x'", "H,W,C",
+    "plan-input-shape-hwc": (["plan", "-r", "{d}/hwc_onnx.yaml"], ["model.input_shape 32,32,3", "H,W,C",
                                                                    "C,H,W: 3,32,32"]),
     "plan-input-shape-hwc-symbol": (["plan", "-r", "{d}/hwc_symbol.yaml"], ["model.input_shape 16,16,3", "H,W,C",
                                                                          "C,H,W: 3,16,16"]),

@@ -17,7 +17,7 @@ from typing import Any, Mapping
 import mxnet as mx
 from mxnet.gluon import HybridBlock
 
-from ..errors import ModelSourceError, short_reason
+from ..errors import ModelSourceError, hwc_hint, short_reason
 from ..graphblock import GraphBlock
 from ..naming import graph_nodes, named_params, shape_of
 from ..recipe import ModelSpec, as_spec, gluontl_home, resolve_source
@@ -266,7 +266,7 @@ def input_shapes(source: str, given: Mapping[str | None, tuple[int, ...]] | None
 def _check_shape(source: str, name: str, given: tuple[int, ...], declared: Shape, option: str) -> None:
     """``given`` (batch first) against the sizes the model declares after the batch, naming ``option``;
     without a declared shape, one that looks channels-last is refused (gluontl feeds C,H,W images)."""
-    hint = _hwc_hint(given[1:])
+    hint = hwc_hint(given[1:])
     text = f"{option} {','.join(map(str, given[1:]))} for input '{name}' of {source}"
     if declared is None:
         if hint:
@@ -286,14 +286,6 @@ def check_input_shape(spec: ModelSpec, name: str) -> None:
     declared = dict(model_inputs(spec.source)).get(name) if spec.source.startswith("onnx:") else None
     if declared is None or len(declared) == len(shape):  # a rank mismatch: import's own message
         _check_shape(spec.source, name, shape, declared, "model.input_shape")
-
-
-def _hwc_hint(chw: tuple[int, ...]) -> str:
-    """Image libraries hand out channels-last shapes (224,224,3); gluontl's, as MXNet's, are C,H,W."""
-    if len(chw) == 3 and chw[2] in (1, 3, 4) and chw[0] not in (1, 3, 4):
-        return (f" {','.join(map(str, chw))} looks like H,W,C; gluontl takes channels first, C,H,W: "
-                f"{chw[2]},{chw[0]},{chw[1]}.")
-    return ""
 
 
 def _dims(shape: tuple, batch: int | None = None) -> str:
