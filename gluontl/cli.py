@@ -134,7 +134,7 @@ def finetune(recipe: Optional[Path] = typer.Option(None, "--recipe", "-r", help=
             why = f"after {stop_after_steps} steps" if stop_after_steps else "with the other workers"
             typer.echo(f"stopped {why}; continue with `{resume_command(result.run_dir, result.workers)}`")
         return
-    if r.export.formats and result.is_root:  # a distributed run: rank 0 writes the run folder
+    if r.export.formats and result.is_root and not result.finished_before:  # a distributed run: rank 0 writes the run folder
         from .train.runs import export_run
 
         for path in export_run(result.run_dir, force=resume is not None):
