@@ -437,6 +437,7 @@ def _finetune(recipe: Recipe, dist: Backend, runs_root: str | Path, resume: str 
     bad_steps = 0
     first_losses: list[float] = []  # per-image loss of each batch of epoch 1, for the stuck-loss guard
     feed: Feed | None = None
+    completed = False  # every epoch trained: the feature cache goes; otherwise it stays for the resume
     with _Stop() as stop:
         try:
             for epoch in range(start_epoch, t.epochs):
@@ -529,10 +530,11 @@ def _finetune(recipe: Recipe, dist: Backend, runs_root: str | Path, resume: str 
                 if halt and epoch + 1 < t.epochs:
                     stopped = True
                     break
+            completed = not stopped
         finally:
             log.close()
             if feed is not None:
-                feed.close()
+                feed.close(keep=not completed)
 
     result = RunResult(run_dir, log.rows, best, stopped_early=stopped, rank=dist.rank, workers=dist.size)
     if dist.size > 1:
