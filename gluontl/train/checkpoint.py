@@ -200,7 +200,7 @@ def _checked_optimizer(trainer: mx.gluon.Trainer, record: dict[str, Any], arrays
         return v
 
     def index(k: str) -> int:
-        if not k.isdigit() or int(k) >= len(params):
+        if not (k.isascii() and k.isdigit()) or int(k) >= len(params):
             raise bad(f"names parameter index {k!r:.40}, but the trainer has {len(params)} parameters")
         return int(k)
 
@@ -215,7 +215,7 @@ def _checked_optimizer(trainer: mx.gluon.Trainer, record: dict[str, Any], arrays
         raise bad("lacks its update_counts or states tables")
     devices = {}
     for dev, table in counts.items():
-        if not dev.isdigit():
+        if not (dev.isascii() and dev.isdigit()):
             raise bad(f"names device {dev!r:.40}")
         devices[int(dev)] = {index(k): count(v) for k, v in table.items()}
     num_update = count(record.get("num_update"))

@@ -424,13 +424,15 @@ def test_the_optimizer_state_round_trips_exactly(tmp_path, name, options, ctxs):
     (lambda r: r.update(optimizer="adam"), r"is for optimizer 'adam' \(format 1\) where this run uses 'sgd' "
                                            r"\(format 1\)"),
     (lambda r: r["states"].update({"9": "9"}), "names parameter index '9', but the trainer has 4 parameters"),
+    (lambda r: r["states"].update({"²": "0"}), "names parameter index '²', but the trainer has 4 parameters"),
+    (lambda r: r["update_counts"].update({"cpu": {}}), "names device 'cpu'"),
     (lambda r: r["states"].update({"0": "1"}), r"gives parameter .*_bias \(float32\[4\]\) the state "
                                                 r"array '1': float32\[4, 5\]"),
     (lambda r: r["states"].update({"0": "nowhere"}), "gives parameter .* the state array 'nowhere': nothing"),
     (lambda r: r["update_counts"]["0"].update({"0": -1}), "holds -1 where an update count belongs"),
     (lambda r: r.update(num_update="3"), "holds '3' where an update count belongs"),
     (lambda r: r.update(states=[]), "lacks its update_counts or states tables"),
-], ids=["optimizer", "index", "shape", "missing-array", "negative-count", "string-count", "states-list"])
+], ids=["optimizer", "index", "superscript-index", "device", "shape", "missing-array", "negative-count", "string-count", "states-list"])
 def test_an_edited_optimizer_record_is_refused_before_anything_changes(saved, edit, reason):
     folder, _, _ = saved
     meta = json.loads((folder / "last.json").read_text())
