@@ -40,7 +40,7 @@ from ..naming import named_params
 from ..recipe import Recipe, TrainSpec, TransformSpec
 from ..rules import Plan
 from .data import ImageDataset, Loaders
-from .prefix import Engine, Split, choose_engine, split_frozen_prefix
+from .prefix import Engine, MxEngine, Split, choose_engine, split_frozen_prefix
 from .sampler import EpochSampler
 
 _RANDOM_STEPS = ("random_resized_crop", "flip", "color_jitter")
@@ -98,7 +98,7 @@ class FeatureCache:
     """Prefix outputs of the train views and of val, filled on first use (or read from the
     run folder, where a stopped run left them under the same ``key``)."""
 
-    def __init__(self, engine: Engine, loaders: Loaders, views: int, t: TrainSpec, folder: Path,
+    def __init__(self, engine: Engine | None, loaders: Loaders, views: int, t: TrainSpec, folder: Path,
                  batch_size: int, workers: int, quiet: bool, key: dict[str, Any]) -> None:
         self.engine, self.loaders, self.views = engine, loaders, views
         self.dtype = np.dtype(t.cache_dtype)
@@ -119,8 +119,8 @@ class FeatureCache:
     def _record(self, what: str, rows: int) -> dict[str, Any]:
         return {**self.key, "what": what, "rows": rows}
 
-    def _stored(self, what: str, rows: int) -> np.ndarray | None:
-        """The features a stopped run left for ``what``, if their record is this cache's."""
+    def _on_file(self, what: str, rows: int) -> np.ndarray | None:
+        """The features a stopped run left for ``what`` (memory-mapped), if their record is this cache's."""
         data, record = self._files(what)
         try:
             if json.loads(record.read_text(encoding="utf-8")) != self._record(what, rows):
@@ -128,7 +128,17 @@ class FeatureCache:
             out = np.load(data, mmap_mode="r", allow_pickle=False)
         except (OSError, ValueError):
             return None
-        if out.dtype != self.dtype or out.shape != (rows, *self.key["row_shape"]):
+        return out if out.dtype == self.dtype and out.shape == (rows, *self.key["row_shape"]) else None
+
+    def complete(self) -> bool:
+        """Whether every view and val are in the run folder under this cache's record."""
+        train, val = len(self.loaders.train._dataset), len(self.loaders.val._dataset)
+        return all(self._on_file(f"train view {v}", train) is not None for v in range(self.views)) \
+            and self._on_file("val", val) is not None
+
+    def _stored(self, what: str, rows: int) -> np.ndarray | None:
+        out = self._on_file(what, rows)
+        if out is None:
             return None
         self.bytes += out.nbytes
         self.reused.append(what)
@@ -298,11 +308,16 @@ def build_feed(net: HybridBlock, plan: Plan, recipe: Recipe, loaders: Loaders, c
     if t.hybridize:
         split.suffix.hybridize(static_alloc=True, static_shape=True)
     # per step, onnxruntime must clearly beat MXNet's own step, which skips backward through the prefix
-    engine, engine_log = choose_engine(t.prefix_engine, split.prefix, recipe.model.input_shape, ctx, probe,
-                                       t.hybridize, margin=1.0 if decision.train else PER_STEP_MARGIN)
     # val transforms are deterministic, so val features are cached whenever the suffix trains
-    cache = FeatureCache(engine, loaders, max(decision.views, 1), t, folder, recipe.data.batch_size,
+    cache = FeatureCache(None, loaders, max(decision.views, 1), t, folder, recipe.data.batch_size,
                          recipe.data.workers, quiet, cache_key(recipe, split, one.shape[1:]))
+    if decision.train and cache.complete():  # a resume with every feature at hand: skip the engines' probe
+        engine, engine_log = MxEngine(split.prefix, ctx, t.hybridize), f"prefix engine: none run (every " \
+                                                                       f"feature is in {folder})"
+    else:
+        engine, engine_log = choose_engine(t.prefix_engine, split.prefix, recipe.model.input_shape, ctx, probe,
+                                           t.hybridize, margin=1.0 if decision.train else PER_STEP_MARGIN)
+    cache.engine = engine
     if decision.train:
         return Feed(split.suffix, loaders, split, cache=cache, engine=engine,
                     log=f"feature cache: on ({decision.reason}); {engine_log}")

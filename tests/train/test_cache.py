@@ -115,13 +115,16 @@ def test_a_resume_reads_the_features_the_stopped_run_left(weights, tmp_path):
     shutil.copytree(part.run_dir, zeroed)
     np.save(zeroed / "feature_cache" / "train_view_0.npy", np.zeros_like(np.load(kept)))
     stamp = (kept.stat().st_mtime_ns, kept.read_bytes())
-    more = finetune(recipe(weights), runs_root=tmp_path, quiet=True, resume=part.run_dir, stop_after_steps=3)
+    # on past the end of epoch 1 (18 steps), whose validation fills the val features
+    more = finetune(recipe(weights), runs_root=tmp_path, quiet=True, resume=part.run_dir, stop_after_steps=14)
     assert (kept.stat().st_mtime_ns, kept.read_bytes()) == stamp  # read, not computed or written again
+    assert (part.run_dir / "feature_cache" / "val.json").is_file()
     wrong = finetune(recipe(weights), runs_root=tmp_path, quiet=True, resume=zeroed, stop_after_steps=1)
     step8 = [next(r["loss"] for r in res.metrics if r.get("step") == 8) for res in (more, wrong)]
     assert step8[0] != step8[1]
     done = finetune(recipe(weights), runs_root=tmp_path, quiet=True, resume=part.run_dir)
-    assert summary(done)["cache_reused"] == ["train view 0"]  # val was first needed after the stops
+    assert summary(done)["cache_reused"] == ["train view 0", "val"]
+    assert f"prefix engine: none run (every feature is in {part.run_dir / 'feature_cache'})" in summary(done)["log"]
     np.testing.assert_array_equal(curve(done), curve(full))
     for k, v in _params(full.run_dir / "checkpoints" / "last.params").items():
         np.testing.assert_array_equal(_params(done.run_dir / "checkpoints" / "last.params")[k], v, err_msg=k)
