@@ -385,15 +385,19 @@ OPTIMIZERS = [("sgd", {"momentum": 0.9}), ("sgd", {"momentum": 0.0}), ("nag", {"
               ("adam", {}), ("adamw", {"wd": 0.01})]
 
 
-@pytest.mark.parametrize("ctxs", [[mx.cpu(0)], [mx.cpu(0), mx.cpu(1)]], ids=["one-context", "two-contexts"])
+@pytest.mark.parametrize("ctxs, on_kvstore", [([mx.cpu(0)], None), ([mx.cpu(0), mx.cpu(1)], None),
+                                              ([mx.cpu(0), mx.cpu(1)], False)],
+                         ids=["one-context", "two-contexts", "two-contexts-local-updaters"])
 @pytest.mark.parametrize("name, options", OPTIMIZERS, ids=[f"{n}-{o}" for n, o in OPTIMIZERS])
-def test_the_optimizer_state_round_trips_exactly(tmp_path, name, options, ctxs):
+def test_the_optimizer_state_round_trips_exactly(tmp_path, name, options, ctxs, on_kvstore):
     """Arrays (momentum, Adam's moments), update counts and num_update come back as they were
-    (two contexts: the local kvstore's updater), so the next steps are bit-identical."""
+    (two contexts: the local kvstore's updater, or one updater per context as in a distributed
+    worker), so the next steps are bit-identical."""
     import gluontl.train.optim  # noqa: F401  (registers adamw)
 
     def trainer_for(net):
-        return mx.gluon.Trainer(net.collect_params(), name, {"learning_rate": 0.05, **options})
+        return mx.gluon.Trainer(net.collect_params(), name, {"learning_rate": 0.05, **options},
+                                update_on_kvstore=on_kvstore)
 
     net = _net(1)
     net.collect_params().reset_ctx(ctxs)
@@ -424,16 +428,17 @@ def test_the_optimizer_state_round_trips_exactly(tmp_path, name, options, ctxs):
 @pytest.mark.parametrize("edit, reason", [
     (lambda r: r.update(optimizer="adam"), r"is for optimizer 'adam' \(format 1\) where this run uses 'sgd' "
                                            r"\(format 1\)"),
-    (lambda r: r["states"].update({"9": "9"}), "names parameter index '9', but the trainer has 4 parameters"),
+    (lambda r: r["states"].update({"4": "3"}), "names parameter index '4', but the trainer has 4 parameters"),
     (lambda r: r["states"].update({"²": "0"}), "names parameter index '²', but the trainer has 4 parameters"),
     (lambda r: r["update_counts"].update({"cpu": {}}), "names device 'cpu'"),
     (lambda r: r["states"].update({"0": "1"}), r"gives parameter .*_bias \(float32\[4\]\) the state "
                                                 r"array '1': float32\[4, 5\]"),
     (lambda r: r["states"].update({"0": "nowhere"}), "gives parameter .* the state array 'nowhere': nothing"),
+    (lambda r: r["states"].update({"0": {"0": "0"}}), r"gives parameter .* the state array \{'0': '0'\}: nothing"),
     (lambda r: r["update_counts"]["0"].update({"0": -1}), "holds -1 where an update count belongs"),
     (lambda r: r.update(num_update="3"), "holds '3' where an update count belongs"),
     (lambda r: r.update(states=[]), "lacks its update_counts or states tables"),
-], ids=["optimizer", "index", "superscript-index", "device", "shape", "missing-array", "negative-count", "string-count", "states-list"])
+], ids=["optimizer", "index", "superscript-index", "device", "shape", "missing-array", "dict-state", "negative-count", "string-count", "states-list"])
 def test_an_edited_optimizer_record_is_refused_before_anything_changes(saved, edit, reason):
     folder, _, _ = saved
     meta = json.loads((folder / "last.json").read_text())
@@ -456,11 +461,10 @@ def _run_folder(tmp_path):
     return r, finetune(r, runs_root=tmp_path / "runs", quiet=True, stop_after_steps=2).run_dir
 
 
-def _replace_states(run_dir, data, record=True):
+def _replace_states(folder, data, record=True):
     """``last.states`` replaced by ``data`` with the JSON's hash rewritten to match: what whoever
     hands over a run folder can do. ``record=False`` also drops the optimizer record, as in the
-    checkpoints of gluontl before it stopped pickling."""
-    folder = run_dir / "checkpoints"
+    checkpoints of gluontl before it stopped pickling. The replaced file's path."""
     meta = json.loads((folder / "last.json").read_text())
     (folder / meta["states_file"]).unlink()
     (folder / meta["states_file"]).write_bytes(data)
@@ -468,6 +472,7 @@ def _replace_states(run_dir, data, record=True):
     if not record:
         meta.pop("optimizer")
     (folder / "last.json").write_text(json.dumps(meta))
+    return folder / meta["states_file"]
 
 
 @pytest.mark.parametrize("record", [False, True], ids=["old-format", "forged-record"])
@@ -477,7 +482,7 @@ def test_a_poisoned_run_folder_runs_nothing_on_resume(tmp_path, record):
     never unpickles it: nothing happens, exit 2, one paragraph."""
     _, run_dir = _run_folder(tmp_path)
     marker = tmp_path / "unpickled"
-    _replace_states(run_dir, pickle.dumps(_Payload(marker)), record)
+    _replace_states(run_dir / "checkpoints", pickle.dumps(_Payload(marker)), record)
     pickle.loads(pickle.dumps(_Payload(tmp_path / "probe")))  # the payload does act when unpickled
     assert (tmp_path / "probe").exists()
     done = subprocess.run([sys.executable, "-m", "gluontl", "finetune", "--resume", str(run_dir), "-q"],
@@ -497,8 +502,41 @@ def test_an_old_pickled_checkpoint_is_refused_but_its_weights_start_a_new_run(tm
     trainer = _trainer(net)
     _step(net, trainer, 0)
     trainer.save_states(str(tmp_path / "pickled.states"))
-    _replace_states(run_dir, (tmp_path / "pickled.states").read_bytes(), record=False)
-    with pytest.raises(TrainError, match=r"as a Python pickle .* --init-from .*ckpt/last`\.$"):
+    _replace_states(run_dir / "checkpoints", (tmp_path / "pickled.states").read_bytes(), record=False)
+    with pytest.raises(TrainError, match=rf"as a Python pickle .* `gluontl finetune --recipe {run_dir}/recipe\.yaml "
+                                         rf"--init-from {run_dir}/last`\.$"):
         finetune(r, runs_root=tmp_path / "runs", quiet=True, resume=run_dir)
     start = finetune(init_from(r, run_dir / "last"), runs_root=tmp_path / "runs", quiet=True, stop_after_steps=1)
     assert start.run_dir != run_dir and start.stopped_early
+
+
+def test_a_trainer_saved_before_its_first_step_round_trips(tmp_path):
+    """No state and counts of zero (num_update 0) are a valid record, not a damaged one."""
+    net = _net(1)
+    trainer = _trainer(net)
+    checkpoint.save(tmp_path, "last", net, trainer, {})
+    record = json.loads((tmp_path / "last.json").read_text())["optimizer"]
+    assert (record["num_update"], record["states"]) == (0, {})
+    other = _net(2)
+    other_trainer = _trainer(other)
+    checkpoint.restore_into(tmp_path, "last", other, other_trainer, mx.cpu())
+    _step(net, trainer, 0)
+    _step(other, other_trainer, 0)
+    for n, v in _values(net).items():
+        np.testing.assert_array_equal(_values(other)[n], v, err_msg=n)
+
+
+@pytest.mark.parametrize("content, reason", [
+    (b"\x80\x04not arrays", r"is not an MXNet array file \(.*Invalid NDArray file format.*\); it was written by "
+                            r"something other than gluontl\. Refusing it\.$"),
+    (None, r"holds unnamed arrays; gluontl writes named ones\. Refusing it\.$"),
+], ids=["not-arrays", "unnamed-arrays"])
+def test_a_states_file_that_is_no_named_array_file_is_refused(saved, tmp_path, content, reason):
+    folder, _, _ = saved
+    if content is None:
+        mx.nd.save(str(tmp_path / "list"), [mx.nd.zeros(3)])
+        content = (tmp_path / "list").read_bytes()
+    states = _replace_states(folder, content)
+    other = _net(2)
+    with pytest.raises(TrainError, match=rf"^Checkpoint file '{states}' {reason}"):
+        checkpoint.restore_into(folder, "last", other, _trainer(other), mx.cpu())
