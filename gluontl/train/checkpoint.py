@@ -239,8 +239,8 @@ def _checked_optimizer(trainer: mx.gluon.Trainer, record: dict[str, Any], arrays
 def _put_optimizer(trainer: mx.gluon.Trainer, loaded: dict[int, Any], devices: dict[int, dict[int, int]],
                    num_update: int) -> None:
     """The checked state into ``trainer``, so its next step is the one the saved trainer would take."""
-    for n, updater in enumerate(_updaters(trainer)):  # each context's updater its own copies, as load_states
-        updater.states = loaded if n == 0 else {i: _copy(s) for i, s in loaded.items()}
+    for updater in _updaters(trainer):  # each context's updater its own copies, as load_states
+        updater.states = {i: _copy(s) for i, s in loaded.items()}
         updater.states_synced = dict.fromkeys(loaded, False)  # moved to each weight's context on first use
     opt = trainer._optimizer
     opt.num_update = num_update
