@@ -18,13 +18,13 @@ def finetune(recipe: Recipe | Mapping[str, Any] | str | os.PathLike, *, runs_roo
     ``RUN/export/`` (listed in ``RunResult.exported``; a resume replaces its earlier export).
 
     ``init_from`` (``RUN``, ``RUN/best``, ``RUN/last``) starts a new run from another run's weights,
-    as ``--init-from`` does. A run stopped early (``stop_after_steps``, a signal) exports nothing, and in a distributed
+    as ``--init-from`` does. A run stopped early (``stop_after_steps``, a signal) or already finished exports nothing, and in a distributed
     job only rank 0 does; ``export=False`` skips it (``gluontl.export_run`` exports later).
     """
     recipe = as_recipe(recipe)
     if init_from is not None:
         recipe = start_from(recipe, init_from)
     result = _train(recipe, runs_root=runs_root, resume=resume, quiet=quiet, stop_after_steps=stop_after_steps)
-    if export and recipe.export.formats and result.is_root and not result.stopped_early:
+    if export and recipe.export.formats and result.is_root and not (result.stopped_early or result.finished_before):
         result.exported = export_run(result.run_dir, force=resume is not None)
     return result

@@ -8,10 +8,21 @@ image, view v drawn exactly as epoch v would draw it (``sample_rng(seed, v, inde
 epoch e trains on view e % K, so with K >= epochs training is the uncached run. Batches
 come in the sampler's order, so the loss curve equals the uncached one within float
 tolerance. Features live in memory, or in a memory-mapped file in the run folder past
-``train.cache_max_bytes``. Nothing is persisted across calls: a resumed run recomputes.
+``train.cache_max_bytes``.
+
+A run that stops before its end (a signal, ``--stop-after-steps``, an error) leaves its features
+in ``RUN/feature_cache``, each ``.npy`` beside a JSON record of what it is the output of: the
+cut, the frozen prefix's parameter values (SHA-256), the recipe's model, surgery and data
+sections, the seed, dtype and shape. A resume whose record matches reads the file instead of
+running the prefix again (so a short slot trains at once, on the very features the
+uninterrupted run uses); any difference recomputes. Memory-mapped features get their record as
+soon as they are complete, so they survive kill -9 too. A finished run removes the folder.
 """
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
 import shutil
 import time
 from dataclasses import dataclass
@@ -23,11 +34,13 @@ import numpy as np
 from mxnet import autograd, gluon
 from mxnet.gluon import HybridBlock
 
+from ..atomic import atomic_write, write_text
 from ..errors import TrainError
+from ..naming import named_params
 from ..recipe import Recipe, TrainSpec, TransformSpec
 from ..rules import Plan
 from .data import ImageDataset, Loaders
-from .prefix import Engine, Split, check_images, choose_engine, split_frozen_prefix
+from .prefix import Engine, MxEngine, Split, check_images, choose_engine, split_frozen_prefix
 from .sampler import EpochSampler
 
 _RANDOM_STEPS = ("random_resized_crop", "flip", "color_jitter")
@@ -70,23 +83,74 @@ def decide(t: TrainSpec, split: Split, train_transform: TransformSpec) -> Decisi
     return Decision(True, views, f"{split.reason}{more}")
 
 
-class FeatureCache:
-    """Prefix outputs of the train views and of val, filled on first use."""
+def cache_key(recipe: Recipe, split: Split, row_shape: tuple[int, ...]) -> dict[str, Any]:
+    """What cached features are the output of (see the module docstring)."""
+    h = hashlib.sha256()
+    for name, e in sorted(named_params(split.prefix).items()):
+        h.update(name.encode())
+        h.update(e.param.list_data()[0].asnumpy().tobytes())
+    return {"format": 1, "boundary": split.boundary, "prefix_sha256": h.hexdigest(),
+            "recipe": recipe.digest("model", "surgery", "data"), "seed": recipe.train.seed,
+            "dtype": recipe.train.cache_dtype, "row_shape": list(row_shape)}
 
-    def __init__(self, engine: Engine, loaders: Loaders, views: int, t: TrainSpec, folder: Path,
-                 batch_size: int, workers: int, quiet: bool) -> None:
+
+class FeatureCache:
+    """Prefix outputs of the train views and of val, filled on first use (or read from the
+    run folder, where a stopped run left them under the same ``key``)."""
+
+    def __init__(self, engine: Engine | None, loaders: Loaders, views: int, t: TrainSpec, folder: Path,
+                 batch_size: int, workers: int, quiet: bool, key: dict[str, Any]) -> None:
         self.engine, self.loaders, self.views = engine, loaders, views
         self.dtype = np.dtype(t.cache_dtype)
         self.max_bytes, self.folder = t.cache_max_bytes, folder
         self.batch_size, self.workers, self.quiet = batch_size, workers, quiet
+        self.key = key
         self.train: dict[int, np.ndarray] = {}
         self.val: np.ndarray | None = None
         self.bytes = 0
         self.fill_seconds = 0.0  # the frozen prefix's share of the run's wall time
+        self.reused: list[str] = []  # what was read from the run folder instead of computed
+        self.on_disk: set[str] = set()  # what is in the run folder under this cache's record
+
+    def _files(self, what: str) -> tuple[Path, Path]:
+        name = what.replace(" ", "_")
+        return self.folder / f"{name}.npy", self.folder / f"{name}.json"
+
+    def _record(self, what: str, rows: int) -> dict[str, Any]:
+        return {**self.key, "what": what, "rows": rows}
+
+    def _on_file(self, what: str, rows: int) -> np.ndarray | None:
+        """The features a stopped run left for ``what`` (memory-mapped), if their record is this cache's."""
+        data, record = self._files(what)
+        try:
+            if json.loads(record.read_text(encoding="utf-8")) != self._record(what, rows):
+                return None
+            out = np.load(data, mmap_mode="r", allow_pickle=False)
+        except (OSError, ValueError):
+            return None
+        return out if out.dtype == self.dtype and out.shape == (rows, *self.key["row_shape"]) else None
+
+    def complete(self) -> bool:
+        """Whether every view and val are in the run folder under this cache's record."""
+        train, val = len(self.loaders.train._dataset), len(self.loaders.val._dataset)
+        return all(self._on_file(f"train view {v}", train) is not None for v in range(self.views)) \
+            and self._on_file("val", val) is not None
+
+    def _stored(self, what: str, rows: int) -> np.ndarray | None:
+        out = self._on_file(what, rows)
+        if out is None:
+            return None
+        self.bytes += out.nbytes
+        self.reused.append(what)
+        self.on_disk.add(what)
+        return out
 
     def _fill(self, ds: ImageDataset, keys: list, what: str) -> np.ndarray:
         from tqdm import tqdm
 
+        stored = self._stored(what, len(keys))
+        if stored is not None:
+            return stored
         batches = [keys[i:i + self.batch_size] for i in range(0, len(keys), self.batch_size)]
         loader = gluon.data.DataLoader(ds, batch_sampler=batches, num_workers=self.workers, thread_pool=False)
         out = None
@@ -100,6 +164,10 @@ class FeatureCache:
             out[row:row + len(f)] = f
             row += len(f)
         self.fill_seconds += time.perf_counter() - start
+        if isinstance(out, np.memmap):  # complete on disk: valid for a resume from now on
+            out.flush()
+            write_text(self._files(what)[1], json.dumps(self._record(what, len(keys))), TrainError)
+            self.on_disk.add(what)
         return out
 
     def _allocate(self, shape: tuple[int, ...], what: str) -> np.ndarray:
@@ -108,7 +176,9 @@ class FeatureCache:
         if self.bytes <= self.max_bytes:
             return np.empty(shape, self.dtype)
         self.folder.mkdir(parents=True, exist_ok=True)
-        return np.lib.format.open_memmap(self.folder / f"{what.replace(' ', '_')}.npy", "w+", self.dtype, shape)
+        data, record = self._files(what)
+        record.unlink(missing_ok=True)  # an old record must not vouch for the half-written file
+        return np.lib.format.open_memmap(data, "w+", self.dtype, shape)
 
     def prepare(self, epoch: int) -> None:
         """Compute the view epoch ``epoch`` trains on, if not yet done (before its progress bar)."""
@@ -136,16 +206,37 @@ class FeatureCache:
             yield (mx.nd.array(self.val[i:i + self.batch_size], dtype=np.float32),
                    mx.nd.array(ds.labels[i:i + self.batch_size], dtype=np.float32))
 
-    def close(self) -> None:
-        """Drop the features; memory-mapped files go too (a resumed run recomputes them)."""
+    def close(self, keep: bool = False) -> None:
+        """Drop the features. ``keep`` (the run stopped before its end) leaves them in the run
+        folder with their records, for its resume; otherwise the folder goes. Keeping is a
+        convenience: a write that fails (a full disk) only means the resume recomputes."""
+        filled = [(f"train view {v}", a) for v, a in sorted(self.train.items())]
+        filled += [("val", self.val)] if self.val is not None else []
         self.train.clear()
         self.val = None
-        if self.folder.is_dir():
-            shutil.rmtree(self.folder, ignore_errors=True)
+        if not keep:
+            if self.folder.is_dir():
+                shutil.rmtree(self.folder, ignore_errors=True)
+            return
+        for what, features in filled:
+            if what in self.on_disk:  # memory-mapped, or read from there
+                continue
+            data, record = self._files(what)
+            with contextlib.suppress(TrainError, OSError):
+                self.folder.mkdir(parents=True, exist_ok=True)
+                record.unlink(missing_ok=True)  # a stale record must never vouch for the new file
+                atomic_write(data, lambda tmp, a=features: _save_npy(tmp, a), TrainError)
+                write_text(record, json.dumps(self._record(what, len(features))), TrainError)
 
     def describe(self) -> str:
         where = "memory" if self.bytes <= self.max_bytes else f"memory-mapped files in {self.folder}"
-        return f"{self.bytes / 2**20:.1f} MiB of {self.dtype.name} features in {where}"
+        reused = f", {', '.join(self.reused)} read from {self.folder}" if self.reused else ""
+        return f"{self.bytes / 2**20:.1f} MiB of {self.dtype.name} features in {where}{reused}"
+
+
+def _save_npy(path: Path, features: np.ndarray) -> None:
+    with open(path, "wb") as fh:  # a file object: np.save would append .npy to a path
+        np.save(fh, features, allow_pickle=False)
 
 
 class Feed:
@@ -189,15 +280,16 @@ class Feed:
         for x, y in loader:
             yield mx.nd.array(self.engine(x.asnumpy()), ctx=x.context), y
 
-    def close(self) -> None:
+    def close(self, keep: bool = False) -> None:
         if self.val_cache is not None:
-            self.val_cache.close()
+            self.val_cache.close(keep)
 
     def summary(self) -> dict[str, Any]:
         return {"cache": self.cache is not None, "prefix_engine": self.engine.name if self.engine else None,
                 "boundary": self.boundary, "log": self.log,
                 "cache_size": self.cache.describe() if self.cache is not None else None,
-                "cache_fill_seconds": round(self.cache.fill_seconds, 3) if self.cache is not None else None}
+                "cache_fill_seconds": round(self.cache.fill_seconds, 3) if self.cache is not None else None,
+                "cache_reused": self.val_cache.reused if self.val_cache is not None else None}
 
 
 def build_feed(net: HybridBlock, plan: Plan, recipe: Recipe, loaders: Loaders, ctx: mx.Context, folder: Path,
@@ -211,9 +303,10 @@ def build_feed(net: HybridBlock, plan: Plan, recipe: Recipe, loaders: Loaders, c
     train_ds = loaders.train._dataset
     decision = decide(t, split, recipe.data.train_transform)
     probe = np.stack([train_ds[(i, 0)][0] for i in range(min(recipe.data.batch_size, len(train_ds)))])
-    if decision.train:
+    if split.prefix is not None:
         with autograd.predict_mode():
             one = split.prefix(mx.nd.array(probe[:1], ctx=ctx))
+    if decision.train:
         decision = _check_room(decision, t, one.size, len(train_ds) * decision.views + len(loaders.val._dataset),
                                folder)
     per_step = t.prefix_engine == "onnxruntime" or (t.prefix_engine == "auto" and t.cache_features != "off")
@@ -224,11 +317,16 @@ def build_feed(net: HybridBlock, plan: Plan, recipe: Recipe, loaders: Loaders, c
     if t.hybridize:
         split.suffix.hybridize(static_alloc=True, static_shape=True)
     # per step, onnxruntime must clearly beat MXNet's own step, which skips backward through the prefix
-    engine, engine_log = choose_engine(t.prefix_engine, split.prefix, recipe.model.input_shape, ctx, probe,
-                                       t.hybridize, margin=1.0 if decision.train else PER_STEP_MARGIN)
     # val transforms are deterministic, so val features are cached whenever the suffix trains
-    cache = FeatureCache(engine, loaders, max(decision.views, 1), t, folder, recipe.data.batch_size,
-                         recipe.data.workers, quiet)
+    cache = FeatureCache(None, loaders, max(decision.views, 1), t, folder, recipe.data.batch_size,
+                         recipe.data.workers, quiet, cache_key(recipe, split, one.shape[1:]))
+    if decision.train and cache.complete():  # a resume with every feature at hand: skip the engines' probe
+        engine, engine_log = MxEngine(split.prefix, ctx, t.hybridize), f"prefix engine: none run (every " \
+                                                                       f"feature is in {folder})"
+    else:
+        engine, engine_log = choose_engine(t.prefix_engine, split.prefix, recipe.model.input_shape, ctx, probe,
+                                           t.hybridize, margin=1.0 if decision.train else PER_STEP_MARGIN)
+    cache.engine = engine
     if decision.train:
         return Feed(split.suffix, loaders, split, cache=cache, engine=engine,
                     log=f"feature cache: on ({decision.reason}); {engine_log}")

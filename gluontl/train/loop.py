@@ -28,7 +28,7 @@ from mxnet import autograd, gluon
 
 from ..atomic import write_text
 from ..dist.backend import Backend, connect
-from ..errors import Interrupted, TrainError
+from ..errors import Interrupted, TrainError, resume_command
 from ..pipeline import with_input_name
 from ..recipe import Recipe, ScheduleSpec, load_recipe, resolve_backend
 from ..naming import named_params
@@ -66,6 +66,7 @@ class RunResult:
     rank: int = 0  # a distributed worker's rank; only rank 0 writes the run folder
     workers: int = 1
     exported: list[Path] = dataclasses.field(default_factory=list)  # what the recipe's export: section wrote
+    finished_before: bool = False  # a resume of a run that had already finished: nothing was done
 
     @property
     def is_root(self) -> bool:
@@ -115,9 +116,9 @@ def _resume_digest(recipe: Recipe) -> str:
     return recipe.model_copy(update={"train": fixed}).digest(*_RESUME_SECTIONS)
 
 
-def _check_resume(run_dir: Path, recipe: Recipe, meta: dict[str, Any], quiet: bool, write: bool = True) -> None:
-    """Refuse a resume that would compute something else; accept (and record in the run's
-    recipe.yaml) a longer or different schedule."""
+def _check_resume(run_dir: Path, recipe: Recipe, meta: dict[str, Any]) -> list[str]:
+    """Refuse a resume that would compute something else; accept a longer or different
+    schedule, returning what differs (for the run's recipe.yaml)."""
     old = load_recipe(run_dir / "recipe.yaml")
     diff = old.differences(recipe, *_RESUME_SECTIONS)
     if meta.get("recipe_digest") not in (_resume_digest(recipe), recipe.digest(*_RESUME_SECTIONS)):
@@ -140,10 +141,42 @@ def _check_resume(run_dir: Path, recipe: Recipe, meta: dict[str, Any], quiet: bo
                          f"trained {meta['epoch']} epochs{' and part of the next' if meta['batch_in_epoch'] else ''}. "
                          f"Set train.epochs to {done} or more to continue it (e.g. --set "
                          f"train.epochs={done + 5}).")
-    if diff:
-        say(quiet, f"extending {run_dir}: {'; '.join(diff)}")
-        if write:
-            write_text(run_dir / "recipe.yaml", yaml.safe_dump(recipe.as_written(), sort_keys=False))
+    return diff
+
+
+def _finished(run_dir: Path, recipe: Recipe, meta: dict[str, Any]) -> bool:
+    """Whether the checkpoint is the end of all ``train.epochs`` and the run wrote its summary
+    after it (a run killed between its last checkpoint and its summary still has to finish)."""
+    if meta["batch_in_epoch"] or meta["epoch"] != recipe.train.epochs:
+        return False
+    try:
+        last = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))["last"]
+        return (last["step"], last["epoch"]) == (meta["global_step"], meta["epoch"])
+    except (OSError, ValueError, TypeError, KeyError):
+        return False
+
+
+def _best_text(best: dict[str, Any] | None, select: str) -> str:
+    label = "val_acc" if select == "val_top1" else select  # val_acc: the epoch lines' name
+    return f"best {label} {best[select]:.4f} at epoch {best['epoch']}" if best and select in best else "no best yet"
+
+
+def _nothing_to_do(run_dir: Path, recipe: Recipe, meta: dict[str, Any], dist: Backend, quiet: bool) -> RunResult:
+    """A resume of a finished run: say so, and touch nothing (no export either)."""
+    from .logs import read_metrics
+
+    if dist.is_root:
+        epochs = meta["epoch"]
+        best = _best_text(meta.get("best"), recipe.train.select)
+        show(f"{run_dir} already finished its {epochs} epoch{'s' * (epochs != 1)} ({best}); "
+             f"nothing to do, nothing rewritten. To train it longer: "
+             f"`{resume_command(run_dir, dist.size)} --set train.epochs={epochs + 5}`.", quiet)
+    return RunResult(run_dir, read_metrics(run_dir / "metrics.jsonl"), meta.get("best"), rank=dist.rank,
+                     workers=dist.size, finished_before=True)
+
+
+def _write_recipe(run_dir: Path, recipe: Recipe) -> None:
+    write_text(run_dir / "recipe.yaml", yaml.safe_dump(recipe.as_written(), sort_keys=False))
 
 
 def _new_run_dir(root: Path, name: str) -> Path:
@@ -329,6 +362,19 @@ def _finetune(recipe: Recipe, dist: Backend, ctxs: list[mx.Context], runs_root: 
               logged: Callable[[Path], None]) -> RunResult:
     t = recipe.train
     root = dist.is_root  # only rank 0 writes the run folder; every worker writes its own log
+    meta, extending = None, []
+    if resume is not None:  # checked before any work: a finished run or a refused resume answers at once
+        run_dir = Path(resume)
+        meta = checkpoint.load(run_dir / "checkpoints", "last")
+        extending = _check_resume(run_dir, recipe, meta)
+        if _finished(run_dir, recipe, meta):
+            return _nothing_to_do(run_dir, recipe, meta, dist, quiet)
+        if meta.get("workers", 1) != dist.size:
+            raise TrainError(f"Cannot resume {run_dir} on {dist.size} worker(s): it was trained on "
+                             f"{meta.get('workers', 1)}, and the worker count decides the batches (data.batch_size "
+                             f"is per worker). Resume it with `gluontl launch -n {meta.get('workers', 1)} -- finetune "
+                             f"--resume {run_dir}`{' (or without launch)' if meta.get('workers', 1) == 1 else ''}, "
+                             f"or start a new run from its weights with --init-from {run_dir}.")
     say(quiet, f"threads: OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset (mxnet default)')}; "
                 f"hybridize static_alloc/static_shape: {t.hybridize}")
     seed_all(t.seed)
@@ -340,25 +386,18 @@ def _finetune(recipe: Recipe, dist: Backend, ctxs: list[mx.Context], runs_root: 
         task.check(recipe, prep, loaders, ctxs[0], guards)
     if len(ctxs) > 1:
         net.collect_params().reset_ctx(ctxs)
-    if resume is not None:
-        run_dir = Path(resume)
-        meta = checkpoint.load(run_dir / "checkpoints", "last")
-        _check_resume(run_dir, recipe, meta, quiet, write=root)
-        if meta.get("workers", 1) != dist.size:
-            raise TrainError(f"Cannot resume {run_dir} on {dist.size} worker(s): it was trained on "
-                             f"{meta.get('workers', 1)}, and the worker count decides the batches (data.batch_size "
-                             f"is per worker). Resume it with `gluontl launch -n {meta.get('workers', 1)} -- finetune "
-                             f"--resume {run_dir}`{' (or without launch)' if meta.get('workers', 1) == 1 else ''}, "
-                             f"or start a new run from its weights with --init-from {run_dir}.")
-    else:
+    if extending:
+        say(quiet, f"extending {run_dir}: {'; '.join(extending)}")
+        if root:
+            _write_recipe(run_dir, recipe)
+    if resume is None:
         with dist.guard("sharing the run folder's name"):
             run_dir = Path(dist.broadcast_text(str(_new_run_dir(Path(runs_root), recipe.name)) if root else ""))
         if root:
-            write_text(run_dir / "recipe.yaml", yaml.safe_dump(recipe.as_written(), sort_keys=False))
+            _write_recipe(run_dir, recipe)
             if loaders.split is not None:  # an automatic hold-out: which files it held out, for audits
                 write_text(run_dir / "split.json", json.dumps(loaders.split.to_json(), indent=1), TrainError)
                 say(quiet, loaders.split.summary(loaders.train_size, loaders.val_size))
-        meta = None
     logged(run_dir)
     if root:
         guards.attach(run_dir)
@@ -413,6 +452,7 @@ def _finetune(recipe: Recipe, dist: Backend, ctxs: list[mx.Context], runs_root: 
     bad_steps = 0
     first_losses: list[float] = []  # per-image loss of each batch of epoch 1, for the stuck-loss guard
     feed: Feed | None = None
+    completed = False  # every epoch trained: the feature cache goes; otherwise it stays for the resume
     with _Stop() as stop:
         try:
             for epoch in range(start_epoch, t.epochs):
@@ -505,10 +545,11 @@ def _finetune(recipe: Recipe, dist: Backend, ctxs: list[mx.Context], runs_root: 
                 if halt and epoch + 1 < t.epochs:
                     stopped = True
                     break
+            completed = not stopped
         finally:
             log.close()
             if feed is not None:
-                feed.close()
+                feed.close(keep=not completed)
 
     result = RunResult(run_dir, log.rows, best, stopped_early=stopped, rank=dist.rank, workers=dist.size)
     if dist.size > 1:
@@ -521,8 +562,7 @@ def _finetune(recipe: Recipe, dist: Backend, ctxs: list[mx.Context], runs_root: 
                    "hybridized": t.hybridize, "feature_cache": feed.summary() if feed else None,
                    "warnings": guards.warnings}
         write_text(run_dir / "summary.json", json.dumps(summary, indent=1), TrainError)
-        label = "val_acc" if t.select == "val_top1" else t.select  # val_acc: the epoch lines' name
-        show(f"done: best {label} {best[t.select]:.4f} at epoch {best['epoch']}; run folder {run_dir}", quiet)
+        show(f"done: {_best_text(best, t.select)}; run folder {run_dir}", quiet)
         if len(loaders.bad):
             say(quiet, loaders.bad.summary())
     elif not stopped:

@@ -1,5 +1,6 @@
 """Frozen-prefix feature cache and prefix engines: same numbers as training through the whole net."""
 import json
+import shutil
 from functools import partial
 
 import mxnet as mx
@@ -98,6 +99,73 @@ def test_resume_with_the_cache_continues_exactly(weights, uncached, tmp_path):
     done = finetune(recipe(weights), runs_root=tmp_path, quiet=True, resume=part.run_dir)
     assert summary(done)["cache"]
     assert_same_run(uncached, done, weights)
+
+
+def test_a_resume_reads_the_features_the_stopped_run_left(weights, tmp_path):
+    """A stopped run leaves its features in the run folder; its resumes read them instead of
+    running the frozen prefix again (a short slot trains at once) and reach the uninterrupted
+    run bit for bit. Proof that they are read: features zeroed under the same record change
+    the next step's loss."""
+    full = finetune(recipe(weights), runs_root=tmp_path / "full", quiet=True)
+    part = finetune(recipe(weights), runs_root=tmp_path, quiet=True, stop_after_steps=7)
+    kept = part.run_dir / "feature_cache" / "train_view_0.npy"
+    record = json.loads(kept.with_suffix(".json").read_text())
+    assert (record["what"], record["boundary"], record["rows"]) == ("train view 0", "output", np.load(kept).shape[0])
+    zeroed = tmp_path / "zeroed"
+    shutil.copytree(part.run_dir, zeroed)
+    np.save(zeroed / "feature_cache" / "train_view_0.npy", np.zeros_like(np.load(kept)))
+    stamp = (kept.stat().st_mtime_ns, kept.read_bytes())
+    # on past the end of epoch 1 (18 steps), whose validation fills the val features
+    more = finetune(recipe(weights), runs_root=tmp_path, quiet=True, resume=part.run_dir, stop_after_steps=14)
+    assert (kept.stat().st_mtime_ns, kept.read_bytes()) == stamp  # read, not computed or written again
+    assert (part.run_dir / "feature_cache" / "val.json").is_file()
+    wrong = finetune(recipe(weights), runs_root=tmp_path, quiet=True, resume=zeroed, stop_after_steps=1)
+    step8 = [next(r["loss"] for r in res.metrics if r.get("step") == 8) for res in (more, wrong)]
+    assert step8[0] != step8[1]
+    done = finetune(recipe(weights), runs_root=tmp_path, quiet=True, resume=part.run_dir)
+    assert summary(done)["cache_reused"] == ["train view 0", "val"]
+    assert f"prefix engine: none run (every feature is in {part.run_dir / 'feature_cache'})" in summary(done)["log"]
+    np.testing.assert_array_equal(curve(done), curve(full))
+    for k, v in _params(full.run_dir / "checkpoints" / "last.params").items():
+        np.testing.assert_array_equal(_params(done.run_dir / "checkpoints" / "last.params")[k], v, err_msg=k)
+    assert not (part.run_dir / "feature_cache").exists()  # a finished run removes it
+
+
+def test_cached_features_are_reused_only_under_their_own_record(weights, tmp_path):
+    """Another cut, other prefix weights or a damaged file: the record or the file no longer
+    matches, so the features are computed again (and the file replaced)."""
+    from gluontl.pipeline import prepare
+    from gluontl.train.cache import FeatureCache, cache_key
+    from gluontl.train.prefix import MxEngine, split_frozen_prefix
+    from gluontl.tasks import get_task
+
+    r = recipe(weights)
+    prep, loaders = get_task(r).setup(r, mx.cpu(), seed=0)
+    split = split_frozen_prefix(prep.block, prep.plan, r.model.input_shape, mx.cpu())
+    folder = tmp_path / "feature_cache"
+
+    def fill(key):
+        cache = FeatureCache(MxEngine(split.prefix, mx.cpu()), loaders, 1, r.train, folder, 16, 0, True, key)
+        cache.prepare(0)
+        features = np.array(cache.train[0])
+        cache.close(keep=True)
+        return features, cache.reused
+
+    key = cache_key(r, split, (512, 1, 1))
+    first, reused = fill(key)
+    assert reused == [] and first.shape == (len(loaders.train._dataset), 512, 1, 1)
+    again, reused = fill(key)
+    assert reused == ["train view 0"]
+    np.testing.assert_array_equal(again, first)
+    for other in ({**key, "boundary": "features.7"}, {**key, "prefix_sha256": "0" * 64}):
+        assert fill(other)[1] == []
+        assert fill(key)[1] == []  # the recompute replaced the file and its record
+    np.save(folder / "train_view_0.npy", first[:-1])  # one row short, the record unchanged
+    assert fill(key)[1] == []
+    (folder / "train_view_0.npy").write_bytes(b"not an array")
+    assert fill(key)[1] == []
+    features, _ = fill(key)
+    np.testing.assert_array_equal(features, first)
 
 
 def test_random_augmentation_turns_the_cache_off_unless_views_are_asked_for(weights, tmp_path):

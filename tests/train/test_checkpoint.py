@@ -1,18 +1,21 @@
 """Checkpoints: the JSON names and hashes (SHA-256) one generation of params/states files and
-commits it atomically; a resume trusts (and unpickles) nothing whose hash does not match, and
-restores the exact arrays and optimizer state. ``TAG.params``/``TAG.states`` are hard links to
-the committed generation for readers of the run folder."""
+commits it atomically; a resume trusts nothing whose hash does not match, unpickles nothing at
+all, and restores the exact arrays and optimizer state. ``TAG.params``/``TAG.states`` are hard
+links to the committed generation for readers of the run folder."""
 import hashlib
 import json
 import os
 import pickle
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import mxnet as mx
 import numpy as np
 import pytest
 import helpers
+from test_cli_hostile import _assert_one_paragraph
 
 from gluontl.errors import TrainError
 from gluontl.naming import named_params
@@ -145,17 +148,28 @@ def test_a_json_naming_no_file_of_its_folder_is_refused(saved, name):
         checkpoint.load(folder, "last")
 
 
-def test_a_failed_write_before_the_commit_is_a_train_error_and_keeps_the_previous(saved):
+@mx.optimizer.register
+class _DictState(mx.optimizer.Optimizer):
+    """Plain SGD keeping a dict as its state: nothing gluontl's optimizers keep, so not checkpointable."""
+
+    def create_state(self, index, weight):
+        return {"steps": mx.nd.zeros(1)}
+
+    def update(self, index, weight, grad, state):
+        self._update_count(index)
+        state["steps"] += 1
+        weight[:] -= self._get_lr(index) * self.rescale_grad * grad
+
+
+def test_a_failed_save_before_the_commit_is_a_train_error_and_keeps_the_previous(saved):
     folder, net, trainer = saved
     meta = checkpoint.load(folder, "last")
-
-    class DiskFull(mx.gluon.Trainer):
-        def save_states(self, fname):
-            raise OSError(28, "No space left on device")
-
-    full = DiskFull(net.collect_params(), "sgd", {"learning_rate": 0.1})
-    with pytest.raises(TrainError, match=r"Cannot write '.*last\.[0-9a-f]+\.states': No space left on device"):
-        checkpoint.save(folder, "last", net, full, {"epoch": 9})
+    odd = mx.gluon.Trainer(net.collect_params(), "_dictstate", {"learning_rate": 0.1})
+    _step(net, odd, 4)
+    with pytest.raises(TrainError, match=r"^The _dictstate optimizer keeps a dict as its state, which gluontl cannot"):
+        odd_files = sorted(folder.iterdir())
+        checkpoint.save(folder, "last", net, odd, {"epoch": 9})
+    assert sorted(folder.iterdir()) == odd_files  # refused before writing anything
     assert checkpoint.load(folder, "last") == meta
     with pytest.raises(TrainError, match=r"Cannot write '.*nowhere.*last\.[0-9a-f]+\.params'"):
         checkpoint.save(folder / "nowhere", "last", net, trainer, {"epoch": 9})
@@ -353,3 +367,176 @@ def test_link_copies_where_a_hard_link_cannot_be_made(tmp_path, monkeypatch):
         assert dst.read_bytes() == b"generation bytes" and not os.path.samefile(src, dst)
     finally:
         shutil.rmtree(other)
+
+
+def _steps(net, trainer, seeds, ctxs):
+    """Momentum-style steps over a batch split across ``ctxs`` (as the loop splits it)."""
+    for seed in seeds:
+        rs = np.random.RandomState(seed)
+        xs = mx.gluon.utils.split_and_load(mx.nd.array(rs.randn(6, 5)), ctxs)
+        ys = mx.gluon.utils.split_and_load(mx.nd.array(rs.randint(0, 3, 6)), ctxs)
+        with mx.autograd.record():
+            losses = [mx.gluon.loss.SoftmaxCrossEntropyLoss()(net(x), y) for x, y in zip(xs, ys)]
+        mx.autograd.backward(losses)
+        trainer.step(6)
+
+
+OPTIMIZERS = [("sgd", {"momentum": 0.9}), ("sgd", {"momentum": 0.0}), ("nag", {"momentum": 0.9}),
+              ("adam", {}), ("adamw", {"wd": 0.01})]
+
+
+@pytest.mark.parametrize("ctxs, on_kvstore", [([mx.cpu(0)], None), ([mx.cpu(0), mx.cpu(1)], None),
+                                              ([mx.cpu(0), mx.cpu(1)], False)],
+                         ids=["one-context", "two-contexts", "two-contexts-local-updaters"])
+@pytest.mark.parametrize("name, options", OPTIMIZERS, ids=[f"{n}-{o}" for n, o in OPTIMIZERS])
+def test_the_optimizer_state_round_trips_exactly(tmp_path, name, options, ctxs, on_kvstore):
+    """Arrays (momentum, Adam's moments), update counts and num_update come back as they were
+    (two contexts: the local kvstore's updater, or one updater per context as in a distributed
+    worker), so the next steps are bit-identical."""
+    import gluontl.train.optim  # noqa: F401  (registers adamw)
+
+    def trainer_for(net):
+        return mx.gluon.Trainer(net.collect_params(), name, {"learning_rate": 0.05, **options},
+                                update_on_kvstore=on_kvstore)
+
+    net = _net(1)
+    net.collect_params().reset_ctx(ctxs)
+    trainer = trainer_for(net)
+    _steps(net, trainer, [0, 1, 2], ctxs)
+    checkpoint.save(tmp_path, "last", net, trainer, {"epoch": 1})
+    on_disk = mx.nd.load(str(tmp_path / "last.states"))
+    record = json.loads((tmp_path / "last.json").read_text())["optimizer"]
+    assert record["optimizer"] == name and record["num_update"] == 3
+    assert record["update_counts"]["0"] == {str(i): 3 for i in range(4)}
+    assert len(on_disk or {}) == {"sgd": 4 if options.get("momentum") else 0, "nag": 4}.get(name, 8)
+    other = _net(2)
+    other.collect_params().reset_ctx(ctxs)
+    other_trainer = trainer_for(other)
+    checkpoint.restore_into(tmp_path, "last", other, other_trainer, mx.cpu())
+    arrays, restored = checkpoint.optimizer_state(other_trainer)
+    assert restored == record
+    for key, value in (on_disk or {}).items():
+        np.testing.assert_array_equal(arrays[key].asnumpy(), value.asnumpy(), err_msg=key)
+    _steps(net, trainer, [3, 4], ctxs)
+    _steps(other, other_trainer, [3, 4], ctxs)
+    for n, v in _values(net).items():
+        np.testing.assert_array_equal(_values(other)[n], v, err_msg=n)
+        for copy in named_params(other)[n].param.list_data():
+            np.testing.assert_array_equal(copy.asnumpy(), v, err_msg=n)
+
+
+@pytest.mark.parametrize("edit, reason", [
+    (lambda r: r.update(optimizer="adam"), r"is for optimizer 'adam' \(format 1\) where this run uses 'sgd' "
+                                           r"\(format 1\)"),
+    (lambda r: r["states"].update({"4": "3"}), "names parameter index '4', but the trainer has 4 parameters"),
+    (lambda r: r["states"].update({"²": "0"}), "names parameter index '²', but the trainer has 4 parameters"),
+    (lambda r: r["update_counts"].update({"cpu": {}}), "names device 'cpu'"),
+    (lambda r: r["states"].update({"0": "1"}), r"gives parameter .*_bias \(float32\[4\]\) the state "
+                                                r"array '1': float32\[4, 5\]"),
+    (lambda r: r["states"].update({"0": "nowhere"}), "gives parameter .* the state array 'nowhere': nothing"),
+    (lambda r: r["states"].update({"0": {"0": "0"}}), r"gives parameter .* the state array \{'0': '0'\}: nothing"),
+    (lambda r: r["update_counts"]["0"].update({"0": -1}), "holds -1 where an update count belongs"),
+    (lambda r: r.update(num_update="3"), "holds '3' where an update count belongs"),
+    (lambda r: r.update(states=[]), "lacks its update_counts or states tables"),
+], ids=["optimizer", "index", "superscript-index", "device", "shape", "missing-array", "dict-state", "negative-count", "string-count", "states-list"])
+def test_an_edited_optimizer_record_is_refused_before_anything_changes(saved, edit, reason):
+    folder, _, _ = saved
+    meta = json.loads((folder / "last.json").read_text())
+    edit(meta["optimizer"])
+    (folder / "last.json").write_text(json.dumps(meta))
+    other = _net(2)
+    before = _values(other)
+    with pytest.raises(TrainError, match=rf"^Checkpoint '.*last\.json' has an optimizer record that {reason}; it "
+                                         rf"was edited by hand .* --init-from\.$"):
+        checkpoint.restore_into(folder, "last", other, _trainer(other), mx.cpu())
+    for n, v in before.items():
+        np.testing.assert_array_equal(_values(other)[n], v)
+
+
+def _run_folder(tmp_path):
+    """A run stopped after two steps, with its recipe."""
+    tiny = helpers.tiny_symbol(tmp_path, deep=False)
+    r = parse_recipe({"name": "ckpt", "model": {"source": f"symbol:{tiny}", "input_shape": [3, 16, 16]},
+                      "data": helpers.DIGITS_5_9, "train": {"epochs": 1, "lr": 0.05}, "export": {"formats": []}})
+    return r, finetune(r, runs_root=tmp_path / "runs", quiet=True, stop_after_steps=2).run_dir
+
+
+def _replace_states(folder, data, record=True):
+    """``last.states`` replaced by ``data`` with the JSON's hash rewritten to match: what whoever
+    hands over a run folder can do. ``record=False`` also drops the optimizer record, as in the
+    checkpoints of gluontl before it stopped pickling. The replaced file's path."""
+    meta = json.loads((folder / "last.json").read_text())
+    (folder / meta["states_file"]).unlink()
+    (folder / meta["states_file"]).write_bytes(data)
+    meta["states_sha256"] = hashlib.sha256(data).hexdigest()
+    if not record:
+        meta.pop("optimizer")
+    (folder / "last.json").write_text(json.dumps(meta))
+    return folder / meta["states_file"]
+
+
+@pytest.mark.parametrize("record", [False, True], ids=["old-format", "forged-record"])
+def test_a_poisoned_run_folder_runs_nothing_on_resume(tmp_path, record):
+    """The issue's attack: a pickle that acts when loaded, its hash rewritten into last.json.
+    Whether the JSON looks like an old checkpoint (no optimizer record) or a new one, gluontl
+    never unpickles it: nothing happens, exit 2, one paragraph."""
+    _, run_dir = _run_folder(tmp_path)
+    marker = tmp_path / "unpickled"
+    _replace_states(run_dir / "checkpoints", pickle.dumps(_Payload(marker)), record)
+    pickle.loads(pickle.dumps(_Payload(tmp_path / "probe")))  # the payload does act when unpickled
+    assert (tmp_path / "probe").exists()
+    done = subprocess.run([sys.executable, "-m", "gluontl", "finetune", "--resume", str(run_dir), "-q"],
+                          capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=300)
+    assert not marker.exists()
+    _assert_one_paragraph(done.returncode, done.stdout, done.stderr,
+                          ["is not an MXNet array file"] if record else ["as a Python pickle", "--init-from"])
+
+
+def test_an_old_pickled_checkpoint_is_refused_but_its_weights_start_a_new_run(tmp_path):
+    """A genuine checkpoint of gluontl before this format (MXNet's pickled Trainer states) is
+    not resumed; the weights-only start its message offers works."""
+    from gluontl.train.runs import init_from
+
+    r, run_dir = _run_folder(tmp_path)
+    net = _net(1)
+    trainer = _trainer(net)
+    _step(net, trainer, 0)
+    trainer.save_states(str(tmp_path / "pickled.states"))
+    _replace_states(run_dir / "checkpoints", (tmp_path / "pickled.states").read_bytes(), record=False)
+    with pytest.raises(TrainError, match=rf"as a Python pickle .* `gluontl finetune --recipe {run_dir}/recipe\.yaml "
+                                         rf"--init-from {run_dir}/last`\.$"):
+        finetune(r, runs_root=tmp_path / "runs", quiet=True, resume=run_dir)
+    start = finetune(init_from(r, run_dir / "last"), runs_root=tmp_path / "runs", quiet=True, stop_after_steps=1)
+    assert start.run_dir != run_dir and start.stopped_early
+
+
+def test_a_trainer_saved_before_its_first_step_round_trips(tmp_path):
+    """No state and counts of zero (num_update 0) are a valid record, not a damaged one."""
+    net = _net(1)
+    trainer = _trainer(net)
+    checkpoint.save(tmp_path, "last", net, trainer, {})
+    record = json.loads((tmp_path / "last.json").read_text())["optimizer"]
+    assert (record["num_update"], record["states"]) == (0, {})
+    other = _net(2)
+    other_trainer = _trainer(other)
+    checkpoint.restore_into(tmp_path, "last", other, other_trainer, mx.cpu())
+    _step(net, trainer, 0)
+    _step(other, other_trainer, 0)
+    for n, v in _values(net).items():
+        np.testing.assert_array_equal(_values(other)[n], v, err_msg=n)
+
+
+@pytest.mark.parametrize("content, reason", [
+    (b"\x80\x04not arrays", r"is not an MXNet array file \(.*Invalid NDArray file format.*\); it was written by "
+                            r"something other than gluontl\. Refusing it\.$"),
+    (None, r"holds unnamed arrays; gluontl writes named ones\. Refusing it\.$"),
+], ids=["not-arrays", "unnamed-arrays"])
+def test_a_states_file_that_is_no_named_array_file_is_refused(saved, tmp_path, content, reason):
+    folder, _, _ = saved
+    if content is None:
+        mx.nd.save(str(tmp_path / "list"), [mx.nd.zeros(3)])
+        content = (tmp_path / "list").read_bytes()
+    states = _replace_states(folder, content)
+    other = _net(2)
+    with pytest.raises(TrainError, match=rf"^Checkpoint file '{states}' {reason}"):
+        checkpoint.restore_into(folder, "last", other, _trainer(other), mx.cpu())

@@ -246,6 +246,48 @@ def test_cli_extends_a_cosine_run_along_the_longer_schedule(tiny_symbol, tmp_pat
     assert [m["epoch"] for m in after if "epoch" in m] == [1, 2, 3]
 
 
+def _files(run_dir):
+    """Every file of a run folder (exports included) with its modification time and bytes."""
+    return {p.relative_to(run_dir): (p.stat().st_mtime_ns, p.read_bytes()) for p in run_dir.rglob("*") if p.is_file()}
+
+
+def test_resuming_a_finished_run_says_so_and_rewrites_nothing(tiny_symbol, tmp_path):
+    """It used to print "done" and silently export again over the run's ONNX file."""
+    r = tmp_path / "r.yaml"
+    r.write_text(yaml.safe_dump({**spec(tiny_symbol, epochs=1), "export": {"formats": ["onnx"]}}))
+    runs = tmp_path / "runs"
+    assert _cli(["finetune", "-r", str(r), "--runs", str(runs), "-q"], tmp_path, capture_output=True).returncode == 0
+    run = runs / "t"
+    before = _files(run)
+    assert Path("export/t.onnx") in before
+    proc = _cli(["finetune", "--resume", str(run)], tmp_path, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    best = rows(run)[-1]["val_top1"]
+    assert proc.stdout == (f"{run} already finished its 1 epoch (best val_acc {best:.4f} at epoch 1); nothing to do, "
+                           f"nothing rewritten. To train it longer: `gluontl finetune --resume {run} --set "
+                           f"train.epochs=6`.\n")
+    assert _files(run) == before
+    proc = _cli(["finetune", "--resume", str(run), "--set", "train.epochs=2", "-q"], tmp_path, capture_output=True,
+                text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert [m["epoch"] for m in rows(run) if "epoch" in m] == [1, 2]
+    assert f"exported {run / 'export' / 't.onnx'} (verified)" in proc.stdout
+    assert _files(run)[Path("export/t.onnx")] != before[Path("export/t.onnx")]
+
+
+def test_a_run_killed_before_its_summary_is_finished_by_a_resume(tiny_symbol, tmp_path):
+    """The last checkpoint alone does not make a run finished: killed before it wrote its
+    summary (and exports), a resume trains nothing but writes them."""
+    run = finetune(recipe(tiny_symbol, epochs=1), runs_root=tmp_path, quiet=True).run_dir
+    summary = json.loads((run / "summary.json").read_text())
+    (run / "summary.json").unlink()
+    again = finetune(recipe(tiny_symbol, epochs=1), runs_root=tmp_path, quiet=True, resume=run)
+    assert not again.finished_before
+    written = json.loads((run / "summary.json").read_text())
+    assert (written["best"], written["last"]) == (summary["best"], summary["last"])
+    assert finetune(recipe(tiny_symbol, epochs=1), runs_root=tmp_path, quiet=True, resume=run).finished_before
+
+
 def test_resume_refuses_other_changes_and_a_shorter_run(tiny_symbol, tmp_path):
     run = finetune(recipe(tiny_symbol), runs_root=tmp_path, quiet=True).run_dir
     with pytest.raises(TrainError, match=r"recipe differs .*train\.lr: 0\.05 -> 0\.1\).*--init-from"):
