@@ -321,8 +321,8 @@ def build_feed(net: HybridBlock, plan: Plan, recipe: Recipe, loaders: Loaders, c
     cache = FeatureCache(None, loaders, max(decision.views, 1), t, folder, recipe.data.batch_size,
                          recipe.data.workers, quiet, cache_key(recipe, split, one.shape[1:]))
     if decision.train and cache.complete():  # a resume with every feature at hand: skip the engines' probe
-        engine, engine_log = MxEngine(split.prefix, ctx, t.hybridize), f"prefix engine: none run (every " \
-                                                                       f"feature is in {folder})"
+        engine, engine_log = MxEngine(split.prefix, recipe.model.input_shape, ctx, t.hybridize), \
+            f"prefix engine: none run (every feature is in {folder})"
     else:
         engine, engine_log = choose_engine(t.prefix_engine, split.prefix, recipe.model.input_shape, ctx, probe,
                                            t.hybridize, margin=1.0 if decision.train else PER_STEP_MARGIN)

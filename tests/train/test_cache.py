@@ -145,7 +145,7 @@ def test_cached_features_are_reused_only_under_their_own_record(weights, tmp_pat
     folder = tmp_path / "feature_cache"
 
     def fill(key):
-        cache = FeatureCache(MxEngine(split.prefix, mx.cpu()), loaders, 1, r.train, folder, 16, 0, True, key)
+        cache = FeatureCache(MxEngine(split.prefix, r.model.input_shape, mx.cpu()), loaders, 1, r.train, folder, 16, 0, True, key)
         cache.prepare(0)
         features = np.array(cache.train[0])
         cache.close(keep=True)
