@@ -201,8 +201,10 @@ def split_sampler(spec: DataSpec, which: Literal["train", "val"], n: int, *, see
                   shuffle_train: bool) -> EpochSampler:
     """The sampler of split ``which`` (val: in order, all batches); no batch at all is a DataError."""
     is_train = which == "train"
-    sampler = EpochSampler(n, spec.batch_size, seed=seed, shuffle=is_train and shuffle_train,
-                           last_batch=spec.last_batch if is_train else "keep")
+    # a split smaller than one batch trains as one smaller batch rather than none (a first folder of
+    # a few photos); larger splits keep data.last_batch, so their epochs are what they always were
+    last = spec.last_batch if is_train and n >= spec.batch_size else "keep"
+    sampler = EpochSampler(n, spec.batch_size, seed=seed, shuffle=is_train and shuffle_train, last_batch=last)
     if len(sampler) == 0:
         raise DataError(f"The {which} split '{getattr(spec, which)}' of {spec.source} has {n} usable "
                         f"images, fewer than data.batch_size {spec.batch_size}, so an epoch would "

@@ -354,8 +354,22 @@ def test_mixed_sizes_without_resize_is_a_data_error(tmp_path):
     loaders = make_loaders(DataSpec(source=f"folder:{tmp_path}", batch_size=2), seed=0, which=["train"])
     with pytest.raises(DataError, match=r"different sizes.*resize"):
         _batches(loaders.train)
-    with pytest.raises(DataError, match=r"fewer than data.batch_size 3"):
-        make_loaders(DataSpec(source=f"folder:{tmp_path}", batch_size=3), seed=0, which=["train"])
+    few = make_loaders(DataSpec(source=f"folder:{tmp_path}", batch_size=3), seed=0, which=["train"])
+    assert few.train_sampler.last_batch == "keep" and few.train_sampler.batches_per_epoch() == 1  # one batch of 2
+
+
+def test_a_split_smaller_than_one_batch_trains_as_one_smaller_batch(tmp_path):
+    """A first folder of a few photos trains with the default batch size: its epoch is one batch of
+    every image (not none); a split of at least one batch keeps data.last_batch's whole batches."""
+    for i in range(5):
+        _png(tmp_path / "train" / "a" / f"{i}.png", _rgb(i, 8, 8))
+    few = make_loaders(DataSpec(source=f"folder:{tmp_path}", batch_size=8), seed=0, which=["train"])
+    few.train_sampler.set_epoch(0)
+    assert [sorted(i for i, _ in b) for b in few.train_sampler] == [[0, 1, 2, 3, 4]]
+    assert few.train_sampler.left_out() == 0
+    whole = make_loaders(DataSpec(source=f"folder:{tmp_path}", batch_size=2), seed=0, which=["train"])
+    assert whole.train_sampler.last_batch == "discard" and whole.train_sampler.batches_per_epoch() == 2
+    assert whole.train_sampler.left_out() == 1
 
 
 # ---------------------------------------------------------------- determinism

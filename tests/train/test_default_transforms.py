@@ -165,7 +165,7 @@ def test_the_readme_recipe_trains_exports_and_predicts_on_photos_of_any_size(tmp
     Path("r.yaml").write_text(_readme_recipe())
     weights = helpers.resnet18_weights(tmp_path / "w.params")  # offline stand-in for pretrained: true
     sets = ["model.pretrained=false", f"model.weights={weights}", "model.restore.only=[features.*]",
-            "model.input_shape=[3, 32, 32]", "data.batch_size=8", "train.epochs=1", f"train.cache_features={cache}"]
+            "model.input_shape=[3, 32, 32]", "train.epochs=1", f"train.cache_features={cache}"]
     args = [a for s in sets for a in ("--set", s)]
 
     code, plan_out, err = helpers.run_cli(capsys, "plan", "-r", "r.yaml", *args)
