@@ -418,7 +418,8 @@ def test_the_launcher_makes_a_missing_imagenet_onnx_once(tmp_path, monkeypatch, 
     monkeypatch.chdir(tmp_path)
     r = {"name": "lite", "model": {"source": f"onnx:$GLUONTL_HOME/models/{lite.ONNX_NAME}",
                                    "input_shape": [3, 224, 224]},
-         "surgery": {"head": {"classes": 5}}, "data": helpers.DIGITS_5_9, "train": {"epochs": 1}}
+         "surgery": {"head": {"classes": 5}}, "train": {"epochs": 1},
+         "data": {**helpers.DIGITS_5_9, "train_transform": {"resize": 224}, "val_transform": {"resize": 224}}}
     (tmp_path / "r.yaml").write_text(yaml.safe_dump(r))
     made = tmp_path / "home" / "models" / lite.ONNX_NAME
     make_weights(["finetune", "-r", "r.yaml", "--runs", "runs"], get_command(app).commands)
