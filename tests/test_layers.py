@@ -41,20 +41,7 @@ KNOWN_CYCLES = {
         "gluontl.train.cache", "gluontl.train.data", "gluontl.train.demo", "gluontl.train.guards",
         "gluontl.train.prefix", "gluontl.train.runs", "gluontl.train.transforms"}),
 }
-KNOWN_PRIVATE = {
-    "gluontl.detect.augment takes gluontl.train.transforms._color_jitter",
-    "gluontl.detect.augment takes gluontl.train.transforms._mean_std",
-    "gluontl.detect.augment takes gluontl.train.transforms._resize",
-    "gluontl.detect.augment takes gluontl.train.transforms._to_tensor",
-    "gluontl.detect.data takes gluontl.train.data._check",
-    "gluontl.detect.data takes gluontl.train.data._require_classes",
-    "gluontl.detect.models takes gluontl.sources._input_name",
-    "gluontl.detect.runs takes gluontl.train.runs._data",
-    "gluontl.detect.runs takes gluontl.train.runs._export_input_name",
-    "gluontl.detect.runs takes gluontl.train.runs._images",
-    "gluontl.pipeline takes gluontl.sources._input_name",
-    "gluontl.train.runs takes gluontl.sources._input_name",
-}
+KNOWN_PRIVATE: set[str] = set()
 KNOWN_UPWARD = {
     "gluontl.convert.efficientnet_lite (model I/O) imports gluontl.recipe (model ops)",
     "gluontl.detect.export (tasks) imports gluontl.export.exporters (engine)",

@@ -173,9 +173,9 @@ def _ssd_on(spec, classes: list[str], ctx: mx.Context) -> tuple[HybridBlock, set
 
 
 def _backbone_input(spec) -> str:
-    from ..sources import _input_name
+    from ..sources import model_input_name
 
-    return _input_name(spec.model_copy(update={"detector": None}))
+    return model_input_name(spec.model_copy(update={"detector": None}))
 
 
 def _feature_shapes(backbone: HybridBlock, features: list[str], shape: tuple[int, ...], source: str) -> list[int]:

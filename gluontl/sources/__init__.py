@@ -341,7 +341,7 @@ def build_model(spec: ModelSpec, *, classes: int | None = None, head_init: str =
     the way the recipe says.
     """
     ctx = ctx or mx.cpu()
-    shapes = dict(input_shapes or {_input_name(spec): (1, *spec.input_shape)})
+    shapes = dict(input_shapes or {model_input_name(spec): (1, *spec.input_shape)})
     if input_shapes is None:
         check_input_shape(spec, next(iter(shapes)))
     net = load_model(spec, classes=classes, ctx=ctx, input_shapes=shapes)
@@ -392,7 +392,7 @@ def reinitialize(net: HybridBlock) -> None:
         p.set_data(arr)
 
 
-def _input_name(spec: ModelSpec) -> str:
+def model_input_name(spec: ModelSpec) -> str:
     """``model.input_name``, or the model's own first input when the recipe leaves it out."""
     if "input_name" in spec.model_fields_set or spec.source.startswith("zoo:"):
         return spec.input_name

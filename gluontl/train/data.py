@@ -257,7 +257,7 @@ def _batchify(samples: list[tuple[np.ndarray, np.float32]], shared: bool, split:
 
 # ---------------------------------------------------------------- checking
 
-def _check(names: list[str], problem, spec: DataSpec, what: str) -> tuple[np.ndarray, BadImageReport]:
+def screen_images(names: list[str], problem, spec: DataSpec, what: str) -> tuple[np.ndarray, BadImageReport]:
     """Run ``problem(i)`` over every item; keep-mask plus the report (or raise under ``error``)."""
     keep = np.ones(len(names), bool)
     bad = BadImageReport()
@@ -276,7 +276,7 @@ def _check(names: list[str], problem, spec: DataSpec, what: str) -> tuple[np.nda
     return keep, bad
 
 
-def _require_classes(labels: np.ndarray, class_names: list[str], where: list[str], spec: DataSpec,
+def require_classes(labels: np.ndarray, class_names: list[str], where: list[str], spec: DataSpec,
                      what: str, bad: BadImageReport) -> None:
     """A class with no usable item is an error (or a report line under ``skip``)."""
     empty = [i for i in range(len(class_names)) if not np.any(labels == i)]
@@ -292,10 +292,10 @@ def _require_classes(labels: np.ndarray, class_names: list[str], where: list[str
 def _finish(items: list, labels: np.ndarray, names: list[str], problem, class_names: list[str],
             class_where: list[str] | None, spec: DataSpec, what: str, transform: Transform, seed: int,
             rec: str | None = None, held_out: bool = False, check: bool = True) -> ImageDataset:
-    keep, bad = _check(names, problem, spec, what) if check else (np.ones(len(names), bool), BadImageReport())
+    keep, bad = screen_images(names, problem, spec, what) if check else (np.ones(len(names), bool), BadImageReport())
     labels = labels[keep]
     if class_where is not None:  # classes were declared (folders, data.classes), not inferred
-        _require_classes(labels, class_names, class_where, spec, what, bad)
+        require_classes(labels, class_names, class_where, spec, what, bad)
     if len(labels) == 0:
         raise DataError(f"{what} has no usable images. Check data.source and the split names "
                         f"data.train / data.val.")

@@ -9,7 +9,7 @@ from typing import Any, Mapping
 import mxnet as mx
 import numpy as np
 
-from ..errors import DataError, ExportError, GluontlError, TrainError, short_reason
+from ..errors import ExportError, GluontlError, TrainError, short_reason
 from ..pipeline import prepare
 from ..recipe import DataSpec, ExportSpec, Recipe, as_spec, load_recipe
 from . import checkpoint
@@ -100,7 +100,7 @@ def evaluate(run_dir: str | Path, split: str = "val", tag: str = "best") -> dict
         from ..detect import runs as detect_runs
 
         return detect_runs.evaluate(run_dir, recipe, net, split)
-    ds = load_split(_data(recipe, run_dir), split)
+    ds = load_split(recipe_data(recipe, run_dir), split)
     loader = mx.gluon.data.DataLoader(ds, batch_size=recipe.data.batch_size, shuffle=False)
     with mx.autograd.predict_mode():
         out = evaluate_loader(net, loader, [mx.cpu()], len(ds.class_names), mx.gluon.loss.SoftmaxCrossEntropyLoss())
@@ -109,7 +109,7 @@ def evaluate(run_dir: str | Path, split: str = "val", tag: str = "best") -> dict
     return out
 
 
-def _data(recipe: Recipe, run_dir: str | Path) -> DataSpec:
+def recipe_data(recipe: Recipe, run_dir: str | Path) -> DataSpec:
     if recipe.data is None:
         raise TrainError(f"'{Path(run_dir) / 'recipe.yaml'}' has no data: section, so there are no splits or "
                          f"class names to use; add the data: section the run was trained with.")
@@ -121,7 +121,7 @@ def run_card(recipe: Recipe, data: DataSpec, class_names: list[str]) -> dict[str
     the class names, the input named as the run's exports name it."""
     from .transforms import model_card
 
-    return model_card(data.val_transform, class_names, _export_input_name(recipe), recipe.model.input_shape)
+    return model_card(data.val_transform, class_names, export_input_name(recipe), recipe.model.input_shape)
 
 
 def stored_card(run_dir: str | Path, recipe: Recipe) -> dict[str, Any]:
@@ -136,15 +136,15 @@ def stored_card(run_dir: str | Path, recipe: Recipe) -> dict[str, Any]:
             raise TrainError(f"'{path}' has no \"classes\" list; it was edited. Delete it to have it computed "
                              f"from {Path(run_dir) / 'recipe.yaml'} and the training data.")
         return json.loads(path.read_text(encoding="utf-8"))
-    data = _data(recipe, run_dir)
+    data = recipe_data(recipe, run_dir)
     return run_card(recipe, data, load_split(data, data.train).class_names)
 
 
 def predict(run_dir: str | Path, images: list[str], topk: int = 5, tag: str = "best") -> list[dict[str, Any]]:
     """Top-``topk`` (class, probability) per image with the run's ``tag`` checkpoint."""
-    from .transforms import load_preprocess
+    from .transforms import load_images, load_preprocess
 
-    decoded = _images(images)  # a bad image fails before the model loads
+    decoded = load_images(images)  # a bad image fails before the model loads
     recipe, net = load_run(run_dir, tag)
     prep, names = load_preprocess(stored_card(run_dir, recipe))
     results = []
@@ -160,8 +160,9 @@ def predict_detections(run_dir: str | Path, images: list[str], out_dir: str | Pa
     """A detection run's detections per image (original pixels), drawn into images beside a
     detections.json in ``out_dir`` (default RUN/predictions)."""
     from ..detect import runs as detect_runs
+    from .transforms import load_images
 
-    _images(images)  # a bad image fails before the model loads
+    load_images(images)  # a bad image fails before the model loads
     recipe, net = load_run(run_dir, tag)
     return detect_runs.predict(run_dir, recipe, net, images, out_dir, score_thresh)
 
@@ -170,11 +171,11 @@ def predict_onnx(onnx_path: str | Path, images: list[str], topk: int = 5) -> lis
     """:func:`predict` with an exported ONNX file in onnxruntime, preprocessing and class names
     from the file's metadata alone (what a deployment has)."""
     from ..export.verify import ort_session
-    from .transforms import onnx_preprocess
+    from .transforms import load_images, onnx_preprocess
 
     path = Path(onnx_path)
     prep, names = onnx_preprocess(path)  # no metadata: refused before any work
-    decoded = _images(images)
+    decoded = load_images(images)
     session = ort_session(path, f"'{path}'")
     inputs, outputs = session.get_inputs(), session.get_outputs()
     if len(inputs) != 1 or len(inputs[0].shape) != 4:
@@ -200,15 +201,6 @@ def predict_onnx(onnx_path: str | Path, images: list[str], topk: int = 5) -> lis
         prob = np.exp(logits[0] - logits[0].max())
         results.append(_ranked(name, prob / prob.sum(), names, topk))
     return results
-
-
-def _images(images: list[str]) -> list[np.ndarray]:
-    from .transforms import load_image
-
-    for path in images:
-        if Path(path).is_dir():
-            raise DataError(f"'{path}' is a directory; pass image files (e.g. {Path(path) / '*.jpg'}).")
-    return [load_image(path) for path in images]
 
 
 def _ranked(image: str, prob: np.ndarray, names: list[str], topk: int) -> dict[str, Any]:
@@ -329,7 +321,7 @@ def export_run(run_dir: str | Path, out_dir: str | Path | None = None, *, format
 
         return detect_runs.export(run_dir, recipe, net, out_dir, formats or list(recipe.export.formats), force)
     spec = recipe.export
-    name = _export_input_name(recipe)
+    name = export_input_name(recipe)
     card = stored_card(run_dir, recipe)
     card = {**card, "preprocess": {**card["preprocess"], "input": {**card["preprocess"]["input"], "name": name}}}
     sample = None
@@ -341,7 +333,7 @@ def export_run(run_dir: str | Path, out_dir: str | Path | None = None, *, format
                         force=force, sample=sample, output_names=spec.output_names, card=card)
 
 
-def _export_input_name(recipe: Recipe) -> str:
-    from ..sources import _input_name
+def export_input_name(recipe: Recipe) -> str:
+    from ..sources import model_input_name
 
-    return recipe.export.input_names[0] if recipe.export.input_names else _input_name(recipe.model)
+    return recipe.export.input_names[0] if recipe.export.input_names else model_input_name(recipe.model)
