@@ -40,6 +40,7 @@ from .logs import MetricsLog, WorkerLog, alert, bars_on, epoch_line, progress, s
 from .gpu import check_gpus
 from .guards import GuardLog
 from .schedule import lr_at
+from .weights import ensure_weights
 
 
 def parse_ctx(spec: str) -> list[mx.Context]:
@@ -304,8 +305,6 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
     if recipe.data is None:
         raise TrainError("The recipe has no data: section; finetune needs training data "
                          "(e.g. data: {source: demo:digits}).")
-    from .weights import ensure_weights
-
     ctxs = parse_ctx(recipe.train.ctx)  # a card MXNet cannot use is refused before any pretrain or connect
     recipe = resolve_backend(recipe)
     t = recipe.train
@@ -313,7 +312,7 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
         _weights_made_before(recipe)
     else:
         _alone(recipe)
-    ensure_weights(recipe, quiet=quiet)
+    ensure_weights(recipe, finetune, quiet=quiet)
     recipe = with_input_name(recipe)
     dist = connect(t.distributed, alert)
     if dist.size > 1:  # what `gluontl launch` reads to name a failing worker by rank
