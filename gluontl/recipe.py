@@ -20,6 +20,7 @@ from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 from pydantic_core import PydanticCustomError
 
 from .errors import GluontlError, ModelSourceError, RecipeError, RuleError, hwc_hint
+from .home import gluontl_home
 
 SpecT = TypeVar("SpecT", bound=BaseModel)
 
@@ -116,11 +117,6 @@ def resolve_source(text: str) -> str:
     close = difflib.get_close_matches(text.lower(), names, n=5)
     raise ModelSourceError(f"'{text}' is not a file, a symbol prefix or a model-zoo name (close zoo names: "
                            f"{', '.join(close) or 'none'}). Accepted forms: {SOURCE_FORMS}.")
-
-
-def gluontl_home() -> Path:
-    """Where gluontl keeps what it makes once: demo datasets, converted models."""
-    return Path(os.environ.get("GLUONTL_HOME") or "~/.cache/gluontl").expanduser()
 
 
 def _expand(path: str) -> str:

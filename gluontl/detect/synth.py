@@ -27,7 +27,7 @@ import cv2
 import numpy as np
 from PIL import Image
 
-from ..recipe import gluontl_home
+from ..home import gluontl_home
 from .formats import Annotation, write_coco, write_voc, write_yolo
 
 SIZE = 128

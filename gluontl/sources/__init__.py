@@ -20,7 +20,8 @@ from mxnet.gluon import HybridBlock
 from ..errors import ModelSourceError, hwc_hint, short_reason
 from ..graphblock import GraphBlock
 from ..naming import graph_nodes, named_params, shape_of
-from ..recipe import ModelSpec, as_spec, gluontl_home, resolve_source
+from ..home import gluontl_home
+from ..recipe import ModelSpec, as_spec, resolve_source
 from .restore import RestoreReport, restore
 
 __all__ = ["load_model", "build_model", "check_input_shape", "input_shapes", "make_model_file", "model_inputs",

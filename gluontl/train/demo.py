@@ -32,7 +32,7 @@ from PIL import Image
 
 from ..atomic import link_or_copy
 from ..errors import DataError
-from ..recipe import gluontl_home
+from ..home import gluontl_home
 from .data import stratified_holdout
 
 DEMOS = ("digits", "elpv")

@@ -12,6 +12,7 @@ import numpy as np
 from ..errors import ExportError, GluontlError, TrainError, short_reason
 from ..pipeline import prepare
 from ..recipe import DataSpec, ExportSpec, Recipe, as_spec, load_recipe
+from ..runfolder import run_weights
 from . import checkpoint
 
 
@@ -40,22 +41,6 @@ def load_run(run_dir: str | Path, tag: str = "best", ctx=None) -> tuple[Recipe, 
     checkpoint.restore_into(run / "checkpoints", tag, prep.block, None, ctx)
     prep.block.hybridize(static_alloc=True)
     return recipe, prep.block
-
-
-def run_weights(ref: str | Path) -> Path | None:
-    """The params file of a run checkpoint named as ``RUN`` (its best), ``RUN/best`` or
-    ``RUN/last``, hash-checked; None when ``ref`` names no run folder."""
-    path, tag = Path(ref), "best"
-    if path.name in ("best", "last") and not path.is_dir() and (path.parent / "recipe.yaml").is_file():
-        path, tag = path.parent, path.name
-    if not (path / "recipe.yaml").is_file():
-        return None
-    folder = path / "checkpoints"
-    if not (folder / f"{tag}.json").is_file():
-        raise TrainError(f"Run '{path}' has no '{tag}' checkpoint ({folder / tag}.json is missing) to start from: "
-                         f"it stopped before finishing an epoch. Finish it with `gluontl finetune --resume {path}`"
-                         f"{', or name RUN/last' if tag == 'best' and (folder / 'last.json').is_file() else ''}.")
-    return checkpoint._files(folder, tag, checkpoint.load(folder, tag))["params"]
 
 
 def finetune_recipe(recipe: Path | None, set_: list[str] | None, resume: Path | None,

@@ -12,8 +12,8 @@ from typing import Callable
 
 from ..atomic import atomic_write
 from ..errors import RecipeError, TrainError
+from ..home import gluontl_home
 from ..recipe import Recipe, load_recipe
-from ..recipe import gluontl_home
 
 
 def ensure_weights(recipe: Recipe, finetune: Callable, *, quiet: bool = False, depth: int = 0) -> None:
