@@ -24,6 +24,7 @@ PLACES = {  # dotted prefix → layer; the longest matching prefix wins
     "gluontl.pipeline": 2,  # recipe → ready model: source, restore, surgery, rules
     # image decoding, transforms, splits, bad images, demo data and epoch order: what every task feeds on
     "gluontl.train.data": 3, "gluontl.train.transforms": 3, "gluontl.train.demo": 3, "gluontl.train.sampler": 3,
+    "gluontl.train.splits": 3,
     "gluontl.tasks": 4, "gluontl.detect": 4, "gluontl.segment": 4,
     "gluontl.train": 5, "gluontl.export": 5, "gluontl.dist": 5,
     "gluontl": 6, "gluontl.cli": 6, "gluontl.api": 6, "gluontl.__main__": 6,
@@ -37,8 +38,6 @@ KNOWN_CYCLES = {
     frozenset({
         "gluontl.detect.export", "gluontl.detect.runs", "gluontl.tasks.classification",
         "gluontl.tasks.detection", "gluontl.train.runs"}),
-    frozenset({
-        "gluontl.train.data", "gluontl.train.demo"}),
 }
 KNOWN_PRIVATE: set[str] = set()
 KNOWN_UPWARD = {

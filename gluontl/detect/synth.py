@@ -47,7 +47,7 @@ def _material() -> tuple[list[np.ndarray], np.ndarray, np.ndarray, np.ndarray]:
     import matplotlib
     from sklearn.datasets import load_digits, load_sample_images
 
-    from ..train.data import stratified_holdout
+    from ..train.splits import stratified_holdout
 
     photos = list(load_sample_images().images)
     hopper = Path(matplotlib.get_data_path()) / "sample_data" / "grace_hopper.jpg"

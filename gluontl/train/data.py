@@ -39,9 +39,9 @@ from ..errors import DataError
 from ..recipe import DataSpec
 from .logs import progress
 from .sampler import EpochSampler
+from .splits import SPLIT_SEED, stratified_holdout
 from .transforms import Transform, build, decode_image, image_problem, sample_rng
 
-SPLIT_SEED = 20240607  # hold-out splits must not move when the run seed changes
 _PROGRESS_MIN = 1000  # show a progress bar for the bad-image pass above this many items (on a terminal)
 
 
@@ -228,19 +228,6 @@ def split_preview(spec: DataSpec) -> tuple[SplitRecord, int, int] | None:
     sets = {w: load_split(spec, getattr(spec, w), check=False) for w in ("train", "val")}
     record = _split_record(spec, sets)
     return None if record is None else (record, len(sets["train"]), len(sets["val"]))
-
-
-def stratified_holdout(labels: np.ndarray, val_fraction: float, seed: int = SPLIT_SEED) -> np.ndarray:
-    """Boolean mask of the val items: ``round(val_fraction * n_c)`` per class, but at least one
-    (so val sees every class) and at least one left for training; depends only on the labels, the
-    fraction and ``seed``."""
-    rng = np.random.default_rng(seed)
-    mask = np.zeros(len(labels), bool)
-    for c in np.unique(labels):
-        idx = np.flatnonzero(labels == c)
-        n_val = min(max(round(val_fraction * len(idx)), 1), len(idx) - 1)
-        mask[rng.permutation(idx)[:n_val]] = True
-    return mask
 
 
 # ---------------------------------------------------------------- batching
