@@ -16,8 +16,8 @@ from mxnet.gluon import HybridBlock, SymbolBlock, nn
 
 from .errors import RuleError
 from .naming import graph_nodes, named_params
+from .recipe import HEAD, NECK, STEM
 
-STEM, NECK, HEAD = "stem", "neck", "head"  # neck: a detector's layers between backbone and heads
 _GLOBAL_POOLS = (nn.GlobalAvgPool2D, nn.GlobalMaxPool2D, nn.GlobalAvgPool1D, nn.GlobalMaxPool1D)
 Stage = int | str
 

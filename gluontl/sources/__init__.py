@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import difflib
-import functools
 import io
 import re
 import sys
@@ -22,26 +21,11 @@ from ..graphblock import GraphBlock
 from ..naming import graph_nodes, named_params, shape_of
 from ..home import gluontl_home
 from ..recipe import ModelSpec, as_spec, resolve_source
+from ..zoo import DEFAULT_SHAPE, zoo_input_shape, zoo_names
 from .restore import RestoreReport, restore
 
 __all__ = ["load_model", "build_model", "check_input_shape", "input_shapes", "make_model_file", "model_inputs",
            "resolve_source", "zoo_input_shape", "zoo_names", "RestoreReport", "restore"]
-
-
-def zoo_names() -> list[str]:
-    """Every zoo model name.
-
-    GluonCV's ``get_model`` also builds every ``mxnet.gluon.model_zoo.vision`` name
-    (same architectures and parameter names; a test keeps that true), so one zoo serves both.
-    """
-    return list(_zoo_names())
-
-
-@functools.lru_cache(maxsize=1)
-def _zoo_names() -> tuple[str, ...]:
-    from gluoncv.model_zoo import get_model_list
-
-    return tuple(sorted({n.lower() for n in get_model_list()}))
 
 
 def zoo_block(name: str, classes: int | None, kwargs: dict[str, Any], pretrained: bool, ctx) -> HybridBlock:
@@ -151,24 +135,6 @@ def _symbol_inputs(prefix: str, epoch: int | None) -> list[str]:
 
 
 Shape = tuple[int | str | None, ...] | None
-_DEFAULT_SHAPE = (3, 224, 224)
-_ZOO_SHAPES = (  # C,H,W the zoo's own training/evaluation feeds, where it is not 224x224 (first match)
-    (r"inceptionv3|xception", (3, 299, 299)), (r"nasnet_6_4032$", (3, 331, 331)), (r"resnest101$", (3, 256, 256)),
-    (r"resnest200$", (3, 320, 320)), (r"resnest269$", (3, 416, 416)), (r"ssd_300", (3, 300, 300)),
-    (r"ssd_512|center_net", (3, 512, 512)), (r"yolo3", (3, 416, 416)), (r".*rcnn", (3, 600, 600)),
-    (r"fastscnn", (3, 1024, 1024)), (r"fcn|psp|deeplab|danet|icnet", (3, 480, 480)),
-    (r"simple_pose|mobile_pose", (3, 256, 192)), (r"alpha_pose", (3, 320, 256)),
-    (r"monodepth2.*_640x192", (3, 192, 640)),
-)
-
-
-def zoo_input_shape(name: str) -> tuple[int, ...]:
-    """C,H,W a zoo model is made for: zoo models declare no input, and 224x224 fails
-    segmentation models (480) and misrepresents detectors (SSD-512, YOLOv3 at 416)."""
-    key = name.lower().removeprefix("zoo:")
-    return next((shape for pattern, shape in _ZOO_SHAPES if re.match(pattern, key)), _DEFAULT_SHAPE)
-
-
 def model_inputs(source: str, *, epoch: int | None = None) -> list[tuple[str, Shape]]:
     """The model's own inputs with the batch-first shape it declares (None: it declares none).
 
@@ -253,7 +219,7 @@ def input_shapes(source: str, given: Mapping[str | None, tuple[int, ...]] | None
             if len(declared) > 1:
                 raise ModelSourceError(f"Input '{name}' of {spec} has no declared shape; give each input's shape "
                                        f"with --input-shape {name}=1,C,H,W (repeatable).")
-            shapes[name] = (1, *(zoo_input_shape(spec) if spec.startswith("zoo:") else _DEFAULT_SHAPE))
+            shapes[name] = (1, *(zoo_input_shape(spec) if spec.startswith("zoo:") else DEFAULT_SHAPE))
         else:
             free = [f"{d or '?'} (dim {i})" for i, d in enumerate(shape) if i and not isinstance(d, int)]
             if free:
