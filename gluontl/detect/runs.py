@@ -16,7 +16,7 @@ from ..recipe import Recipe
 def load_detector(run: Path, recipe: Recipe, tag: str, ctx=None):
     """The run's detector for the classes it was trained on (its preprocess.json), ``tag`` loaded."""
     from ..train import checkpoint
-    from ..train.runs import stored_card
+    from ..train.card import stored_card
     from .models import build_detector
 
     classes = stored_card(run, recipe)["classes"]
@@ -29,7 +29,7 @@ def load_detector(run: Path, recipe: Recipe, tag: str, ctx=None):
 
 
 def _dataset(recipe: Recipe, run: Path, split: str):
-    from ..train.runs import recipe_data
+    from ..train.card import recipe_data
     from .data import load_detection_split
 
     return load_detection_split(recipe_data(recipe, run), split, recipe.model.input_shape)
@@ -40,7 +40,7 @@ def evaluate(run_dir: str | Path, recipe: Recipe, net, split: str = "val") -> di
     from ..tasks.detection import predict_batches
     from .metrics import DetectionEval, plot_pr, table
 
-    from ..train.runs import stored_card
+    from ..train.card import stored_card
 
     run = Path(run_dir)
     ds = _dataset(recipe, run, split)
@@ -112,7 +112,7 @@ def predict(run_dir: str | Path, recipe: Recipe, net, images: list[str], out_dir
             score_thresh: float = 0.5) -> tuple[list[dict[str, Any]], Path]:
     """Detections per image in the image's own pixels; images with drawn boxes and
     ``detections.json`` go to ``out_dir`` (default RUN/predictions)."""
-    from ..train.runs import stored_card
+    from ..train.card import stored_card
     from ..train.transforms import load_images
 
     decoded = load_images(images)
@@ -177,7 +177,7 @@ def predict_onnx(onnx_path: str | Path, images: list[str], out_dir: str | Path |
 def export(run_dir: str | Path, recipe: Recipe, net, out_dir: str | Path | None, formats: list[str],
            force: bool) -> list[Path]:
     """Symbol/params and ONNX (per-class NMS), verified against MXNet on up to 8 val images."""
-    from ..train.runs import export_input_name, stored_card
+    from ..train.card import export_input_name, stored_card
     from .export import export_detector
 
     run = Path(run_dir)

@@ -78,7 +78,7 @@ class Detection:
         return []
 
     def card(self, recipe: Recipe, loaders) -> dict[str, Any]:
-        from ..train.runs import run_card
+        from ..train.card import run_card
 
         return {**run_card(recipe, recipe.data, loaders.class_names), "task": "detection",
                 "transforms": self.transforms(recipe)}

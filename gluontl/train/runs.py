@@ -2,7 +2,6 @@
 plot, export."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -11,9 +10,10 @@ import numpy as np
 
 from ..errors import ExportError, GluontlError, TrainError, short_reason
 from ..pipeline import prepare
-from ..recipe import DataSpec, ExportSpec, Recipe, as_spec, load_recipe
+from ..recipe import ExportSpec, Recipe, as_spec, load_recipe
 from ..runfolder import run_weights
 from . import checkpoint
+from .card import export_input_name, recipe_data, stored_card
 
 
 def load_run(run_dir: str | Path, tag: str = "best", ctx=None) -> tuple[Recipe, Any]:
@@ -92,37 +92,6 @@ def evaluate(run_dir: str | Path, split: str = "val", tag: str = "best") -> dict
     out["class_names"] = ds.class_names
     out["images"] = len(ds)
     return out
-
-
-def recipe_data(recipe: Recipe, run_dir: str | Path) -> DataSpec:
-    if recipe.data is None:
-        raise TrainError(f"'{Path(run_dir) / 'recipe.yaml'}' has no data: section, so there are no splits or "
-                         f"class names to use; add the data: section the run was trained with.")
-    return recipe.data
-
-
-def run_card(recipe: Recipe, data: DataSpec, class_names: list[str]) -> dict[str, Any]:
-    """A run's ``preprocess.json``: the evaluation preprocessing of ``data`` (the recipe's) and
-    the class names, the input named as the run's exports name it."""
-    from .transforms import model_card
-
-    return model_card(data.val_transform, class_names, export_input_name(recipe), recipe.model.input_shape)
-
-
-def stored_card(run_dir: str | Path, recipe: Recipe) -> dict[str, Any]:
-    """The run folder's ``preprocess.json`` (checked); runs from before it was written get it
-    computed from the recipe and the training split's class names."""
-    from .data import load_split
-    from .transforms import load_preprocess
-
-    path = Path(run_dir) / "preprocess.json"
-    if path.is_file():
-        if load_preprocess(path)[1] is None:  # which also refuses an edited or foreign record
-            raise TrainError(f"'{path}' has no \"classes\" list; it was edited. Delete it to have it computed "
-                             f"from {Path(run_dir) / 'recipe.yaml'} and the training data.")
-        return json.loads(path.read_text(encoding="utf-8"))
-    data = recipe_data(recipe, run_dir)
-    return run_card(recipe, data, load_split(data, data.train).class_names)
 
 
 def predict(run_dir: str | Path, images: list[str], topk: int = 5, tag: str = "best") -> list[dict[str, Any]]:
@@ -250,50 +219,13 @@ def _numeric_rows(rows: list[Any], *keys: str) -> list[dict[str, Any]]:
     return [r for r in rows if isinstance(r, dict) and all(isinstance(r.get(k), (int, float)) for k in keys)]
 
 
-def export_block(block, out_dir: str | Path, name: str, input_shapes: Mapping[str, tuple[int, ...]], *,
-                 formats: list[str], opset: int | None = None, rtol: float = 1e-4, lean: bool = True,
-                 force: bool = False, sample: Mapping[str, np.ndarray] | None = None,
-                 output_names: list[str] | None = None, card: Mapping[str, Any] | None = None) -> list[Path]:
-    """Export to symbol/params and/or ONNX (verified against onnxruntime, on ``sample`` too).
-
-    ``input_shapes`` maps each input name, in call order, to its batch-first shape. ``card``
-    (a run's preprocessing and class names) goes into the ONNX metadata_props and beside the
-    symbol files as ``NAME-preprocess.json``; bare models have none.
-    """
-    from ..atomic import write_text
-    from ..export import export_onnx, export_symbol
-    from .transforms import onnx_props
-
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise ExportError(f"Output folder '{out}' is a file; pass a folder (new or existing) with --out.")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ExportError(f"Cannot create the output folder '{out}': {e.strerror}. Pick a writable place "
-                          f"with --out.") from None
-    shapes = dict(input_shapes)
-    written: list[Path] = []
-    if "symbol" in formats:
-        card_path = out / f"{name}-preprocess.json"
-        if card is not None and card_path.exists() and not force:
-            raise ExportError(f"{card_path} already exists; refusing to overwrite it. Pass --force to replace it.")
-        written += list(export_symbol(block, out / name, shapes, force=force))
-        if card is not None:
-            written.append(write_text(card_path, json.dumps(card, indent=1), ExportError))
-    if "onnx" in formats:
-        written.append(export_onnx(block, out / f"{name}.onnx", shapes, opset=opset, rtol=rtol, lean=lean,
-                                   force=force, sample=None if sample is None else dict(sample),
-                                   output_names=output_names, metadata=onnx_props(card) if card else None))
-    return written
-
-
 def export_run(run_dir: str | Path, out_dir: str | Path | None = None, *, formats: list[str] | None = None,
                tag: str = "best", force: bool = False, export: ExportSpec | Mapping[str, Any] | None = None
                ) -> list[Path]:
     """Export a run's checkpoint as the recipe's ``export:`` section says (or ``export``, an
     ``ExportSpec`` or a dict of its keys, in its place), verified on real val images; into
     ``RUN/export/`` unless ``out_dir`` says where."""
+    from ..export.exporters import export_block
     from .data import load_split
 
     recipe, net = load_run(run_dir, tag)
@@ -316,9 +248,3 @@ def export_run(run_dir: str | Path, out_dir: str | Path | None = None, *, format
     return export_block(net, out_dir or Path(run_dir) / "export", recipe.name, {name: (1, *recipe.model.input_shape)},
                         formats=formats or list(spec.formats), opset=spec.opset, rtol=spec.rtol, lean=spec.lean,
                         force=force, sample=sample, output_names=spec.output_names, card=card)
-
-
-def export_input_name(recipe: Recipe) -> str:
-    from ..sources import model_input_name
-
-    return recipe.export.input_names[0] if recipe.export.input_names else model_input_name(recipe.model)
