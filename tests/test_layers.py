@@ -20,6 +20,7 @@ PLACES = {  # dotted prefix → layer; the longest matching prefix wins
     "gluontl.npcompat": 0, "gluontl.graphblock": 0, "gluontl.deploy_preprocess": 0,
     "gluontl.home": 0, "gluontl.runfolder": 0,  # $GLUONTL_HOME; a run folder's checkpoints as read back
     "gluontl.zoo": 0,  # the zoo's names and input sizes: a catalogue the recipe schema reads
+    "gluontl.console": 0,  # what a process shows: lines, bars, worker logs (data loading shows progress too)
     "gluontl.onnx": 1, "gluontl.sources": 1, "gluontl.convert": 1,
     "gluontl.stages": 2, "gluontl.surgery": 2, "gluontl.rules": 2, "gluontl.recipe": 2,
     "gluontl.pipeline": 2,  # recipe → ready model: source, restore, surgery, rules
@@ -48,7 +49,6 @@ KNOWN_UPWARD = {
     "gluontl.tasks.classification (tasks) imports gluontl.train.guards (engine)",
     "gluontl.tasks.detection (tasks) imports gluontl.train.cache (engine)",
     "gluontl.tasks.detection (tasks) imports gluontl.train.guards (engine)",
-    "gluontl.train.data (data) imports gluontl.train.logs (engine)",
 }
 
 

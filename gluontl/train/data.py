@@ -35,9 +35,9 @@ import numpy as np
 from mxnet import gluon, nd, recordio
 from mxnet.gluon.data.dataloader import default_batchify_fn, default_mp_batchify_fn
 
+from ..console import progress
 from ..errors import DataError
 from ..recipe import DataSpec
-from .logs import progress
 from .sampler import EpochSampler
 from .splits import SPLIT_SEED, stratified_holdout
 from .transforms import Transform, build, decode_image, image_problem, sample_rng

@@ -27,6 +27,7 @@ import yaml
 from mxnet import autograd, gluon
 
 from ..atomic import write_text
+from ..console import WorkerLog, alert, bars_on, progress, say, show
 from ..dist.backend import Backend, connect
 from ..errors import Interrupted, TrainError, resume_command
 from ..pipeline import with_input_name
@@ -36,7 +37,7 @@ from ..rules import Plan, apply_plan, format_plan, freeze_bn_stats, make_plan, t
 from ..tasks import get_task, split, transform_lines
 from . import checkpoint
 from .cache import Feed
-from .logs import MetricsLog, WorkerLog, alert, bars_on, epoch_line, progress, say, show
+from .logs import MetricsLog, epoch_line
 from .gpu import check_gpus
 from .guards import GuardLog
 from .schedule import lr_at
