@@ -155,7 +155,7 @@ def export(source: str = typer.Argument(..., help="run folder (runs/NAME) or mod
                                f"model.input_shape. Drop --input-shape.")
         paths = export_run(source, out, formats=formats, tag=checkpoint, force=force)
     else:
-        from .train.runs import export_block
+        from .export.exporters import export_block
 
         spec, block, shapes = _model(source, input_shape)
         scheme, _, rest = spec.source.partition(":")

@@ -12,7 +12,7 @@ from mxnet.gluon import HybridBlock
 from .naming import named_params
 from .recipe import Recipe, as_recipe
 from .rules import Plan, apply_plan, make_plan
-from .sources import RestoreReport, _input_name, build_model, restore
+from .sources import RestoreReport, model_input_name, build_model, restore
 from .surgery import apply_surgery, needs_surgery
 
 
@@ -51,7 +51,7 @@ def with_input_name(recipe: Recipe) -> Recipe:
     """``model.input_name`` made the model's own first input where the recipe left it out: a run
     folder's recipe.yaml writes every field, and reloaded it must not name a default ``data``
     that an ONNX or symbol model does not have."""
-    name = _input_name(recipe.model)
+    name = model_input_name(recipe.model)
     if name == recipe.model.input_name:
         return recipe
     return recipe.model_copy(update={"model": recipe.model.model_copy(update={"input_name": name})})

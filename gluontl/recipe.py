@@ -20,11 +20,16 @@ from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 from pydantic_core import PydanticCustomError
 
 from .errors import GluontlError, ModelSourceError, RecipeError, RuleError, hwc_hint
+from .home import gluontl_home
+from .zoo import zoo_input_shape, zoo_names
 
 SpecT = TypeVar("SpecT", bound=BaseModel)
 
 GradReq = Literal["write", "null", "add"]
 BNMode = Literal["train", "frozen"]
+StageName = Literal["stem", "neck", "head"]  # neck: a detector's layers between backbone and heads
+STEM, NECK, HEAD = get_args(StageName)
+PRESET_NAMES = ("freeze_all_but_head", "freeze_until_stage", "freeze_bn")  # each expanded by rules.PRESETS
 LAYER_TYPES = ("Conv", "Dense", "BatchNorm", "LayerNorm", "InstanceNorm", "GroupNorm", "Embedding",
                "PReLU", "RNN", "Deconv")
 
@@ -108,19 +113,12 @@ def resolve_source(text: str) -> str:
     if "/" in text or "\\" in text:
         raise ModelSourceError(f"Model file '{text}' does not exist (nor does '{text}-symbol.json'). Check the "
                                f"path; accepted forms: {SOURCE_FORMS}.")
-    from .sources import zoo_names
-
     names = zoo_names()
     if text.lower() in names:
         return f"zoo:{text}"
     close = difflib.get_close_matches(text.lower(), names, n=5)
     raise ModelSourceError(f"'{text}' is not a file, a symbol prefix or a model-zoo name (close zoo names: "
                            f"{', '.join(close) or 'none'}). Accepted forms: {SOURCE_FORMS}.")
-
-
-def gluontl_home() -> Path:
-    """Where gluontl keeps what it makes once: demo datasets, converted models."""
-    return Path(os.environ.get("GLUONTL_HOME") or "~/.cache/gluontl").expanduser()
 
 
 def _expand(path: str) -> str:
@@ -211,13 +209,14 @@ class ModelSpec(Strict):
             try:
                 source = resolve_source(data["source"])
                 if source.startswith("zoo:"):
-                    from .sources import zoo_input_shape
-
                     return {**data, "input_shape": zoo_input_shape(source)}
                 if source.startswith("onnx:"):
-                    from .sources import model_inputs
+                    from .convert.efficientnet_lite import ensure_onnx_file
+                    from .onnx import inspect_onnx
 
-                    declared = (model_inputs(source) or [("", None)])[0][1]
+                    # resolved again, as sources.model_inputs resolves what it is given
+                    inputs = inspect_onnx(ensure_onnx_file(resolve_source(source)[5:]), check=False).inputs
+                    declared = inputs[0][1] if inputs else None
                     if declared and len(declared) == 4 and all(isinstance(d, int) and d > 0 for d in declared[1:]):
                         return {**data, "input_shape": tuple(declared[1:])}
             except GluontlError:  # the source's own validation, or its loader, says what is wrong
@@ -264,8 +263,8 @@ class SurgerySpec(Strict):
 
 
 class StageRange(Strict):
-    start: int | Literal["stem", "neck", "head"]
-    end: int | Literal["stem", "neck", "head"]
+    start: int | StageName
+    end: int | StageName
 
 
 class Rule(Strict):
@@ -276,7 +275,7 @@ class Rule(Strict):
 
     match: list[str] | None = None
     type: list[str] | None = None
-    stage: list[int | Literal["stem", "neck", "head"]] | None = None
+    stage: list[int | StageName] | None = None
     grad_req: GradReq | None = None
     lr_mult: float | None = Field(default=None, ge=0.0)
     wd_mult: float | None = Field(default=None, ge=0.0)
@@ -284,7 +283,7 @@ class Rule(Strict):
     optional: bool = False
     from_epoch: int = Field(default=0, ge=0, le=100_000)
     preset: str | None = None
-    until_stage: int | Literal["stem", "neck", "head"] | None = None
+    until_stage: int | StageName | None = None
     note: str | None = None
 
     @field_validator("match", "type", mode="before")
@@ -314,9 +313,8 @@ class Rule(Strict):
     @model_validator(mode="after")
     def _shape(self) -> "Rule":
         if self.preset is not None:
-            from .rules import PRESETS
-            if self.preset not in PRESETS:
-                raise ValueError(f"unknown preset '{self.preset}'{suggest(self.preset, PRESETS)}")
+            if self.preset not in PRESET_NAMES:
+                raise ValueError(f"unknown preset '{self.preset}'{suggest(self.preset, PRESET_NAMES)}")
             return self
         if self.match is None and self.type is None and self.stage is None:
             raise ValueError("a rule needs a selector: match, type or stage (or a preset)")
@@ -326,11 +324,11 @@ class Rule(Strict):
 
 
 def _stage_order(s: int | str) -> int:
-    return {"stem": 0, "neck": 10**5, "head": 10**6}.get(s, s) if isinstance(s, str) else int(s)
+    return {STEM: 0, NECK: 10**5, HEAD: 10**6}.get(s, s) if isinstance(s, str) else int(s)
 
 
 def _stage_name(i: int) -> int | str:
-    return {0: "stem", 10**5: "neck", 10**6: "head"}.get(i, i)
+    return {0: STEM, 10**5: NECK, 10**6: HEAD}.get(i, i)
 
 
 class TransformSpec(Strict):

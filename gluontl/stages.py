@@ -10,16 +10,20 @@ zoo CNN (ResNet v1/v1b/v2, MobileNet v1/v2/v3, VGG, DenseNet, …) and for impor
 from __future__ import annotations
 
 import math
+import re
+from typing import Callable
 
 import mxnet as mx
 from mxnet.gluon import HybridBlock, SymbolBlock, nn
 
-from .errors import RuleError
+from .errors import ModelSourceError, RuleError
 from .naming import graph_nodes, named_params
+from .recipe import HEAD, NECK, STEM
 
-STEM, NECK, HEAD = "stem", "neck", "head"  # neck: a detector's layers between backbone and heads
 _GLOBAL_POOLS = (nn.GlobalAvgPool2D, nn.GlobalMaxPool2D, nn.GlobalAvgPool1D, nn.GlobalMaxPool1D)
 Stage = int | str
+StageMapper = Callable[[HybridBlock, tuple[int, ...]], dict[str, Stage]]
+_FAMILY_MAPPERS: list[tuple[Callable[[HybridBlock], bool], StageMapper]] = []
 
 
 def trunk_units(net: HybridBlock) -> list[tuple[str, HybridBlock]]:
@@ -42,15 +46,22 @@ def stage_of(shape: tuple[int, ...], in_hw: int, global_pool: bool) -> Stage:
     return STEM if stride <= 2 else int(round(math.log2(stride))) - 1
 
 
+def register_stage_mapper(claims: Callable[[HybridBlock], bool], mapper: StageMapper) -> None:
+    """A model family whose stages are not runs of one stride (a detector's neck and heads) maps its
+    own: ``mapper`` serves every net ``claims`` (timm's ``group_matcher``). A family a task builds
+    registers from its module at import; GluonCV's zoo detectors are registered below, as
+    ``gluontl.load_model`` loads them without any task."""
+    _FAMILY_MAPPERS.append((claims, mapper))
+
+
 def stage_map(net: HybridBlock, input_shape: tuple[int, ...]) -> dict[str, Stage]:
     """Structural parameter name → stage, from one batch-1 forward pass at ``input_shape``."""
     if len(input_shape) != 3:
         raise RuleError(f"stage selectors need an image model (input C,H,W); this model's input shape "
                         f"is {input_shape}. Select by match: or type: instead.")
-    from .detect.models import is_detector, stage_map as detector_stage_map
-
-    if is_detector(net):
-        return detector_stage_map(net, input_shape)
+    for claims, mapper in _FAMILY_MAPPERS:
+        if claims(net):
+            return mapper(net, input_shape)
     if isinstance(net, SymbolBlock):
         return graph_stage_map(net, input_shape)
     # Probe at ≥ 224² so small training inputs (32² digits) do not shrink stage 4 to 1×1.
@@ -118,3 +129,55 @@ def graph_stage_map(net: SymbolBlock, input_shape: tuple[int, ...]) -> dict[str,
 
 def _order(s: Stage) -> int:
     return {STEM: 0, NECK: 10**5, HEAD: 10**6}[s] if isinstance(s, str) else int(s)
+
+
+# ---------------------------------------------------------------- GluonCV zoo detectors
+
+def detector_family(net: HybridBlock) -> str:
+    from gluoncv.model_zoo.ssd.ssd import SSD
+    from gluoncv.model_zoo.yolo.yolo3 import YOLOV3
+
+    if isinstance(net, SSD):
+        return "ssd"
+    if isinstance(net, YOLOV3):
+        return "yolo3"
+    raise ModelSourceError(f"{type(net).__name__} is not a detector gluontl can fine-tune yet; supported "
+                           f"families: SSD (ssd_*) and YOLOv3 (yolo3_*) from the GluonCV zoo "
+                           f"(`gluontl zoo ssd`, `gluontl zoo yolo3`).")
+
+
+_EXPANDER = re.compile(r"(^|_)expand_(trans_)?(conv|bn)\d")  # GluonCV FeatureExpander's layers
+
+
+def detector_stage_map(net: HybridBlock, input_shape: tuple[int, ...]) -> dict[str, Stage]:
+    """Detector stages: the backbone numbered by output stride as for classifiers (stem, 1, 2, …),
+    then ``neck`` (SSD's extra feature layers; YOLOv3's transitions and detection blocks) and
+    ``head`` (the class/box predictors), so "freeze the backbone" and "backbone + neck" are
+    ``freeze_until_stage`` with a number or ``neck``."""
+    fam = detector_family(net)
+    names = named_params(net)
+    if fam == "ssd":
+        if not isinstance(net.features, mx.gluon.SymbolBlock):
+            raise RuleError(f"stage selectors are mapped for SSDs whose features are a graph (MobileNet/ResNet "
+                            f"zoo SSDs, model.detector); this one's are a {type(net.features).__name__}. Select "
+                            f"by match: (e.g. 'features.*', 'class_predictors.*') or type: instead.")
+        inner = graph_stage_map(net.features, input_shape)
+        out = {f"features.{k}": (NECK if _EXPANDER.search(k) else v) for k, v in inner.items()}
+    else:
+        out = {}
+        ctx = next(iter(net.collect_params().values())).list_ctx()[0]
+        x = mx.nd.zeros((1, *input_shape), ctx=ctx)
+        with mx.autograd.predict_mode():
+            for i, stage in enumerate(net.stages):
+                x = stage(x)
+                st = stage_of(tuple(x.shape), input_shape[1], False)
+                out.update({n: st for n in names if n.startswith(f"stages.{i}.")})
+        out.update({n: NECK for n in names if n.startswith(("transitions.", "yolo_blocks."))})
+    return {n: out.get(n, HEAD) for n in names}
+
+
+def is_detector(net: HybridBlock) -> bool:
+    return type(net).__module__.startswith(("gluoncv.model_zoo.ssd.", "gluoncv.model_zoo.yolo."))
+
+
+register_stage_mapper(is_detector, detector_stage_map)

@@ -40,6 +40,10 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     "checkpoint": ("gluontl/train/checkpoint.py", [
         "tests/train/test_checkpoint.py",  # less its CLI subprocess (it cannot see a mutant)
         "--deselect", "tests/train/test_checkpoint.py::test_a_poisoned_run_folder_runs_nothing_on_resume"]),
+    # the checkpoint read-back (hash and file-name checks) that left checkpoint.py (issue 20)
+    "runfolder": ("gluontl/runfolder.py", [
+        "tests/train/test_checkpoint.py",
+        "--deselect", "tests/train/test_checkpoint.py::test_a_poisoned_run_folder_runs_nothing_on_resume"]),
     "verify": ("gluontl/export/verify.py", [
         "tests/test_export.py",  # less two 25 s exports that test the lean rewrite, not verification
         "--deselect", "tests/test_export.py::test_raw_keeps_weight_inputs_and_batchnorm_and_agrees_with_lean",

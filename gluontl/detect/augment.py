@@ -28,7 +28,7 @@ import numpy as np
 
 from ..errors import DataError
 from ..recipe import TransformSpec
-from ..train.transforms import _color_jitter, _mean_std, _resize, _to_tensor, describe_normalize
+from ..train.transforms import color_jitter_image, mean_std, resize_image, to_tensor, describe_normalize
 
 CROP_CONSTRAINTS = ((0.1, None), (0.3, None), (0.5, None), (0.7, None), (0.9, None), (None, 1.0))
 CROP_SCALE = (0.3, 1.0)
@@ -54,7 +54,7 @@ class DetectionTransform:
             raise ValueError(f"expand is a zoom-out ratio >= 1, got {expand}")
         self.spec, self.input_hw, self.train = spec, (int(input_hw[0]), int(input_hw[1])), train
         self.expand, self.crop = float(expand), crop
-        self.mean, self.std = _mean_std(spec)
+        self.mean, self.std = mean_std(spec)
         self.random = train and bool(crop or expand > 1 or spec.flip or spec.color_jitter)
 
     def __call__(self, img: np.ndarray, labels: np.ndarray,
@@ -64,7 +64,7 @@ class DetectionTransform:
         img, labels = img.astype(np.float32), labels.astype(np.float32, copy=True)
         if self.random:
             if self.spec.color_jitter:
-                img = _color_jitter(img, self.spec.color_jitter, rng)
+                img = color_jitter_image(img, self.spec.color_jitter, rng)
             if self.expand > 1 and rng.random() < 0.5:
                 img, labels = zoom_out(img, labels, self.expand, np.array(self.mean, np.float32) * 255, rng)
             if self.crop:
@@ -72,7 +72,7 @@ class DetectionTransform:
         img, labels = resize(img, labels, self.input_hw)
         if self.random and self.spec.flip and rng.random() < 0.5:
             img, labels = hflip(img, labels)
-        return _to_tensor(img, self.mean, self.std), labels
+        return to_tensor(img, self.mean, self.std), labels
 
 
 def describe(spec: TransformSpec, input_hw: tuple[int, int], train: bool) -> str:
@@ -91,7 +91,7 @@ def resize(img: np.ndarray, labels: np.ndarray, hw: tuple[int, int]) -> tuple[np
     out = labels.copy()
     out[:, [0, 2]] *= np.float32(hw[1] / w)
     out[:, [1, 3]] *= np.float32(hw[0] / h)
-    return (img if (h, w) == hw else _resize(img, hw[1], hw[0])), out
+    return (img if (h, w) == hw else resize_image(img, hw[1], hw[0])), out
 
 
 def hflip(img: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -50,9 +50,9 @@ from mxnet import gluon, nd
 
 from ..errors import DataError
 from ..recipe import DataSpec, suggest
-from ..train.data import (BadImageReport, Loaders, SplitRecord, _check, _require_classes, split_sampler,
-                          stratified_holdout)
+from ..train.data import BadImageReport, Loaders, SplitRecord, require_classes, screen_images, split_sampler
 from ..train.sampler import EpochSampler
+from ..train.splits import stratified_holdout
 from ..train.transforms import decode_image, image_problem, sample_rng
 from .augment import DetectionTransform
 from .formats import (Annotation, image_size, images_in, read_coco, read_voc_xml, read_yolo, unknown_class,
@@ -313,12 +313,12 @@ def _finish(anns: list[Annotation], classes: list[str], spec: DataSpec, what: st
             return f"the image is {actual[0]}x{actual[1]} but {a.source} says {a.size[0]}x{a.size[1]}"
         return None
 
-    keep, bad = _check([str(a.image) for a in anns], problem, spec, what)
+    keep, bad = screen_images([str(a.image) for a in anns], problem, spec, what)
     anns = [a for a, k in zip(anns, keep) if k]
     if not anns:
         raise DataError(f"{what} has no usable images. Check data.source, data.classes and the split names "
                         f"data.train / data.val.")
     if spec.classes is not None:
         boxes = np.concatenate([a.labels[:, 4] for a in anns])
-        _require_classes(boxes, classes, [f"class {c!r} ({what})" for c in classes], spec, what, bad)
+        require_classes(boxes, classes, [f"class {c!r} ({what})" for c in classes], spec, what, bad)
     return DetectionDataset(anns, classes, transform, seed, bad, held_out)

@@ -25,10 +25,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from gluontl.atomic import atomic_write
 from gluontl.errors import ExportError, short_reason
-from gluontl.export.exporters import check_target, convert_block, finish_model, set_metadata
+from gluontl.export.exporters import check_target, convert_block, export_block, finish_model, set_metadata
 from gluontl.export.trace import dummy_inputs
 from gluontl.export.verify import ort_session
-from gluontl.train.runs import export_block
 from gluontl.train.transforms import META_CLASSES, onnx_props
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import fnmatch
-import re
 import warnings
 from typing import Any
 
@@ -34,6 +33,7 @@ from ..naming import named_params, shape_of
 from ..recipe import Recipe
 from ..sources import ZooInit, zoo_block, materialize
 from ..sources.restore import RestoreReport, file_key, read_params_file
+from ..stages import detector_family
 
 @dataclasses.dataclass(frozen=True)
 class HeadLayout:
@@ -59,19 +59,6 @@ HEADS = {"ssd": ("class_predictors.*", "box_predictors.*"), "yolo3": ("yolo_outp
 BUFFERS = {"ssd": ("anchor_generators.*",), "yolo3": ("yolo_outputs.*.anchors", "yolo_outputs.*.offsets")}
 
 
-def family(net: HybridBlock) -> str:
-    from gluoncv.model_zoo.ssd.ssd import SSD
-    from gluoncv.model_zoo.yolo.yolo3 import YOLOV3
-
-    if isinstance(net, SSD):
-        return "ssd"
-    if isinstance(net, YOLOV3):
-        return "yolo3"
-    raise ModelSourceError(f"{type(net).__name__} is not a detector gluontl can fine-tune yet; supported "
-                           f"families: SSD (ssd_*) and YOLOv3 (yolo3_*) from the GluonCV zoo "
-                           f"(`gluontl zoo ssd`, `gluontl zoo yolo3`).")
-
-
 def build_detector(recipe: Recipe, classes: list[str], ctx: mx.Context | None = None
                    ) -> tuple[HybridBlock, RestoreReport | None]:
     """The recipe's zoo detector for ``classes``, initialized, then restored per ``model.restore``."""
@@ -93,7 +80,7 @@ def build_detector(recipe: Recipe, classes: list[str], ctx: mx.Context | None = 
             net, loaded = _ssd_on(spec, classes, ctx)
         else:
             net = zoo_block(name, None, _with_classes(name, spec.kwargs, classes), False, ctx)
-    fam = family(net)
+    fam = detector_family(net)
     with warnings.catch_warnings():  # Gluon warns for each parameter the backbone source did initialize
         warnings.simplefilter("ignore")
         net.initialize(ZooInit(), ctx=ctx)  # what the backbone source did not load
@@ -173,9 +160,9 @@ def _ssd_on(spec, classes: list[str], ctx: mx.Context) -> tuple[HybridBlock, set
 
 
 def _backbone_input(spec) -> str:
-    from ..sources import _input_name
+    from ..sources import model_input_name
 
-    return _input_name(spec.model_copy(update={"detector": None}))
+    return model_input_name(spec.model_copy(update={"detector": None}))
 
 
 def _feature_shapes(backbone: HybridBlock, features: list[str], shape: tuple[int, ...], source: str) -> list[int]:
@@ -237,7 +224,7 @@ def old_classes(weights: str) -> list[str] | None:
     import json
     from pathlib import Path
 
-    from ..train.runs import run_weights
+    from ..runfolder import run_weights
 
     if run_weights(weights) is None:
         return None
@@ -337,41 +324,3 @@ def _copy_rows(param, old: np.ndarray, layout: HeadLayout, classes: int, reuse: 
         for i, j in reuse.items():
             new[n + layout.kept + i] = old[o + layout.kept + j]
     param.set_data(mx.nd.array(new, dtype=param.dtype))
-
-
-_EXPANDER = re.compile(r"(^|_)expand_(trans_)?(conv|bn)\d")  # GluonCV FeatureExpander's layers
-
-
-def stage_map(net: HybridBlock, input_shape: tuple[int, ...]) -> dict:
-    """Detector stages: the backbone numbered by output stride as for classifiers (stem, 1, 2, …),
-    then ``neck`` (SSD's extra feature layers; YOLOv3's transitions and detection blocks) and
-    ``head`` (the class/box predictors), so "freeze the backbone" and "backbone + neck" are
-    ``freeze_until_stage`` with a number or ``neck``."""
-    from ..stages import HEAD, NECK, graph_stage_map, stage_of
-
-    fam = family(net)
-    names = named_params(net)
-    if fam == "ssd":
-        if not isinstance(net.features, mx.gluon.SymbolBlock):
-            from ..errors import RuleError
-
-            raise RuleError(f"stage selectors are mapped for SSDs whose features are a graph (MobileNet/ResNet "
-                            f"zoo SSDs, model.detector); this one's are a {type(net.features).__name__}. Select "
-                            f"by match: (e.g. 'features.*', 'class_predictors.*') or type: instead.")
-        inner = graph_stage_map(net.features, input_shape)
-        out = {f"features.{k}": (NECK if _EXPANDER.search(k) else v) for k, v in inner.items()}
-    else:
-        out = {}
-        ctx = next(iter(net.collect_params().values())).list_ctx()[0]
-        x = mx.nd.zeros((1, *input_shape), ctx=ctx)
-        with mx.autograd.predict_mode():
-            for i, stage in enumerate(net.stages):
-                x = stage(x)
-                st = stage_of(tuple(x.shape), input_shape[1], False)
-                out.update({n: st for n in names if n.startswith(f"stages.{i}.")})
-        out.update({n: NECK for n in names if n.startswith(("transitions.", "yolo_blocks."))})
-    return {n: out.get(n, HEAD) for n in names}
-
-
-def is_detector(net: HybridBlock) -> bool:
-    return type(net).__module__.startswith(("gluoncv.model_zoo.ssd.", "gluoncv.model_zoo.yolo."))

@@ -16,7 +16,7 @@ from ..recipe import Recipe
 def load_detector(run: Path, recipe: Recipe, tag: str, ctx=None):
     """The run's detector for the classes it was trained on (its preprocess.json), ``tag`` loaded."""
     from ..train import checkpoint
-    from ..train.runs import stored_card
+    from ..train.card import stored_card
     from .models import build_detector
 
     classes = stored_card(run, recipe)["classes"]
@@ -29,10 +29,10 @@ def load_detector(run: Path, recipe: Recipe, tag: str, ctx=None):
 
 
 def _dataset(recipe: Recipe, run: Path, split: str):
-    from ..train.runs import _data
+    from ..train.card import recipe_data
     from .data import load_detection_split
 
-    return load_detection_split(_data(recipe, run), split, recipe.model.input_shape)
+    return load_detection_split(recipe_data(recipe, run), split, recipe.model.input_shape)
 
 
 def evaluate(run_dir: str | Path, recipe: Recipe, net, split: str = "val") -> dict[str, Any]:
@@ -40,7 +40,7 @@ def evaluate(run_dir: str | Path, recipe: Recipe, net, split: str = "val") -> di
     from ..tasks.detection import predict_batches
     from .metrics import DetectionEval, plot_pr, table
 
-    from ..train.runs import stored_card
+    from ..train.card import stored_card
 
     run = Path(run_dir)
     ds = _dataset(recipe, run, split)
@@ -112,9 +112,10 @@ def predict(run_dir: str | Path, recipe: Recipe, net, images: list[str], out_dir
             score_thresh: float = 0.5) -> tuple[list[dict[str, Any]], Path]:
     """Detections per image in the image's own pixels; images with drawn boxes and
     ``detections.json`` go to ``out_dir`` (default RUN/predictions)."""
-    from ..train.runs import _images, stored_card
+    from ..train.card import stored_card
+    from ..train.transforms import load_images
 
-    decoded = _images(images)
+    decoded = load_images(images)
     transform, names, hw = input_transform(stored_card(run_dir, recipe), str(Path(run_dir) / "preprocess.json"))
 
     def run(x: np.ndarray) -> list[np.ndarray]:
@@ -141,8 +142,7 @@ def predict_onnx(onnx_path: str | Path, images: list[str], out_dir: str | Path |
     import json
 
     from ..export.verify import ort_session
-    from ..train.runs import _images
-    from ..train.transforms import META_CLASSES, META_PREPROCESS, onnx_metadata
+    from ..train.transforms import META_CLASSES, META_PREPROCESS, load_images, onnx_metadata
     from .export import OUTPUT_NAMES
 
     path = Path(onnx_path)
@@ -152,7 +152,7 @@ def predict_onnx(onnx_path: str | Path, images: list[str], out_dir: str | Path |
     except ValueError as e:
         raise ModelSourceError(f"The metadata of '{path}' is not valid JSON ({e}); export the run again.") from None
     transform, names, hw = input_transform(card, f"'{path}'")
-    decoded = _images(images)
+    decoded = load_images(images)
     session = ort_session(path, f"'{path}'")
     inputs, outputs = session.get_inputs(), [o.name for o in session.get_outputs()]
     want = card["preprocess"]["input"]["shape"][1:]  # checked by input_transform
@@ -177,7 +177,7 @@ def predict_onnx(onnx_path: str | Path, images: list[str], out_dir: str | Path |
 def export(run_dir: str | Path, recipe: Recipe, net, out_dir: str | Path | None, formats: list[str],
            force: bool) -> list[Path]:
     """Symbol/params and ONNX (per-class NMS), verified against MXNet on up to 8 val images."""
-    from ..train.runs import _export_input_name, stored_card
+    from ..train.card import export_input_name, stored_card
     from .export import export_detector
 
     run = Path(run_dir)
@@ -191,4 +191,4 @@ def export(run_dir: str | Path, recipe: Recipe, net, out_dir: str | Path | None,
                          f"computed from the recipe and the training data.")
     return export_detector(net, out_dir or run / "export", recipe.name, tuple(recipe.model.input_shape),
                            class_names=card["classes"], card=card, sample=sample, formats=formats,
-                           input_name=_export_input_name(recipe), rtol=recipe.export.rtol, force=force)
+                           input_name=export_input_name(recipe), rtol=recipe.export.rtol, force=force)

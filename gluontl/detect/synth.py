@@ -27,7 +27,7 @@ import cv2
 import numpy as np
 from PIL import Image
 
-from ..recipe import gluontl_home
+from ..home import gluontl_home
 from .formats import Annotation, write_coco, write_voc, write_yolo
 
 SIZE = 128
@@ -47,7 +47,7 @@ def _material() -> tuple[list[np.ndarray], np.ndarray, np.ndarray, np.ndarray]:
     import matplotlib
     from sklearn.datasets import load_digits, load_sample_images
 
-    from ..train.data import stratified_holdout
+    from ..train.splits import stratified_holdout
 
     photos = list(load_sample_images().images)
     hopper = Path(matplotlib.get_data_path()) / "sample_data" / "grace_hopper.jpg"

@@ -311,9 +311,10 @@ def make_weights(args: Sequence[str], commands: Mapping[str, "click.Command"]) -
         return
     if recipe.train.distributed.backend in (None, "kvstore"):  # what the workers of this job train with
         from ..sources import make_model_file
+        from ..train.loop import finetune
         from ..train.weights import ensure_weights
 
-        ensure_weights(recipe, quiet=opts["quiet"])
+        ensure_weights(recipe, finetune, quiet=opts["quiet"])
         make_model_file(recipe.model.source)
 
 

@@ -10,7 +10,7 @@ import os
 import shutil
 import tempfile
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ import onnx
 from mxnet.onnx.mx2onnx._export_onnx import MXNetGraph
 from onnx import helper, shape_inference, version_converter
 
-from gluontl.atomic import atomic_write
+from gluontl.atomic import atomic_write, write_text
 from gluontl.errors import ExportError
 from gluontl.export import mx_ops  # noqa: F401  (registers converters mx.onnx lacks)
 from gluontl.export.lean import make_lean
@@ -460,3 +460,37 @@ def export_symbol(
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return json_path, params_path
+
+
+def export_block(block, out_dir: str | Path, name: str, input_shapes: Mapping[str, tuple[int, ...]], *,
+                 formats: list[str], opset: int | None = None, rtol: float = 1e-4, lean: bool = True,
+                 force: bool = False, sample: Mapping[str, np.ndarray] | None = None,
+                 output_names: list[str] | None = None, card: Mapping[str, Any] | None = None) -> list[Path]:
+    """Export to symbol/params and/or ONNX (verified against onnxruntime, on ``sample`` too).
+
+    ``input_shapes`` maps each input name, in call order, to its batch-first shape. ``card``
+    (a run's preprocessing and class names) goes into the ONNX metadata_props and beside the
+    symbol files as ``NAME-preprocess.json``; bare models have none.
+    """
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"Output folder '{out}' is a file; pass a folder (new or existing) with --out.")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ExportError(f"Cannot create the output folder '{out}': {e.strerror}. Pick a writable place "
+                          f"with --out.") from None
+    shapes = dict(input_shapes)
+    written: list[Path] = []
+    if "symbol" in formats:
+        card_path = out / f"{name}-preprocess.json"
+        if card is not None and card_path.exists() and not force:
+            raise ExportError(f"{card_path} already exists; refusing to overwrite it. Pass --force to replace it.")
+        written += list(export_symbol(block, out / name, shapes, force=force))
+        if card is not None:
+            written.append(write_text(card_path, json.dumps(card, indent=1), ExportError))
+    if "onnx" in formats:
+        written.append(export_onnx(block, out / f"{name}.onnx", shapes, opset=opset, rtol=rtol, lean=lean,
+                                   force=force, sample=None if sample is None else dict(sample),
+                                   output_names=output_names, metadata=onnx_props(card) if card else None))
+    return written

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import difflib
-import functools
 import io
 import re
-import sys
 import warnings
 from pathlib import Path
 from typing import Any, Mapping
@@ -20,27 +18,12 @@ from mxnet.gluon import HybridBlock
 from ..errors import ModelSourceError, hwc_hint, short_reason
 from ..graphblock import GraphBlock
 from ..naming import graph_nodes, named_params, shape_of
-from ..recipe import ModelSpec, as_spec, gluontl_home, resolve_source
+from ..recipe import ModelSpec, as_spec, resolve_source
+from ..zoo import DEFAULT_SHAPE, zoo_input_shape, zoo_names
 from .restore import RestoreReport, restore
 
 __all__ = ["load_model", "build_model", "check_input_shape", "input_shapes", "make_model_file", "model_inputs",
            "resolve_source", "zoo_input_shape", "zoo_names", "RestoreReport", "restore"]
-
-
-def zoo_names() -> list[str]:
-    """Every zoo model name.
-
-    GluonCV's ``get_model`` also builds every ``mxnet.gluon.model_zoo.vision`` name
-    (same architectures and parameter names; a test keeps that true), so one zoo serves both.
-    """
-    return list(_zoo_names())
-
-
-@functools.lru_cache(maxsize=1)
-def _zoo_names() -> tuple[str, ...]:
-    from gluoncv.model_zoo import get_model_list
-
-    return tuple(sorted({n.lower() for n in get_model_list()}))
 
 
 def zoo_block(name: str, classes: int | None, kwargs: dict[str, Any], pretrained: bool, ctx) -> HybridBlock:
@@ -150,24 +133,6 @@ def _symbol_inputs(prefix: str, epoch: int | None) -> list[str]:
 
 
 Shape = tuple[int | str | None, ...] | None
-_DEFAULT_SHAPE = (3, 224, 224)
-_ZOO_SHAPES = (  # C,H,W the zoo's own training/evaluation feeds, where it is not 224x224 (first match)
-    (r"inceptionv3|xception", (3, 299, 299)), (r"nasnet_6_4032$", (3, 331, 331)), (r"resnest101$", (3, 256, 256)),
-    (r"resnest200$", (3, 320, 320)), (r"resnest269$", (3, 416, 416)), (r"ssd_300", (3, 300, 300)),
-    (r"ssd_512|center_net", (3, 512, 512)), (r"yolo3", (3, 416, 416)), (r".*rcnn", (3, 600, 600)),
-    (r"fastscnn", (3, 1024, 1024)), (r"fcn|psp|deeplab|danet|icnet", (3, 480, 480)),
-    (r"simple_pose|mobile_pose", (3, 256, 192)), (r"alpha_pose", (3, 320, 256)),
-    (r"monodepth2.*_640x192", (3, 192, 640)),
-)
-
-
-def zoo_input_shape(name: str) -> tuple[int, ...]:
-    """C,H,W a zoo model is made for: zoo models declare no input, and 224x224 fails
-    segmentation models (480) and misrepresents detectors (SSD-512, YOLOv3 at 416)."""
-    key = name.lower().removeprefix("zoo:")
-    return next((shape for pattern, shape in _ZOO_SHAPES if re.match(pattern, key)), _DEFAULT_SHAPE)
-
-
 def model_inputs(source: str, *, epoch: int | None = None) -> list[tuple[str, Shape]]:
     """The model's own inputs with the batch-first shape it declares (None: it declares none).
 
@@ -179,9 +144,10 @@ def model_inputs(source: str, *, epoch: int | None = None) -> list[tuple[str, Sh
         return [("data", None)]
     if scheme == "symbol":
         return [(n, None) for n in _symbol_inputs(rest, epoch)]
+    from ..convert.efficientnet_lite import ensure_onnx_file
     from ..onnx import inspect_onnx
 
-    return [(name, shape) for name, shape, _ in inspect_onnx(_onnx_file(rest), check=False).inputs]
+    return [(name, shape) for name, shape, _ in inspect_onnx(ensure_onnx_file(rest), check=False).inputs]
 
 
 def make_model_file(source: str) -> None:
@@ -190,29 +156,9 @@ def make_model_file(source: str) -> None:
     would otherwise all convert it at the same time."""
     scheme, _, rest = resolve_source(source).partition(":")
     if scheme == "onnx":
-        _onnx_file(rest)
+        from ..convert.efficientnet_lite import ensure_onnx_file
 
-
-def _onnx_file(path: str) -> str:
-    """``path``, made first when it is the ImageNet EfficientNet-Lite0 recipes name under
-    ``$GLUONTL_HOME/models`` (made on first use, as ``weights_from`` makes pretrains)."""
-    from ..convert import efficientnet_lite as lite
-
-    p = Path(path)
-    if p.name != lite.ONNX_NAME or p.exists():
-        return path
-    made = gluontl_home() / "models" / lite.ONNX_NAME
-    if p.resolve() != made.resolve():
-        raise ModelSourceError(f"ONNX file '{path}' does not exist. It is the ImageNet EfficientNet-Lite0 that "
-                               f"`python scripts/make_imagenet_onnx.py --out {path}` writes; gluontl makes it by "
-                               f"itself only at $GLUONTL_HOME/models/{lite.ONNX_NAME} ({made}).")
-    print(f"'{path}' does not exist yet: making it from the ImageNet weights of {lite.PACKAGE} (one time)",
-          file=sys.stderr)
-    try:
-        lite.ensure_imagenet_onnx()
-    except ModelSourceError as e:
-        raise ModelSourceError(f"ONNX file '{path}' does not exist, and gluontl cannot make it: {e}") from None
-    return path
+        ensure_onnx_file(rest)
 
 
 def input_shapes(source: str, given: Mapping[str | None, tuple[int, ...]] | None = None, *,
@@ -252,7 +198,7 @@ def input_shapes(source: str, given: Mapping[str | None, tuple[int, ...]] | None
             if len(declared) > 1:
                 raise ModelSourceError(f"Input '{name}' of {spec} has no declared shape; give each input's shape "
                                        f"with --input-shape {name}=1,C,H,W (repeatable).")
-            shapes[name] = (1, *(zoo_input_shape(spec) if spec.startswith("zoo:") else _DEFAULT_SHAPE))
+            shapes[name] = (1, *(zoo_input_shape(spec) if spec.startswith("zoo:") else DEFAULT_SHAPE))
         else:
             free = [f"{d or '?'} (dim {i})" for i, d in enumerate(shape) if i and not isinstance(d, int)]
             if free:
@@ -325,9 +271,10 @@ def load_model(spec: str | ModelSpec | Mapping[str, Any], *, classes: int | None
                                f"only zoo: models can rebuild their own head from a class count.")
     if scheme == "symbol":
         return _symbol(rest, list(input_shapes or [spec.input_name]), spec.epoch, ctx)
+    from ..convert.efficientnet_lite import ensure_onnx_file
     from ..onnx import import_model
 
-    return import_model(_onnx_file(rest), input_shapes=input_shapes, ctx=ctx)
+    return import_model(ensure_onnx_file(rest), input_shapes=input_shapes, ctx=ctx)
 
 
 def build_model(spec: ModelSpec, *, classes: int | None = None, head_init: str = "xavier", ctx=None,
@@ -341,7 +288,7 @@ def build_model(spec: ModelSpec, *, classes: int | None = None, head_init: str =
     the way the recipe says.
     """
     ctx = ctx or mx.cpu()
-    shapes = dict(input_shapes or {_input_name(spec): (1, *spec.input_shape)})
+    shapes = dict(input_shapes or {model_input_name(spec): (1, *spec.input_shape)})
     if input_shapes is None:
         check_input_shape(spec, next(iter(shapes)))
     net = load_model(spec, classes=classes, ctx=ctx, input_shapes=shapes)
@@ -392,7 +339,7 @@ def reinitialize(net: HybridBlock) -> None:
         p.set_data(arr)
 
 
-def _input_name(spec: ModelSpec) -> str:
+def model_input_name(spec: ModelSpec) -> str:
     """``model.input_name``, or the model's own first input when the recipe leaves it out."""
     if "input_name" in spec.model_fields_set or spec.source.startswith("zoo:"):
         return spec.input_name

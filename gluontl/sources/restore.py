@@ -16,6 +16,7 @@ from mxnet.gluon import HybridBlock
 
 from ..errors import ModelSourceError, RestoreError, short_reason
 from ..naming import named_params, shape_of
+from ..runfolder import run_weights
 
 
 @dataclasses.dataclass
@@ -75,8 +76,6 @@ def read_params_file(path: str | Path) -> dict[str, mx.nd.NDArray]:
     {name: array}; ``arg:``/``aux:`` prefixes of exported files stripped."""
     p = Path(path)
     if not p.is_file():
-        from ..train.runs import run_weights
-
         p = run_weights(p) or p
     if not p.is_file():
         raise ModelSourceError(f"Weights file '{p}' {'is a directory' if p.is_dir() else 'does not exist'}. Check "

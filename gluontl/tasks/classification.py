@@ -53,7 +53,7 @@ class Classification:
         return check_first_epoch(batch_losses, steps, loaders.num_classes)
 
     def card(self, recipe: Recipe, loaders) -> dict[str, Any]:
-        from ..train.runs import run_card
+        from ..train.card import run_card
 
         return {**run_card(recipe, recipe.data, loaders.class_names), "transforms": self.transforms(recipe)}
 

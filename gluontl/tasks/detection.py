@@ -29,12 +29,12 @@ from . import split, transform_record
 class Detection:
     def setup(self, recipe: Recipe, ctx: mx.Context, *, seed: int):
         from ..detect.data import make_detection_loaders
-        from ..detect.models import family
+        from ..stages import detector_family
 
         loaders = make_detection_loaders(recipe.data, recipe.model.input_shape, seed=seed)
         prep = prepare(recipe, loaders.class_names, ctx)
         net = prep.block
-        self.family = family(net)
+        self.family = detector_family(net)
         self.class_names = loaders.class_names
         self.targets = _ssd_targets() if self.family == "ssd" else _YoloTargets(net, recipe.model.input_shape, ctx)
         return prep, loaders
@@ -78,7 +78,7 @@ class Detection:
         return []
 
     def card(self, recipe: Recipe, loaders) -> dict[str, Any]:
-        from ..train.runs import run_card
+        from ..train.card import run_card
 
         return {**run_card(recipe, recipe.data, loaders.class_names), "task": "detection",
                 "transforms": self.transforms(recipe)}

@@ -17,7 +17,6 @@ gluontl are refused, never unpickled (their weights still load: ``--init-from``)
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import secrets
 from pathlib import Path
@@ -31,14 +30,7 @@ from mxnet.gluon import HybridBlock
 from ..atomic import atomic_write, link_or_copy, write_text
 from ..errors import TrainError, short_reason
 from ..naming import named_params
-
-
-def _sha(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+from ..runfolder import checkpoint_files, file_sha256, read_checkpoint as load  # load: the resume's read
 
 
 def save_params(block: HybridBlock, path: Path) -> Path:
@@ -60,7 +52,7 @@ def save(folder: Path, tag: str, block: HybridBlock, trainer: mx.gluon.Trainer, 
     params = save_params(block, folder / f"{tag}.{gen}.params")
     states = atomic_write(folder / f"{tag}.{gen}.states", lambda tmp: mx.nd.save(str(tmp), arrays), TrainError)
     meta = dict(state, params_file=params.name, states_file=states.name,
-                params_sha256=_sha(params), states_sha256=_sha(states), optimizer=record)
+                params_sha256=file_sha256(params), states_sha256=file_sha256(states), optimizer=record)
     write_text(folder / f"{tag}.json", json.dumps(meta, indent=1), TrainError)  # the commit
     for kind, path in (("params", params), ("states", states)):
         atomic_write(folder / f"{tag}.{kind}", lambda tmp, src=path: _link(src, tmp), TrainError)
@@ -74,41 +66,9 @@ def _link(src: Path, dst: Path) -> None:
     link_or_copy(src, dst)
 
 
-def _files(folder: Path, tag: str, meta: dict[str, Any]) -> dict[str, Path]:
-    """The params/states files the checkpoint names (TAG.params/.states before generations);
-    only plain names inside the checkpoint folder count."""
-    out = {}
-    for kind in ("params", "states"):
-        name = str(meta.get(f"{kind}_file", f"{tag}.{kind}"))
-        if Path(name).name != name or name in ("", ".."):  # "." has no name: caught by the first test
-            raise TrainError(f"Checkpoint '{folder / tag}.json' names '{name}' as its {kind} file, which is not "
-                             f"a file of {folder}; refusing to read it. The JSON was edited by hand or is damaged.")
-        out[kind] = folder / name
-    return out
-
-
-def load(folder: Path, tag: str) -> dict[str, Any]:
-    """The checkpoint's counters, after checking its files are the ones it recorded."""
-    meta_path = folder / f"{tag}.json"
-    if not meta_path.is_file():
-        raise TrainError(f"No checkpoint '{tag}' in {folder}: '{meta_path.name}' is missing. "
-                         f"Resume needs a run folder written by gluontl finetune.")
-    try:
-        meta = json.loads(meta_path.read_text())
-    except (OSError, ValueError) as e:
-        raise TrainError(f"Checkpoint file '{meta_path}' is unreadable ({e}).") from None
-    if not isinstance(meta, dict):
-        raise TrainError(f"Checkpoint file '{meta_path}' is not a checkpoint record (a JSON object); refusing it.")
-    for kind, path in _files(folder, tag, meta).items():
-        if not path.is_file() or _sha(path) != meta.get(f"{kind}_sha256"):
-            raise TrainError(f"Checkpoint '{path}' does not match the hash recorded in '{meta_path.name}' "
-                             f"(missing, modified or from another run); refusing to load it.")
-    return meta
-
-
 def restore_into(folder: Path, tag: str, block: HybridBlock, trainer: mx.gluon.Trainer | None, ctx) -> None:
     meta = json.loads((folder / f"{tag}.json").read_text())
-    files = _files(folder, tag, meta)
+    files = checkpoint_files(folder, tag, meta)
     if trainer is not None and not isinstance(meta.get("optimizer"), dict):
         run = folder.parent
         raise TrainError(f"Cannot resume {run}: its checkpoint keeps the optimizer state in '{files['states']}' as a "

@@ -35,13 +35,13 @@ import numpy as np
 from mxnet import gluon, nd, recordio
 from mxnet.gluon.data.dataloader import default_batchify_fn, default_mp_batchify_fn
 
+from ..console import progress
 from ..errors import DataError
 from ..recipe import DataSpec
-from .logs import progress
 from .sampler import EpochSampler
+from .splits import SPLIT_SEED, stratified_holdout
 from .transforms import Transform, build, decode_image, image_problem, sample_rng
 
-SPLIT_SEED = 20240607  # hold-out splits must not move when the run seed changes
 _PROGRESS_MIN = 1000  # show a progress bar for the bad-image pass above this many items (on a terminal)
 
 
@@ -230,19 +230,6 @@ def split_preview(spec: DataSpec) -> tuple[SplitRecord, int, int] | None:
     return None if record is None else (record, len(sets["train"]), len(sets["val"]))
 
 
-def stratified_holdout(labels: np.ndarray, val_fraction: float, seed: int = SPLIT_SEED) -> np.ndarray:
-    """Boolean mask of the val items: ``round(val_fraction * n_c)`` per class, but at least one
-    (so val sees every class) and at least one left for training; depends only on the labels, the
-    fraction and ``seed``."""
-    rng = np.random.default_rng(seed)
-    mask = np.zeros(len(labels), bool)
-    for c in np.unique(labels):
-        idx = np.flatnonzero(labels == c)
-        n_val = min(max(round(val_fraction * len(idx)), 1), len(idx) - 1)
-        mask[rng.permutation(idx)[:n_val]] = True
-    return mask
-
-
 # ---------------------------------------------------------------- batching
 
 def _batchify(samples: list[tuple[np.ndarray, np.float32]], shared: bool, split: str) -> list[nd.NDArray]:
@@ -257,7 +244,7 @@ def _batchify(samples: list[tuple[np.ndarray, np.float32]], shared: bool, split:
 
 # ---------------------------------------------------------------- checking
 
-def _check(names: list[str], problem, spec: DataSpec, what: str) -> tuple[np.ndarray, BadImageReport]:
+def screen_images(names: list[str], problem, spec: DataSpec, what: str) -> tuple[np.ndarray, BadImageReport]:
     """Run ``problem(i)`` over every item; keep-mask plus the report (or raise under ``error``)."""
     keep = np.ones(len(names), bool)
     bad = BadImageReport()
@@ -276,7 +263,7 @@ def _check(names: list[str], problem, spec: DataSpec, what: str) -> tuple[np.nda
     return keep, bad
 
 
-def _require_classes(labels: np.ndarray, class_names: list[str], where: list[str], spec: DataSpec,
+def require_classes(labels: np.ndarray, class_names: list[str], where: list[str], spec: DataSpec,
                      what: str, bad: BadImageReport) -> None:
     """A class with no usable item is an error (or a report line under ``skip``)."""
     empty = [i for i in range(len(class_names)) if not np.any(labels == i)]
@@ -292,10 +279,10 @@ def _require_classes(labels: np.ndarray, class_names: list[str], where: list[str
 def _finish(items: list, labels: np.ndarray, names: list[str], problem, class_names: list[str],
             class_where: list[str] | None, spec: DataSpec, what: str, transform: Transform, seed: int,
             rec: str | None = None, held_out: bool = False, check: bool = True) -> ImageDataset:
-    keep, bad = _check(names, problem, spec, what) if check else (np.ones(len(names), bool), BadImageReport())
+    keep, bad = screen_images(names, problem, spec, what) if check else (np.ones(len(names), bool), BadImageReport())
     labels = labels[keep]
     if class_where is not None:  # classes were declared (folders, data.classes), not inferred
-        _require_classes(labels, class_names, class_where, spec, what, bad)
+        require_classes(labels, class_names, class_where, spec, what, bad)
     if len(labels) == 0:
         raise DataError(f"{what} has no usable images. Check data.source and the split names "
                         f"data.train / data.val.")

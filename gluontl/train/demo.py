@@ -32,8 +32,8 @@ from PIL import Image
 
 from ..atomic import link_or_copy
 from ..errors import DataError
-from ..recipe import gluontl_home
-from .data import stratified_holdout
+from ..home import gluontl_home
+from .splits import stratified_holdout
 
 DEMOS = ("digits", "elpv")
 DIGITS_SIZE = 32

@@ -23,6 +23,7 @@ from mxnet import autograd
 from mxnet.gluon import HybridBlock
 
 from ..atomic import write_text
+from ..console import show
 from ..errors import TrainError
 from ..naming import named_params
 from ..pipeline import Prepared
@@ -30,7 +31,6 @@ from ..recipe import GuardsSpec, Recipe
 from ..rules import Plan, expand, make_plan
 from ..surgery import needs_surgery
 from .data import Loaders
-from .logs import show
 from .prefix import split_frozen_prefix
 
 # Features whose spread across the batch is below this share of their size differ only by

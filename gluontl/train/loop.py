@@ -27,6 +27,7 @@ import yaml
 from mxnet import autograd, gluon
 
 from ..atomic import write_text
+from ..console import WorkerLog, alert, bars_on, progress, say, show
 from ..dist.backend import Backend, connect
 from ..errors import Interrupted, TrainError, resume_command
 from ..pipeline import with_input_name
@@ -36,10 +37,11 @@ from ..rules import Plan, apply_plan, format_plan, freeze_bn_stats, make_plan, t
 from ..tasks import get_task, split, transform_lines
 from . import checkpoint
 from .cache import Feed
-from .logs import MetricsLog, WorkerLog, alert, bars_on, epoch_line, progress, say, show
+from .logs import MetricsLog, epoch_line
 from .gpu import check_gpus
 from .guards import GuardLog
 from .schedule import lr_at
+from .weights import ensure_weights
 
 
 def parse_ctx(spec: str) -> list[mx.Context]:
@@ -304,8 +306,6 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
     if recipe.data is None:
         raise TrainError("The recipe has no data: section; finetune needs training data "
                          "(e.g. data: {source: demo:digits}).")
-    from .weights import ensure_weights
-
     ctxs = parse_ctx(recipe.train.ctx)  # a card MXNet cannot use is refused before any pretrain or connect
     recipe = resolve_backend(recipe)
     t = recipe.train
@@ -313,7 +313,7 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
         _weights_made_before(recipe)
     else:
         _alone(recipe)
-    ensure_weights(recipe, quiet=quiet)
+    ensure_weights(recipe, finetune, quiet=quiet)
     recipe = with_input_name(recipe)
     dist = connect(t.distributed, alert)
     if dist.size > 1:  # what `gluontl launch` reads to name a failing worker by rank

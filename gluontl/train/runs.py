@@ -2,17 +2,18 @@
 plot, export."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Mapping
 
 import mxnet as mx
 import numpy as np
 
-from ..errors import DataError, ExportError, GluontlError, TrainError, short_reason
+from ..errors import ExportError, GluontlError, TrainError, short_reason
 from ..pipeline import prepare
-from ..recipe import DataSpec, ExportSpec, Recipe, as_spec, load_recipe
+from ..recipe import ExportSpec, Recipe, as_spec, load_recipe
+from ..runfolder import run_weights
 from . import checkpoint
+from .card import export_input_name, recipe_data, stored_card
 
 
 def load_run(run_dir: str | Path, tag: str = "best", ctx=None) -> tuple[Recipe, Any]:
@@ -40,22 +41,6 @@ def load_run(run_dir: str | Path, tag: str = "best", ctx=None) -> tuple[Recipe, 
     checkpoint.restore_into(run / "checkpoints", tag, prep.block, None, ctx)
     prep.block.hybridize(static_alloc=True)
     return recipe, prep.block
-
-
-def run_weights(ref: str | Path) -> Path | None:
-    """The params file of a run checkpoint named as ``RUN`` (its best), ``RUN/best`` or
-    ``RUN/last``, hash-checked; None when ``ref`` names no run folder."""
-    path, tag = Path(ref), "best"
-    if path.name in ("best", "last") and not path.is_dir() and (path.parent / "recipe.yaml").is_file():
-        path, tag = path.parent, path.name
-    if not (path / "recipe.yaml").is_file():
-        return None
-    folder = path / "checkpoints"
-    if not (folder / f"{tag}.json").is_file():
-        raise TrainError(f"Run '{path}' has no '{tag}' checkpoint ({folder / tag}.json is missing) to start from: "
-                         f"it stopped before finishing an epoch. Finish it with `gluontl finetune --resume {path}`"
-                         f"{', or name RUN/last' if tag == 'best' and (folder / 'last.json').is_file() else ''}.")
-    return checkpoint._files(folder, tag, checkpoint.load(folder, tag))["params"]
 
 
 def finetune_recipe(recipe: Path | None, set_: list[str] | None, resume: Path | None,
@@ -100,7 +85,7 @@ def evaluate(run_dir: str | Path, split: str = "val", tag: str = "best") -> dict
         from ..detect import runs as detect_runs
 
         return detect_runs.evaluate(run_dir, recipe, net, split)
-    ds = load_split(_data(recipe, run_dir), split)
+    ds = load_split(recipe_data(recipe, run_dir), split)
     loader = mx.gluon.data.DataLoader(ds, batch_size=recipe.data.batch_size, shuffle=False)
     with mx.autograd.predict_mode():
         out = evaluate_loader(net, loader, [mx.cpu()], len(ds.class_names), mx.gluon.loss.SoftmaxCrossEntropyLoss())
@@ -109,42 +94,11 @@ def evaluate(run_dir: str | Path, split: str = "val", tag: str = "best") -> dict
     return out
 
 
-def _data(recipe: Recipe, run_dir: str | Path) -> DataSpec:
-    if recipe.data is None:
-        raise TrainError(f"'{Path(run_dir) / 'recipe.yaml'}' has no data: section, so there are no splits or "
-                         f"class names to use; add the data: section the run was trained with.")
-    return recipe.data
-
-
-def run_card(recipe: Recipe, data: DataSpec, class_names: list[str]) -> dict[str, Any]:
-    """A run's ``preprocess.json``: the evaluation preprocessing of ``data`` (the recipe's) and
-    the class names, the input named as the run's exports name it."""
-    from .transforms import model_card
-
-    return model_card(data.val_transform, class_names, _export_input_name(recipe), recipe.model.input_shape)
-
-
-def stored_card(run_dir: str | Path, recipe: Recipe) -> dict[str, Any]:
-    """The run folder's ``preprocess.json`` (checked); runs from before it was written get it
-    computed from the recipe and the training split's class names."""
-    from .data import load_split
-    from .transforms import load_preprocess
-
-    path = Path(run_dir) / "preprocess.json"
-    if path.is_file():
-        if load_preprocess(path)[1] is None:  # which also refuses an edited or foreign record
-            raise TrainError(f"'{path}' has no \"classes\" list; it was edited. Delete it to have it computed "
-                             f"from {Path(run_dir) / 'recipe.yaml'} and the training data.")
-        return json.loads(path.read_text(encoding="utf-8"))
-    data = _data(recipe, run_dir)
-    return run_card(recipe, data, load_split(data, data.train).class_names)
-
-
 def predict(run_dir: str | Path, images: list[str], topk: int = 5, tag: str = "best") -> list[dict[str, Any]]:
     """Top-``topk`` (class, probability) per image with the run's ``tag`` checkpoint."""
-    from .transforms import load_preprocess
+    from .transforms import load_images, load_preprocess
 
-    decoded = _images(images)  # a bad image fails before the model loads
+    decoded = load_images(images)  # a bad image fails before the model loads
     recipe, net = load_run(run_dir, tag)
     prep, names = load_preprocess(stored_card(run_dir, recipe))
     results = []
@@ -160,8 +114,9 @@ def predict_detections(run_dir: str | Path, images: list[str], out_dir: str | Pa
     """A detection run's detections per image (original pixels), drawn into images beside a
     detections.json in ``out_dir`` (default RUN/predictions)."""
     from ..detect import runs as detect_runs
+    from .transforms import load_images
 
-    _images(images)  # a bad image fails before the model loads
+    load_images(images)  # a bad image fails before the model loads
     recipe, net = load_run(run_dir, tag)
     return detect_runs.predict(run_dir, recipe, net, images, out_dir, score_thresh)
 
@@ -170,11 +125,11 @@ def predict_onnx(onnx_path: str | Path, images: list[str], topk: int = 5) -> lis
     """:func:`predict` with an exported ONNX file in onnxruntime, preprocessing and class names
     from the file's metadata alone (what a deployment has)."""
     from ..export.verify import ort_session
-    from .transforms import onnx_preprocess
+    from .transforms import load_images, onnx_preprocess
 
     path = Path(onnx_path)
     prep, names = onnx_preprocess(path)  # no metadata: refused before any work
-    decoded = _images(images)
+    decoded = load_images(images)
     session = ort_session(path, f"'{path}'")
     inputs, outputs = session.get_inputs(), session.get_outputs()
     if len(inputs) != 1 or len(inputs[0].shape) != 4:
@@ -200,15 +155,6 @@ def predict_onnx(onnx_path: str | Path, images: list[str], topk: int = 5) -> lis
         prob = np.exp(logits[0] - logits[0].max())
         results.append(_ranked(name, prob / prob.sum(), names, topk))
     return results
-
-
-def _images(images: list[str]) -> list[np.ndarray]:
-    from .transforms import load_image
-
-    for path in images:
-        if Path(path).is_dir():
-            raise DataError(f"'{path}' is a directory; pass image files (e.g. {Path(path) / '*.jpg'}).")
-    return [load_image(path) for path in images]
 
 
 def _ranked(image: str, prob: np.ndarray, names: list[str], topk: int) -> dict[str, Any]:
@@ -273,50 +219,13 @@ def _numeric_rows(rows: list[Any], *keys: str) -> list[dict[str, Any]]:
     return [r for r in rows if isinstance(r, dict) and all(isinstance(r.get(k), (int, float)) for k in keys)]
 
 
-def export_block(block, out_dir: str | Path, name: str, input_shapes: Mapping[str, tuple[int, ...]], *,
-                 formats: list[str], opset: int | None = None, rtol: float = 1e-4, lean: bool = True,
-                 force: bool = False, sample: Mapping[str, np.ndarray] | None = None,
-                 output_names: list[str] | None = None, card: Mapping[str, Any] | None = None) -> list[Path]:
-    """Export to symbol/params and/or ONNX (verified against onnxruntime, on ``sample`` too).
-
-    ``input_shapes`` maps each input name, in call order, to its batch-first shape. ``card``
-    (a run's preprocessing and class names) goes into the ONNX metadata_props and beside the
-    symbol files as ``NAME-preprocess.json``; bare models have none.
-    """
-    from ..atomic import write_text
-    from ..export import export_onnx, export_symbol
-    from .transforms import onnx_props
-
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise ExportError(f"Output folder '{out}' is a file; pass a folder (new or existing) with --out.")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ExportError(f"Cannot create the output folder '{out}': {e.strerror}. Pick a writable place "
-                          f"with --out.") from None
-    shapes = dict(input_shapes)
-    written: list[Path] = []
-    if "symbol" in formats:
-        card_path = out / f"{name}-preprocess.json"
-        if card is not None and card_path.exists() and not force:
-            raise ExportError(f"{card_path} already exists; refusing to overwrite it. Pass --force to replace it.")
-        written += list(export_symbol(block, out / name, shapes, force=force))
-        if card is not None:
-            written.append(write_text(card_path, json.dumps(card, indent=1), ExportError))
-    if "onnx" in formats:
-        written.append(export_onnx(block, out / f"{name}.onnx", shapes, opset=opset, rtol=rtol, lean=lean,
-                                   force=force, sample=None if sample is None else dict(sample),
-                                   output_names=output_names, metadata=onnx_props(card) if card else None))
-    return written
-
-
 def export_run(run_dir: str | Path, out_dir: str | Path | None = None, *, formats: list[str] | None = None,
                tag: str = "best", force: bool = False, export: ExportSpec | Mapping[str, Any] | None = None
                ) -> list[Path]:
     """Export a run's checkpoint as the recipe's ``export:`` section says (or ``export``, an
     ``ExportSpec`` or a dict of its keys, in its place), verified on real val images; into
     ``RUN/export/`` unless ``out_dir`` says where."""
+    from ..export.exporters import export_block
     from .data import load_split
 
     recipe, net = load_run(run_dir, tag)
@@ -329,7 +238,7 @@ def export_run(run_dir: str | Path, out_dir: str | Path | None = None, *, format
 
         return detect_runs.export(run_dir, recipe, net, out_dir, formats or list(recipe.export.formats), force)
     spec = recipe.export
-    name = _export_input_name(recipe)
+    name = export_input_name(recipe)
     card = stored_card(run_dir, recipe)
     card = {**card, "preprocess": {**card["preprocess"], "input": {**card["preprocess"]["input"], "name": name}}}
     sample = None
@@ -339,9 +248,3 @@ def export_run(run_dir: str | Path, out_dir: str | Path | None = None, *, format
     return export_block(net, out_dir or Path(run_dir) / "export", recipe.name, {name: (1, *recipe.model.input_shape)},
                         formats=formats or list(spec.formats), opset=spec.opset, rtol=spec.rtol, lean=spec.lean,
                         force=force, sample=sample, output_names=spec.output_names, card=card)
-
-
-def _export_input_name(recipe: Recipe) -> str:
-    from ..sources import _input_name
-
-    return recipe.export.input_names[0] if recipe.export.input_names else _input_name(recipe.model)

@@ -109,6 +109,14 @@ def load_image(path: str | Path) -> np.ndarray:
     return decode_image(p)
 
 
+def load_images(images: list[str]) -> list[np.ndarray]:
+    """Every file decoded up front, so a bad one fails before a model loads; a folder is refused."""
+    for path in images:
+        if Path(path).is_dir():
+            raise DataError(f"'{path}' is a directory; pass image files (e.g. {Path(path) / '*.jpg'}).")
+    return [load_image(path) for path in images]
+
+
 @contextlib.contextmanager
 def _strict_decoding() -> Iterator[None]:
     """Truncated files must fail: some libraries (gluoncv.data) switch PIL's global
@@ -201,11 +209,11 @@ class Preprocess:
     @classmethod
     def from_spec(cls, spec: TransformSpec) -> "Preprocess":
         """The evaluation form of a recipe transform (random steps replaced, see module doc)."""
-        mean, std = _mean_std(spec)
+        mean, std = mean_std(spec)
         return cls(_steps(spec, False), tuple(mean), tuple(std))
 
     def __call__(self, img: np.ndarray) -> np.ndarray:
-        return _to_tensor(_geometry(img, self.steps, None).astype(np.float32), self.mean, self.std)
+        return to_tensor(_geometry(img, self.steps, None).astype(np.float32), self.mean, self.std)
 
     def to_json(self, input_name: str, input_shape: tuple[int | None, ...]) -> dict[str, Any]:
         """The ``gluontl.preprocess`` record; ``input_shape`` is the model's, batch first (None:
@@ -270,8 +278,8 @@ class Transform:
         if s.flip and rng.random() < 0.5:
             img = img[:, ::-1]
         if s.color_jitter:
-            img = _color_jitter(img, s.color_jitter, rng)
-        return _to_tensor(img, self.eval.mean, self.eval.std)
+            img = color_jitter_image(img, s.color_jitter, rng)
+        return to_tensor(img, self.eval.mean, self.eval.std)
 
 
 def build(spec: TransformSpec, train: bool) -> Transform:
@@ -279,7 +287,7 @@ def build(spec: TransformSpec, train: bool) -> Transform:
     return Transform(spec, train)
 
 
-def _to_tensor(img: np.ndarray, mean: tuple[float, ...], std: tuple[float, ...]) -> np.ndarray:
+def to_tensor(img: np.ndarray, mean: tuple[float, ...], std: tuple[float, ...]) -> np.ndarray:
     """HWC float32 pixels 0..255 -> normalised CHW float32, in the order the README documents."""
     chw = np.ascontiguousarray(img.transpose(2, 0, 1)) / np.float32(255.0)
     return (chw - np.array(mean, np.float32).reshape(3, 1, 1)) / np.array(std, np.float32).reshape(3, 1, 1)
@@ -410,7 +418,7 @@ def _as_rgb(image: ImageInput) -> np.ndarray:
     return np.repeat(image[:, :, None], 3, axis=2) if image.ndim == 2 else image
 
 
-def _mean_std(spec: TransformSpec) -> tuple[tuple[float, ...], tuple[float, ...]]:
+def mean_std(spec: TransformSpec) -> tuple[tuple[float, ...], tuple[float, ...]]:
     if spec.normalize == "imagenet":
         return IMAGENET_MEAN, IMAGENET_STD
     if spec.normalize == "none":
@@ -422,17 +430,17 @@ def _mean_std(spec: TransformSpec) -> tuple[tuple[float, ...], tuple[float, ...]
     return tuple(mean), tuple(std)
 
 
-def _resize(img: np.ndarray, w: int, h: int) -> np.ndarray:
+def resize_image(img: np.ndarray, w: int, h: int) -> np.ndarray:
     shrink = w * h < img.shape[0] * img.shape[1]
     return cv2.resize(img, (w, h), interpolation=cv2.INTER_AREA if shrink else cv2.INTER_LINEAR)
 
 
 def _shorter_side(img: np.ndarray, size: int) -> np.ndarray:
-    return resize_shorter(img, size, _resize)
+    return resize_shorter(img, size, resize_image)
 
 
 def _center_crop(img: np.ndarray, size: int) -> np.ndarray:
-    return center_crop(img, size, _resize)
+    return center_crop(img, size, resize_image)
 
 
 def _random_resized_crop(img: np.ndarray, size: int, rng: np.random.Generator,
@@ -445,12 +453,12 @@ def _random_resized_crop(img: np.ndarray, size: int, rng: np.random.Generator,
         cw, ch = round(np.sqrt(area * aspect)), round(np.sqrt(area / aspect))
         if 0 < cw <= w and 0 < ch <= h:
             y, x = int(rng.integers(0, h - ch + 1)), int(rng.integers(0, w - cw + 1))
-            return _resize(img[y:y + ch, x:x + cw], size, size)
+            return resize_image(img[y:y + ch, x:x + cw], size, size)
     side = min(h, w)
-    return _resize(_center_crop(img, side), size, size)
+    return resize_image(_center_crop(img, side), size, size)
 
 
-def _color_jitter(img: np.ndarray, f: float, rng: np.random.Generator) -> np.ndarray:
+def color_jitter_image(img: np.ndarray, f: float, rng: np.random.Generator) -> np.ndarray:
     factors = rng.uniform(1 - f, 1 + f, size=3)
     for op in rng.permutation(3):
         a = np.float32(factors[op])

@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Callable
 
 from ..atomic import atomic_write
 from ..errors import RecipeError, TrainError
+from ..home import gluontl_home
 from ..recipe import Recipe, load_recipe
-from ..recipe import gluontl_home
 
 
-def ensure_weights(recipe: Recipe, *, quiet: bool = False, depth: int = 0) -> None:
+def ensure_weights(recipe: Recipe, finetune: Callable, *, quiet: bool = False, depth: int = 0) -> None:
+    """``finetune`` (the loop's) trains the ``weights_from`` recipe: passed in, so this module sits
+    below the loop that calls it."""
     spec = recipe.model
     if not spec.weights or Path(spec.weights).is_file() or not spec.weights_from:
         return
@@ -29,11 +32,9 @@ def ensure_weights(recipe: Recipe, *, quiet: bool = False, depth: int = 0) -> No
                           f"outside the working directory and $GLUONTL_HOME ({allowed[1]}); gluontl only "
                           f"writes files there. Use a path such as .cache/pretrain/NAME.params.")
     source = load_recipe(spec.weights_from)
-    from .loop import finetune
-
     if not quiet:
         print(f"'{spec.weights}' does not exist yet: making it with {spec.weights_from} (one time)")
-    ensure_weights(source, quiet=quiet, depth=depth + 1)
+    ensure_weights(source, finetune, quiet=quiet, depth=depth + 1)
     result = finetune(source, runs_root=Path(spec.weights).parent / "runs", quiet=quiet)
     best = result.run_dir / "checkpoints" / "best.params"
     if not best.is_file():

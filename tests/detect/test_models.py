@@ -18,12 +18,13 @@ import numpy as np
 import pytest
 import yaml
 
-from gluontl.detect.models import build_detector, num_classes, stage_map
+from gluontl.detect.models import build_detector, num_classes
 from gluontl.errors import GluontlError, RestoreError
 from gluontl.naming import named_params
 from gluontl.recipe import TransformSpec, parse_recipe
 from gluontl.rules import apply_plan, make_plan, trainable_params
 from gluontl.sources.restore import snapshot
+from gluontl.stages import detector_family
 from gluontl.train import checkpoint
 from gluontl.train.transforms import model_card
 
@@ -443,7 +444,6 @@ def _ssd_maps_with_positives(net, ys: list[mx.nd.NDArray]) -> set[int]:
 
 @FAMILIES
 def test_short_training_leaves_frozen_params_and_frozen_bn_statistics_bit_identical(src):
-    from gluontl.detect.models import family
     from gluontl.tasks.detection import Detection, _ssd_targets, _YoloTargets
     from gluontl.train.loop import Stepper
 
@@ -458,7 +458,7 @@ def test_short_training_leaves_frozen_params_and_frozen_bn_statistics_bit_identi
     # still move by weight decay): GluonCV's matcher says which maps had positives
     matched = _ssd_maps_with_positives(net, [y for _, y in batches]) if src == SSD else set()
     task = Detection()
-    task.family = family(net)
+    task.family = detector_family(net)
     task.targets = _ssd_targets() if task.family == "ssd" else _YoloTargets(net, SHAPE, mx.cpu())
     net.hybridize(static_alloc=True, static_shape=True)  # as the loop trains
     trainer = mx.gluon.Trainer(list(trainable_params(net).values()), "sgd",

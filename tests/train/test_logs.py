@@ -172,7 +172,7 @@ def test_progress_bars_only_on_a_terminal(tiny_symbol, tmp_path):
 def test_a_worker_log_keeps_every_line_and_only_rank_0_echoes(tmp_path, capsys, echo):
     """A job's console gets rank 0's lines once; every worker's log gets its own, those from before
     the run folder existed first, then the error that ended it. The watchdog's alert always shows."""
-    from gluontl.train.logs import WorkerLog, alert, say, show
+    from gluontl.console import WorkerLog, alert, say, show
 
     path = tmp_path / "logs" / "worker-1.log"
     with pytest.raises(TrainError):

@@ -1,0 +1,44 @@
+"""A run's card, ``preprocess.json``: its evaluation preprocessing and class names, with the input
+named as its exports name it. Written when a run starts (each task's ``run_card``) and read back by
+evaluate, predict and export of every task."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ..errors import TrainError
+from ..recipe import DataSpec, Recipe
+from ..sources import model_input_name
+from .data import load_split
+from .transforms import load_preprocess, model_card
+
+
+def recipe_data(recipe: Recipe, run_dir: str | Path) -> DataSpec:
+    if recipe.data is None:
+        raise TrainError(f"'{Path(run_dir) / 'recipe.yaml'}' has no data: section, so there are no splits or "
+                         f"class names to use; add the data: section the run was trained with.")
+    return recipe.data
+
+
+def run_card(recipe: Recipe, data: DataSpec, class_names: list[str]) -> dict[str, Any]:
+    """A run's ``preprocess.json``: the evaluation preprocessing of ``data`` (the recipe's) and
+    the class names, the input named as the run's exports name it."""
+    return model_card(data.val_transform, class_names, export_input_name(recipe), recipe.model.input_shape)
+
+
+def stored_card(run_dir: str | Path, recipe: Recipe) -> dict[str, Any]:
+    """The run folder's ``preprocess.json`` (checked); runs from before it was written get it
+    computed from the recipe and the training split's class names."""
+    path = Path(run_dir) / "preprocess.json"
+    if path.is_file():
+        if load_preprocess(path)[1] is None:  # which also refuses an edited or foreign record
+            raise TrainError(f"'{path}' has no \"classes\" list; it was edited. Delete it to have it computed "
+                             f"from {Path(run_dir) / 'recipe.yaml'} and the training data.")
+        return json.loads(path.read_text(encoding="utf-8"))
+    data = recipe_data(recipe, run_dir)
+    return run_card(recipe, data, load_split(data, data.train).class_names)
+
+
+def export_input_name(recipe: Recipe) -> str:
+    return recipe.export.input_names[0] if recipe.export.input_names else model_input_name(recipe.model)
