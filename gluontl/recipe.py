@@ -738,14 +738,14 @@ def as_spec(value: Any, cls: type[SpecT], what: str, error: type[GluontlError], 
         return cls.model_validate(dict(value))
     except ValidationError as e:
         problems = "; ".join(_describe(err, cls) for err in e.errors())
-        raise error(f"{what} is invalid: {problems}. {hint or f'It takes the keys of {cls.__name__} (see the README).'}"
+        raise error(f"{what} is invalid: {problems}. {hint or f'It takes the keys of {cls.__name__} (see docs/recipes.md).'}"
                     ) from None
 
 
 def as_rules(rules: Iterable[Rule | Mapping[str, Any]]) -> list[Rule]:
     """Rules as the API takes them: ``Rule`` objects or dicts with a recipe rule's keys."""
     return [as_spec(r, Rule, f"rule {i}", RuleError, "{'match': 'features.*', 'grad_req': 'null'}",
-                    "Rules take the keys of a recipe's rules (see the README's rule reference).")
+                    "Rules take the keys of a recipe's rules (see docs/recipes.md, Rules and their precedence).")
             for i, r in enumerate(rules, 1)]
 
 
@@ -783,7 +783,7 @@ def parse_recipe(data: Any, origin: str = "<recipe>",
                               f"rules included, are numbered from 1 as in `gluontl plan`).") from None
         problems = "; ".join(d + (f" (from --set {ov!r})" if ov else "") for d, ov in found)
         raise RecipeError(f"{origin}: invalid recipe: {problems}. Fix these keys (see recipes/ for "
-                          f"working examples and the README's recipe reference).") from None
+                          f"working examples and docs/recipes.md).") from None
     except TypeError as e:  # non-string keys at the top level
         raise RecipeError(f"{origin}: invalid recipe: {e}.") from None
 
@@ -791,7 +791,7 @@ def parse_recipe(data: Any, origin: str = "<recipe>",
 def resolve_backend(recipe: Recipe) -> Recipe:
     """``recipe`` with ``train.distributed.backend`` decided where it was left unset: kvstore in a
     parameter-server job's worker (``DMLC_ROLE=worker``: gluontl launch, or a cluster's own
-    launcher), so the README's recipes run under ``gluontl launch`` as written; none elsewhere.
+    launcher), so the documented recipes run under ``gluontl launch`` as written; none elsewhere.
     A distributed recipe is checked again as a whole: it refuses some settings (``from_epoch``)."""
     spec = recipe.train.distributed
     if spec.backend is not None:

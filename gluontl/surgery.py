@@ -434,7 +434,7 @@ def attach_head(block: HybridBlock, spec: HeadSpec | Mapping[str, Any], input_sh
     """A new ``head.*`` classifier on the model's output, or on the tensors ``spec.inputs`` names;
     ``spec`` is a ``HeadSpec`` or a dict with a recipe's ``surgery.head`` keys."""
     spec = as_spec(spec, HeadSpec, "head", SurgeryError, "{'classes': 3}",
-                   "A head takes the keys of a recipe's surgery.head (see the README's Surgery section).")
+                   "A head takes the keys of a recipe's surgery.head (see docs/recipes.md, Surgery).")
     ctx = ctx or mx.cpu()
     if isinstance(block, SymbolBlock):
         g = _Graph(block)
@@ -528,7 +528,7 @@ def apply_surgery(block: HybridBlock, spec: SurgerySpec | Mapping[str, Any], inp
     """ignore → cut_at / drop_last → head, in that order; with a head but no cut, cut at ``feature_end``.
     ``spec``: a ``SurgerySpec`` or a dict with a recipe's ``surgery`` keys."""
     spec = as_spec(spec, SurgerySpec, "surgery", SurgeryError, "{'cut_at': 'flatten', 'head': {'classes': 3}}",
-                   "Surgery takes the keys of a recipe's surgery section (see the README's Surgery section).")
+                   "Surgery takes the keys of a recipe's surgery section (see docs/recipes.md, Surgery).")
     block = ignore(block, spec.ignore, input_shape=input_shape)
     if spec.cut_at:
         block = cut_at(block, spec.cut_at, input_shape=input_shape)

@@ -57,7 +57,7 @@ def world(request, sources, tmp_path_factory):
             "card": d / "out" / "t-preprocess.json", "images": images}
 
 
-# ------------------------------------------------------------------- the reference, from the README
+# -------------------------------------------------- the reference, from docs/export.md (Preprocessing)
 
 def shorter_side(img, size):
     h, w = img.shape[:2]

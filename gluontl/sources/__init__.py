@@ -255,7 +255,7 @@ def load_model(spec: str | ModelSpec | Mapping[str, Any], *, classes: int | None
     if isinstance(spec, str):
         spec = ModelSpec(source=resolve_source(spec))  # a bad spec: ModelSourceError, not pydantic's
     spec = as_spec(spec, ModelSpec, "model", ModelSourceError, "{'source': 'zoo:resnet18_v1'}",
-                   "A model takes the keys of a recipe's model section (see the README).")
+                   "A model takes the keys of a recipe's model section (see docs/recipes.md).")
     ctx = ctx or mx.cpu()
     scheme, _, rest = spec.source.partition(":")
     if scheme == "zoo":

@@ -231,7 +231,7 @@ def export_run(run_dir: str | Path, out_dir: str | Path | None = None, *, format
     recipe, net = load_run(run_dir, tag)
     if export is not None:
         spec = as_spec(export, ExportSpec, "export", ExportError, "{'formats': ['onnx'], 'opset': 13}",
-                       "It takes the keys of a recipe's export section (see the README's Export section).")
+                       "It takes the keys of a recipe's export section (see docs/export.md).")
         recipe = recipe.model_copy(update={"export": spec})
     if recipe.task == "detection":
         from ..detect import runs as detect_runs

@@ -227,7 +227,7 @@ class Preprocess:
             return ModelSourceError(f"The preprocessing record of {where} {what}; it was not written by this "
                                     f"gluontl version (format {PREPROCESS_FORMAT} version {PREPROCESS_VERSION}). "
                                     f"Re-export the model with this gluontl, or preprocess images yourself as "
-                                    f"the README's 'Preprocessing' section describes.")
+                                    f"docs/export.md's 'Preprocessing' section describes.")
 
         if not isinstance(record, Mapping) or record.get("format") != PREPROCESS_FORMAT:
             raise bad("is not a gluontl preprocessing record (no \"format\": \"gluontl.preprocess\")")
@@ -288,7 +288,7 @@ def build(spec: TransformSpec, train: bool) -> Transform:
 
 
 def to_tensor(img: np.ndarray, mean: tuple[float, ...], std: tuple[float, ...]) -> np.ndarray:
-    """HWC float32 pixels 0..255 -> normalised CHW float32, in the order the README documents."""
+    """HWC float32 pixels 0..255 -> normalised CHW float32, in the order docs/export.md documents."""
     chw = np.ascontiguousarray(img.transpose(2, 0, 1)) / np.float32(255.0)
     return (chw - np.array(mean, np.float32).reshape(3, 1, 1)) / np.array(std, np.float32).reshape(3, 1, 1)
 

@@ -58,7 +58,7 @@ def test_digest_of_an_undistributed_recipe_is_what_it_was_before_the_field_exist
 
 
 def test_unset_backend_is_kvstore_in_a_launched_worker(monkeypatch):
-    """The README's recipes leave train.distributed out: under gluontl launch they train with the
+    """The documented recipes leave train.distributed out: under gluontl launch they train with the
     parameter server, alone they stay one process, and their digest is an undistributed one."""
     from gluontl.recipe import resolve_backend
 

@@ -376,7 +376,7 @@ def test_a_worker_killed_on_its_host_stops_every_host(job_dir, launched, tmp_pat
 
 
 def test_the_launcher_makes_a_weights_from_pretrain_once_and_an_unset_backend_trains(tmp_path, launched):
-    """The README's recipes as written: no train.distributed (kvstore under launch) and weights
+    """The documented recipes as written: no train.distributed (kvstore under launch) and weights
     made by another recipe on first use, made by the launcher before any worker starts; on two
     (fake ssh) hosts, which see the launcher's working folder as a shared file system would."""
     prefix = helpers.tiny_symbol(tmp_path)

@@ -339,7 +339,7 @@ class _Payload:
 
 
 def test_resume_unpickles_no_states_file_whose_hash_does_not_match(tmp_path):
-    # The README's promise: a resume loads nothing it did not write. An attacker (or a copy
+    # docs/classification.md's promise: a resume loads nothing it did not write. An attacker (or a copy
     # from another run) replaces last.states with a pickle that acts when loaded.
     tiny = helpers.tiny_symbol(tmp_path, deep=False)
     r = parse_recipe({"name": "ckpt", "model": {"source": f"symbol:{tiny}", "input_shape": [3, 16, 16]},

@@ -143,7 +143,7 @@ def _photos(root: Path, rng: np.random.Generator) -> None:
 
 
 def _reference_tensor(path: Path, side: int) -> np.ndarray:
-    """The README's Preprocessing steps in plain cv2/numpy: shorter side to ``side`` (area when
+    """docs/export.md's Preprocessing steps in plain cv2/numpy: shorter side to ``side`` (area when
     shrinking, bilinear when enlarging), centre crop, ImageNet normalization, CHW."""
     rgb = cv2.imread(str(path))[..., ::-1]
     h, w = rgb.shape[:2]
@@ -193,7 +193,7 @@ def test_the_readme_recipe_trains_exports_and_predicts_on_photos_of_any_size(tmp
     (run_top,), (onnx_top,) = ([r["top"] for r in json.loads(o)] for o in (by_run, by_onnx))
     assert [n for n, _ in run_top] == [n for n, _ in onnx_top]
     np.testing.assert_allclose([p for _, p in run_top], [p for _, p in onnx_top], rtol=1e-4)
-    # the exported model fed by the README's steps alone agrees with predict
+    # the exported model fed by docs/export.md's steps alone agrees with predict
     session = ort.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
     logits = session.run(None, {session.get_inputs()[0].name: _reference_tensor(new, 32)})[0][0]
     prob = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()

@@ -313,7 +313,7 @@ def test_stuck_loss_just_inside_and_just_outside_stuck_rtol_on_both_sides_of_ln_
     assert [f.guard for f in check_first_epoch(at(0.005), 40, classes)] == ["stuck_loss"]  # 0.5 % away: stuck
     assert [f.guard for f in check_first_epoch(at(0.99 * STUCK_RTOL), 40, classes)] == ["stuck_loss"]
     assert check_first_epoch(at(1.01 * STUCK_RTOL), 40, classes) == []
-    assert STUCK_RTOL == 0.01  # what the README and the message's reasoning (55 % on two classes) rely on
+    assert STUCK_RTOL == 0.01  # what docs/classification.md (Guards) and the message's reasoning (55 % on two classes) rely on
 
 
 def test_stuck_loss_needs_the_last_quarter_at_chance_too():
