@@ -83,13 +83,18 @@ def decide(t: TrainSpec, split: Split, train_transform: TransformSpec) -> Decisi
     return Decision(True, views, f"{split.reason}{more}")
 
 
-def cache_key(recipe: Recipe, split: Split, row_shape: tuple[int, ...]) -> dict[str, Any]:
-    """What cached features are the output of (see the module docstring)."""
+def cache_key(recipe: Recipe, split: Split, row_shape: tuple[int, ...], loaders: Loaders) -> dict[str, Any]:
+    """What cached features are the output of (see the module docstring). The images are named by
+    their items and labels: a data folder renamed or relabelled between a stop and its resume
+    (same recipe, same count) must not pair old features with new labels."""
     h = hashlib.sha256()
     for name, e in sorted(named_params(split.prefix).items()):
         h.update(name.encode())
         h.update(e.param.list_data()[0].asnumpy().tobytes())
-    return {"format": 1, "boundary": split.boundary, "prefix_sha256": h.hexdigest(),
+    items = hashlib.sha256()
+    for ds in (loaders.train._dataset, loaders.val._dataset):
+        items.update("\n".join(ds.name(i) for i in range(len(ds))).encode() + b"\0" + ds.labels.tobytes() + b"\0")
+    return {"format": 1, "boundary": split.boundary, "prefix_sha256": h.hexdigest(), "items_sha256": items.hexdigest(),
             "recipe": recipe.digest("model", "surgery", "data"), "seed": recipe.train.seed,
             "dtype": recipe.train.cache_dtype, "row_shape": list(row_shape)}
 
@@ -319,7 +324,7 @@ def build_feed(net: HybridBlock, plan: Plan, recipe: Recipe, loaders: Loaders, c
     # per step, onnxruntime must clearly beat MXNet's own step, which skips backward through the prefix
     # val transforms are deterministic, so val features are cached whenever the suffix trains
     cache = FeatureCache(None, loaders, max(decision.views, 1), t, folder, recipe.data.batch_size,
-                         recipe.data.workers, quiet, cache_key(recipe, split, one.shape[1:]))
+                         recipe.data.workers, quiet, cache_key(recipe, split, one.shape[1:], loaders))
     if decision.train and cache.complete():  # a resume with every feature at hand: skip the engines' probe
         engine, engine_log = MxEngine(split.prefix, recipe.model.input_shape, ctx, t.hybridize), \
             f"prefix engine: none run (every feature is in {folder})"

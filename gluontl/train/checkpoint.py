@@ -160,7 +160,7 @@ def _checked_optimizer(trainer: mx.gluon.Trainer, record: dict[str, Any], arrays
         return v
 
     def index(k: str) -> int:
-        if not (k.isascii() and k.isdigit()) or int(k) >= len(params):
+        if not (k.isascii() and k.isdigit()) or len(k) > 9 or int(k) >= len(params):
             raise bad(f"names parameter index {k!r:.40}, but the trainer has {len(params)} parameters")
         return int(k)
 

@@ -437,7 +437,10 @@ def _finetune(recipe: Recipe, dist: Backend, ctxs: list[mx.Context], runs_root: 
     trainer = _make_trainer(net, recipe, dist)
     dist.prepare(trainer)  # before restore_into: loading trainer states would do it lazily, racing
     if meta is not None:
-        checkpoint.restore_into(run_dir / "checkpoints", "last", net, trainer, ctxs[0])
+        # at an epoch whose rules differ from the epoch before, the uninterrupted run builds a new
+        # trainer (fresh optimizer state, see the epoch loop): so does the resume
+        fresh = not skip and start_epoch > 0 and plan.settings() != plan_for(start_epoch - 1).settings()
+        checkpoint.restore_into(run_dir / "checkpoints", "last", net, None if fresh else trainer, ctxs[0])
     log = MetricsLog(run_dir, resume_step=None if meta is None else global_step, record=root)
     if t.hybridize:
         net.hybridize(static_alloc=True, static_shape=True)

@@ -151,13 +151,18 @@ def test_cached_features_are_reused_only_under_their_own_record(weights, tmp_pat
         cache.close(keep=True)
         return features, cache.reused
 
-    key = cache_key(r, split, (512, 1, 1))
+    key = cache_key(r, split, (512, 1, 1), loaders)
     first, reused = fill(key)
     assert reused == [] and first.shape == (len(loaders.train._dataset), 512, 1, 1)
     again, reused = fill(key)
     assert reused == ["train view 0"]
     np.testing.assert_array_equal(again, first)
-    for other in ({**key, "boundary": "features.7"}, {**key, "prefix_sha256": "0" * 64}):
+    labels = loaders.train._dataset.labels
+    labels[0] = (labels[0] + 1) % 5  # one image relabelled between the stop and the resume
+    relabelled = cache_key(r, split, (512, 1, 1), loaders)
+    labels[0] = (labels[0] - 1) % 5
+    assert relabelled["items_sha256"] != key["items_sha256"] and cache_key(r, split, (512, 1, 1), loaders) == key
+    for other in ({**key, "boundary": "features.7"}, {**key, "prefix_sha256": "0" * 64}, relabelled):
         assert fill(other)[1] == []
         assert fill(key)[1] == []  # the recompute replaced the file and its record
     np.save(folder / "train_view_0.npy", first[:-1])  # one row short, the record unchanged

@@ -147,6 +147,27 @@ def test_gradual_unfreezing_changes_what_trains_at_the_epoch(tiny_symbol, tmp_pa
     assert not np.array_equal(after[conv1], init[conv1])
 
 
+def test_a_resume_at_the_epoch_a_rule_starts_is_the_uninterrupted_run(tiny_symbol, tmp_path):
+    """At an epoch whose plan differs from the one before, the uninterrupted run builds a new
+    trainer (fresh momentum); a resume stopped at that epoch's start must do the same, not load the
+    previous trainer's state into it (its parameters and their order differ)."""
+    convs = [n for n in mx.sym.load(f"{tiny_symbol}-symbol.json").list_arguments() if "conv" in n]
+
+    def r(epochs):
+        return parse_recipe({"name": "u", "model": {"source": f"symbol:{tiny_symbol}", "input_shape": [3, 16, 16]},
+                             "rules": [{"match": convs, "grad_req": "null"},
+                                       {"match": convs[2:], "grad_req": "write", "from_epoch": 1}],
+                             "data": DATA, "train": {"epochs": epochs, "lr": 0.05, "momentum": 0.9}})
+
+    whole = finetune(r(2), runs_root=tmp_path / "a", quiet=True)
+    first = finetune(r(1), runs_root=tmp_path / "b", quiet=True)
+    resumed = finetune(r(2), runs_root=tmp_path / "b", resume=first.run_dir, quiet=True)
+    a, b = final_params(whole.run_dir), final_params(resumed.run_dir)
+    assert a.keys() == b.keys()
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
 def test_unwritable_runs_folder_is_a_clear_error(tiny_symbol, tmp_path):
     from gluontl.errors import TrainError
     blocker = tmp_path / "file"
