@@ -46,10 +46,8 @@ def plan(recipe: Path = RecipeOpt, set_: Optional[List[str]] = SetOpt,
     from .recipe import load_recipe, resolve_backend
 
     r = resolve_backend(load_recipe(recipe, set_))  # before MXNet is imported: a bad recipe fails at once
-    from .pipeline import prepare
     from .rules import format_plan
     from .tasks import get_task, transform_lines
-    from .train.cache import preview
     from .train.guards import plan_flags
 
     pending = r.model.weights and r.model.weights_from and not Path(r.model.weights).is_file()
@@ -57,26 +55,16 @@ def plan(recipe: Path = RecipeOpt, set_: Optional[List[str]] = SetOpt,
     if pending:  # planning must not cost a pretraining run
         r = r.model_copy(update={"model": r.model.model_copy(update={
             "weights": None, "restore": r.model.restore.model_copy(update={"type": None, "reuse": {}})})})
-    if r.task == "detection":
-        from .tasks.detection import prepare as prepare_detector
-
-        prep = prepare_detector(r, apply=False)
-        cache = "feature cache: off (a detector trains on augmented images end to end)"
-    else:
-        prep = prepare(r, apply=False)
+    task = get_task(r)
+    prep = task.prepare(r, apply=False)
     if r.train.distributed.backend != "none" and r.train.distributed.batch_norm == "frozen":
         from .rules import freeze_bn_stats
 
         prep.plan = freeze_bn_stats(prep.plan, "train.distributed.batch_norm")  # what workers of a job train
-    split = None
-    if r.task != "detection":
-        from .train.data import split_preview
-
-        cache = preview(r, prep.block, prep.plan)
-        split = split_preview(r.data) if r.data is not None else None
+    cache, notes, extra = task.plan_notes(r, prep)
     # what the guards of finetune will say about these weights and rules
     weights, flags = (weights, []) if pending else plan_flags(r, prep)
-    transforms = get_task(r).transforms(r) if r.data is not None else None
+    transforms = task.transforms(r) if r.data is not None else None
     if as_json:
         out = prep.plan.to_json()
         out["weights"] = weights
@@ -84,8 +72,7 @@ def plan(recipe: Path = RecipeOpt, set_: Optional[List[str]] = SetOpt,
         out["feature_cache"] = cache
         out["transforms"] = transforms
         out["guards"] = flags
-        if split:
-            out["split"] = {k: v for k, v in split[0].to_json().items() if k != "val"}
+        out.update(extra)
         typer.echo(json.dumps(out, indent=1))
         return
     typer.echo(weights)
@@ -93,8 +80,8 @@ def plan(recipe: Path = RecipeOpt, set_: Optional[List[str]] = SetOpt,
         typer.echo("\n".join(prep.restore.lines()))
     typer.echo(format_plan(prep.plan))
     typer.echo(cache)
-    if split:
-        typer.echo(split[0].summary(*split[1:]) + " (as listed: finetune leaves out bad images)")
+    for line in notes:
+        typer.echo(line)
     for line in transform_lines(transforms) if transforms else []:
         typer.echo(line)
     for line in flags:
@@ -267,33 +254,13 @@ def inspect(model: str = typer.Argument(..., help="NAME, PREFIX, PATH.onnx or zo
 def evaluate(run: Path = typer.Argument(..., help="run folder, e.g. runs/resnet18_freeze"),
              split: str = typer.Option("val", help="data split folder/name"),
              checkpoint: str = CheckpointOpt) -> None:
-    """Loss, top-1 (top-5) and the confusion matrix of a run's checkpoint on a data split."""
-    from .train.runs import evaluate as run_eval
+    """The task's metrics of a run's checkpoint on a data split: loss, top-1 (top-5) and the confusion
+    matrix; a detector's per-class AP table and PR curves; a segmenter's per-class IoU table."""
+    from .train.runs import evaluate_report
 
     _choice(checkpoint, CHECKPOINTS, "--checkpoint")
-    out = run_eval(run, split, checkpoint)
-    if out.get("task") == "detection":
-        _detection_table(run, checkpoint, split, out)
-        return
-    typer.echo(f"{run} [{checkpoint}] on {split} ({out['images']} images): loss {out['val_loss']:.4f} "
-               f"top-1 {out['val_top1']:.4f}" + (f" top-5 {out['val_top5']:.4f}" if "val_top5" in out else ""))
-    support = out["confusion"].sum(axis=1)
-    typer.echo(f"balanced accuracy {out['val_balanced_acc']:.4f} (mean recall over classes); majority-class "
-               f"rate {support.max() / max(support.sum(), 1):.4f} (always answering "
-               f"'{out['class_names'][int(support.argmax())]}')")
-    names = out["class_names"]
-    width = max(5, *(len(n) for n in names))
-    typer.echo("confusion (rows: true, columns: predicted)")
-    typer.echo(" " * width + " " + " ".join(f"{n:>{width}}" for n in names))
-    for n, row in zip(names, out["confusion"]):
-        typer.echo(f"{n:>{width}} " + " ".join(f"{v:>{width}}" for v in row))
-
-
-def _detection_table(run: Path, checkpoint: str, split: str, out: dict) -> None:
-    typer.echo(f"{run} [{checkpoint}] on {split} ({out['images']} images, {out['objects']} objects): "
-               f"VOC mAP@0.5 {out['val_map50']:.4f}, COCO mAP@[.5:.95] {out['val_map']:.4f}")
-    typer.echo(out["table"])
-    typer.echo(f"PR curves: {out['pr_curves']}")
+    for line in evaluate_report(run, split, checkpoint).lines:
+        typer.echo(line)
 
 
 @app.command()
@@ -302,16 +269,17 @@ def predict(model: Path = typer.Argument(..., help="run folder (runs/NAME) or a 
             topk: int = typer.Option(5, min=1, help="how many classes to show"),
             checkpoint: str = CheckpointOpt,
             as_json: bool = typer.Option(False, "--json", help="print the results as JSON (full precision)"),
-            out: Optional[Path] = typer.Option(None, help="detectors: folder for images with drawn boxes and "
-                                               "detections.json (default RUN/predictions, NAME-predictions "
+            out: Optional[Path] = typer.Option(None, help="detectors, segmenters: folder for the drawn images "
+                                               "and their JSON (default RUN/predictions, NAME-predictions "
                                                "beside NAME.onnx)"),
             score: float = typer.Option(0.25, min=0.0, max=1.0, help="detectors: lowest score shown")) -> None:
-    """Top-k classes (a detector: boxes) for image files: a run's checkpoint in MXNet, or an
-    exported ONNX file in onnxruntime with the preprocessing and class names stored in the file."""
-    from .train.runs import predict as run_predict, predict_onnx
+    """What the run's task answers for image files (top-k classes, a detector's boxes, a segmenter's
+    masks): a run's checkpoint in MXNet, or an exported ONNX file in onnxruntime with the
+    preprocessing and class names stored in the file."""
+    from .tasks import PredictOptions
+    from .train.runs import predict_report
 
     _choice(checkpoint, CHECKPOINTS, "--checkpoint")
-    files = [str(i) for i in images]
     if not model.exists():
         raise GluontlError(f"'{model}' does not exist; pass a run folder (runs/NAME) or the .onnx file "
                            f"`gluontl export runs/NAME` wrote.")
@@ -319,46 +287,19 @@ def predict(model: Path = typer.Argument(..., help="run folder (runs/NAME) or a 
         raise GluontlError(f"--checkpoint {checkpoint} picks a run folder's checkpoint, but '{model}' is an exported "
                            f"file holding one set of weights. Pass the run folder, or export that checkpoint: "
                            f"`gluontl export runs/NAME --checkpoint {checkpoint}`.")
-    detected = _predict_detector(model, files, out, score, checkpoint)
-    if detected is not None:
-        rows, report = detected
-        if as_json:
-            typer.echo(json.dumps(rows, indent=1))
-            return
-        for r in rows:
-            typer.echo(f"{r['file']}: " + (", ".join(f"{d['class']} {d['score']:.3f} {[round(v) for v in d['box']]}"
-                                                    for d in r["detections"]) or "nothing"))
-        typer.echo(f"images with boxes and detections.json: {report.parent}")
-        return
-    results = run_predict(model, files, topk, checkpoint) if model.is_dir() else predict_onnx(model, files, topk)
+    report = predict_report(model, [str(i) for i in images], PredictOptions(topk, score, out, checkpoint))
     if as_json:
-        typer.echo(json.dumps([{"image": r["image"], "top": [[n, p] for n, p in r["top"]]} for r in results],
-                              indent=1))
+        typer.echo(json.dumps(report.values["rows"], indent=1))
         return
-    for r in results:
-        typer.echo(f"{r['image']}: " + ", ".join(f"{n} {p:.3f}" for n, p in r["top"]))
-
-
-def _predict_detector(model: Path, files: list[str], out: Optional[Path], score: float, checkpoint: str):
-    """A detector's (rows, detections.json) from a detection run folder or a detector's ONNX
-    export; None for a classifier."""
-    from .detect.runs import is_detection_onnx, predict_onnx
-    from .recipe import load_recipe
-    from .train.runs import predict_detections
-
-    if model.is_dir():
-        recipe = model / "recipe.yaml"
-        if recipe.is_file() and load_recipe(recipe).task == "detection":
-            return predict_detections(model, files, out, score, checkpoint)
-        return None
-    return predict_onnx(model, files, out, score) if is_detection_onnx(model) else None
+    for line in report.lines:
+        typer.echo(line)
 
 
 @app.command()
 def plot(run: Path = typer.Argument(..., help="run folder"),
          out: Optional[Path] = typer.Option(None, help="PNG path (default RUN/curves.png)")) -> None:
-    """Write a PNG of loss, accuracy (detection: mAP) and learning-rate curves from metrics.jsonl; detection
-    runs also get per-class precision/recall curves of the best checkpoint (RUN/pr_curves-val.png)."""
+    """Write a PNG of loss, the task's validation curves (accuracy, mAP, mIoU) and the learning rate from
+    metrics.jsonl; a detector's per-class precision/recall curves come from `gluontl evaluate`."""
     from .train.runs import plot as run_plot
 
     typer.echo(str(run_plot(run, out)))

@@ -8,9 +8,11 @@ from typing import Any
 
 import mxnet as mx
 import numpy as np
+from mxnet import autograd
 
 from ..errors import ExportError, ModelSourceError, TrainError, short_reason
 from ..recipe import Recipe
+from ..tasks import split as split_batch
 
 
 def load_detector(run: Path, recipe: Recipe, tag: str, ctx=None):
@@ -37,7 +39,6 @@ def _dataset(recipe: Recipe, run: Path, split: str):
 
 def evaluate(run_dir: str | Path, recipe: Recipe, net, split: str = "val") -> dict[str, Any]:
     """VOC mAP@0.5 per class and COCO mAP@[.5:.95] on ``split``; writes ``pr_curves.png`` into the run."""
-    from ..tasks.detection import predict_batches
     from .metrics import DetectionEval, plot_pr, table
 
     from ..train.card import stored_card
@@ -60,6 +61,25 @@ def evaluate(run_dir: str | Path, recipe: Recipe, net, split: str = "val") -> di
     return {"task": "detection", "val_map50": voc["map50"], "val_map": coco["map"], "val_map75": coco.get("map75"),
             "per_class_ap50": voc["per_class"], "class_names": ds.class_names, "images": len(ds),
             "objects": int(sum(len(g) for g in gts)), "pr_curves": str(curves), "table": table(voc, coco)}
+
+
+def predict_batches(net, batches, ctxs) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Per image: detections ``(K, 6)`` [class, score, x1, y1, x2, y2] and ground truth ``(N, 6)``
+    (padding rows removed), both in network-input pixels."""
+    net._clear_cached_op()
+    dets, gts = [], []
+    try:
+        with autograd.predict_mode():
+            for x, y in batches:
+                for xi, yi in zip(split_batch(x, ctxs), split_batch(y, ctxs)):
+                    ids, scores, boxes = net(xi)
+                    out = mx.nd.concat(ids, scores, boxes, dim=-1).asnumpy()
+                    for d, g in zip(out, yi.asnumpy()):
+                        dets.append(d[d[:, 0] >= 0])
+                        gts.append(g[g[:, 4] >= 0])
+    finally:
+        net._clear_cached_op()
+    return dets, gts
 
 
 def _stack(samples) -> tuple[mx.nd.NDArray, mx.nd.NDArray]:

@@ -27,7 +27,7 @@ from gluontl.export.lean import make_lean
 from gluontl.export.patch import patch_model, source_info
 from gluontl.export.trace import TracedBlock, dummy_inputs, predict, trace_block
 from gluontl.export.verify import compare, ort_session, output_error, saturating_scales
-from gluontl.train.transforms import META_CLASSES, META_PREPROCESS, load_preprocess, onnx_props
+from gluontl.train.transforms import META_CLASSES, META_PREPROCESS, META_TASK, load_preprocess, onnx_props
 
 log = logging.getLogger(__name__)
 
@@ -281,10 +281,10 @@ def _from_source(block: mx.gluon.HybridBlock, info, input_shapes: dict[str, tupl
 
 def set_metadata(model: onnx.ModelProto, metadata: dict[str, str]) -> None:
     """Set ``metadata`` in metadata_props, replacing keys of the same name. Class names and
-    preprocessing inherited from an imported file are dropped: after training and surgery they
+    preprocessing (and the task) inherited from an imported file are dropped: after training and surgery they
     no longer describe the model unless this export states them again (other keys, such as a
     converted file's provenance, stay)."""
-    kept = {p.key: p.value for p in model.metadata_props if p.key not in (META_CLASSES, META_PREPROCESS)}
+    kept = {p.key: p.value for p in model.metadata_props if p.key not in (META_CLASSES, META_PREPROCESS, META_TASK)}
     del model.metadata_props[:]
     for key, value in {**kept, **metadata}.items():
         model.metadata_props.add(key=str(key), value=str(value))

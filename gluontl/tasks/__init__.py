@@ -1,25 +1,55 @@
-"""The task seam: what differs between classification and detection, and nothing else.
+"""The task seam: what differs between tasks, over a run's whole life, and nothing else.
 
 The training loop (``gluontl.train.loop``) owns contexts, accumulation, schedules, checkpoints,
-resume, the feature cache decision, progress and logs; a task owns its data, the model it
-builds from the recipe, the forward + loss of a batch, its metrics and its run card. A new task
-is a new module implementing :class:`Task` and one entry in ``TASKS``.
+resume, the feature cache decision, progress and logs; ``gluontl.train.runs`` owns what a
+finished run folder is. A task owns its data, the model it builds from the recipe, the forward +
+loss of a batch, its metrics, its run card, and what a finished run does: load, evaluate,
+predict (from the run or from its ONNX export), export and which curves to plot. Neither the
+loop, the run-folder code nor the CLI names a task: a new task is a new module implementing
+:class:`Task` and one entry in ``TASKS``.
 """
 from __future__ import annotations
 
 import importlib
 from pathlib import Path
-from typing import Any, Callable, Protocol, Sequence
+import dataclasses
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 import mxnet as mx
 
 from ..recipe import TASK_METRICS, Recipe, TransformSpec
+from ..train.transforms import META_TASK, onnx_metadata
+
+if TYPE_CHECKING:
+    from ..pipeline import Prepared
 
 Batch = tuple[mx.nd.NDArray, mx.nd.NDArray]
 
 
+@dataclasses.dataclass
+class PredictOptions:
+    topk: int = 5  # classification: how many classes per image
+    score: float = 0.25  # detection: the lowest score shown
+    out: Path | None = None  # drawn images and their JSON; None: the task's default place
+    tag: str = "best"  # the run checkpoint
+
+
+@dataclasses.dataclass
+class Report:
+    values: dict[str, Any]  # what the Python API returns
+    lines: list[str]  # what the CLI prints, nothing else
+
+
 class Task(Protocol):
+    name: str  # the recipe's task
     metrics: Sequence[str]  # what `best` records; train.select is one of them
+    curves: Sequence[tuple[str, str]]  # (metrics.jsonl key, label) that plot draws beside loss and lr
+
+    def prepare(self, recipe: Recipe, ctx=None, *, apply: bool = True) -> Prepared:
+        """The recipe's model restored, with its rules planned (and applied): plan, finetune and the API."""
+
+    def plan_notes(self, recipe: Recipe, prep: Prepared) -> tuple[str, list[str], dict[str, Any]]:
+        """What the plan adds for this task: its feature-cache line, more lines, more JSON keys."""
 
     def setup(self, recipe: Recipe, ctx: mx.Context, *, seed: int) -> tuple[Any, Any]:
         """(Prepared model, Loaders), each checked against the other."""
@@ -48,6 +78,21 @@ class Task(Protocol):
     def transforms(self, recipe: Recipe) -> dict[str, dict[str, str | None]]:
         """The train and val pipelines the run uses (:func:`transform_record`), for the plan and the card."""
 
+    def load(self, run: Path, recipe: Recipe, tag: str, ctx=None):
+        """A finished run's model with checkpoint ``tag`` restored, hybridized for inference."""
+
+    def evaluate_run(self, run: Path, recipe: Recipe, net, split: str, tag: str) -> Report: ...
+
+    def predict_run(self, run: Path, recipe: Recipe, net, images: list[str], opts: PredictOptions) -> Report:
+        """``values["rows"]``: one JSON-able record per image (what ``predict --json`` prints)."""
+
+    def predict_onnx(self, path: Path, images: list[str], opts: PredictOptions) -> Report:
+        """:meth:`predict_run` with the run's ONNX export in onnxruntime, from the file alone."""
+
+    def export_run(self, run: Path, recipe: Recipe, net, out_dir: Path, formats: list[str], force: bool
+                   ) -> list[Path]:
+        """Verified files; an ONNX file's metadata names the task (``gluontl.task``)."""
+
 
 def transform_record(recipe: Recipe, describe: Callable[[TransformSpec, bool], str]
                      ) -> dict[str, dict[str, str | None]]:
@@ -74,8 +119,29 @@ TASKS = {"classification": "gluontl.tasks.classification:Classification",
          "detection": "gluontl.tasks.detection:Detection"}
 
 
-def get_task(recipe: Recipe) -> Task:
-    module, _, cls = TASKS[recipe.task].partition(":")
+def task_named(name: str) -> Task:
+    module, _, cls = TASKS[name].partition(":")
     task = getattr(importlib.import_module(module), cls)()
-    task.metrics = TASK_METRICS[recipe.task]
+    task.name = name
+    task.metrics = TASK_METRICS[name]
     return task
+
+
+def get_task(recipe: Recipe) -> Task:
+    return task_named(recipe.task)
+
+
+LEGACY_TASK_KEYS = {"gluontl.nms": "detection"}  # exports from before gluontl.task: a detector's NMS settings
+
+
+def onnx_task(path: str | Path) -> Task:
+    """The task of a gluontl ONNX export, from its metadata (a file without any: refused by
+    ``onnx_metadata``, naming the file)."""
+    meta = onnx_metadata(path)
+    name = meta.get(META_TASK) or next((t for k, t in LEGACY_TASK_KEYS.items() if k in meta), "classification")
+    if name not in TASKS:
+        from ..errors import ExportError
+
+        raise ExportError(f"'{path}' was exported by a gluontl {name} run, a task this gluontl does not know "
+                          f"({', '.join(TASKS)}); use the gluontl that exported it.")
+    return task_named(name)

@@ -8,13 +8,29 @@ import mxnet as mx
 import numpy as np
 from mxnet import autograd, gluon
 
-from ..errors import TrainError
-from ..pipeline import prepare
+from ..errors import ExportError, TrainError, short_reason
+from ..pipeline import Prepared, prepare
 from ..recipe import Recipe
-from . import split, transform_record
+from . import PredictOptions, Report, split, transform_record
 
 
 class Classification:
+    curves = (("val_top1", "val top-1"), ("val_top5", "val top-5"), ("train_acc", "train top-1"))
+
+    def prepare(self, recipe: Recipe, ctx=None, *, apply: bool = True) -> Prepared:
+        return prepare(recipe, ctx=ctx, apply=apply)
+
+    def plan_notes(self, recipe: Recipe, prep: Prepared) -> tuple[str, list[str], dict[str, Any]]:
+        from ..train.cache import preview
+        from ..train.data import split_preview
+
+        split = split_preview(recipe.data) if recipe.data is not None else None
+        if not split:
+            return preview(recipe, prep.block, prep.plan), [], {}
+        return (preview(recipe, prep.block, prep.plan),
+                [split[0].summary(*split[1:]) + " (as listed: finetune leaves out bad images)"],
+                {"split": {k: v for k, v in split[0].to_json().items() if k != "val"}})
+
     def setup(self, recipe: Recipe, ctx: mx.Context, *, seed: int):
         from ..train.data import make_loaders
 
@@ -61,6 +77,110 @@ class Classification:
         from ..train.transforms import describe
 
         return transform_record(recipe, describe)
+
+
+    def load(self, run: Path, recipe: Recipe, tag: str, ctx=None):
+        from ..train.checkpoint import restore_into
+
+        # The checkpoint holds every parameter: skip the recipe's weights file (it may be gone).
+        bare = recipe.model_copy(update={"model": recipe.model.model_copy(update={"weights": None})})
+        block = prepare(bare, ctx=ctx, apply=False).block
+        restore_into(run / "checkpoints", tag, block, None, ctx)
+        block.hybridize(static_alloc=True)
+        return block
+
+    def evaluate_run(self, run: Path, recipe: Recipe, net, split: str, tag: str) -> Report:
+        from ..train.card import recipe_data
+        from ..train.data import load_split
+
+        ds = load_split(recipe_data(recipe, run), split)
+        loader = mx.gluon.data.DataLoader(ds, batch_size=recipe.data.batch_size, shuffle=False)
+        with mx.autograd.predict_mode():
+            out = evaluate_loader(net, loader, [mx.cpu()], len(ds.class_names), gluon.loss.SoftmaxCrossEntropyLoss())
+        out["class_names"] = names = ds.class_names
+        out["images"] = len(ds)
+        support = out["confusion"].sum(axis=1)
+        width = max(5, *(len(n) for n in names))
+        lines = [f"{run} [{tag}] on {split} ({out['images']} images): loss {out['val_loss']:.4f} top-1 "
+                 f"{out['val_top1']:.4f}" + (f" top-5 {out['val_top5']:.4f}" if "val_top5" in out else ""),
+                 f"balanced accuracy {out['val_balanced_acc']:.4f} (mean recall over classes); majority-class "
+                 f"rate {support.max() / max(support.sum(), 1):.4f} (always answering "
+                 f"'{names[int(support.argmax())]}')",
+                 "confusion (rows: true, columns: predicted)",
+                 " " * width + " " + " ".join(f"{n:>{width}}" for n in names)]
+        lines += [f"{n:>{width}} " + " ".join(f"{v:>{width}}" for v in row) for n, row in zip(names, out["confusion"])]
+        return Report(out, lines)
+
+    def predict_run(self, run: Path, recipe: Recipe, net, images: list[str], opts: PredictOptions) -> Report:
+        from ..train.card import stored_card
+        from ..train.transforms import load_images, load_preprocess
+
+        prep, names = load_preprocess(stored_card(run, recipe))
+        rows = []
+        for path, image in zip(images, load_images(images)):
+            with mx.autograd.predict_mode():
+                prob = mx.nd.softmax(net(mx.nd.array(prep(image)[None]))).asnumpy()[0]
+            rows.append(_ranked(path, prob, names, opts.topk))
+        return _report(rows)
+
+    def predict_onnx(self, path: Path, images: list[str], opts: PredictOptions) -> Report:
+        from ..export.verify import ort_session
+        from ..train.transforms import load_images, onnx_preprocess
+
+        prep, names = onnx_preprocess(path)  # no metadata: refused before any work
+        decoded = load_images(images)
+        session = ort_session(path, f"'{path}'")
+        inputs, outputs = session.get_inputs(), session.get_outputs()
+        if len(inputs) != 1 or len(inputs[0].shape) != 4:
+            raise ExportError(f"'{path}' takes inputs {[(i.name, i.shape) for i in inputs]}; predict feeds one "
+                              f"N x C x H x W image batch. Predict with the run folder, or export the run again.")
+        rows = []
+        for name, image in zip(images, decoded):
+            x = prep(image)[None]
+            want = inputs[0].shape[1:]
+            if any(isinstance(w, int) and w != d for w, d in zip(want, x.shape[1:])):
+                raise ExportError(f"'{path}' takes {inputs[0].name} of shape {inputs[0].shape} but its recorded "
+                                  f"preprocessing makes {list(x.shape)} from '{name}'; the metadata does not belong "
+                                  f"to this graph. Export the run again.")
+            try:
+                logits = np.asarray(session.run([outputs[0].name], {inputs[0].name: x})[0], np.float64)
+            except Exception as err:  # onnxruntime's errors share no base class
+                raise ExportError(f"onnxruntime cannot run '{path}' on '{name}' ({short_reason(err)}); predict feeds "
+                                  f"one float32 image at a time. Predict with the run folder, or export the run "
+                                  f"again.") from None
+            if logits.shape != (1, len(names)):
+                raise ExportError(f"'{path}' outputs {outputs[0].name} of shape {list(logits.shape)}, but its "
+                                  f"metadata lists {len(names)} classes; export the run again.")
+            prob = np.exp(logits[0] - logits[0].max())
+            rows.append(_ranked(name, prob / prob.sum(), names, opts.topk))
+        return _report(rows)
+
+    def export_run(self, run: Path, recipe: Recipe, net, out_dir: Path, formats: list[str], force: bool
+                   ) -> list[Path]:
+        from ..export.exporters import export_block
+        from ..train.card import export_input_name, stored_card
+        from ..train.data import load_split
+
+        spec = recipe.export
+        name = export_input_name(recipe)
+        card = stored_card(run, recipe)
+        card = {**card, "preprocess": {**card["preprocess"], "input": {**card["preprocess"]["input"], "name": name}}}
+        sample = None
+        if recipe.data is not None:
+            ds = load_split(recipe.data, recipe.data.val)
+            sample = {name: np.stack([ds[i][0] for i in range(min(8, len(ds)))]).astype(np.float32)}
+        return export_block(net, out_dir, recipe.name, {name: (1, *recipe.model.input_shape)}, formats=formats,
+                            opset=spec.opset, rtol=spec.rtol, lean=spec.lean, force=force, sample=sample,
+                            output_names=spec.output_names, card=card)
+
+
+def _ranked(image: str, prob: np.ndarray, names: list[str], topk: int) -> dict[str, Any]:
+    order = np.argsort(-prob, kind="stable")[: min(topk, len(prob))]
+    return {"image": str(image), "top": [(names[i], float(prob[i])) for i in order]}
+
+
+def _report(rows: list[dict[str, Any]]) -> Report:
+    return Report({"rows": rows}, [f"{r['image']}: " + ", ".join(f"{n} {p:.3f}" for n, p in r["top"]) for r in rows])
 
 
 def classify(net, xs, ys, loss: Callable) -> tuple[list[mx.nd.NDArray], list[mx.nd.NDArray]]:

@@ -23,10 +23,47 @@ from mxnet import autograd
 from ..pipeline import Prepared
 from ..recipe import Recipe
 from ..rules import apply_plan, make_plan
-from . import split, transform_record
+from . import PredictOptions, Report, split, transform_record
 
 
 class Detection:
+    curves = (("val_map50", "val mAP@0.5"), ("val_map", "val mAP@[.5:.95]"))
+
+    def prepare(self, recipe: Recipe, ctx=None, *, apply: bool = True) -> Prepared:
+        return prepare(recipe, None, ctx, apply)
+
+    def plan_notes(self, recipe: Recipe, prep: Prepared) -> tuple[str, list[str], dict[str, Any]]:
+        return "feature cache: off (a detector trains on augmented images end to end)", [], {}
+
+    def load(self, run: Path, recipe: Recipe, tag: str, ctx=None):
+        from ..detect.runs import load_detector
+
+        return load_detector(run, recipe, tag, ctx)
+
+    def evaluate_run(self, run: Path, recipe: Recipe, net, split: str, tag: str) -> Report:
+        from ..detect.runs import evaluate
+
+        out = evaluate(run, recipe, net, split)
+        return Report(out, [f"{run} [{tag}] on {split} ({out['images']} images, {out['objects']} objects): "
+                            f"VOC mAP@0.5 {out['val_map50']:.4f}, COCO mAP@[.5:.95] {out['val_map']:.4f}",
+                            out["table"], f"PR curves: {out['pr_curves']}"])
+
+    def predict_run(self, run: Path, recipe: Recipe, net, images: list[str], opts: PredictOptions) -> Report:
+        from ..detect.runs import predict
+
+        return _drawn(*predict(run, recipe, net, images, opts.out, opts.score))
+
+    def predict_onnx(self, path: Path, images: list[str], opts: PredictOptions) -> Report:
+        from ..detect.runs import predict_onnx
+
+        return _drawn(*predict_onnx(path, images, opts.out, opts.score))
+
+    def export_run(self, run: Path, recipe: Recipe, net, out_dir: Path, formats: list[str], force: bool
+                   ) -> list[Path]:
+        from ..detect.runs import export
+
+        return export(run, recipe, net, out_dir, formats, force)
+
     def setup(self, recipe: Recipe, ctx: mx.Context, *, seed: int):
         from ..detect.data import make_detection_loaders
         from ..stages import detector_family
@@ -64,9 +101,10 @@ class Detection:
         return losses, None
 
     def evaluate(self, net, batches, ctxs) -> dict[str, Any]:
-        dets, gts = predict_batches(net, batches, ctxs)
         from ..detect.metrics import DetectionEval
+        from ..detect.runs import predict_batches
 
+        dets, gts = predict_batches(net, batches, ctxs)
         ev = DetectionEval(self.class_names)
         for d, g in zip(dets, gts):
             ev.update(d, g)
@@ -88,6 +126,12 @@ class Detection:
 
         hw = recipe.model.input_shape[-2:]
         return transform_record(recipe, lambda spec, train: describe(spec, hw, train))
+
+
+def _drawn(rows: list[dict[str, Any]], report: Path) -> Report:
+    lines = [f"{r['file']}: " + (", ".join(f"{d['class']} {d['score']:.3f} {[round(v) for v in d['box']]}"
+                                           for d in r["detections"]) or "nothing") for r in rows]
+    return Report({"rows": rows, "report": report}, [*lines, f"images with boxes and detections.json: {report.parent}"])
 
 
 def prepare(recipe: Recipe, classes: list[str] | None = None, ctx=None, apply: bool = True) -> Prepared:
@@ -113,25 +157,6 @@ def prepare(recipe: Recipe, classes: list[str] | None = None, ctx=None, apply: b
     if report is not None:
         loaded |= set(report.restored) | {n for n, _ in report.rebuilt}
     return Prepared(net, report, plan, loaded)
-
-
-def predict_batches(net, batches, ctxs) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Per image: detections ``(K, 6)`` [class, score, x1, y1, x2, y2] and ground truth ``(N, 6)``
-    (padding rows removed), both in network-input pixels."""
-    net._clear_cached_op()
-    dets, gts = [], []
-    try:
-        with autograd.predict_mode():
-            for x, y in batches:
-                for xi, yi in zip(split(x, ctxs), split(y, ctxs)):
-                    ids, scores, boxes = net(xi)
-                    out = mx.nd.concat(ids, scores, boxes, dim=-1).asnumpy()
-                    for d, g in zip(out, yi.asnumpy()):
-                        dets.append(d[d[:, 0] >= 0])
-                        gts.append(g[g[:, 4] >= 0])
-    finally:
-        net._clear_cached_op()
-    return dets, gts
 
 
 def _ssd_targets():

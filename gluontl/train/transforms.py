@@ -346,6 +346,7 @@ def load_preprocess(spec: SpecInput) -> tuple[Preprocess, list[str] | None]:
 
 META_CLASSES = "gluontl.classes"
 META_PREPROCESS = "gluontl.preprocess"
+META_TASK = "gluontl.task"  # which task's predict reads the file; absent: classification
 
 
 def model_card(spec: TransformSpec, classes: list[str], input_name: str,
@@ -359,7 +360,8 @@ def model_card(spec: TransformSpec, classes: list[str], input_name: str,
 
 def onnx_props(card: Mapping[str, Any]) -> dict[str, str]:
     """A :func:`model_card` as the ONNX ``metadata_props`` an export carries (JSON strings)."""
-    return {META_CLASSES: json.dumps(card["classes"]), META_PREPROCESS: json.dumps(card["preprocess"])}
+    props = {META_CLASSES: json.dumps(card["classes"]), META_PREPROCESS: json.dumps(card["preprocess"])}
+    return {**props, META_TASK: card["task"]} if "task" in card else props
 
 
 def onnx_preprocess(path: str | Path) -> tuple[Preprocess, list[str]]:

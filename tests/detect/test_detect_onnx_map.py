@@ -146,7 +146,7 @@ def test_predict_with_the_onnx_export_writes_what_predict_with_the_run_writes(vo
     from PIL import Image
 
     from gluontl.detect.draw import kept, to_image_pixels
-    from gluontl.tasks.detection import predict_batches
+    from gluontl.detect.runs import predict_batches
     from gluontl.train.loop import finetune
     from gluontl.train.runs import load_run
 

@@ -95,7 +95,8 @@ def test_a_hybridized_detector_keeps_its_training_graph_until_the_cache_is_dropp
     """After a hybridized training step GluonCV's SSD keeps answering with the training outputs
     (class and box predictions, anchors) in predict mode; gluontl's evaluation drops the cached
     graph before and after, so it gets detections and training gets its graph back."""
-    from gluontl.tasks.detection import predict_batches, prepare
+    from gluontl.detect.runs import predict_batches
+    from gluontl.tasks.detection import prepare
 
     recipe = parse_recipe({"name": "t", "task": "detection",
                            "model": {"source": "zoo:ssd_300_mobilenet0.25_custom", "input_shape": [3, 64, 64]}},
