@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from helpers import assert_f32_close, tiny_symbol
 
-from gluontl.errors import ModelSourceError, RestoreError
+from gluontl.errors import ModelSourceError, RestoreError, SurgeryError
 from gluontl.export.exporters import export_block
 from gluontl.naming import named_params
 from gluontl.recipe import ModelSpec
@@ -172,11 +172,11 @@ def test_stages_of_an_onnx_backbone_follow_the_stride_and_rules_select_by_them(t
 
 def test_taps_are_checked_against_the_source_with_close_names(tmp_path):
     spec = ModelSpec(source="zoo:resnet18_v1", input_shape=(3, 64, 64))
-    with pytest.raises(ModelSourceError, match=r"segmentation.taps names 'features.44'.*close"):
+    with pytest.raises(SurgeryError, match=r"segmentation.taps names 'features.44'.*close"):
         build_segmenter(spec, SegmenterSpec("fcn", taps=("features.44",)), 3)
     with pytest.raises(ModelSourceError, match="lraspp reads a shallow and a deep map: give 2"):
         build_segmenter(spec, SegmenterSpec("lraspp", taps=("features.7",)), 3)
-    with pytest.raises(ModelSourceError, match="shallow to deep"):
+    with pytest.raises(SurgeryError, match="shallow to deep"):
         build_segmenter(spec, SegmenterSpec("lraspp", taps=("features.7", "features.6")), 3)
     with pytest.raises(ModelSourceError, match="GluonCV's head on its dilated ResNets"):
         build_segmenter(spec, SegmenterSpec("psp"), 3)
