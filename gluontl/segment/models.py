@@ -184,10 +184,6 @@ class Segmenter(HybridBlock):
         heads = ["head.low_classifier", "head.high_classifier"] if self.arch == "lraspp" else ["head.block.4"]
         return heads + (["aux.block.4"] if self.has_aux else [])
 
-    @property
-    def num_classes(self) -> int:
-        return shape_of(named_params(self)[f"{self.class_layers[0]}.weight"].param)[0]
-
     def forward(self, x, *args):
         aux = self.has_aux and mx.autograd.is_training()
         if aux != self._aux_on:  # one more output: a graph of its own

@@ -21,7 +21,8 @@ from gluontl.errors import ModelSourceError, RestoreError, SurgeryError
 from gluontl.export.exporters import export_block
 from gluontl.naming import named_params
 from gluontl.recipe import ModelSpec
-from gluontl.rules import make_plan
+from gluontl.rules import apply_plan, make_plan, trainable_params
+from gluontl.segment.loss import SegmentationLoss
 from gluontl.segment.models import SegmenterSpec, Segmenter, build_segmenter
 from gluontl.sources.restore import snapshot
 from gluontl.stages import stage_map
@@ -168,6 +169,29 @@ def test_stages_of_an_onnx_backbone_follow_the_stride_and_rules_select_by_them(t
     for r in plan.rows:
         statistic = r.name.endswith(("running_mean", "running_var"))  # never trained by gradients
         assert r.trainable == (stages[r.name] not in ("stem", 1) and not statistic), r.name
+
+
+def test_training_through_a_plan_leaves_frozen_stages_and_statistics_bit_identical():
+    """freeze_until_stage 2 (BN statistics frozen too) on a hybridized segmenter with an aux head,
+    two SGD steps of the segmentation loss: stem..2 unchanged, stages 3, 4 and the heads trained."""
+    net, _ = build_segmenter(ZOO, SEG, 3)
+    plan = make_plan(net, [{"preset": "freeze_until_stage", "until_stage": 2}], input_shape=(3, 64, 64))
+    apply_plan(net, plan)
+    net.hybridize()
+    before = snapshot(net)
+    trainer = mx.gluon.Trainer(list(trainable_params(net).values()), "sgd", {"learning_rate": 0.1})
+    loss_fn = SegmentationLoss(aux_weight=0.4)
+    rng = np.random.default_rng(4)
+    for _ in range(2):
+        x, y = mx.nd.array(rng.normal(size=(2, 3, 64, 64))), mx.nd.array(rng.integers(0, 3, (2, 64, 64)))
+        with mx.autograd.record():
+            loss = loss_fn(*net(x), y)
+        loss.backward()
+        trainer.step(2)
+    after, stages = snapshot(net), stage_map(net, (3, 64, 64))
+    for n in before:
+        frozen = stages[n] in ("stem", 1, 2)
+        assert np.array_equal(before[n], after[n]) == frozen, n
 
 
 def test_taps_are_checked_against_the_source_with_close_names(tmp_path):
