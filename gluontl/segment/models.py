@@ -402,7 +402,13 @@ def restore_segmenter(net: Segmenter, spec: ModelSpec, kind: str, classes: list[
     if kind == "classification":  # the classifier past the taps, and a gluontl classifier's new head
         left = {k for k in left if k not in source_keys and not k.startswith("head.")}
     report.unexpected = sorted(left)
-    report.check(rs.expect_missing, rs.expect_unexpected, rs.expect_mismatch)
+    try:
+        report.check(rs.expect_missing, rs.expect_unexpected, rs.expect_mismatch)
+    except RestoreError as e:
+        if kind == "segmentation" and report.missing and not any(n.startswith("backbone.") for n in report.missing):
+            raise RestoreError(f"{e} The file has the backbone but no head: if it is a classifier's, set "
+                               f"model.restore.type: classification.") from None
+        raise
     if not report.restored and not report.rebuilt:
         raise RestoreError(f"Restoring '{weights}' (restore.type: {kind}) matched no parameter names; is it a file "
                            f"of this {'backbone' if kind == 'classification' else 'segmentation model'}? Map names "

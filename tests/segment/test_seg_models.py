@@ -308,6 +308,9 @@ def test_classification_restores_the_backbone_only_and_leaves_the_heads_at_init(
         else:
             assert np.array_equal(value, fresh[n]), n
     assert all(n.startswith("backbone.") for n in report.restored) and not report.unexpected  # output.* left out
+    with pytest.raises(RestoreError, match="backbone but no head: if it is a classifier's, set model.restore.type: "
+                                           "classification"):
+        _build(ZOO, 3, weights=str(tmp_path / "cls.params"))  # restore.type segmentation, the default
 
 
 def test_refused_restores_name_the_problem(tmp_path):
