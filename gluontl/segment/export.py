@@ -26,13 +26,12 @@ from gluontl.errors import ExportError, short_reason
 from gluontl.export.exporters import check_target, convert_block, export_block, finish_model, set_metadata
 from gluontl.export.trace import dummy_inputs, predict, sample_batches
 from gluontl.export.verify import ort_session, output_error
-from gluontl.train.transforms import onnx_props
+from gluontl.train.transforms import META_TASK, onnx_props
 
 log = logging.getLogger(__name__)
 
 OUTPUT_NAMES = ("logits", "mask")
 TASK = "segmentation"
-META_TASK = "gluontl.task"  # which task's predict reads the file
 
 
 def export_segmenter(net: mx.gluon.HybridBlock, out_dir: str | Path, name: str, input_shape: Sequence[int], *,
