@@ -15,7 +15,7 @@ __version__ = "0.1.0"
 _API = {
     "load_model": ("gluontl.sources", "load_model"),
     "load_recipe": ("gluontl.recipe", "load_recipe"),
-    "prepare": ("gluontl.pipeline", "prepare"),
+    "prepare": ("gluontl.api", "prepare"),
     "Rule": ("gluontl.recipe", "Rule"),
     "make_plan": ("gluontl.rules", "make_plan"),
     "apply_plan": ("gluontl.rules", "apply_plan"),

@@ -5,9 +5,18 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
+from .pipeline import Prepared
 from .recipe import Recipe, as_recipe
+from .tasks import get_task
 from .train.loop import RunResult, finetune as _train
 from .train.runs import export_run, init_from as start_from
+
+
+def prepare(recipe: Recipe | Mapping[str, Any] | str | os.PathLike, *, ctx=None, apply: bool = True) -> Prepared:
+    """The recipe's model built by its task, weights restored, rules planned (and applied): what
+    ``gluontl plan`` shows and ``finetune`` starts from, for any task."""
+    recipe = as_recipe(recipe)
+    return get_task(recipe).prepare(recipe, ctx, apply=apply)
 
 
 def finetune(recipe: Recipe | Mapping[str, Any] | str | os.PathLike, *, runs_root: str | Path = "runs",
