@@ -331,11 +331,12 @@ class Rule(Strict):
     @model_validator(mode="after")
     def _shape(self) -> "Rule":
         preset_keys = {k for keys in PRESET_KEYS.values() for k in keys} - {"stage"}
+        given = {k for k in self.model_fields_set if getattr(self, k) is not None}  # None: not set (model_dump)
         if self.preset is not None:
             if self.preset not in PRESET_NAMES:
                 raise ValueError(f"unknown preset '{self.preset}'{suggest(self.preset, PRESET_NAMES)}")
             takes = PRESET_KEYS[self.preset]
-            extra = sorted(self.model_fields_set - {"preset", "optional", "from_epoch", "note", *takes})
+            extra = sorted(given - {"preset", "optional", "from_epoch", "note", *takes})
             if extra:
                 raise ValueError(f"preset {self.preset} takes no key {', '.join(extra)} (it takes "
                                  f"{', '.join(takes) or 'none'} besides optional, from_epoch and note); a later "
@@ -345,7 +346,7 @@ class Rule(Strict):
             if self.stage is not None and self.last is not None:
                 raise ValueError("layer_decay takes stage: [...] or last: N, not both")
             return self
-        misplaced = sorted(self.model_fields_set & preset_keys)
+        misplaced = sorted(given & preset_keys)
         if misplaced:
             owners = sorted({p for p, keys in PRESET_KEYS.items() if set(misplaced) & set(keys)})
             raise ValueError(f"{', '.join(misplaced)} belongs to preset {' / '.join(owners)}; add preset: "
