@@ -36,6 +36,7 @@ PRESET_KEYS: dict[str, tuple[str, ...]] = {
     "fine_tune": ("freeze_epochs", "base_lr_div", "train_bn")}
 PRESET_NAMES = tuple(PRESET_KEYS)
 ParamKind = Literal["bias", "norm", "depthwise", "1d"]  # what rules.param_kinds finds in a layer
+RULE_KEYS_SINCE_21 = ("kind", "rate", "min_scale", "last", "freeze_epochs", "base_lr_div", "train_bn")
 LAYER_TYPES = ("Conv", "Dense", "BatchNorm", "LayerNorm", "InstanceNorm", "GroupNorm", "Embedding",
                "PReLU", "RNN", "Deconv")
 
@@ -713,6 +714,10 @@ class Recipe(Strict):
             data["train"]["distributed"] = {k: v for k, v in dist.items() if k != "step_timeout"}
         if (data.get("data") or {}).get("last_batch") == "discard":  # the default: runs from before the key agree
             del data["data"]["last_batch"]
+        for rule in data.get("rules") or []:  # rule keys added later count when set: runs from before them agree
+            for key in RULE_KEYS_SINCE_21:
+                if rule.get(key) is None:
+                    rule.pop(key, None)
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -307,3 +307,17 @@ def test_kind_alone_is_a_selector_and_a_string_is_a_list():
     with pytest.raises(RecipeError, match=r"'rules\.2\.kind\.1': Input should be 'bias', 'norm', 'depthwise' or "
                                           r"'1d' \(did you mean 'bias'\?\)"):
         rules({"kind": "norm", "wd_mult": 0}, {"kind": "bais", "wd_mult": 0})
+
+
+def test_runs_from_before_the_new_rule_keys_keep_their_digest():
+    """A checkpoint records its recipe's digest; rules that use none of the keys added here hash as
+    they did before (the value below was computed by gluontl before they existed), so those runs
+    still resume."""
+    def digest(*rules):
+        return parse_recipe({"name": "d", "model": {"source": "zoo:resnet18_v1"}, "rules": list(rules),
+                             "data": {"source": "demo:digits"}, "train": {"epochs": 3}}).digest("rules")
+
+    before = ({"preset": "freeze_all_but_head"}, {"match": "features.7.*", "lr_mult": 0.1, "from_epoch": 2})
+    assert digest(*before) == "446b701eb4c11eb3"
+    assert digest(*before, {"kind": "bias", "wd_mult": 0}) != digest(*before, {"match": "*bias", "wd_mult": 0})
+    assert digest({"preset": "layer_decay", "rate": 0.5}) != digest({"preset": "layer_decay", "rate": 0.75})
