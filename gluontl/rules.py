@@ -24,8 +24,8 @@ from mxnet.gluon import Constant, HybridBlock, Parameter, SymbolBlock
 
 from .errors import RuleError
 from .naming import Layer, ParamEntry, graph_nodes, named_params, shape_of
-from .recipe import Rule, _stage_order, as_rules
-from .stages import HEAD, NECK, STEM, Stage, stage_map
+from .recipe import Rule, as_rules
+from .stages import HEAD, NECK, STEM, Stage, ordered, stage_map
 
 FIELDS = ("grad_req", "lr_mult", "wd_mult", "bn")
 DEFAULTS: dict[str, Any] = {"grad_req": "write", "lr_mult": 1.0, "wd_mult": 1.0, "bn": "train"}
@@ -284,7 +284,7 @@ def make_plan(block: HybridBlock, rules: Iterable[RuleLike], *, epoch: int | Non
             if needs_stages:
                 raise
             no_stages = f"no stage column: {e}"
-    planned = expand(given, sorted(set(stages.values()), key=_stage_order) if stages else None)
+    planned = expand(given, ordered(stages.values()) if stages else None)
     kind_of = param_kinds(entries) if any(p.rule.kind is not None for p in planned) else {}
     values = {n: dict(DEFAULTS) for n in entries}
     decided = {n: {f: "default" for f in FIELDS} for n in entries}
