@@ -208,11 +208,10 @@ def test_layer_decay_on_resnet18_keeps_frozen_parameters_frozen_and_yields_to_la
 
 
 def test_plan_command_shows_layer_decay_set_on_the_command_line(capsys, tmp_path, monkeypatch):
-    from pathlib import Path
-
     monkeypatch.setenv("GLUONTL_HOME", str(tmp_path / "home"))
-    monkeypatch.chdir(Path(__file__).resolve().parents[1])
-    recipe = "recipes/resnet18_freeze.yaml"
+    recipe = tmp_path / "r.yaml"  # recipes/resnet18_freeze.yaml's model, head and rules
+    recipe.write_text("name: r\nmodel: {source: zoo:resnet18_v1, input_shape: [3, 48, 48]}\n"
+                      "surgery: {head: {classes: 5}}\nrules:\n  - preset: freeze_all_but_head\n")
     code, out, err = run_cli(capsys, "plan", "--recipe", str(recipe), "--set",
                              "rules.2={preset: layer_decay, rate: 0.75}")
     assert code == 0, err
