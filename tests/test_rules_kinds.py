@@ -174,8 +174,13 @@ def test_layer_decay_is_timms_formula_on_a_hand_built_stage_list():
     # 0.5^4 = 0.0625 is below the floor; 0.5^3, 0.5^2, 0.5^1, 0.5^0
     assert got == [("1.1", ["stem"], 0.1), ("1.2", [1], 0.125), ("1.3", [2], 0.25), ("1.4", ["neck"], 0.5),
                    ("1.5", ["head"], 1.0)]
+    assert [p.rule.note for p in expand([Rule(preset="layer_decay", rate=0.5, min_scale=0.1)], order)][::4] == [
+        "layer decay 0.5^4, at least 0.1", "layer decay 0.5^0, at least 0.1"]
     last = expand([Rule(preset="layer_decay", rate=0.5, last=2)], order)
-    assert [(p.rule.stage, p.rule.lr_mult) for p in last] == [([2], 0.25), (["neck"], 0.5), (["head"], 1.0)]
+    assert [(p.rule.stage, p.rule.lr_mult, p.rule.note) for p in last] == [
+        ([2], 0.25, "layer decay 0.5^2"), (["neck"], 0.5, "layer decay 0.5^1"), (["head"], 1.0, "layer decay 0.5^0")]
+    no_head = expand([Rule(preset="layer_decay", rate=0.5, last=2)], ["stem", 1, 2])  # a graph cut: no head
+    assert [(p.rule.stage, p.rule.lr_mult) for p in no_head] == [([1], 0.5), ([2], 1.0)]
     some = expand([Rule(preset="layer_decay", rate=0.5, stage=[1])], order)
     assert [(p.rule.stage, p.rule.lr_mult) for p in some] == [([1], 0.125)]  # depth from the whole model
     with pytest.raises(RuleError, match=r"names stage 7, which this model does not have \(it has stem, 1, 2, "
@@ -244,10 +249,23 @@ def test_fine_tune_expands_to_a_frozen_phase_and_discriminative_unfreezing():
         ("1.7", {"stage": [1], **later}, pytest.approx(0.25, rel=1e-15)),
         ("1.8", {"stage": [2], **later}, pytest.approx(0.5, rel=1e-15)),
         ("1.9", {"stage": ["head"], **later}, 1.0)]
+    assert [p.rule.note for p in rules] == [
+        "fine_tune: freeze the body for 2 epoch(s)", "fine_tune: BatchNorm frozen", "fine_tune: train the head",
+        "fine_tune: unfreeze", "fine_tune: BatchNorm trains", "fine_tune: discriminative lr 1/8^(3/3)",
+        "fine_tune: discriminative lr 1/8^(2/3)", "fine_tune: discriminative lr 1/8^(1/3)",
+        "fine_tune: discriminative lr 1/8^(0/3)"]
     default = expand([Rule(preset="fine_tune")], order)  # fastai's defaults: 1 epoch, lr_mult 100, train_bn
     assert (default[1].rule.grad_req, default[1].rule.bn) == ("write", "train")
     assert [p.rule.from_epoch for p in default] == [0, 0, 0] + [1] * 5
     assert default[4].rule.lr_mult == pytest.approx(0.01, rel=1e-15)
+    assert [p.rule.note for p in default[:2]] == ["fine_tune: freeze the body for 1 epoch(s)",
+                                                  "fine_tune: BatchNorm trains"]
+    # two stages: the stem gets the whole 1/base_lr_div; one stage: nothing to spread over
+    assert [p.rule.lr_mult for p in expand([Rule(preset="fine_tune")], ["stem", "head"])[4:]] == [0.01, 1.0]
+    assert [p.rule.lr_mult for p in expand([Rule(preset="fine_tune")], ["head"])[4:]] == [1.0]
+    with pytest.raises(RuleError, match=r"^preset fine_tune spreads over the model's stages: it needs the model's "
+                                        r"input shape \(model\.input_shape\)"):
+        expand([Rule(preset="fine_tune")])
 
 
 def test_fine_tune_run_trains_the_head_then_everything(tmp_path):
