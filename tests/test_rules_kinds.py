@@ -255,7 +255,8 @@ def test_fine_tune_expands_to_a_frozen_phase_and_discriminative_unfreezing():
         "fine_tune: discriminative lr 1/8^(2/3)", "fine_tune: discriminative lr 1/8^(1/3)",
         "fine_tune: discriminative lr 1/8^(0/3)"]
     default = expand([Rule(preset="fine_tune")], order)  # fastai's defaults: 1 epoch, lr_mult 100, train_bn
-    assert (default[1].rule.grad_req, default[1].rule.bn) == ("write", "train")
+    assert default[1].rule.model_dump(exclude_defaults=True, exclude={"note"}) == {
+        "type": ["BatchNorm"], "grad_req": "write", "bn": "train", "optional": True}  # a BN-free model has none
     assert [p.rule.from_epoch for p in default] == [0, 0, 0] + [1] * 5
     assert default[4].rule.lr_mult == pytest.approx(0.01, rel=1e-15)
     assert [p.rule.note for p in default[:2]] == ["fine_tune: freeze the body for 1 epoch(s)",
