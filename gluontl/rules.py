@@ -232,7 +232,7 @@ def param_kinds(entries: Mapping[str, ParamEntry]) -> dict[str, frozenset[str]]:
 
 def _depthwise(groups: Any, weight_shape: tuple[int, ...]) -> bool:
     """groups = in_channels > 1, i.e. one input channel per group (weight: out, in/groups, k...)."""
-    return int(groups) > 1 and len(weight_shape) > 2 and weight_shape[1] == 1
+    return int(groups) > 1 and weight_shape[1:2] == (1,)
 
 
 def _graph_roles(owner: SymbolBlock) -> dict[str, set[str]]:
@@ -244,9 +244,9 @@ def _graph_roles(owner: SymbolBlock) -> dict[str, set[str]]:
         ins = [nodes[i[0]] for i in node["inputs"]]
         if len(ins) > 2 and ins[2]["op"] == "null":
             roles.setdefault(ins[2]["name"], set()).add("bias")
-        weight = ins[1] if len(ins) > 1 and ins[1]["op"] == "null" else None
-        if node["op"] == "Convolution" and weight is not None and weight["name"] in owner.params._params and \
-                _depthwise(node.get("attrs", {}).get("num_group", 1), shape_of(owner.params._params[weight["name"]])):
+        weight = ins[1]  # data, weight[, bias]: a variable, or computed (a transposed Gemm weight)
+        if node["op"] == "Convolution" and weight["op"] == "null" and weight["name"] in owner.params._params and \
+                _depthwise(node["attrs"].get("num_group", 1), shape_of(owner.params._params[weight["name"]])):
             roles.setdefault(weight["name"], set()).add("depthwise")
     return roles
 

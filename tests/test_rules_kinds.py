@@ -127,11 +127,52 @@ def test_kind_combines_with_the_other_selectors_and_names_itself_when_it_matches
         make_plan(net, [Rule(match=["0.*"], kind=["depthwise"], grad_req="null")])
 
 
+def _kinds_of(block, x):
+    block.initialize()
+    block(x)
+    return {n: set(k) for n, k in param_kinds(named_params(block)).items()}
+
+
+def _graph(out, shape):
+    data = mx.sym.var("data")
+    blk = mx.gluon.SymbolBlock(out(data), [data])
+    return _kinds_of(blk, mx.nd.ones(shape))
+
+
+def test_kinds_at_the_edges():
+    """Depthwise at its edges (2 groups, a 1-D conv; not a 1-channel input's plain conv, nor a graph
+    conv without a num_group attribute); biases of a layer that is the whole model and of an RNN
+    (``l0_i2h_bias``); a graph weight outside any layer; two graphs in one model."""
+    nn = mx.gluon.nn
+    assert _kinds_of(nn.Conv1D(4, 3, groups=4, in_channels=4), mx.nd.ones((1, 4, 8))) == {
+        "weight": {"depthwise"}, "bias": {"bias", "1d"}}
+    assert _kinds_of(nn.Conv2D(2, 3, groups=2, in_channels=2), mx.nd.ones((1, 2, 8, 8)))["weight"] == {"depthwise"}
+    assert _kinds_of(nn.Conv2D(4, 3, in_channels=1), mx.nd.ones((1, 1, 8, 8)))["weight"] == set()
+    lstm = _kinds_of(mx.gluon.rnn.LSTM(3, input_size=2), mx.nd.ones((4, 1, 2)))
+    assert {n for n, k in lstm.items() if "bias" in k} == {"l0_i2h_bias", "l0_h2h_bias"}
+    plain = _graph(lambda d: mx.sym.Group([mx.sym.Convolution(d, kernel=(3, 3), num_filter=4, name="c"),
+                                           mx.sym.var("w", shape=(3,))]), (1, 1, 8, 8))
+    assert plain == {"c_weight": set(), "c_bias": {"bias", "1d"}, "w": {"1d"}}
+
+    def graph(name):
+        data = mx.sym.var("data")
+        return mx.gluon.SymbolBlock(mx.sym.Convolution(data, kernel=(1, 1), num_filter=2, name=name), [data])
+
+    two = mx.gluon.nn.HybridSequential()
+    two.add(graph("a"), graph("b"))
+    assert {n for n, k in _kinds_of(two, mx.nd.ones((1, 2, 4, 4))).items() if "bias" in k} == {"0.a_bias", "1.b_bias"}
+    bare = mx.gluon.nn.Dense(3, in_units=2, use_bias=False)
+    bare.initialize()
+    with pytest.raises(RuleError, match=r"rule 1 \(kind \['bias'\] \(this model has none of them\)\) matches no"):
+        make_plan(bare, [Rule(kind=["bias"], wd_mult=0.0)])
+
+
 def test_preset_no_weight_decay_1d_is_timms_default():
     plan = make_plan(_mobile_net(), [Rule(preset="no_weight_decay_1d")])
     assert {r.name for r in plan.rows if r.wd_mult == 0.0} == MOBILE["1d"]
     assert {r.name for r in plan.rows if r.wd_mult == 1.0} == {"0.weight", "2.weight", "3.weight", "6.weight"}
-    assert [(p.label, p.rule.kind, p.rule.wd_mult) for p in plan.rules] == [("1.1", ["1d"], 0.0)]
+    assert [(p.label, p.rule.kind, p.rule.wd_mult, p.rule.note) for p in plan.rules] == [
+        ("1.1", ["1d"], 0.0, "no weight decay on 1-D parameters (timm's default)")]
 
 
 def test_wd_mult_zero_on_bias_and_norm_reaches_the_optimizer():
@@ -183,9 +224,9 @@ def test_layer_decay_is_timms_formula_on_a_hand_built_stage_list():
     assert [(p.rule.stage, p.rule.lr_mult) for p in no_head] == [([1], 0.5), ([2], 1.0)]
     some = expand([Rule(preset="layer_decay", rate=0.5, stage=[1])], order)
     assert [(p.rule.stage, p.rule.lr_mult) for p in some] == [([1], 0.125)]  # depth from the whole model
-    with pytest.raises(RuleError, match=r"names stage 7, which this model does not have \(it has stem, 1, 2, "
+    with pytest.raises(RuleError, match=r"names stage 7, 8, which this model does not have \(it has stem, 1, 2, "
                                         r"neck, head\)"):
-        expand([Rule(preset="layer_decay", rate=0.5, stage=[7])], order)
+        expand([Rule(preset="layer_decay", rate=0.5, stage=[1, 7, 8])], order)
     with pytest.raises(RuleError, match=r"preset layer_decay spreads over the model's stages"):
         expand([Rule(preset="layer_decay", rate=0.5)])
 
