@@ -29,7 +29,14 @@ GradReq = Literal["write", "null", "add"]
 BNMode = Literal["train", "frozen"]
 StageName = Literal["stem", "neck", "head"]  # neck: a detector's layers between backbone and heads
 STEM, NECK, HEAD = get_args(StageName)
-PRESET_NAMES = ("freeze_all_but_head", "freeze_until_stage", "freeze_bn")  # each expanded by rules.PRESETS
+# each expanded by rules.PRESETS; the keys each takes besides preset/optional/from_epoch/note
+PRESET_KEYS: dict[str, tuple[str, ...]] = {
+    "freeze_all_but_head": (), "freeze_until_stage": ("until_stage",), "freeze_bn": (),
+    "no_weight_decay_1d": (), "layer_decay": ("rate", "min_scale", "stage", "last"),
+    "fine_tune": ("freeze_epochs", "base_lr_div", "train_bn")}
+PRESET_NAMES = tuple(PRESET_KEYS)
+ParamKind = Literal["bias", "norm", "depthwise", "1d"]  # what rules.param_kinds finds in a layer
+RULE_KEYS_SINCE_21 = ("kind", "rate", "min_scale", "last", "freeze_epochs", "base_lr_div", "train_bn")
 LAYER_TYPES = ("Conv", "Dense", "BatchNorm", "LayerNorm", "InstanceNorm", "GroupNorm", "Embedding",
                "PReLU", "RNN", "Deconv")
 
@@ -268,7 +275,7 @@ class StageRange(Strict):
 
 
 class Rule(Strict):
-    """One rule: a selector (match/type/stage) and the settings it sets.
+    """One rule: a selector (match/type/stage/kind) and the settings it sets.
 
     Settings left out keep what earlier rules decided; later rules win field by field.
     """
@@ -276,6 +283,7 @@ class Rule(Strict):
     match: list[str] | None = None
     type: list[str] | None = None
     stage: list[int | StageName] | None = None
+    kind: list[ParamKind] | None = None
     grad_req: GradReq | None = None
     lr_mult: float | None = Field(default=None, ge=0.0)
     wd_mult: float | None = Field(default=None, ge=0.0)
@@ -284,9 +292,20 @@ class Rule(Strict):
     from_epoch: int = Field(default=0, ge=0, le=100_000)
     preset: str | None = None
     until_stage: int | StageName | None = None
+    rate: float | None = Field(default=None, gt=0.0, le=1.0, description="layer_decay: lr_mult = rate^depth "
+                               "below the head")
+    min_scale: float | None = Field(default=None, ge=0.0, le=1.0, description="layer_decay: lr_mult floor")
+    last: int | None = Field(default=None, ge=1, le=10_000, description="layer_decay: only the head and the "
+                             "last N stages before it")
+    freeze_epochs: int | None = Field(default=None, ge=1, le=100_000, description="fine_tune: epochs the body "
+                                      "stays frozen (default 1)")
+    base_lr_div: float | None = Field(default=None, ge=1.0, description="fine_tune: the stem's lr divisor after "
+                                      "unfreezing (default 100)")
+    train_bn: bool | None = Field(default=None, description="fine_tune: BatchNorm trains while the body is "
+                                  "frozen (default true, as fastai)")
     note: str | None = None
 
-    @field_validator("match", "type", mode="before")
+    @field_validator("match", "type", "kind", mode="before")
     @classmethod
     def _listify(cls, v: Any) -> Any:
         return [v] if isinstance(v, str) else v
@@ -312,12 +331,29 @@ class Rule(Strict):
 
     @model_validator(mode="after")
     def _shape(self) -> "Rule":
+        preset_keys = {k for keys in PRESET_KEYS.values() for k in keys} - {"stage"}
+        given = {k for k in self.model_fields_set if getattr(self, k) is not None}  # None: not set (model_dump)
         if self.preset is not None:
             if self.preset not in PRESET_NAMES:
                 raise ValueError(f"unknown preset '{self.preset}'{suggest(self.preset, PRESET_NAMES)}")
+            takes = PRESET_KEYS[self.preset]
+            extra = sorted(given - {"preset", "optional", "from_epoch", "note", *takes})
+            if extra:
+                raise ValueError(f"preset {self.preset} takes no key {', '.join(extra)} (it takes "
+                                 f"{', '.join(takes) or 'none'} besides optional, from_epoch and note); a later "
+                                 f"rule of its own can refine what it sets")
+            if self.preset == "layer_decay" and self.rate is None:
+                raise ValueError("preset layer_decay needs rate: R (0 < R <= 1; 0.75 is timm's usual value)")
+            if self.stage is not None and self.last is not None:
+                raise ValueError("layer_decay takes stage: [...] or last: N, not both")
             return self
-        if self.match is None and self.type is None and self.stage is None:
-            raise ValueError("a rule needs a selector: match, type or stage (or a preset)")
+        misplaced = sorted(given & preset_keys)
+        if misplaced:
+            owners = sorted({p for p, keys in PRESET_KEYS.items() if set(misplaced) & set(keys)})
+            raise ValueError(f"{', '.join(misplaced)} belongs to preset {' / '.join(owners)}; add preset: "
+                             f"{owners[0]} or remove {misplaced[0]}")
+        if self.match is None and self.type is None and self.stage is None and self.kind is None:
+            raise ValueError("a rule needs a selector: match, type, stage or kind (or a preset)")
         if all(getattr(self, k) is None for k in ("grad_req", "lr_mult", "wd_mult", "bn")):
             raise ValueError("a rule needs at least one setting: grad_req, lr_mult, wd_mult or bn")
         return self
@@ -564,9 +600,10 @@ class Recipe(Strict):
             raise ValueError(f"train.ctx {self.train.ctx} lists several devices, but Horovod 0.28's MXNet Trainer "
                              f"reduces only the first context's gradients (the other copies would drift apart); "
                              f"run one Horovod process per device (horovodrun -np <devices>) with one ctx each")
-        staged = [i + 1 for i, r in enumerate(self.rules) if r.from_epoch]
+        staged = [i + 1 for i, r in enumerate(self.rules) if r.from_epoch or r.preset == "fine_tune"]
         if self.train.distributed.backend not in (None, "none") and staged:  # unset: checked once resolved
-            raise ValueError(f"rules {', '.join(map(str, staged))} start at a later epoch (from_epoch), which "
+            raise ValueError(f"rules {', '.join(map(str, staged))} start at a later epoch (from_epoch, or preset "
+                             f"fine_tune's unfreezing), which "
                              f"rebuilds the Trainer mid-run; a distributed Trainer's parameter-server keys cannot "
                              f"be rebuilt, so gradual unfreezing needs one run per stage with train.distributed "
                              f"(--init-from the previous run) or backend: none")
@@ -677,6 +714,10 @@ class Recipe(Strict):
             data["train"]["distributed"] = {k: v for k, v in dist.items() if k != "step_timeout"}
         if (data.get("data") or {}).get("last_batch") == "discard":  # the default: runs from before the key agree
             del data["data"]["last_batch"]
+        for rule in data.get("rules") or []:  # rule keys added later count when set: runs from before them agree
+            for key in RULE_KEYS_SINCE_21:
+                if rule.get(key) is None:
+                    rule.pop(key, None)
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 

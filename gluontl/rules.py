@@ -7,8 +7,9 @@ earlier one field by field. Defaults before any rule: ``grad_req=write``, ``lr_m
 on any of its parameters decides it. The Plan records, per field, which rule decided.
 
 Selectors combine with AND: ``match`` (globs on structural names; a list is OR),
-``type`` (layer type), ``stage`` (from the stage map). Running mean/var are auxiliary
-states: they take no grad_req/lr/wd; whether they move is the layer's ``bn`` mode.
+``type`` (layer type), ``stage`` (from the stage map), ``kind`` (bias, norm, depthwise, 1d:
+see ``param_kinds``). Running mean/var are auxiliary states: they take no grad_req/lr/wd;
+whether they move is the layer's ``bn`` mode.
 """
 from __future__ import annotations
 
@@ -22,20 +23,20 @@ import numpy as np
 from mxnet.gluon import Constant, HybridBlock, Parameter, SymbolBlock
 
 from .errors import RuleError
-from .naming import Layer, ParamEntry, named_params, shape_of
+from .naming import Layer, ParamEntry, graph_nodes, named_params, shape_of
 from .recipe import Rule, as_rules
-from .stages import HEAD, NECK, STEM, Stage, stage_map
+from .stages import HEAD, NECK, STEM, Stage, ordered, stage_map
 
 FIELDS = ("grad_req", "lr_mult", "wd_mult", "bn")
 DEFAULTS: dict[str, Any] = {"grad_req": "write", "lr_mult": 1.0, "wd_mult": 1.0, "bn": "train"}
 
 
-def _preset_head_only(rule: Rule) -> list[Rule]:
+def _preset_head_only(rule: Rule, order: list[Stage] | None) -> list[Rule]:
     return [Rule(match=["*"], grad_req="null", bn="frozen", note="freeze everything"),
             Rule(stage=[HEAD], grad_req="write", note="train the head")]
 
 
-def _preset_until_stage(rule: Rule) -> list[Rule]:
+def _preset_until_stage(rule: Rule, order: list[Stage] | None) -> list[Rule]:
     if rule.until_stage is None:
         raise RuleError("preset freeze_until_stage needs until_stage: N (stem, 1, 2, …).")
     last = 0 if rule.until_stage == STEM else 99 if rule.until_stage in (NECK, HEAD) else int(rule.until_stage)
@@ -44,12 +45,72 @@ def _preset_until_stage(rule: Rule) -> list[Rule]:
     return [Rule(stage=stages, grad_req="null", bn="frozen", note=f"freeze stem..{rule.until_stage}")]
 
 
-def _preset_freeze_bn(rule: Rule) -> list[Rule]:
+def _preset_freeze_bn(rule: Rule, order: list[Stage] | None) -> list[Rule]:
     return [Rule(type=["BatchNorm"], grad_req="null", bn="frozen", note="freeze every BatchNorm")]
 
 
+def _preset_no_wd_1d(rule: Rule, order: list[Stage] | None) -> list[Rule]:
+    return [Rule(kind=["1d"], wd_mult=0.0, note="no weight decay on 1-D parameters (timm's default)")]
+
+
+def _depths(order: list[Stage] | None, preset: str) -> list[tuple[Stage, int]]:
+    """Each stage with its depth below the last one (the head: 0), timm's ``layer_max - layer_id``.
+
+    Depth counts every stage of the model, frozen or not: freezing the stem does not make
+    stage 1 shallower, and multipliers must not shift when a ``from_epoch`` rule unfreezes it.
+    """
+    if not order:
+        raise RuleError(f"preset {preset} spreads over the model's stages: it needs the model's input shape "
+                        f"(model.input_shape) and a model whose stages can be mapped (`gluontl inspect`).")
+    return [(s, len(order) - 1 - i) for i, s in enumerate(order)]
+
+
+def _preset_layer_decay(rule: Rule, order: list[Stage] | None) -> list[Rule]:
+    depths = _depths(order, "layer_decay")
+    chosen = [s for s, _ in depths]
+    if rule.stage is not None:
+        missing = [s for s in rule.stage if s not in chosen]
+        if missing:
+            raise RuleError(f"preset layer_decay names stage {', '.join(map(str, missing))}, which this model does "
+                            f"not have (it has {', '.join(map(str, chosen))}).")
+        chosen = rule.stage
+    elif rule.last is not None:
+        chosen = chosen[-(rule.last + 1):] if chosen[-1] == HEAD else chosen[-rule.last:]
+    floor = rule.min_scale or 0.0
+    return [Rule(stage=[s], lr_mult=max(floor, rule.rate ** d),
+                 note=f"layer decay {rule.rate:g}^{d}" + (f", at least {floor:g}" if floor else ""))
+            for s, d in depths if s in chosen]
+
+
+def _preset_fine_tune(rule: Rule, order: list[Stage] | None) -> list[Rule]:
+    """fastai's ``fine_tune``: the head alone for ``freeze_epochs``, then everything with lr
+    multipliers spread geometrically from 1/base_lr_div (the stem) to 1 (the head), fastai's
+    ``slice(base_lr/lr_mult, base_lr)``. BatchNorm trains in the frozen phase unless
+    ``train_bn: false`` (fastai's ``train_bn``)."""
+    depths = _depths(order, "fine_tune")
+    then = rule.freeze_epochs or 1
+    div = 100.0 if rule.base_lr_div is None else rule.base_lr_div
+    train_bn = rule.train_bn is not False
+    top = max(depths[0][1], 1)
+    out = [Rule(match=["*"], grad_req="null", note=f"fine_tune: freeze the body for {then} epoch(s)"),
+           Rule(type=["BatchNorm"], grad_req="write", bn="train", optional=True, note="fine_tune: BatchNorm trains")
+           if train_bn else Rule(type=["BatchNorm"], bn="frozen", optional=True, note="fine_tune: BatchNorm frozen"),
+           Rule(stage=[HEAD], grad_req="write", note="fine_tune: train the head")]
+    out.append(Rule(match=["*"], grad_req="write", from_epoch=then, note="fine_tune: unfreeze"))
+    if not train_bn:
+        out.append(Rule(type=["BatchNorm"], bn="train", optional=True, from_epoch=then,
+                        note="fine_tune: BatchNorm trains"))
+    out += [Rule(stage=[s], lr_mult=div ** (-d / top), from_epoch=then,
+                 note=f"fine_tune: discriminative lr 1/{div:g}^({d}/{top})") for s, d in depths]
+    return out
+
+
 PRESETS = {"freeze_all_but_head": _preset_head_only, "freeze_until_stage": _preset_until_stage,
-           "freeze_bn": _preset_freeze_bn}
+           "freeze_bn": _preset_freeze_bn, "no_weight_decay_1d": _preset_no_wd_1d,
+           "layer_decay": _preset_layer_decay, "fine_tune": _preset_fine_tune}
+STAGE_PRESETS = frozenset(PRESETS) - {"freeze_bn", "no_weight_decay_1d"}  # need the model's stages
+NORM_TYPES = ("BatchNorm", "LayerNorm", "GroupNorm", "InstanceNorm")
+_BIASED_OPS = ("Convolution", "Deconvolution", "FullyConnected")  # graph ops whose 3rd input is a bias
 
 
 @dataclasses.dataclass
@@ -63,12 +124,16 @@ class PlannedRule:
 RuleLike = Rule | Mapping[str, Any]
 
 
-def expand(rules: Iterable[RuleLike]) -> list[PlannedRule]:
+def expand(rules: Iterable[RuleLike], order: list[Stage] | None = None) -> list[PlannedRule]:
+    """Presets as the ordinary rules they stand for; ``order`` (the model's stages, stem to head)
+    is what ``layer_decay`` and ``fine_tune`` spread over. A preset's ``from_epoch`` delays each
+    of its rules (``fine_tune``'s unfreezing comes that much later too)."""
     out = []
     for i, r in enumerate(as_rules(rules), 1):
         if r.preset:
-            for j, sub in enumerate(PRESETS[r.preset](r), 1):
-                sub = sub.model_copy(update={"from_epoch": r.from_epoch, "optional": r.optional})
+            for j, sub in enumerate(PRESETS[r.preset](r, order), 1):
+                sub = sub.model_copy(update={"from_epoch": r.from_epoch + sub.from_epoch,
+                                             "optional": r.optional or sub.optional})
                 out.append(PlannedRule(f"{i}.{j}", sub))
         else:
             out.append(PlannedRule(str(i), r))
@@ -122,14 +187,68 @@ class Plan:
         return {r.name: (r.grad_req, r.lr_mult, r.wd_mult, r.bn) for r in self.rows}
 
 
-def _selects(rule: Rule, e: ParamEntry, stage: Stage | None) -> bool:
+def _selects(rule: Rule, e: ParamEntry, stage: Stage | None, kinds: frozenset[str]) -> bool:
     if rule.match is not None and not any(fnmatch.fnmatchcase(e.name, g) for g in rule.match):
         return False
     if rule.type is not None and (e.layer is None or e.layer.type not in rule.type):
         return False
     if rule.stage is not None and stage not in rule.stage:
         return False
+    if rule.kind is not None and not kinds.intersection(rule.kind):
+        return False
     return True
+
+
+def param_kinds(entries: Mapping[str, ParamEntry]) -> dict[str, frozenset[str]]:
+    """Each parameter's kinds, as mmengine's ``paramwise_cfg`` and timm sort them for weight decay.
+
+    ``bias``: the bias of a Conv/Deconv/Dense (a Gluon block's ``bias`` / ``*_bias``; in a graph,
+    the third input of Convolution, Deconvolution, FullyConnected). ``norm``: every array of a
+    BatchNorm/LayerNorm/GroupNorm/InstanceNorm layer (running statistics are aux states: only
+    ``bn`` applies to them). ``depthwise``: the weight of a convolution with groups = input
+    channels > 1 (a 1-channel input's plain conv is not one). ``1d``: ndim <= 1. Graph layers are
+    read from the op and its attributes, as ``type`` is.
+    """
+    graph_roles: dict[int, dict[str, set[str]]] = {}
+    out = {}
+    for name, e in entries.items():
+        shape, layer = shape_of(e.param), e.layer
+        kinds = {"1d"} if len(shape) <= 1 else set()
+        if layer is not None and layer.type in NORM_TYPES:
+            kinds.add("norm")
+        if layer is not None and layer.block is not None:
+            key = name[len(layer.name) + 1:] if layer.name else name
+            if key == "bias" or key.endswith("_bias"):
+                kinds.add("bias")
+            if key == "weight" and layer.type == "Conv" and _depthwise(layer.block._kwargs["num_group"], shape):
+                kinds.add("depthwise")
+        elif layer is not None and layer.owner is not None:
+            if id(layer.owner) not in graph_roles:
+                graph_roles[id(layer.owner)] = _graph_roles(layer.owner)
+            kinds |= graph_roles[id(layer.owner)].get(e.param.name, set())
+        out[name] = frozenset(kinds)
+    return out
+
+
+def _depthwise(groups: Any, weight_shape: tuple[int, ...]) -> bool:
+    """groups = in_channels > 1, i.e. one input channel per group (weight: out, in/groups, k...)."""
+    return int(groups) > 1 and weight_shape[1:2] == (1,)
+
+
+def _graph_roles(owner: SymbolBlock) -> dict[str, set[str]]:
+    nodes = graph_nodes(owner)
+    roles: dict[str, set[str]] = {}
+    for node in nodes:
+        if node["op"] not in _BIASED_OPS:
+            continue
+        ins = [nodes[i[0]] for i in node["inputs"]]
+        if len(ins) > 2 and ins[2]["op"] == "null":
+            roles.setdefault(ins[2]["name"], set()).add("bias")
+        weight = ins[1]  # data, weight[, bias]: a variable, or computed (a transposed Gemm weight)
+        if node["op"] == "Convolution" and weight["op"] == "null" and weight["name"] in owner.params._params and \
+                _depthwise(node["attrs"].get("num_group", 1), shape_of(owner.params._params[weight["name"]])):
+            roles.setdefault(weight["name"], set()).add("depthwise")
+    return roles
 
 
 def _is_aux(e: ParamEntry) -> bool:
@@ -151,9 +270,9 @@ def make_plan(block: HybridBlock, rules: Iterable[RuleLike], *, epoch: int | Non
     ``epoch=None`` checks all rules (gradual-unfreezing rules included) for matches but
     plans epoch 0.
     """
-    planned = expand(rules)
+    given = as_rules(rules)
     entries = named_params(block)
-    needs_stages = any(p.rule.stage is not None for p in planned)
+    needs_stages = any(r.stage is not None or r.preset in STAGE_PRESETS for r in given)
     stages: dict[str, Stage] = {}
     no_stages = None
     if needs_stages and input_shape is None:
@@ -165,15 +284,18 @@ def make_plan(block: HybridBlock, rules: Iterable[RuleLike], *, epoch: int | Non
             if needs_stages:
                 raise
             no_stages = f"no stage column: {e}"
+    planned = expand(given, ordered(stages.values()) if stages else None)
+    kind_of = param_kinds(entries) if any(p.rule.kind is not None for p in planned) else {}
     values = {n: dict(DEFAULTS) for n in entries}
     decided = {n: {f: "default" for f in FIELDS} for n in entries}
     bn_rank: dict[int, tuple[str, str]] = {}  # id(layer) → (value, label) of the last rule setting bn
     errors = []
     for pr in planned:
-        hits = [e for e in entries.values() if _selects(pr.rule, e, stages.get(e.name))]
+        hits = [e for e in entries.values()
+                if _selects(pr.rule, e, stages.get(e.name), kind_of.get(e.name, frozenset()))]
         if not hits:
             if not pr.rule.optional:
-                errors.append(_no_match(pr, entries, stages))
+                errors.append(_no_match(pr, entries, stages, kind_of))
             continue
         if pr.rule.bn is not None and not any(e.layer and e.layer.type == "BatchNorm" for e in hits):
             kinds = sorted({(e.layer.type or "other") if e.layer else "other" for e in hits})
@@ -237,7 +359,8 @@ def image_shape(shape: Iterable[int] | Mapping[str, Iterable[int]]) -> tuple[int
     return tuple(int(d) for d in dims[-3:])
 
 
-def _no_match(pr: PlannedRule, entries: dict[str, ParamEntry], stages: dict[str, Stage]) -> str:
+def _no_match(pr: PlannedRule, entries: dict[str, ParamEntry], stages: dict[str, Stage],
+              kinds: dict[str, frozenset[str]]) -> str:
     r = pr.rule
     parts = []
     if r.match is not None:
@@ -247,6 +370,9 @@ def _no_match(pr: PlannedRule, entries: dict[str, ParamEntry], stages: dict[str,
         parts.append(f"type {r.type} (this model has {', '.join(present) or 'no typed layers'})")
     if r.stage is not None:
         parts.append(f"stage {r.stage} (this model has {', '.join(map(str, dict.fromkeys(stages.values())))})")
+    if r.kind is not None:
+        present = sorted(set().union(*kinds.values()))
+        parts.append(f"kind {r.kind} (this model has {', '.join(present) or 'none of them'})")
     example = ", ".join(list(entries)[:3])
     return f"rule {pr.label} ({' and '.join(parts)}) matches no parameter (names look like: {example})"
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Callable
+from typing import Callable, Iterable
 
 import mxnet as mx
 from mxnet.gluon import HybridBlock, SymbolBlock, nn
@@ -129,6 +129,11 @@ def graph_stage_map(net: SymbolBlock, input_shape: tuple[int, ...]) -> dict[str,
 
 def _order(s: Stage) -> int:
     return {STEM: 0, NECK: 10**5, HEAD: 10**6}[s] if isinstance(s, str) else int(s)
+
+
+def ordered(stages: Iterable[Stage]) -> list[Stage]:
+    """The distinct stages, stem to head: the layers layer-wise lr decay counts."""
+    return sorted(set(stages), key=_order)
 
 
 # ---------------------------------------------------------------- GluonCV zoo detectors

@@ -35,7 +35,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # module -> (file to mutate, pytest arguments selecting the tests that exercise it; fast ones only)
 MODULES: dict[str, tuple[str, list[str]]] = {
-    "rules": ("gluontl/rules.py", ["tests/test_rules.py", "tests/test_graph_bn.py"]),
+    "rules": ("gluontl/rules.py", ["tests/test_rules.py", "tests/test_graph_bn.py", "tests/test_rules_kinds.py",
+                                   "--deselect",  # a whole finetune run (~15 s) that the expansion test covers
+                                   "tests/test_rules_kinds.py::test_fine_tune_run_trains_the_head_then_everything"]),
     "restore": ("gluontl/sources/restore.py", ["tests/test_sources.py"]),
     "checkpoint": ("gluontl/train/checkpoint.py", [
         "tests/train/test_checkpoint.py",  # less its CLI subprocess (it cannot see a mutant)

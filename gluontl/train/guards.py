@@ -28,7 +28,7 @@ from ..errors import TrainError
 from ..naming import named_params
 from ..pipeline import Prepared
 from ..recipe import GuardsSpec, Recipe
-from ..rules import Plan, expand, make_plan
+from ..rules import Plan, make_plan
 from ..surgery import needs_surgery
 from .data import Loaders
 from .prefix import split_frozen_prefix
@@ -106,7 +106,7 @@ def weights_of(recipe: Recipe, prep: Prepared) -> Weights:
 
 def _frozen_throughout(net: HybridBlock, recipe: Recipe, plan: Plan) -> list[str]:
     """Parameters with grad_req null in the plan of every epoch a rule starts at: they never train."""
-    starts = sorted({p.rule.from_epoch for p in expand(recipe.rules) if 0 < p.rule.from_epoch < recipe.train.epochs})
+    starts = sorted({p.rule.from_epoch for p in plan.rules if 0 < p.rule.from_epoch < recipe.train.epochs})
     frozen = {r.name for r in plan.rows if not r.aux and r.grad_req == "null"}
     for e in starts:
         later = make_plan(net, recipe.rules, epoch=e, input_shape=recipe.model.input_shape)
