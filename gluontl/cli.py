@@ -143,7 +143,10 @@ def export(source: str = typer.Argument(..., help="run folder (runs/NAME) or mod
            out: Path = typer.Option(Path("export"), "--out", help="output folder"),
            force: bool = typer.Option(False, "--force", help="overwrite existing files"),
            input_shape: Optional[List[str]] = ShapeOpt,
-           checkpoint: str = CheckpointOpt) -> None:
+           checkpoint: str = CheckpointOpt,
+           int8: bool = typer.Option(False, "--int8", help="also write NAME.int8.onnx (a run's export only): "
+                                     "calibrated on the run's images, refused if top-1 drops by more than "
+                                     "export.quantize.max_drop points on its validation split")) -> None:
     """Export a run or a model to MXNet symbol/params and/or ONNX, verified against onnxruntime."""
     formats = FORMATS[_choice(fmt, list(FORMATS), "--format")]
     _choice(checkpoint, CHECKPOINTS, "--checkpoint")
@@ -153,8 +156,12 @@ def export(source: str = typer.Argument(..., help="run folder (runs/NAME) or mod
         if input_shape:
             raise GluontlError(f"--input-shape is for models; the run '{source}' exports at its recipe's "
                                f"model.input_shape. Drop --input-shape.")
-        paths = export_run(source, out, formats=formats, tag=checkpoint, force=force)
+        paths = export_run(source, out, formats=formats, tag=checkpoint, force=force, int8=int8, echo=typer.echo)
     else:
+        if int8:
+            raise GluontlError(f"--int8 calibrates on a run's images through its recorded preprocessing, and "
+                               f"'{source}' is a model, not a run folder. Fine-tune it (a run with no trainable "
+                               f"rule is enough) and export that run with --int8.")
         from .export.exporters import export_block
 
         spec, block, shapes = _model(source, input_shape)
@@ -167,7 +174,12 @@ def export(source: str = typer.Argument(..., help="run folder (runs/NAME) or mod
 def _exported(paths: list[Path]) -> None:
     """Every ONNX export was checked against onnxruntime before it was kept; say so."""
     for p in paths:
-        typer.echo(f"exported {p} (verified)" if p.suffix == ".onnx" else f"exported {p}")
+        if p.name.endswith(".int8.onnx"):
+            typer.echo(f"exported {p} (int8, checked on the validation split)")
+        elif p.name.endswith(".int8.json"):
+            typer.echo(f"int8 report {p}")
+        else:
+            typer.echo(f"exported {p} (verified)" if p.suffix == ".onnx" else f"exported {p}")
 
 
 def _choice(value: str, allowed: Sequence[str], option: str) -> str:

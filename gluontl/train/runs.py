@@ -3,14 +3,14 @@ plot, export."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import mxnet as mx
 import numpy as np
 
 from ..errors import ExportError, GluontlError, TrainError, short_reason
 from ..pipeline import prepare
-from ..recipe import ExportSpec, Recipe, as_spec, load_recipe
+from ..recipe import ExportSpec, QuantizeSpec, Recipe, as_spec, load_recipe
 from ..runfolder import run_weights
 from . import checkpoint
 from .card import export_input_name, recipe_data, stored_card
@@ -220,11 +220,12 @@ def _numeric_rows(rows: list[Any], *keys: str) -> list[dict[str, Any]]:
 
 
 def export_run(run_dir: str | Path, out_dir: str | Path | None = None, *, formats: list[str] | None = None,
-               tag: str = "best", force: bool = False, export: ExportSpec | Mapping[str, Any] | None = None
-               ) -> list[Path]:
+               tag: str = "best", force: bool = False, export: ExportSpec | Mapping[str, Any] | None = None,
+               int8: bool = False, echo: Callable[[str], None] | None = None) -> list[Path]:
     """Export a run's checkpoint as the recipe's ``export:`` section says (or ``export``, an
     ``ExportSpec`` or a dict of its keys, in its place), verified on real val images; into
-    ``RUN/export/`` unless ``out_dir`` says where."""
+    ``RUN/export/`` unless ``out_dir`` says where. ``int8`` (or ``export.quantize`` set) adds
+    ``NAME.int8.onnx`` (see gluontl.export.quantize); ``echo`` prints its choices and numbers."""
     from ..export.exporters import export_block
     from .data import load_split
 
@@ -245,6 +246,19 @@ def export_run(run_dir: str | Path, out_dir: str | Path | None = None, *, format
     if recipe.data is not None:
         ds = load_split(recipe.data, recipe.data.val)
         sample = {name: np.stack([ds[i][0] for i in range(min(8, len(ds)))]).astype(np.float32)}
-    return export_block(net, out_dir or Path(run_dir) / "export", recipe.name, {name: (1, *recipe.model.input_shape)},
-                        formats=formats or list(spec.formats), opset=spec.opset, rtol=spec.rtol, lean=spec.lean,
-                        force=force, sample=sample, output_names=spec.output_names, card=card)
+    def write(folder: Path) -> list[Path]:
+        return export_block(net, folder, recipe.name, {name: (1, *recipe.model.input_shape)},
+                            formats=formats or list(spec.formats), opset=spec.opset, rtol=spec.rtol, lean=spec.lean,
+                            force=force, sample=sample, output_names=spec.output_names, card=card)
+
+    out = Path(out_dir or Path(run_dir) / "export")
+    quantize = spec.quantize or (QuantizeSpec() if int8 else None)
+    if quantize is None:
+        return write(out)
+    from ..export.quantize import classification_metric, export_with_int8
+
+    data = recipe_data(recipe, run_dir)
+    val = load_split(data, data.val)
+    train = load_split(data, data.train, check=False) if quantize.calibration != "val" else val
+    return export_with_int8(write, out, recipe.name, quantize, train, val, val.labels, classification_metric,
+                            force=force, report_dir=Path(run_dir), echo=echo or print)
