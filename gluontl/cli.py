@@ -276,6 +276,28 @@ def inspect(model: str = typer.Argument(..., help="NAME, PREFIX, PATH.onnx or zo
 
 
 @app.command()
+def bench(model: Path = typer.Argument(..., help="an exported .onnx file, a folder of them, or a run folder "
+                                       "(its export/)"),
+          int8: bool = typer.Option(False, "--int8", help="require an int8 partner (NAME.int8.onnx) for every "
+                                    "float file and compare the two"),
+          batch: str = typer.Option("1,32", "--batch", help="batch sizes, comma-separated"),
+          threads: int = typer.Option(1, "--threads", help="onnxruntime intra-op threads"),
+          repeat: int = typer.Option(20, "--repeat", help="timed runs per file and batch (after 3 warm-up runs)"),
+          out: Optional[Path] = typer.Option(None, "--json", help="report path (default: bench.json beside the "
+                                             "models)")) -> None:
+    """Latency and throughput of ONNX exports in onnxruntime, float against int8, with the CPU's flags."""
+    try:
+        batches = [int(b) for b in batch.split(",")]
+    except ValueError:
+        raise GluontlError(f"--batch '{batch}' is not a comma-separated list of batch sizes, e.g. 1,32.") from None
+    from .export.bench import bench as run_bench, table
+
+    report, path = run_bench(model, int8=int8, batches=batches, threads=threads, repeat=repeat, out=out)
+    typer.echo(table(report))
+    typer.echo(f"report: {path}")
+
+
+@app.command()
 def evaluate(run: Path = typer.Argument(..., help="run folder, e.g. runs/resnet18_freeze"),
              split: str = typer.Option("val", help="data split folder/name"),
              checkpoint: str = CheckpointOpt) -> None:

@@ -257,14 +257,16 @@ def export_with_int8(write_float: Callable[[Path], list[Path]], out_dir: Path, n
     only once the int8 file passed, so a refused int8 leaves ``out_dir`` as it was. The report
     also goes to ``report_dir/NAME.int8.json`` (a run folder)."""
     target = out_dir / f"{name}.int8.onnx"
+    created = not out_dir.exists()
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ExportError(f"Cannot create the output folder '{out_dir}': {e.strerror}. Pick a writable place "
                           f"with --out.") from None
-    check_target(target, force)
-    scratch = Path(tempfile.mkdtemp(dir=out_dir, prefix=f".{name}.int8."))
+    scratch = None
     try:
+        check_target(target, force)
+        scratch = Path(tempfile.mkdtemp(dir=out_dir, prefix=f".{name}.int8."))
         made = write_float(scratch)
         float_onnx = next((p for p in made if p.suffix == ".onnx"), None)
         if float_onnx is None:
@@ -276,8 +278,13 @@ def export_with_int8(write_float: Callable[[Path], list[Path]], out_dir: Path, n
         written = [atomic_write(out_dir / p.name, lambda t, src=p: shutil.copyfile(src, t), ExportError)
                    for p in made]
         written.append(atomic_write(target, lambda t: t.write_bytes(data), ExportError))
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    except BaseException:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+        if created:  # a refused export leaves no trace, not even the folder it made
+            shutil.rmtree(out_dir, ignore_errors=True)
+        raise
+    shutil.rmtree(scratch, ignore_errors=True)
     if report_dir is not None:
         sizes = {"float_bytes": (out_dir / float_onnx.name).stat().st_size, "int8_bytes": target.stat().st_size}
         written.append(write_text(report_dir / f"{name}.int8.json",
