@@ -159,5 +159,5 @@ def table(report: dict[str, Any]) -> str:
     for entry in report["models"]:
         if "size_ratio" in entry:
             lines.append(f"{Path(entry['int8']['file']).name}: {entry['int8']['bytes']:,} bytes, "
-                         f"{entry['size_ratio']:.2f}x smaller than the float file")
+                         f"the float file is {entry['size_ratio']:.2f}x its size")
     return "\n".join(lines)
