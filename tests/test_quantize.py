@@ -4,6 +4,9 @@ against exact integer numpy from the scales and zero points read out of the file
 onnxruntime integer kernel: they saturate on CPUs without VNNI), the float model in float64."""
 import json
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -12,10 +15,12 @@ import yaml
 from onnx import TensorProto, helper, numpy_helper
 from PIL import Image
 
+import gluontl
 import helpers
 from gluontl import deploy_preprocess
 from gluontl.export import cpu
-from gluontl.export.quantize import CalibrationReader, calibration_indices, per_channel_choice, quantize_onnx
+from gluontl.export.quantize import CalibrationReader, calibration_indices, deploy_session, per_channel_choice, \
+    quantize_onnx
 from gluontl.export.verify import ort_session
 from gluontl.recipe import DataSpec, QuantizeSpec, parse_recipe
 from gluontl.train.data import load_split
@@ -268,3 +273,52 @@ def test_max_drop_refuses_a_black_calibration_image_and_writes_nothing(digits_ru
     assert "1 training images" in err
     assert not (d / "bad").exists()  # no float file, no scratch folder, not even the --out folder
     assert sorted(p.name for p in run.iterdir()) == before
+
+
+REFUSE = r'''
+import importlib.abc, runpy, sys
+
+class Refuse(importlib.abc.MetaPathFinder):  # a deployment has none of these
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("gluontl", "cv2", "mxnet", "onnx", "gluoncv"):
+            raise ImportError(f"{name} is not installed here")
+
+sys.meta_path.insert(0, Refuse())
+sys.path.insert(0, ".")
+runpy.run_path("snippet.py")
+'''
+
+
+def docs_int8_snippet():
+    text = (Path(__file__).parent.parent / "docs" / "export.md").read_text()
+    section = text.split("\n## int8\n", 1)[1].split("\n## ", 1)[0]
+    [block] = [b.split("\n", 1)[1] for b in section.split("```")[1::2] if b.startswith("python")]
+    return block
+
+
+def test_the_docs_int8_snippet_deploys_the_file_without_gluontl(digits_run, capsys, tmp_path):
+    d, run = digits_run
+    model = d / "docs" / "t.int8.onnx"
+    if not model.is_file():
+        code, _, err = helpers.run_cli(capsys, "export", str(run), "--int8", "--out", str(d / "docs"), "--format", "onnx")
+        assert code == 0, err
+    shutil.copy(model, tmp_path / "elpv.int8.onnx")
+    shutil.copy(deploy_preprocess.__file__, tmp_path / "deploy_preprocess.py")
+    (tmp_path / "snippet.py").write_text(docs_int8_snippet())
+    val = sorted((d / "digits" / "val").rglob("*.png"))
+    answers = []
+    for image in val[::40]:
+        shutil.copy(image, tmp_path / "cell.png")
+        done = subprocess.run([sys.executable, "-c", REFUSE], capture_output=True, text=True, timeout=300,
+                              cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        answers.append(done.stdout.strip())
+    # the reference: gluontl's own preprocessing of each image into the same file, in the session
+    # the int8 verification uses
+    session = deploy_session(model)
+    record = json.loads(session.get_modelmeta().custom_metadata_map[META_PREPROCESS])
+    classes = json.loads(session.get_modelmeta().custom_metadata_map[META_CLASSES])
+    want = [classes[int(np.argmax(session.run(None, {record["input"]["name"]: gluontl.preprocess(str(i), model)[None]})[0][0]))]
+            for i in val[::40]]
+    assert answers == want
+    assert len(set(want)) > 1, "more than one class answered: the snippet's output is not a constant"
