@@ -19,8 +19,8 @@ import gluontl
 import helpers
 from gluontl import deploy_preprocess
 from gluontl.export import cpu
-from gluontl.export.quantize import CalibrationReader, calibration_indices, deploy_session, per_channel_choice, \
-    quantize_onnx
+from gluontl.export.quantize import CalibrationReader, calibration_indices, deploy_session, file_tensors, \
+    per_channel_choice, quantize_onnx
 from gluontl.export.verify import ort_session
 from gluontl.recipe import DataSpec, QuantizeSpec, parse_recipe
 from gluontl.train.data import load_split
@@ -85,8 +85,8 @@ def test_calibration_reader_feeds_what_deploy_preprocess_computes(tmp_path):
         Image.fromarray(arr).save(paths[-1])
     record = deploy_preprocess.make_record("img", (None, 3, 16, 16), [("resize_shorter", 20), ("center_crop", 16)],
                                            (0.4, 0.5, 0.6), (0.2, 0.25, 0.3))
-    reader = CalibrationReader(Files(paths), [4, 0, 2, 3, 1], Preprocess.from_json(record, "test"), "img",
-                               batch_size=2)
+    conv_model(tmp_path / "f.onnx", np.zeros((4, 3, 3, 3), np.float32), np.zeros(4, np.float32), record)
+    reader = CalibrationReader(file_tensors(tmp_path / "f.onnx", Files(paths)), [4, 0, 2, 3, 1], "img", batch_size=2)
     got = list(reader)
     assert [sorted(b) for b in got] == [["img"]] * 3 and [len(b["img"]) for b in got] == [2, 2, 1]
     want = np.stack([deploy_preprocess.preprocess(paths[i], record) for i in [4, 0, 2, 3, 1]])
@@ -137,7 +137,7 @@ def test_int8_conv_is_exact_integer_arithmetic_within_a_step_of_float(tmp_path, 
     conv_model(tmp_path / "f.onnx", w, b, record)
     images = Arrays([rs.randint(0, 256, (8, 8, 3)).astype(np.uint8) for _ in range(12)])
     prep = Preprocess.from_json(record, "test")
-    reader = CalibrationReader(images, list(range(12)), prep, "x", batch_size=4)
+    reader = CalibrationReader(lambda i: prep(images.image(i)), list(range(12)), "x", batch_size=4)
     model = quantize_onnx(tmp_path / "f.onnx", reader, QuantizeSpec(), reduce_range=reduce_range,
                           per_channel=per_channel, exclude=[])
     assert [n.op_type for n in model.graph.node].count("Conv") == 1

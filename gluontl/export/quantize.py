@@ -31,7 +31,7 @@ from gluontl.errors import ExportError, short_reason
 from gluontl.export import cpu
 from gluontl.export.exporters import check_target, set_metadata
 from gluontl.recipe import QuantizeSpec
-from gluontl.train.transforms import Preprocess, onnx_preprocess
+from gluontl.train.transforms import onnx_preprocess
 
 log = logging.getLogger(__name__)
 
@@ -57,12 +57,11 @@ Metric = Callable[[list[np.ndarray], list[np.ndarray], Any], dict[str, Any]]
 
 
 class CalibrationReader(CalibrationDataReader):
-    """``images[indices]`` through ``preprocess``, as batches keyed by the model's input name:
-    exactly the tensors ``gluontl predict`` feeds the file."""
+    """Model inputs ``tensor(i)`` for ``i`` in ``indices``, as batches keyed by the input name."""
 
-    def __init__(self, images: Images, indices: Sequence[int], preprocess: Preprocess, input_name: str,
+    def __init__(self, tensor: Callable[[int], np.ndarray], indices: Sequence[int], input_name: str,
                  batch_size: int = _CALIBRATION_BATCH) -> None:
-        self.images, self.preprocess, self.input_name = images, preprocess, input_name
+        self.tensor, self.input_name = tensor, input_name
         self.batches = [list(indices[i:i + batch_size]) for i in range(0, len(indices), batch_size)]
         self.set_range(0, len(self.batches))
 
@@ -76,7 +75,14 @@ class CalibrationReader(CalibrationDataReader):
         batch = next(self._todo, None)
         if batch is None:
             return None
-        return {self.input_name: np.stack([self.preprocess(self.images.image(i)) for i in batch])}
+        return {self.input_name: np.stack([self.tensor(i) for i in batch])}
+
+
+def file_tensors(float_path: Path, images: Images) -> Callable[[int], np.ndarray]:
+    """Image ``i`` through the preprocessing ``float_path`` records: exactly the tensor
+    ``gluontl predict`` feeds the file."""
+    preprocess, _ = onnx_preprocess(float_path)
+    return lambda i: preprocess(images.image(i))
 
 
 def calibration_indices(setting: str | int, train: Images, val: Images) -> tuple[Images, list[int], str]:
@@ -130,7 +136,7 @@ def excluded_nodes(model: onnx.ModelProto, globs: Sequence[str]) -> list[str]:
 
 
 def quantize_onnx(float_path: Path, reader: CalibrationReader, spec: QuantizeSpec, *, reduce_range: bool,
-                  per_channel: bool, exclude: Sequence[str]) -> onnx.ModelProto:
+                  per_channel: bool, exclude: Sequence[str], op_types: Sequence[str] | None = None) -> onnx.ModelProto:
     """onnxruntime's static QDQ quantization (uint8 activations, int8 weights, the CPU layout)
     of ``float_path``, calibrated batch by batch so memory holds one batch's tensors."""
     with tempfile.TemporaryDirectory(prefix="gluontl-int8-") as tmp:
@@ -141,6 +147,7 @@ def quantize_onnx(float_path: Path, reader: CalibrationReader, spec: QuantizeSpe
                                 per_channel=per_channel, reduce_range=reduce_range,
                                 activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
                                 nodes_to_exclude=list(exclude), calibrate_method=_METHODS[spec.method],
+                                op_types_to_quantize=list(op_types) if op_types else None,
                                 extra_options={"CalibStridedMinMax": 1})  # one batch at a time, any method
         except ExportError:
             raise
@@ -174,13 +181,13 @@ def deploy_session(model: str | Path | bytes, threads: int = 1) -> ort.Inference
     return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
 
 
-def paired_outputs(float_model: str | Path | bytes, int8_model: bytes, images: Images, preprocess: Preprocess,
+def paired_outputs(float_model: str | Path | bytes, int8_model: bytes, tensor: Callable[[int], np.ndarray], n: int,
                    input_name: str) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Both files' outputs on every image of ``images`` (each image decoded and preprocessed once)."""
+    """Both files' outputs on inputs ``tensor(0..n-1)`` (each image decoded and preprocessed once)."""
     sessions = [deploy_session(float_model), deploy_session(int8_model)]
     results: list[list[list[np.ndarray]]] = [[], []]
-    for start in range(0, len(images), _EVAL_BATCH):
-        x = np.stack([preprocess(images.image(i)) for i in range(start, min(start + _EVAL_BATCH, len(images)))])
+    for start in range(0, n, _EVAL_BATCH):
+        x = np.stack([tensor(i) for i in range(start, min(start + _EVAL_BATCH, n))])
         for session, out in zip(sessions, results):
             out.append(session.run(None, {input_name: x}))
     return tuple([np.concatenate(parts) for parts in zip(*batches)] for batches in results)  # type: ignore
@@ -206,12 +213,13 @@ class Int8Result:
 
 
 def quantize_verified(float_path: Path, spec: QuantizeSpec, train: Images, val: Images, labels: Any,
-                      metric: Metric, *, flags: set[str] | None = None,
+                      metric: Metric, *, tensors: Callable[[Path, Any], Callable[[int], np.ndarray]] = file_tensors,
+                      op_types: Sequence[str] | None = None, flags: set[str] | None = None,
                       echo: Callable[[str], None] = log.info) -> Int8Result:
     """The int8 model of ``float_path`` and its report; ExportError (nothing returned) when the
-    metric drops by more than ``spec.max_drop`` points. Calibration and evaluation images go
-    through the preprocessing the float file records."""
-    preprocess, _ = onnx_preprocess(float_path)
+    metric drops by more than ``spec.max_drop`` points. ``tensors(float_path, images)`` gives
+    the model inputs of a split (default: the float file's recorded preprocessing of its
+    images); ``op_types`` limits what is quantized (None: every op onnxruntime can)."""
     float_model = onnx.load(str(float_path))
     input_name = float_model.graph.input[0].name
     flags = cpu.cpu_flags() if flags is None else flags
@@ -220,11 +228,12 @@ def quantize_verified(float_path: Path, spec: QuantizeSpec, train: Images, val: 
     exclude = excluded_nodes(float_model, spec.exclude)
     images, indices, calib_what = calibration_indices(spec.calibration, train, val)
     echo(f"int8: {reduce_why}; {channel_why}; calibrating ({spec.method}) on {calib_what}")
-    reader = CalibrationReader(images, indices, preprocess, input_name)
-    model = quantize_onnx(float_path, reader, spec, reduce_range=reduce, per_channel=per_channel, exclude=exclude)
+    reader = CalibrationReader(tensors(float_path, images), indices, input_name)
+    model = quantize_onnx(float_path, reader, spec, reduce_range=reduce, per_channel=per_channel, exclude=exclude,
+                          op_types=op_types)
     data = model.SerializeToString()
     try:
-        float_out, int8_out = paired_outputs(float_path, data, val, preprocess, input_name)
+        float_out, int8_out = paired_outputs(float_path, data, tensors(float_path, val), len(val), input_name)
     except Exception as err:  # onnxruntime's errors share no base class
         raise ExportError(f"onnxruntime cannot run the int8 model of {float_path} ({short_reason(err)}); exclude "
                           f"the layer it names with export.quantize.exclude, or ship the float file.") from err
@@ -251,11 +260,13 @@ def quantize_verified(float_path: Path, spec: QuantizeSpec, train: Images, val: 
 
 def export_with_int8(write_float: Callable[[Path], list[Path]], out_dir: Path, name: str, spec: QuantizeSpec,
                      train: Images, val: Images, labels: Any, metric: Metric, *, force: bool = False,
-                     report_dir: Path | None = None, echo: Callable[[str], None] = log.info) -> list[Path]:
+                     report_dir: Path | None = None, echo: Callable[[str], None] = log.info,
+                     **options: Any) -> list[Path]:
     """The float export (``write_float(folder)`` writes it, verified, and returns its files) and
     ``NAME.int8.onnx`` beside it; both are made in a scratch folder and moved into ``out_dir``
     only once the int8 file passed, so a refused int8 leaves ``out_dir`` as it was. The report
-    also goes to ``report_dir/NAME.int8.json`` (a run folder)."""
+    also goes to ``report_dir/NAME.int8.json`` (a run folder). ``options``: quantize_verified's
+    (a task's ``tensors`` and ``op_types``)."""
     target = out_dir / f"{name}.int8.onnx"
     created = not out_dir.exists()
     try:
@@ -273,7 +284,7 @@ def export_with_int8(write_float: Callable[[Path], list[Path]], out_dir: Path, n
             raise ExportError("int8 needs the ONNX export; add onnx to export.formats (or --format onnx/both).")
         for p in made:
             check_target(out_dir / p.name, force)
-        result = quantize_verified(float_onnx, spec, train, val, labels, metric, echo=echo)
+        result = quantize_verified(float_onnx, spec, train, val, labels, metric, echo=echo, **options)
         data = result.model.SerializeToString()
         written = [atomic_write(out_dir / p.name, lambda t, src=p: shutil.copyfile(src, t), ExportError)
                    for p in made]
