@@ -187,7 +187,7 @@ def test_int8_conv_is_exact_integer_arithmetic_within_a_step_of_float(tmp_path, 
     assert np.mean(np.abs(want - y) <= np.float64(sy)) > 0.5, "most outputs within one output step"
 
 
-def test_per_channel_auto_is_per_tensor_for_depthwise_heavy_graphs():
+def test_per_channel_auto_is_per_channel_and_counts_depthwise_convolutions():
     def model(groups):
         nodes, inits = [], []
         for k, g in enumerate(groups):
@@ -196,9 +196,9 @@ def test_per_channel_auto_is_per_tensor_for_depthwise_heavy_graphs():
             nodes.append(helper.make_node("Conv", [f"t{k}", f"w{k}"], [f"t{k + 1}"], group=g, name=f"c{k}"))
         return helper.make_model(helper.make_graph(nodes, "g", [], [], inits))
 
-    assert per_channel_choice(model([1, 8, 1, 8]), "auto")[0] is False  # MobileNet-like: half depthwise
-    assert per_channel_choice(model([1, 1, 1, 1, 1, 8]), "auto")[0] is True  # 1 of 6
-    assert per_channel_choice(model([1, 2, 1, 1]), "auto")[0] is True  # grouped, not depthwise
+    assert per_channel_choice(model([1, 8, 1, 8]), "auto") == (True, "per-channel weights (auto; 2 of 4 "
+                                                                     "convolutions depthwise)")
+    assert "1 of 4" in per_channel_choice(model([1, 2, 1, 8]), "auto")[1]  # grouped is not depthwise
     assert per_channel_choice(model([1, 8]), False)[0] is False
     assert per_channel_choice(model([1, 8]), True)[0] is True
 

@@ -234,11 +234,13 @@ def export_run(run_dir: str | Path, out_dir: str | Path | None = None, *, format
         spec = as_spec(export, ExportSpec, "export", ExportError, "{'formats': ['onnx'], 'opset': 13}",
                        "It takes the keys of a recipe's export section (see docs/export.md).")
         recipe = recipe.model_copy(update={"export": spec})
+    spec = recipe.export
+    quantize = spec.quantize or (QuantizeSpec() if int8 else None)
     if recipe.task == "detection":
         from ..detect import runs as detect_runs
 
-        return detect_runs.export(run_dir, recipe, net, out_dir, formats or list(recipe.export.formats), force)
-    spec = recipe.export
+        return detect_runs.export(run_dir, recipe, net, out_dir, formats or list(recipe.export.formats), force,
+                                  quantize, echo)
     name = export_input_name(recipe)
     card = stored_card(run_dir, recipe)
     card = {**card, "preprocess": {**card["preprocess"], "input": {**card["preprocess"]["input"], "name": name}}}
@@ -252,7 +254,6 @@ def export_run(run_dir: str | Path, out_dir: str | Path | None = None, *, format
                             force=force, sample=sample, output_names=spec.output_names, card=card)
 
     out = Path(out_dir or Path(run_dir) / "export")
-    quantize = spec.quantize or (QuantizeSpec() if int8 else None)
     if quantize is None:
         return write(out)
     from ..export.quantize import classification_metric, export_with_int8
