@@ -275,15 +275,8 @@ def test_max_drop_refuses_a_black_calibration_image_and_writes_nothing(digits_ru
     assert sorted(p.name for p in run.iterdir()) == before
 
 
-REFUSE = r'''
-import importlib.abc, runpy, sys
-
-class Refuse(importlib.abc.MetaPathFinder):  # a deployment has none of these
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("gluontl", "cv2", "mxnet", "onnx", "gluoncv"):
-            raise ImportError(f"{name} is not installed here")
-
-sys.meta_path.insert(0, Refuse())
+REFUSE = helpers.WITHOUT_GLUONTL + r'''
+import runpy
 sys.path.insert(0, ".")
 runpy.run_path("snippet.py")
 '''
