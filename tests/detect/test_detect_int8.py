@@ -18,8 +18,8 @@ def test_detector_int8_quantizes_convolutions_only_and_reports_map(small_voc, tm
         "model": {"source": "zoo:ssd_300_mobilenet0.25_custom", "input_shape": [3, 128, 128]},
         "rules": [{"preset": "freeze_until_stage", "until_stage": 2}],
         "data": {"source": f"voc:{small_voc}", "classes": ["0", "1", "2", "3", "4"], "batch_size": 8},
-        "train": {"epochs": 1, "lr": 0.01, "seed": 3, "guards": "off"},
-        "export": {"formats": ["onnx"], "quantize": {"max_drop": 100}}}, origin="test")
+        "train": {"epochs": 2, "lr": 0.01, "seed": 3, "guards": "off"},  # 1 epoch leaves score ties NMS orders
+        "export": {"formats": ["onnx"], "quantize": {"max_drop": 100}}}, origin="test")  # either way (AVX2)
     run = finetune(recipe, runs_root=tmp_path, quiet=True).run_dir
     code, out, err = helpers.run_cli(capsys, "export", str(run), "--out", str(tmp_path / "out"), "--format", "onnx")
     assert code == 0, err
