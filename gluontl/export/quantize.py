@@ -18,7 +18,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Protocol, Sequence
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import numpy as np
 import onnx
@@ -288,6 +288,8 @@ def export_with_int8(write_float: Callable[[Path], list[Path]], out_dir: Path, n
             raise ExportError("int8 needs the ONNX export; add onnx to export.formats (or --format onnx/both).")
         for p in made:
             check_target(out_dir / p.name, force)
+        if any(p.name.endswith("-symbol.json") for p in made):
+            echo("int8: only the ONNX file is quantized; the MXNet symbol/params files stay float")
         result = quantize_verified(float_onnx, spec, train, val, labels, metric, echo=echo, **options)
         data = result.model.SerializeToString()
         written = [atomic_write(out_dir / p.name, lambda t, src=p: shutil.copyfile(src, t), ExportError)
@@ -306,9 +308,3 @@ def export_with_int8(write_float: Callable[[Path], list[Path]], out_dir: Path, n
                                   json.dumps({"file": str(target), **sizes, **result.report}, indent=1), ExportError))
     return written
 
-
-def int8_report(path: str | Path) -> Mapping[str, Any] | None:
-    """The ``gluontl.int8`` report an int8 export carries (None for a float file)."""
-    model = onnx.load(str(path), load_external_data=False)
-    meta = {p.key: p.value for p in model.metadata_props}
-    return json.loads(meta[META_INT8]) if META_INT8 in meta else None
