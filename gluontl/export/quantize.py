@@ -295,11 +295,13 @@ def export_with_int8(write_float: Callable[[Path], list[Path]], out_dir: Path, n
         written = [atomic_write(out_dir / p.name, lambda t, src=p: shutil.copyfile(src, t), ExportError)
                    for p in made]
         written.append(atomic_write(target, lambda t: t.write_bytes(data), ExportError))
-    except BaseException:
+    except BaseException as err:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
         if created:  # a refused export leaves no trace, not even the folder it made
             shutil.rmtree(out_dir, ignore_errors=True)
+        if isinstance(err, ExportError) and scratch is not None and str(scratch) in str(err):
+            raise ExportError(str(err).replace(str(scratch), str(out_dir))) from None  # name where it would go
         raise
     shutil.rmtree(scratch, ignore_errors=True)
     if report_dir is not None:
