@@ -315,3 +315,26 @@ def test_the_docs_int8_snippet_deploys_the_file_without_gluontl(digits_run, caps
             for i in val[::40]]
     assert answers == want
     assert len(set(want)) > 1, "more than one class answered: the snippet's output is not a constant"
+
+
+def test_bench_pairs_files_and_refuses_a_missing_int8_partner(tmp_path, capsys):
+    record = deploy_preprocess.make_record("x", (None, 3, 8, 8), [("resize_shorter", 8)], (0, 0, 0), (1, 1, 1))
+    conv_model(tmp_path / "m.onnx", np.ones((4, 3, 3, 3), np.float32), np.zeros(4, np.float32), record)
+    code, out, err = helpers.run_cli(capsys, "bench", str(tmp_path), "--int8")
+    assert code == 2 and "no int8 partner" in err and "--int8" in err
+    assert not (tmp_path / "bench.json").exists()
+    code, out, err = helpers.run_cli(capsys, "bench", str(tmp_path / "m.onnx"), "--batch", "3", "--repeat", "2",
+                                     "--json", str(tmp_path / "b.json"))
+    assert code == 0, err
+    [entry] = json.loads((tmp_path / "b.json").read_text())["models"]
+    assert set(entry) == {"float"} and [r["batch"] for r in entry["float"]["runs"]] == [3]
+    code, _, err = helpers.run_cli(capsys, "bench", str(tmp_path / "m.onnx"), "--batch", "0")
+    assert code == 2 and "batch sizes >= 1" in err
+
+
+def test_int8_needs_a_run_folder(tmp_path, capsys):
+    record = deploy_preprocess.make_record("x", (None, 3, 8, 8), [("resize_shorter", 8)], (0, 0, 0), (1, 1, 1))
+    conv_model(tmp_path / "m.onnx", np.ones((4, 3, 3, 3), np.float32), np.zeros(4, np.float32), record)
+    code, _, err = helpers.run_cli(capsys, "export", str(tmp_path / "m.onnx"), "--int8", "--out", str(tmp_path / "o"))
+    assert code == 2 and "not a run folder" in " ".join(err.split())
+    assert not (tmp_path / "o").exists()
