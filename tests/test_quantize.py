@@ -19,9 +19,9 @@ import gluontl
 import helpers
 from gluontl import deploy_preprocess
 from gluontl.export import cpu
-from gluontl.export.quantize import CalibrationReader, calibration_indices, deploy_session, file_tensors, \
-    per_channel_choice, quantize_onnx
-from gluontl.export.verify import ort_session
+from gluontl.export.quantize import CalibrationReader, calibration_indices, file_tensors, per_channel_choice, \
+    quantize_onnx
+from gluontl.export.verify import deploy_session, ort_session
 from gluontl.recipe import DataSpec, QuantizeSpec, parse_recipe
 from gluontl.train.data import load_split
 from gluontl.train.loop import finetune
@@ -338,3 +338,22 @@ def test_int8_needs_a_run_folder(tmp_path, capsys):
     code, _, err = helpers.run_cli(capsys, "export", str(tmp_path / "m.onnx"), "--int8", "--out", str(tmp_path / "o"))
     assert code == 2 and "not a run folder" in " ".join(err.split())
     assert not (tmp_path / "o").exists()
+
+
+def test_a_missing_ml_dtypes_is_a_clear_error():
+    script = r'''
+import importlib.abc, sys
+class Refuse(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "ml_dtypes":
+            raise ImportError("No module named 'ml_dtypes'")
+sys.meta_path.insert(0, Refuse())
+from gluontl.errors import ExportError
+try:
+    import gluontl.export.quantize
+except ExportError as e:
+    print(e)
+'''
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "ml_dtypes" in done.stdout and "setup.cfg" in done.stdout

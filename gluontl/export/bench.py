@@ -18,7 +18,7 @@ import onnxruntime as ort
 from gluontl.atomic import write_text
 from gluontl.errors import ExportError, short_reason
 from gluontl.export import cpu
-from gluontl.export.quantize import deploy_session
+from gluontl.export.verify import deploy_session
 
 INT8_SUFFIX = ".int8.onnx"
 _WARMUP = 3

@@ -23,14 +23,21 @@ from typing import Any, Callable, Iterator, Protocol, Sequence
 import numpy as np
 import onnx
 import onnxruntime as ort
-from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, \
-    quantize_static
-from onnxruntime.quantization.shape_inference import quant_pre_process
 
 from gluontl.atomic import atomic_write, write_text
 from gluontl.errors import ExportError, short_reason
 from gluontl.export import cpu
 from gluontl.export.exporters import check_target, set_metadata
+from gluontl.export.verify import deploy_session
+
+try:
+    from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, \
+        quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+except ImportError as err:  # onnxruntime imports ml_dtypes there without declaring it
+    raise ExportError(f"int8 exports need onnxruntime.quantization, which cannot be imported here ({err}): "
+                      f"install what it names (gluontl's setup.cfg lists ml_dtypes>=0.5,<0.6 for it; `bash "
+                      f"scripts/env.sh` installs it).") from None
 from gluontl.recipe import QuantizeSpec
 from gluontl.train.transforms import onnx_preprocess
 
@@ -172,17 +179,6 @@ def _quiet_onnxruntime() -> Iterator[None]:
             yield
     finally:
         root.setLevel(level)
-
-
-def deploy_session(model: str | Path | bytes, threads: int = 1) -> ort.InferenceSession:
-    """A session as a deployment runs the file: every graph optimization, so QDQ pairs fuse into
-    onnxruntime's integer kernels on this CPU (which is what int8 is for)."""
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    source = model if isinstance(model, bytes) else str(model)
-    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
 
 
 def paired_outputs(float_model: str | Path | bytes, int8_model: bytes, tensor: Callable[[int], np.ndarray], n: int,
