@@ -130,7 +130,10 @@ def export(source: str = typer.Argument(..., help="run folder (runs/NAME) or mod
            out: Path = typer.Option(Path("export"), "--out", help="output folder"),
            force: bool = typer.Option(False, "--force", help="overwrite existing files"),
            input_shape: Optional[List[str]] = ShapeOpt,
-           checkpoint: str = CheckpointOpt) -> None:
+           checkpoint: str = CheckpointOpt,
+           int8: bool = typer.Option(False, "--int8", help="also write NAME.int8.onnx (a run's export only): "
+                                     "calibrated on the run's images, refused if top-1 drops by more than "
+                                     "export.quantize.max_drop points on its validation split")) -> None:
     """Export a run or a model to MXNet symbol/params and/or ONNX, verified against onnxruntime."""
     formats = FORMATS[_choice(fmt, list(FORMATS), "--format")]
     _choice(checkpoint, CHECKPOINTS, "--checkpoint")
@@ -140,8 +143,12 @@ def export(source: str = typer.Argument(..., help="run folder (runs/NAME) or mod
         if input_shape:
             raise GluontlError(f"--input-shape is for models; the run '{source}' exports at its recipe's "
                                f"model.input_shape. Drop --input-shape.")
-        paths = export_run(source, out, formats=formats, tag=checkpoint, force=force)
+        paths = export_run(source, out, formats=formats, tag=checkpoint, force=force, int8=int8, echo=typer.echo)
     else:
+        if int8:
+            raise GluontlError(f"--int8 calibrates on a run's images through its recorded preprocessing, and "
+                               f"'{source}' is a model, not a run folder. Fine-tune it (a run with no trainable "
+                               f"rule is enough) and export that run with --int8.")
         from .export.exporters import export_block
 
         spec, block, shapes = _model(source, input_shape)
@@ -154,7 +161,12 @@ def export(source: str = typer.Argument(..., help="run folder (runs/NAME) or mod
 def _exported(paths: list[Path]) -> None:
     """Every ONNX export was checked against onnxruntime before it was kept; say so."""
     for p in paths:
-        typer.echo(f"exported {p} (verified)" if p.suffix == ".onnx" else f"exported {p}")
+        if p.name.endswith(".int8.onnx"):
+            typer.echo(f"exported {p} (int8, checked on the validation split)")
+        elif p.name.endswith(".int8.json"):
+            typer.echo(f"int8 report {p}")
+        else:
+            typer.echo(f"exported {p} (verified)" if p.suffix == ".onnx" else f"exported {p}")
 
 
 def _choice(value: str, allowed: Sequence[str], option: str) -> str:
@@ -248,6 +260,28 @@ def inspect(model: str = typer.Argument(..., help="NAME, PREFIX, PATH.onnx or zo
         typer.echo(json.dumps(p.to_json()["params"], indent=1))
     else:
         typer.echo(format_plan(p))
+
+
+@app.command()
+def bench(model: Path = typer.Argument(..., help="an exported .onnx file, a folder of them, or a run folder "
+                                       "(its export/)"),
+          int8: bool = typer.Option(False, "--int8", help="require an int8 partner (NAME.int8.onnx) for every "
+                                    "float file and compare the two"),
+          batch: str = typer.Option("1,32", "--batch", help="batch sizes, comma-separated"),
+          threads: int = typer.Option(1, "--threads", help="onnxruntime intra-op threads"),
+          repeat: int = typer.Option(20, "--repeat", help="timed runs per file and batch (after 3 warm-up runs)"),
+          out: Optional[Path] = typer.Option(None, "--json", help="report path (default: bench.json beside the "
+                                             "models)")) -> None:
+    """Latency and throughput of ONNX exports in onnxruntime, float against int8, with the CPU's flags."""
+    try:
+        batches = [int(b) for b in batch.split(",")]
+    except ValueError:
+        raise GluontlError(f"--batch '{batch}' is not a comma-separated list of batch sizes, e.g. 1,32.") from None
+    from .export.bench import bench as run_bench, table
+
+    report, path = run_bench(model, int8=int8, batches=batches, threads=threads, repeat=repeat, out=out)
+    typer.echo(table(report))
+    typer.echo(f"report: {path}")
 
 
 @app.command()

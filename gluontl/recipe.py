@@ -539,9 +539,24 @@ class TrainSpec(Strict):
         return v
 
 
+class QuantizeSpec(Strict):
+    """Post-training int8 of the ONNX export (docs/export.md, "int8"): calibrated on the run's own
+    images through the file's recorded preprocessing, refused when accuracy drops by more than
+    ``max_drop`` points on the validation split."""
+
+    calibration: Literal["train", "val"] | Annotated[int, Field(gt=0, le=100_000)] = Field(
+        default=256, description="train | val (the whole split) | N (that many training images, a fixed draw)")
+    method: Literal["minmax", "entropy", "percentile"] = "minmax"
+    per_channel: Literal["auto", True, False] = Field(default="auto", description="auto: per-tensor for "
+                                                "depthwise-heavy models (onnxruntime #11415), else per-channel")
+    exclude: list[str] = Field(default_factory=list, description="globs of ONNX node names kept float")
+    max_drop: float = Field(default=1.0, ge=0.0, le=100.0, description="allowed top-1 (or mAP) drop, in points")
+
+
 class ExportSpec(Strict):
     """Unset names and opset follow the model: an imported ONNX graph keeps its own (it is
-    exported as that graph, patched); zoo and symbol models get ``data``, ``output``, opset 13."""
+    exported as that graph, patched); zoo and symbol models get ``data``, ``output``, opset 13.
+    ``quantize`` set: the export also writes ``NAME.int8.onnx`` (see QuantizeSpec)."""
 
     formats: list[Literal["symbol", "onnx"]] = Field(default_factory=lambda: ["onnx"])
     opset: int | None = Field(default=None, ge=7, le=21)
@@ -549,6 +564,7 @@ class ExportSpec(Strict):
     output_names: list[str] | None = Field(default=None, min_length=1)
     rtol: float = Field(default=1e-4, gt=0.0)
     lean: bool = True
+    quantize: QuantizeSpec | None = None
 
 
 _TRANSFORMS = ("train_transform", "val_transform")

@@ -274,3 +274,17 @@ def voc_subset(root, train: int, val: int):
         ids = (demo / "ImageSets" / "Main" / f"{split}.txt").read_text().split()[:n]
         (sets / f"{split}.txt").write_text("\n".join(ids) + "\n")
     return root
+
+
+# The first lines of a script run as a deployment: gluontl, OpenCV, MXNet, onnx and GluonCV
+# cannot be imported (a deployed model has onnxruntime, numpy and Pillow only).
+WITHOUT_GLUONTL = r'''
+import importlib.abc, sys
+
+class Refuse(importlib.abc.MetaPathFinder):  # a deployment has none of these
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("gluontl", "cv2", "mxnet", "onnx", "gluoncv"):
+            raise ImportError(f"{name} is not installed here")
+
+sys.meta_path.insert(0, Refuse())
+'''

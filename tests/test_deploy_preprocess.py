@@ -10,7 +10,7 @@ from pathlib import Path
 import mxnet as mx
 import numpy as np
 import pytest
-from helpers import run_cli
+from helpers import WITHOUT_GLUONTL, run_cli
 from PIL import Image
 
 import gluontl
@@ -136,15 +136,8 @@ def test_reference_imports_numpy_and_pillow_only():
 
 # ------------------------------------------------------------------- deployed alone
 
-DEPLOY = r'''
-import importlib.abc, json, sys
-
-class Refuse(importlib.abc.MetaPathFinder):  # a deployment has none of these
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("gluontl", "cv2", "mxnet", "onnx", "gluoncv"):
-            raise ImportError(f"{name} is not installed here")
-
-sys.meta_path.insert(0, Refuse())
+DEPLOY = WITHOUT_GLUONTL + r'''
+import json
 sys.path.insert(0, sys.argv[1])  # the folder the reference was copied to
 
 import numpy as np

@@ -152,6 +152,24 @@ class DetectionEval:
                 "per_class": {name: _coco_mean(precision[:, :, c]) for c, name in enumerate(self.class_names)}}
 
 
+def int8_metric(class_names: Sequence[str]):
+    """The int8 verifier's judge for a detector's ONNX export (outputs ids, scores, bboxes):
+    VOC mAP@0.5 of the float and the int8 file on the same images, against ``gts`` (one
+    ``(N, 6)`` ground-truth array per image); ``drop`` in points."""
+    def metric(float_out: list[np.ndarray], int8_out: list[np.ndarray], gts: Sequence[np.ndarray]) -> dict[str, Any]:
+        maps = []
+        for ids, scores, boxes in (float_out[:3], int8_out[:3]):
+            ev = DetectionEval(class_names)
+            for det, gt in zip(np.concatenate([ids, scores, boxes], axis=-1), gts):
+                ev.update(det, gt)
+            maps.append(ev.voc()["map50"])
+        change = 100 * (maps[1] - maps[0])
+        return {"metric": "mAP@0.5", "images": len(gts), "float": maps[0], "int8": maps[1], "drop": -change,
+                "summary": f"mAP@0.5 {100 * maps[0]:.2f} float, {100 * maps[1]:.2f} int8 ({change:+.2f} points) "
+                           f"on {len(gts)} validation images"}
+    return metric
+
+
 def table(voc: dict[str, Any], coco: dict[str, Any] | None = None) -> str:
     """The per-class report ``evaluate`` prints: objects (non-difficult), VOC AP@0.5 and, with
     ``coco``, COCO AP@[.5:.95]; "-" for a class without objects (left out of the means)."""

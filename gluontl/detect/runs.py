@@ -195,8 +195,10 @@ def predict_onnx(onnx_path: str | Path, images: list[str], out_dir: str | Path |
 
 
 def export(run_dir: str | Path, recipe: Recipe, net, out_dir: str | Path | None, formats: list[str],
-           force: bool) -> list[Path]:
-    """Symbol/params and ONNX (per-class NMS), verified against MXNet on up to 8 val images."""
+           force: bool, quantize: Any = None, echo: Any = None) -> list[Path]:
+    """Symbol/params and ONNX (per-class NMS), verified against MXNet on up to 8 val images;
+    with ``quantize`` (a QuantizeSpec) also NAME.int8.onnx: the convolutions int8, box decoding
+    and NMS float, kept if val mAP@0.5 drops by at most ``max_drop`` points."""
     from ..train.card import export_input_name, stored_card
     from .export import export_detector
 
@@ -209,6 +211,20 @@ def export(run_dir: str | Path, recipe: Recipe, net, out_dir: str | Path | None,
     if not card.get("classes"):
         raise TrainError(f"{run / 'preprocess.json'} lists no classes; it was edited. Delete it to have it "
                          f"computed from the recipe and the training data.")
-    return export_detector(net, out_dir or run / "export", recipe.name, tuple(recipe.model.input_shape),
-                           class_names=card["classes"], card=card, sample=sample, formats=formats,
-                           input_name=export_input_name(recipe), rtol=recipe.export.rtol, force=force)
+    def write(folder: Path) -> list[Path]:
+        return export_detector(net, folder, recipe.name, tuple(recipe.model.input_shape),
+                               class_names=card["classes"], card=card, sample=sample, formats=formats,
+                               input_name=export_input_name(recipe), rtol=recipe.export.rtol, force=force)
+
+    out = Path(out_dir or run / "export")
+    if quantize is None:
+        return write(out)
+    from ..export.quantize import export_with_int8
+    from .metrics import int8_metric
+
+    val = _dataset(recipe, run, recipe.data.val)
+    train = val if quantize.calibration == "val" else _dataset(recipe, run, recipe.data.train)
+    gts = [val[(i, 0)][1] for i in range(len(val))]
+    return export_with_int8(write, out, recipe.name, quantize, train, val, gts, int8_metric(card["classes"]),
+                            force=force, report_dir=run, echo=echo or print, op_types=["Conv"],
+                            tensors=lambda _, ds: lambda i: ds[(i, 0)][0])

@@ -111,6 +111,16 @@ def ort_session(model: str | os.PathLike | bytes, label: str) -> ort.InferenceSe
         ) from err
 
 
+def deploy_session(model: str | os.PathLike | bytes, threads: int = 1) -> ort.InferenceSession:
+    """A session as a deployment runs the file: every graph optimization, so QDQ pairs fuse into
+    onnxruntime's integer kernels on this CPU (which is what int8 is for)."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    return ort.InferenceSession(os.fspath(model), options, providers=["CPUExecutionProvider"])
+
+
 def compare(session: ort.InferenceSession, block: mx.gluon.HybridBlock, inputs: dict[str, np.ndarray],
             rtol: float, scales: dict[str, float] | None = None) -> VerifyReport:
     """Run ``session`` and ``block`` on ``inputs``; the block gets them in the file's input order.

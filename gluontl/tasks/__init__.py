@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 import mxnet as mx
 
-from ..recipe import TASK_METRICS, Recipe, TransformSpec
+from ..recipe import TASK_METRICS, QuantizeSpec, Recipe, TransformSpec
 from ..train.transforms import META_TASK, onnx_metadata
 
 if TYPE_CHECKING:
@@ -89,9 +89,10 @@ class Task(Protocol):
     def predict_onnx(self, path: Path, images: list[str], opts: PredictOptions) -> Report:
         """:meth:`predict_run` with the run's ONNX export in onnxruntime, from the file alone."""
 
-    def export_run(self, run: Path, recipe: Recipe, net, out_dir: Path, formats: list[str], force: bool
-                   ) -> list[Path]:
-        """Verified files; an ONNX file's metadata names the task (``gluontl.task``)."""
+    def export_run(self, run: Path, recipe: Recipe, net, out_dir: Path, formats: list[str], force: bool,
+                   quantize: QuantizeSpec | None, echo: Callable[[str], None]) -> list[Path]:
+        """Verified files; an ONNX file's metadata names the task (``gluontl.task``). With
+        ``quantize`` also an int8 ONNX file, judged by the task's metric (``gluontl.export.quantize``)."""
 
 
 def transform_record(recipe: Recipe, describe: Callable[[TransformSpec, bool], str]

@@ -10,7 +10,7 @@ from mxnet import autograd, gluon
 
 from ..errors import ExportError, TrainError, short_reason
 from ..pipeline import Prepared, prepare
-from ..recipe import Recipe
+from ..recipe import QuantizeSpec, Recipe
 from . import PredictOptions, Report, split, transform_record
 
 
@@ -155,10 +155,10 @@ class Classification:
             rows.append(_ranked(name, prob / prob.sum(), names, opts.topk))
         return _report(rows)
 
-    def export_run(self, run: Path, recipe: Recipe, net, out_dir: Path, formats: list[str], force: bool
-                   ) -> list[Path]:
+    def export_run(self, run: Path, recipe: Recipe, net, out_dir: Path, formats: list[str], force: bool,
+                   quantize: QuantizeSpec | None, echo: Callable[[str], None]) -> list[Path]:
         from ..export.exporters import export_block
-        from ..train.card import export_input_name, stored_card
+        from ..train.card import export_input_name, recipe_data, stored_card
         from ..train.data import load_split
 
         spec = recipe.export
@@ -169,9 +169,21 @@ class Classification:
         if recipe.data is not None:
             ds = load_split(recipe.data, recipe.data.val)
             sample = {name: np.stack([ds[i][0] for i in range(min(8, len(ds)))]).astype(np.float32)}
-        return export_block(net, out_dir, recipe.name, {name: (1, *recipe.model.input_shape)}, formats=formats,
-                            opset=spec.opset, rtol=spec.rtol, lean=spec.lean, force=force, sample=sample,
-                            output_names=spec.output_names, card=card)
+
+        def write(folder: Path) -> list[Path]:
+            return export_block(net, folder, recipe.name, {name: (1, *recipe.model.input_shape)}, formats=formats,
+                                opset=spec.opset, rtol=spec.rtol, lean=spec.lean, force=force, sample=sample,
+                                output_names=spec.output_names, card=card)
+
+        if quantize is None:
+            return write(out_dir)
+        from ..export.quantize import classification_metric, export_with_int8
+
+        data = recipe_data(recipe, run)
+        val = load_split(data, data.val)
+        train = load_split(data, data.train, check=False) if quantize.calibration != "val" else val
+        return export_with_int8(write, out_dir, recipe.name, quantize, train, val, val.labels, classification_metric,
+                                force=force, report_dir=run, echo=echo)
 
 
 def _ranked(image: str, prob: np.ndarray, names: list[str], topk: int) -> dict[str, Any]:

@@ -14,14 +14,14 @@ graph is dropped around every evaluation.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import mxnet as mx
 import numpy as np
 from mxnet import autograd
 
 from ..pipeline import Prepared
-from ..recipe import Recipe
+from ..recipe import QuantizeSpec, Recipe
 from ..rules import apply_plan, make_plan
 from . import PredictOptions, Report, split, transform_record
 
@@ -58,11 +58,11 @@ class Detection:
 
         return _drawn(*predict_onnx(path, images, opts.out, opts.score))
 
-    def export_run(self, run: Path, recipe: Recipe, net, out_dir: Path, formats: list[str], force: bool
-                   ) -> list[Path]:
+    def export_run(self, run: Path, recipe: Recipe, net, out_dir: Path, formats: list[str], force: bool,
+                   quantize: QuantizeSpec | None, echo: Callable[[str], None]) -> list[Path]:
         from ..detect.runs import export
 
-        return export(run, recipe, net, out_dir, formats, force)
+        return export(run, recipe, net, out_dir, formats, force, quantize, echo)
 
     def setup(self, recipe: Recipe, ctx: mx.Context, *, seed: int):
         from ..detect.data import make_detection_loaders

@@ -3,10 +3,10 @@ its ONNX export), plot, export. What differs between tasks is behind ``gluontl.t
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from ..errors import ExportError, GluontlError, TrainError
-from ..recipe import ExportSpec, Recipe, as_spec, load_recipe
+from ..recipe import ExportSpec, QuantizeSpec, Recipe, as_spec, load_recipe
 from ..runfolder import run_weights
 from ..tasks import PredictOptions, Report, get_task, onnx_task
 from . import checkpoint
@@ -147,16 +147,18 @@ def _numeric_rows(rows: list[Any], *keys: str) -> list[dict[str, Any]]:
 
 
 def export_run(run_dir: str | Path, out_dir: str | Path | None = None, *, formats: list[str] | None = None,
-               tag: str = "best", force: bool = False, export: ExportSpec | Mapping[str, Any] | None = None
-               ) -> list[Path]:
+               tag: str = "best", force: bool = False, export: ExportSpec | Mapping[str, Any] | None = None,
+               int8: bool = False, echo: Callable[[str], None] | None = None) -> list[Path]:
     """Export a run's checkpoint as the recipe's ``export:`` section says (or ``export``, an
     ``ExportSpec`` or a dict of its keys, in its place), verified on real val images; into
-    ``RUN/export/`` unless ``out_dir`` says where."""
+    ``RUN/export/`` unless ``out_dir`` says where. ``int8`` (or ``export.quantize`` set) adds
+    ``NAME.int8.onnx`` (see gluontl.export.quantize); ``echo`` prints its choices and numbers."""
     recipe, net = load_run(run_dir, tag)
     if export is not None:
         spec = as_spec(export, ExportSpec, "export", ExportError, "{'formats': ['onnx'], 'opset': 13}",
                        "It takes the keys of a recipe's export section (see docs/export.md).")
         recipe = recipe.model_copy(update={"export": spec})
     run = Path(run_dir)
+    quantize = recipe.export.quantize or (QuantizeSpec() if int8 else None)
     return get_task(recipe).export_run(run, recipe, net, Path(out_dir) if out_dir else run / "export",
-                                       formats or list(recipe.export.formats), force)
+                                       formats or list(recipe.export.formats), force, quantize, echo or print)
