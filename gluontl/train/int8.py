@@ -85,7 +85,7 @@ def quantize(model: bytes, input_name: str, batches: Sequence[np.ndarray], reduc
     """``model`` (float ONNX) as static QDQ int8, and the number of images calibrated on: uint8
     activations with MinMax ranges over ``batches``, int8 weights per output channel (BatchNorm
     folded into the weights leaves channels of very different ranges: EfficientNet-Lite0's
-    15-block prefix measured rel 0.6 from MXNet's features with one scale per tensor, 0.16 per
+    15-block prefix measured rel 0.6 from MXNet's features with one scale per tensor, 0.16-0.18 per
     channel)."""
     import onnx
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
