@@ -508,7 +508,7 @@ class TrainSpec(Strict):
     cache_dtype: Literal["float32", "float16"] = "float32"
     cache_max_bytes: int = Field(default=2 * 2**30, gt=0, description="beyond this, cached features "
                                  "go to a memory-mapped file in the run folder")
-    prefix_engine: Literal["auto", "mxnet", "onnxruntime"] = "auto"
+    prefix_engine: Literal["auto", "mxnet", "onnxruntime", "onnxruntime-int8"] = "auto"
     log_every: int = Field(default=10, gt=0, le=1 << 30)
     max_bad_steps: int = Field(default=10, ge=0, le=1 << 30)
     guards: GuardsSpec = GuardsSpec()

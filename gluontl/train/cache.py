@@ -45,6 +45,10 @@ from .sampler import EpochSampler
 
 _RANDOM_STEPS = ("random_resized_crop", "flip", "color_jitter")
 PER_STEP_MARGIN = 1.5
+# The int8 prefix's activation ranges come from this many training images (a fixed draw, each
+# in one of the views the cache holds), in batches of CALIBRATION_BATCH.
+CALIBRATION_IMAGES = 128
+CALIBRATION_BATCH = 16
 
 
 def random_steps(spec: TransformSpec) -> list[str]:
@@ -94,9 +98,29 @@ def cache_key(recipe: Recipe, split: Split, row_shape: tuple[int, ...], loaders:
     items = hashlib.sha256()
     for ds in (loaders.train._dataset, loaders.val._dataset):
         items.update("\n".join(ds.name(i) for i in range(len(ds))).encode() + b"\0" + ds.labels.tobytes() + b"\0")
-    return {"format": 1, "boundary": split.boundary, "prefix_sha256": h.hexdigest(), "items_sha256": items.hexdigest(),
-            "recipe": recipe.digest("model", "surgery", "data"), "seed": recipe.train.seed,
-            "dtype": recipe.train.cache_dtype, "row_shape": list(row_shape)}
+    key = {"format": 1, "boundary": split.boundary, "prefix_sha256": h.hexdigest(), "items_sha256": items.hexdigest(),
+           "recipe": recipe.digest("model", "surgery", "data"), "seed": recipe.train.seed,
+           "dtype": recipe.train.cache_dtype, "row_shape": list(row_shape)}
+    if recipe.train.prefix_engine == "onnxruntime-int8":  # other features than the float engines' (same within 1e-4)
+        key["engine"] = recipe.train.prefix_engine
+    return key
+
+
+class Calibration:
+    """Training images as the cache feeds them to the prefix, in batches decoded on demand: a
+    fixed draw of ``n``, image k of the draw in view k % ``views`` (``prefix.Int8Engine``)."""
+
+    def __init__(self, ds: ImageDataset, views: int, n: int = CALIBRATION_IMAGES,
+                 batch: int = CALIBRATION_BATCH) -> None:
+        picked = sorted(np.random.default_rng(0).permutation(len(ds))[:n].tolist())
+        self.ds, self.images = ds, len(picked)
+        self.keys = [[(i, k % views) for k, i in enumerate(picked)][s:s + batch] for s in range(0, len(picked), batch)]
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __getitem__(self, b: int) -> np.ndarray:
+        return np.stack([self.ds[key][0] for key in self.keys[b]])
 
 
 class FeatureCache:
@@ -314,7 +338,7 @@ def build_feed(net: HybridBlock, plan: Plan, recipe: Recipe, loaders: Loaders, c
     if decision.train:
         decision = _check_room(decision, t, one.size, len(train_ds) * decision.views + len(loaders.val._dataset),
                                folder)
-    per_step = t.prefix_engine == "onnxruntime" or (t.prefix_engine == "auto" and t.cache_features != "off")
+    per_step = t.prefix_engine.startswith("onnxruntime") or (t.prefix_engine == "auto" and t.cache_features != "off")
     use_engine = split.prefix is not None and (decision.train or per_step)
     if not use_engine:
         return Feed(net, loaders, split, log=f"feature cache: off ({decision.reason})",
@@ -330,7 +354,8 @@ def build_feed(net: HybridBlock, plan: Plan, recipe: Recipe, loaders: Loaders, c
             f"prefix engine: none run (every feature is in {folder})"
     else:
         engine, engine_log = choose_engine(t.prefix_engine, split.prefix, recipe.model.input_shape, ctx, probe,
-                                           t.hybridize, margin=1.0 if decision.train else PER_STEP_MARGIN)
+                                           t.hybridize, margin=1.0 if decision.train else PER_STEP_MARGIN,
+                                           calibration=Calibration(train_ds, max(decision.views, 1)))
     cache.engine = engine
     if decision.train:
         return Feed(split.suffix, loaders, split, cache=cache, engine=engine,

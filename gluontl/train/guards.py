@@ -31,11 +31,9 @@ from ..recipe import GuardsSpec, Recipe
 from ..rules import Plan, make_plan
 from ..surgery import needs_surgery
 from .data import Loaders
-from .prefix import split_frozen_prefix
+from .prefix import COLLAPSE_RTOL, collapsed, split_frozen_prefix
+from .prefix import feature_spread as _spread  # (its name before it moved to prefix.py, for the tests)
 
-# Features whose spread across the batch is below this share of their size differ only by
-# float32 rounding (eps 1.2e-7): the images are indistinguishable after the prefix.
-COLLAPSE_RTOL = 1e-6
 # Images of the first batch the features are compared on: 8 show whether features vary
 # (a collapse makes all of them equal) at a quarter of a 32-image forward pass (~2 s for
 # EfficientNet-Lite0 at 224 px on 2 cores) before training.
@@ -158,18 +156,6 @@ def check_weights(recipe: Recipe, prep: Prepared, weights: Weights | None = None
             f"statistics with the weights (model.pretrained / model.weights including running_mean/var), or "
             f"put these layers in bn: train.")))
     return found
-
-
-def _spread(a: np.ndarray) -> tuple[float, float]:
-    """RMS over features of the std across the batch, and RMS of the batch mean."""
-    a = a.reshape(len(a), -1).astype(np.float64)
-    return float(np.sqrt(np.mean(a.std(axis=0) ** 2))), float(np.sqrt(np.mean(a.mean(axis=0) ** 2)))
-
-
-def collapsed(a: np.ndarray) -> bool:
-    """Rows that differ by no more than float32 rounding of their size (or are all equal)."""
-    spread, size = _spread(a)
-    return spread <= COLLAPSE_RTOL * (1.0 + size)
 
 
 def _flat(out) -> np.ndarray:

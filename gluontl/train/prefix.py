@@ -17,7 +17,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, Sequence
 
 import mxnet as mx
 import numpy as np
@@ -29,6 +29,18 @@ from ..rules import Plan
 from ..stages import trunk_units
 
 AGREE_RTOL = 1e-4
+# Images of the probe batch an explicitly chosen engine is checked on (``auto`` times the whole
+# batch): agreement shows on a few real images, and MXNet's pass over the probe is start-up time.
+AGREE_IMAGES = 8
+# An int8 prefix moves every activation by up to half a quantization step, and a deep prefix adds
+# these up: its features are accepted within this norm-relative distance of MXNet's.
+# EfficientNet-Lite0's 15-block prefix measures 0.16-0.18 (per-channel weights); broken quantization
+# is far off: one scale per tensor there 0.6, a calibration on a black image 0.9, u8xs8
+# saturation without VNNI ~0.3.
+INT8_AGREE_RTOL = 0.25
+# Features whose spread across the batch is below this share of their size differ only by
+# float32 rounding (eps 1.2e-7): the images are indistinguishable after the prefix.
+COLLAPSE_RTOL = 1e-6
 _FEATURES = "gluontl_prefix_features"
 
 
@@ -174,6 +186,18 @@ def _entry_name(sym: mx.sym.Symbol, node: str) -> str:
     return f"{node}_output" if f"{node}_output" in outs else f"{node}_output0"
 
 
+def feature_spread(a: np.ndarray) -> tuple[float, float]:
+    """RMS over features of the std across the batch, and RMS of the batch mean."""
+    a = a.reshape(len(a), -1).astype(np.float64)
+    return float(np.sqrt(np.mean(a.std(axis=0) ** 2))), float(np.sqrt(np.mean(a.mean(axis=0) ** 2)))
+
+
+def collapsed(a: np.ndarray) -> bool:
+    """Rows that differ by no more than float32 rounding of their size (or are all equal)."""
+    spread, size = feature_spread(a)
+    return spread <= COLLAPSE_RTOL * (1.0 + size)
+
+
 def check_images(shape: tuple[int, ...], input_shape: tuple[int, ...], where: str) -> None:
     """Refuse a batch whose images are not ``input_shape``: onnxruntime and a hybridized block
     with static shapes would fail on it with an error naming neither the transform nor the fix.
@@ -211,29 +235,50 @@ class MxEngine:
 
 
 class OrtEngine:
-    """The prefix exported to lean ONNX (BN folded, verified) and run by onnxruntime."""
+    """The prefix exported to lean ONNX (BN folded) and run by onnxruntime. The export is not
+    verified on its own: ``choose_engine``'s agreement probe on real training images is the one
+    check, before any feature is kept."""
 
     name = "onnxruntime"
 
-    def __init__(self, prefix: HybridBlock, input_shape: tuple[int, ...], ctx: mx.Context) -> None:
+    def __init__(self, prefix: HybridBlock, input_shape: tuple[int, ...], ctx: mx.Context,
+                 model: bytes | None = None) -> None:
         import onnxruntime as ort
 
-        from ..export import export_onnx
+        if model is None:
+            from ..export import export_onnx
 
-        with tempfile.TemporaryDirectory(prefix="gluontl-prefix-") as d:
-            path = Path(d) / "prefix.onnx"
-            export_onnx(prefix, path, {"data": (1, *input_shape)}, verify=True)
-            opts = ort.SessionOptions()
-            opts.intra_op_num_threads = int(os.environ.get("OMP_NUM_THREADS", "0") or 0)
-            providers: list = ["CPUExecutionProvider"]
-            if ctx.device_type == "gpu" and "CUDAExecutionProvider" in ort.get_available_providers():
-                providers.insert(0, ("CUDAExecutionProvider", {"device_id": ctx.device_id}))
-            self.session = ort.InferenceSession(str(path), opts, providers=providers)
+            with tempfile.TemporaryDirectory(prefix="gluontl-prefix-") as d:
+                path = export_onnx(prefix, Path(d) / "prefix.onnx", {"data": (1, *input_shape)}, verify=False)
+                model = path.read_bytes()
+        self.model = model
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = int(os.environ.get("OMP_NUM_THREADS", "0") or 0)
+        providers: list = ["CPUExecutionProvider"]
+        if ctx.device_type == "gpu" and "CUDAExecutionProvider" in ort.get_available_providers():
+            providers.insert(0, ("CUDAExecutionProvider", {"device_id": ctx.device_id}))
+        self.session = ort.InferenceSession(model, opts, providers=providers)
         self.input, self.input_shape = self.session.get_inputs()[0].name, tuple(input_shape)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        check_images(x.shape, self.input_shape, "the frozen prefix (onnxruntime)")
+        check_images(x.shape, self.input_shape, f"the frozen prefix ({self.name})")
         return self.session.run(None, {self.input: np.ascontiguousarray(x, np.float32)})[0]
+
+
+class Int8Engine(OrtEngine):
+    """The float ORT prefix quantized (``int8.quantize``), calibrated on ``calibration`` batches;
+    ``note`` says how (for the run log)."""
+
+    name = "onnxruntime-int8"
+
+    def __init__(self, float_engine: OrtEngine, calibration: Sequence[np.ndarray], ctx: mx.Context,
+                 flags: set[str] | None = None) -> None:
+        from .int8 import cpu_flags, quantize, reduce_range
+
+        reduce, why = reduce_range(cpu_flags() if flags is None else flags)
+        model, images = quantize(float_engine.model, float_engine.input, calibration, reduce)
+        super().__init__(None, float_engine.input_shape, ctx, model)
+        self.note = f"QDQ int8 calibrated on {images} training images, {why}"
 
 
 def _median_seconds(engine: Engine, x: np.ndarray, reps: int = 3) -> float:
@@ -246,35 +291,66 @@ def _median_seconds(engine: Engine, x: np.ndarray, reps: int = 3) -> float:
     return statistics.median(times)
 
 
+def _rel(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
+
+
 def choose_engine(kind: str, prefix: HybridBlock, input_shape: tuple[int, ...], ctx: mx.Context,
-                  probe: np.ndarray, hybridize: bool = True, margin: float = 1.0) -> tuple[Engine, str]:
+                  probe: np.ndarray, hybridize: bool = True, margin: float = 1.0,
+                  calibration: Sequence[np.ndarray] = ()) -> tuple[Engine, str]:
     """The engine ``train.prefix_engine`` asks for, and a line for the run log.
 
     ``auto`` takes onnxruntime when it agrees with MXNet within ``AGREE_RTOL`` and is
-    ``margin`` times faster on ``probe``; a margin > 1 covers costs the probe does not see
-    (per-step copies between the engines) and its noise.
+    ``margin`` times faster on ``probe``, the other kinds check the first ``AGREE_IMAGES`` of it; a margin > 1 covers costs the probe does not see
+    (per-step copies between the engines) and its noise. ``onnxruntime-int8`` quantizes the
+    float onnxruntime prefix, calibrated on the ``calibration`` batches, and keeps it when its
+    features on ``probe`` are within ``INT8_AGREE_RTOL`` of MXNet's and not collapsed (the
+    collapsed-features guard); otherwise the float one runs, and the log says why.
     """
     mx_engine = MxEngine(prefix, input_shape, ctx, hybridize)
     if kind == "mxnet":
         return mx_engine, "prefix engine: mxnet (train.prefix_engine: mxnet)"
+    if kind != "auto":
+        probe = probe[:AGREE_IMAGES]
     try:
         ort_engine = OrtEngine(prefix, input_shape, ctx)
-    except Exception as e:  # export or session failures: fall back under auto, explain under onnxruntime
-        if kind == "onnxruntime":
-            raise TrainError(f"train.prefix_engine: onnxruntime, but the frozen prefix cannot run in onnxruntime "
+    except Exception as e:  # export or session failures: fall back under auto, explain otherwise
+        if kind != "auto":
+            raise TrainError(f"train.prefix_engine: {kind}, but the frozen prefix cannot run in onnxruntime "
                              f"({short_reason(e, 300)}). Use prefix_engine: mxnet or auto.") from None
         return mx_engine, f"prefix engine: mxnet (onnxruntime export failed: {short_reason(e)})"
-    want, got = mx_engine(probe), ort_engine(probe)
-    rel = float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
+    want = mx_engine(probe)
+    rel = _rel(ort_engine(probe), want)
     if rel > AGREE_RTOL:
-        if kind == "onnxruntime":
-            raise TrainError(f"train.prefix_engine: onnxruntime, but onnxruntime's prefix output differs from "
+        if kind != "auto":
+            raise TrainError(f"train.prefix_engine: {kind}, but onnxruntime's prefix output differs from "
                              f"MXNet's by rel {rel:.1e} > {AGREE_RTOL:.0e} on the first batch. Use "
                              f"prefix_engine: mxnet, and report the model.")
         return mx_engine, f"prefix engine: mxnet (onnxruntime disagrees: rel {rel:.1e})"
+    if kind == "onnxruntime-int8":
+        return _int8_or_float(ort_engine, calibration, ctx, probe, want, rel)
     if kind == "onnxruntime":
         return ort_engine, f"prefix engine: onnxruntime (agrees with mxnet: rel {rel:.1e})"
     t_mx, t_ort = _median_seconds(mx_engine, probe), _median_seconds(ort_engine, probe)
     best = ort_engine if t_ort * margin < t_mx else mx_engine
     return best, (f"prefix engine: {best.name} (auto: mxnet {t_mx * 1e3:.1f} ms, onnxruntime "
                   f"{t_ort * 1e3:.1f} ms per batch of {len(probe)}; agreement rel {rel:.1e})")
+
+
+def _int8_or_float(ort_engine: OrtEngine, calibration: Sequence[np.ndarray], ctx: mx.Context, probe: np.ndarray,
+                   want: np.ndarray, rel: float) -> tuple[Engine, str]:
+    """The int8 prefix if the probe and the collapsed-features guard accept it, else the float one."""
+    fallback = f"prefix engine: onnxruntime (agrees with mxnet: rel {rel:.1e}); onnxruntime-int8 refused: "
+    try:
+        engine = Int8Engine(ort_engine, calibration, ctx)
+    except Exception as e:  # the quantizer raises bare ValueErrors/RuntimeErrors
+        return ort_engine, fallback + f"onnxruntime could not quantize the prefix ({short_reason(e)})"
+    got = engine(probe)
+    rel8 = _rel(got, want) if np.isfinite(got).all() else float("inf")
+    if rel8 > INT8_AGREE_RTOL:
+        return ort_engine, fallback + (f"its features differ from MXNet's by rel {rel8:.1e} > {INT8_AGREE_RTOL:g} "
+                                       f"on the first batch ({engine.note})")
+    if len(probe) > 1 and collapsed(got) and not collapsed(want):
+        return ort_engine, fallback + f"its features are the same for every image of the first batch ({engine.note})"
+    return engine, f"prefix engine: onnxruntime-int8 ({engine.note}; agrees with mxnet: rel {rel8:.1e} <= " \
+                   f"{INT8_AGREE_RTOL:g}, float onnxruntime rel {rel:.1e})"
