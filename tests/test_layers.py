@@ -30,7 +30,8 @@ PLACES = {  # dotted prefix → layer; the longest matching prefix wins
     "gluontl.train.splits": 3, "gluontl.train.card": 3,
     # what every task builds on: a run's checkpoints read back, the frozen-prefix feed, the guards,
     # and writing a model out as verified files
-    "gluontl.train.checkpoint": 3, "gluontl.train.cache": 3, "gluontl.train.prefix": 3, "gluontl.train.guards": 3,
+    "gluontl.train.checkpoint": 3, "gluontl.train.cache": 3, "gluontl.train.prefix": 3, "gluontl.train.int8": 3,
+    "gluontl.train.guards": 3,
     "gluontl.export": 3,
     "gluontl.tasks": 4, "gluontl.detect": 4, "gluontl.segment": 4,
     "gluontl.train": 5, "gluontl.dist": 5,

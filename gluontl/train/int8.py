@@ -17,34 +17,6 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-_VNNI = ("avx512_vnni", "avx_vnni")
-
-
-def cpu_flags(cpuinfo: str | None = None) -> set[str]:
-    """The ``flags`` of the first processor in ``/proc/cpuinfo`` (or in ``cpuinfo``, its text);
-    empty where there is none, and the weakest CPU is then assumed."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            return set()
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            return set(value.split())
-    return set()
-
-
-def reduce_range(flags: set[str]) -> tuple[bool, str]:
-    """7-bit weights unless the CPU has VNNI, and why: without VNNI onnxruntime's x86 u8×s8
-    kernels add pairs of products in int16 (vpmaddubsw), which saturates past 32767
-    (255·127·2 = 64770); VNNI accumulates in int32."""
-    vnni = [f for f in _VNNI if f in flags]
-    if vnni:
-        return False, f"reduce_range off: VNNI ({', '.join(vnni)})"
-    return True, "reduce_range on: no VNNI, 7-bit weights keep u8×s8 pair sums from saturating"
-
-
 class _Batches:
     """onnxruntime's CalibrationDataReader protocol over a sequence of preprocessed batches, made
     one at a time (``set_range`` lets the calibrator reduce each batch's ranges before the next)."""

@@ -273,7 +273,8 @@ class Int8Engine(OrtEngine):
 
     def __init__(self, float_engine: OrtEngine, calibration: Sequence[np.ndarray], ctx: mx.Context,
                  flags: set[str] | None = None) -> None:
-        from .int8 import cpu_flags, quantize, reduce_range
+        from ..export.cpu import cpu_flags, reduce_range
+        from .int8 import quantize
 
         reduce, why = reduce_range(cpu_flags() if flags is None else flags)
         model, images = quantize(float_engine.model, float_engine.input, calibration, reduce)

@@ -8,7 +8,7 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from gluontl.train.int8 import cpu_flags, reduce_range
+from gluontl.export.cpu import cpu_flags, reduce_range
 from gluontl.train.prefix import Int8Engine, OrtEngine, choose_engine
 
 SHAPE = (3, 8, 8)
