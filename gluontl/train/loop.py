@@ -19,7 +19,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import mxnet as mx
 import numpy as np
@@ -37,6 +37,7 @@ from ..rules import Plan, apply_plan, format_plan, freeze_bn_stats, make_plan, t
 from ..tasks import get_task, split, transform_lines
 from . import checkpoint
 from .cache import Feed
+from .ema import Ema
 from .logs import MetricsLog, epoch_line
 from .gpu import check_gpus
 from .guards import GuardLog
@@ -159,7 +160,7 @@ def _finished(run_dir: Path, recipe: Recipe, meta: dict[str, Any]) -> bool:
 
 
 def _best_text(best: dict[str, Any] | None, select: str) -> str:
-    label = "val_acc" if select == "val_top1" else select  # val_acc: the epoch lines' name
+    label = select.replace("val_top1", "val_acc")  # val_acc: the epoch lines' name
     return f"best {label} {best[select]:.4f} at epoch {best['epoch']}" if best and select in best else "no best yet"
 
 
@@ -482,7 +483,22 @@ class _Run:
         self.log = MetricsLog(run_dir, resume_step=None if meta is None else self.global_step, record=root)
         if t.hybridize:
             net.hybridize(static_alloc=True, static_shape=True)
+        self.ema = None if t.ema is None else self._open_ema(run_dir, meta)
+        self.metrics = (*task.metrics, *(f"ema_{m}" for m in task.metrics if self.ema is not None))
         self.state = {"recipe_digest": _resume_digest(recipe), **({"workers": dist.size} if dist.size > 1 else {})}
+
+    def _open_ema(self, run_dir: Path, meta: dict[str, Any] | None) -> Ema:
+        """train.ema's average: a resume's from its checkpoint, then every parameter that trains now."""
+        ema = Ema(self.t.ema)
+        if meta is not None:
+            loaded = checkpoint.load_ema(run_dir / "checkpoints", "last")
+            if loaded is None:
+                raise TrainError(f"Cannot resume {run_dir} with train.ema: its checkpoint holds no average (the run "
+                                 f"was started without train.ema). Start a new run from its weights with "
+                                 f"--init-from {run_dir}.")
+            ema.load(*loaded, self.net, f"'{run_dir / 'checkpoints' / 'last.json'}'")
+        ema.track(self.net)
+        return ema
 
     def plan_for(self, epoch: int) -> Plan:
         p = make_plan(self.net, self.recipe.rules, epoch=epoch, input_shape=self.recipe.model.input_shape)
@@ -490,7 +506,8 @@ class _Run:
 
     def save(self, tag: str, **counters: Any) -> None:
         if self.root:  # a distributed run's BatchNorm statistics were made rank 0's everywhere before
-            checkpoint.save(self.run_dir / "checkpoints", tag, self.net, self.trainer, dict(self.state, **counters))
+            checkpoint.save(self.run_dir / "checkpoints", tag, self.net, self.trainer, dict(self.state, **counters),
+                            None if self.ema is None else (self.ema.arrays(), self.ema.record()))
 
     # ------------------------------------------------------------------ one epoch
 
@@ -507,6 +524,8 @@ class _Run:
             apply_plan(self.net, self.plan)
             _set_accumulation(self.net, t.accumulate)
             self.trainer = _make_trainer(self.net, self.recipe, self.dist)
+            if self.ema is not None:
+                self.ema.track(self.net)
         if replan or self.feed is None:
             dist = self.dist
             cache_dir = self.run_dir / ("feature_cache" if dist.size == 1 else f"feature_cache-{dist.rank}")
@@ -518,7 +537,8 @@ class _Run:
                     self.feed.close()
             self.feed = new_feed
             if self.root:
-                _write_plan(self.run_dir, self.plan, self.feed, self.task.transforms(self.recipe), self.epoch_data)
+                _write_plan(self.run_dir, self.plan, self.feed, self.task.transforms(self.recipe), self.epoch_data,
+                            self.ema)
 
     def train_epoch(self, epoch: int, stop: _Stop) -> tuple[float, int, int | None, float]:
         """Train ``epoch`` from batch ``self.skip``: (summed loss, images, hits or None, start time).
@@ -549,6 +569,8 @@ class _Run:
             if stepper.updated:
                 self.global_step += 1
                 self.steps_this_call += 1
+                if self.ema is not None:
+                    self.ema.update(self.net)
             run_loss += batch_loss
             run_n += stepper.images
             run_correct = None if stepper.correct is None else run_correct + stepper.correct
@@ -580,19 +602,22 @@ class _Run:
         with dist.guard("the last step of the epoch"):  # a dead peer shows here, not in validation
             mx.nd.waitall()
         _share_bn_stats(self.net, self.plan, dist, t.distributed.batch_norm)  # validation sees rank 0's
-        with autograd.predict_mode():
-            val = self.task.evaluate(self.feed.net, self.feed.val_batches(), self.ctxs)
         gs = self.global_step
-        row = {"step": gs, "epoch": epoch + 1, "train_loss": run_loss / max(run_n, 1),
-               **({} if run_correct is None else {"train_acc": run_correct / max(run_n, 1)}),
-               **{k: v for k, v in val.items() if isinstance(v, (int, float))},
-               "lr": lr_at(t.schedule, t.lr, max(gs - 1, 0), self.steps_per_epoch, t.epochs),
-               "seconds": time.perf_counter() - t0}
+        val = self._evaluate()
+        ema_best = t.select.startswith("ema_")
+        with contextlib.nullcontext() if self.ema is None else self._ema_applied(epoch):
+            if self.ema is not None:  # the average's metrics and, when selected, its best checkpoint
+                val.update({f"ema_{k}": v for k, v in self._evaluate().items()})
+            row = {"step": gs, "epoch": epoch + 1, "train_loss": run_loss / max(run_n, 1),
+                   **({} if run_correct is None else {"train_acc": run_correct / max(run_n, 1)}), **val,
+                   "lr": lr_at(t.schedule, t.lr, max(gs - 1, 0), self.steps_per_epoch, t.epochs),
+                   "seconds": time.perf_counter() - t0}
+            if ema_best:
+                self._keep_best(row, epoch)
         self.log.write(row)
         show(epoch_line(row, t.epochs), self.quiet)
-        if _better(row, self.best, t.select):
-            self.best = {"epoch": epoch + 1, "select": t.select, **{k: row[k] for k in self.task.metrics}}
-            self.save("best", epoch=epoch + 1, batch_in_epoch=0, global_step=gs, best=self.best)
+        if not ema_best:
+            self._keep_best(row, epoch)
         self.save("last", epoch=epoch + 1, batch_in_epoch=0, global_step=gs, best=self.best)
         if epoch == 0 and self.meta is None:
             self.guards.handle(self.task.first_epoch(self.first_losses, gs, self.loaders))
@@ -601,6 +626,29 @@ class _Run:
         if halt and epoch + 1 < t.epochs:
             self.stopped = True
         return self.stopped
+
+    def _evaluate(self) -> dict[str, int | float]:
+        """The task's validation numbers for the weights in the model now."""
+        with autograd.predict_mode():
+            val = self.task.evaluate(self.feed.net, self.feed.val_batches(), self.ctxs)
+        return {k: v for k, v in val.items() if isinstance(v, (int, float))}
+
+    @contextlib.contextmanager
+    def _ema_applied(self, epoch: int) -> Iterator[None]:
+        """The average in the model (BatchNorm statistics recomputed for it if the recipe says so)."""
+        ema, t = self.ema, self.t
+        recompute = ema.spec.batch_norm == "recompute"
+        with ema.applied(self.net, [r.name for r in self.plan.rows if r.aux] if recompute else ()):
+            ema.recompute_bn(self.feed.net, trainable_params(self.net).values(), self.task.forward,
+                             self.feed.train_batches(epoch, 0), self.ctxs, split,
+                             t.seed * 1_000_003 + epoch * 10_007 + 7_919_000)
+            yield
+
+    def _keep_best(self, row: dict[str, Any], epoch: int) -> None:
+        """A checkpoint of the weights in the model now, as ``best`` if the row beats the best so far."""
+        if _better(row, self.best, self.t.select):
+            self.best = {"epoch": epoch + 1, "select": self.t.select, **{k: row[k] for k in self.metrics}}
+            self.save("best", epoch=epoch + 1, batch_in_epoch=0, global_step=self.global_step, best=self.best)
 
     # ------------------------------------------------------------------ the summary
 
@@ -640,7 +688,7 @@ def _better(row: dict[str, Any], best: dict[str, Any] | None, metric: str) -> bo
     """Whether this epoch's validation beats the best so far on ``train.select`` (ties keep the earlier)."""
     if best is None:
         return True
-    return row[metric] < best[metric] if metric == "val_loss" else row[metric] > best[metric]
+    return row[metric] < best[metric] if metric.endswith("val_loss") else row[metric] > best[metric]
 
 
 def _share_bn_stats(net, plan: Plan, dist: Backend, mode: str) -> None:
@@ -664,11 +712,13 @@ def _write_checksum(run_dir: Path, net, rank: int) -> None:
     write_text(run_dir / "logs" / f"worker-{rank}.sha256", h.hexdigest() + "\n", TrainError)
 
 
-def _write_plan(run_dir: Path, plan: Plan, feed: Feed, transforms: dict[str, Any], epoch_data: dict[str, Any]) -> None:
-    lines = "\n".join([*transform_lines(transforms), epoch_data["note"], feed.log])
+def _write_plan(run_dir: Path, plan: Plan, feed: Feed, transforms: dict[str, Any], epoch_data: dict[str, Any],
+                ema: Ema | None = None) -> None:
+    lines = "\n".join([*transform_lines(transforms), epoch_data["note"], feed.log, *([ema.line()] if ema else [])])
     write_text(run_dir / "plan.txt", format_plan(plan) + f"\n{lines}\n", TrainError)
     write_text(run_dir / "plan.json", json.dumps({**plan.to_json(), "feature_cache": feed.summary(),
-                                                  "transforms": transforms, "epoch_data": epoch_data}, indent=1),
+                                                  "transforms": transforms, "epoch_data": epoch_data,
+                                                  **({"ema": ema.line()} if ema else {})}, indent=1),
                TrainError)
 
 
