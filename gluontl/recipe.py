@@ -587,6 +587,9 @@ class Recipe(Strict):
             raise ValueError(f"train.ctx {self.train.ctx} lists several devices, but Horovod 0.28's MXNet Trainer "
                              f"reduces only the first context's gradients (the other copies would drift apart); "
                              f"run one Horovod process per device (horovodrun -np <devices>) with one ctx each")
+        if self.train.lr == "auto" and self.train.distributed.backend not in (None, "none"):
+            raise ValueError("train.lr: auto would run the range test in every worker; run `gluontl lr-find` once "
+                             "and set train.lr to its suggestion")
         staged = [i + 1 for i, r in enumerate(self.rules) if r.from_epoch]
         if self.train.distributed.backend not in (None, "none") and staged:  # unset: checked once resolved
             raise ValueError(f"rules {', '.join(map(str, staged))} start at a later epoch (from_epoch), which "

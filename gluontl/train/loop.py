@@ -307,6 +307,9 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
     if recipe.data is None:
         raise TrainError("The recipe has no data: section; finetune needs training data "
                          "(e.g. data: {source: demo:digits}).")
+    if recipe.train.lr == "auto":
+        raise TrainError("train.lr: auto is resolved by gluontl finetune and gluontl.finetune (which run the range "
+                         "test first); the loop itself needs a number: run `gluontl lr-find` and set train.lr.")
     ctxs = parse_ctx(recipe.train.ctx)  # a card MXNet cannot use is refused before any pretrain or connect
     recipe = resolve_backend(recipe)
     t = recipe.train
