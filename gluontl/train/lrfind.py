@@ -7,13 +7,13 @@ not finite). Suggestions are made on the curve without its first tenth and last 
 ``valley`` (fastai's default: halfway into the longest run of decreasing loss, found as a
 longest decreasing subsequence), ``steep`` (where the loss falls fastest per unit of log lr) and
 ``minimum`` (a tenth of the lr at the lowest smoothed loss, fastai's ``Minimum``). ``valley`` is
-the one suggested (and what ``train.lr: auto`` trains with). On a convex quadratic, whose best
-plain-SGD lr is 1/L, valley is the cautious one (a few hundredths of 1/L over 1e-7..10) and
-minimum lands near 1/L; tests/train/test_lrfind.py measures both.
+the one suggested (and what ``train.lr: auto`` trains with). On least squares, whose best
+plain-SGD lr is 1/L, valley is the cautious one (about 1/500 of 1/L: that loss falls from the
+first step on) while minimum and steep land within 3× of 1/L (tests/train/test_lrfind.py).
 
 It trains the recipe's model in memory from the weights the recipe names, fed as finetune feeds
-it (with a frozen prefix, from the same feature cache), and writes only a plot and a JSON record:
-no checkpoint, no weights.
+it (with a frozen prefix, from the same feature cache, of which it computes only the first
+augmented view), and writes only a plot and a JSON record: no checkpoint, no weights.
 """
 from __future__ import annotations
 
@@ -177,8 +177,12 @@ def lr_find(recipe: Recipe, *, runs_root: str | Path = "runs", steps: int = 100,
     stepper = Stepper(feed.net, trainer, task.forward, ctxs)
     n_batches = loaders.train_sampler.batches_per_epoch()
 
+    # every pass over the data trains on the cache's first view (epoch e of the loop trains on view
+    # e % views), in a new order: one prefix pass however many passes the steps take
+    views = feed.cache.views if feed.cache is not None else 1
+
     def batches():
-        for epoch in itertools.count():
+        for epoch in itertools.count(step=views):
             feed.prepare(epoch)
             for i, (x, y) in enumerate(feed.train_batches(epoch, 0)):
                 mx.random.seed((t.seed * 1_000_003 + epoch * 10_007 + i) % 2**31)
