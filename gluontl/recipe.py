@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -509,6 +510,24 @@ class TrainSpec(Strict):
                 raise ValueError(f"'{v}' is not a guard level; use error, warn or off, or one per guard: "
                                  f"{', '.join(GuardsSpec.model_fields)}")
             return dict.fromkeys(GuardsSpec.model_fields, v)
+        return v
+
+    @field_validator("lr", mode="before")
+    @classmethod
+    def _lr(cls, v: Any) -> Any:
+        """One message for a bad lr, not one per member of the union (number or auto)."""
+        if v == "auto":
+            return v
+        try:
+            x = None if isinstance(v, bool) else float(v)
+        except (TypeError, ValueError):
+            x = None
+        if x is None:
+            raise PydanticCustomError("lr", "Input should be a number greater than 0, or auto")
+        if not math.isfinite(x):
+            raise PydanticCustomError("finite_number", "Input should be a finite number")
+        if not x > 0:
+            raise PydanticCustomError("greater_than", "Input should be greater than 0")
         return v
 
     @field_validator("ctx")
