@@ -120,6 +120,7 @@ def plot(found: Found, path: Path, title: str) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import LogFormatter
 
     fig, ax = plt.subplots(figsize=(6.4, 4))
     ax.plot(found.lrs, found.raw, lw=0.6, alpha=0.4, label="loss")
@@ -127,7 +128,11 @@ def plot(found: Found, path: Path, title: str) -> Path:
     for name, lr, mark in (("valley", found.valley, "o"), ("steep", found.steep, "s"),
                            ("minimum", found.minimum, "^")):
         ax.plot([lr], [np.interp(np.log(lr), np.log(found.lrs), found.losses)], mark, label=f"{name} {lr:.2g}")
+    lo, hi = min(found.losses), max(found.losses)
+    pad = 0.1 * (hi - lo) or 0.1 * abs(hi) or 1.0
+    ax.set_ylim(lo - pad, hi + pad)  # the smoothed curve fills the plot; raw spikes past it are cut
     ax.set(xscale="log", xlabel="learning rate", ylabel="training loss", title=title)
+    ax.xaxis.set_major_formatter(LogFormatter())  # 1e-05, not mathtext (whose fonts a lean install may lack)
     ax.legend()
     fig.tight_layout()
     out = atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110), TrainError)
