@@ -47,6 +47,7 @@ class Found:
     minimum: float
     stopped: str  # why the test ended
     seconds: float = 0.0
+    feed: dict[str, Any] | None = None  # the feed's summary: the cache, its fill time
     plot: Path | None = None
     record: Path | None = None
 
@@ -58,7 +59,7 @@ class Found:
         return {"suggested": self.suggested, "method": "valley", "valley": self.valley, "steep": self.steep,
                 "minimum": self.minimum,
                 "stopped": self.stopped, "seconds": round(self.seconds, 3), "lrs": self.lrs, "losses": self.losses,
-                "raw_losses": self.raw, "plot": str(self.plot) if self.plot else None}
+                "raw_losses": self.raw, "feature_cache": self.feed, "plot": str(self.plot) if self.plot else None}
 
 
 def ramp(start: float, end: float, steps: int, i: int) -> float:
@@ -207,6 +208,7 @@ def lr_find(recipe: Recipe, *, runs_root: str | Path = "runs", steps: int = 100,
 
     try:
         found = sweep(step, steps, start, end)
+        found.feed = feed.summary()
     finally:
         feed.close()
     found.seconds = time.perf_counter() - began
