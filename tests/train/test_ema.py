@@ -180,3 +180,17 @@ def test_two_cpu_contexts_average_as_one(tiny_symbol, tmp_path):
     # the tiny net's largest sum: a conv weight's gradient over 16 images x 16 x 16 positions
     helpers.assert_same_training(a, b, start, steps=3, grad_err=helpers.f32_tol(1.0, 16 * 16 * 16))
     assert json.loads((two.run_dir / "checkpoints" / "last.json").read_text())["ema"]["updates"] == 3
+
+
+@pytest.mark.parametrize("edit", [{"updates": -1}, {"updates": "3"}, {"names": ["conv0_weight"]}, {"format": 2}])
+def test_an_edited_ema_record_is_refused_on_resume(tiny_symbol, tmp_path, edit):
+    from gluontl.errors import TrainError
+
+    r = recipe(tiny_symbol)
+    part = finetune(r, runs_root=tmp_path, quiet=True, stop_after_steps=2)
+    path = part.run_dir / "checkpoints" / "last.json"
+    meta = json.loads(path.read_text())
+    meta["ema"] = {**meta["ema"], **edit}
+    path.write_text(json.dumps(meta))
+    with pytest.raises(TrainError, match="ema record that does not fit this model"):
+        finetune(r, runs_root=tmp_path, quiet=True, resume=part.run_dir)
