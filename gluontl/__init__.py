@@ -20,6 +20,7 @@ _API = {
     "make_plan": ("gluontl.rules", "make_plan"),
     "apply_plan": ("gluontl.rules", "apply_plan"),
     "finetune": ("gluontl.api", "finetune"),
+    "lr_find": ("gluontl.api", "lr_find"),
     "export_run": ("gluontl.train.runs", "export_run"),
     "evaluate": ("gluontl.train.runs", "evaluate"),
     "attach_head": ("gluontl.surgery", "attach_head"),

@@ -123,6 +123,26 @@ def finetune(recipe: Optional[Path] = typer.Option(None, "--recipe", "-r", help=
     _exported(result.exported)  # a distributed run: rank 0 writes the run folder and its export
 
 
+@app.command("lr-find")
+def lr_find(recipe: Path = RecipeOpt, set_: Optional[List[str]] = SetOpt,
+            steps: int = typer.Option(100, min=20, help="optimizer steps of the exponential ramp"),
+            start: float = typer.Option(1e-7, help="the ramp's first learning rate"),
+            end: float = typer.Option(10.0, help="the learning rate the ramp heads for"),
+            runs: Path = typer.Option(Path("runs"), help="the plot and record go to RUNS/NAME-lr-find/"),
+            quiet: bool = typer.Option(False, "--quiet", "-q", help="only the result")) -> None:
+    """fastai's learning-rate range test: train the recipe's model a few steps at growing learning
+    rates (in memory; no weights are written), suggest one and plot the curve."""
+    from .recipe import load_recipe
+
+    r = load_recipe(recipe, set_)
+    from .api import lr_find as run
+
+    found = run(r, runs_root=runs, steps=steps, start=start, end=end, quiet=quiet)
+    typer.echo(f"suggested lr {found.suggested:.3g} (valley; steep {found.steep:.3g}, minimum {found.minimum:.3g}); "
+               f"{len(found.lrs)} steps, {found.stopped}; {found.seconds:.1f}s")
+    typer.echo(f"plot: {found.plot}")
+
+
 @app.command()
 def export(source: str = typer.Argument(..., help="run folder (runs/NAME) or model: NAME, PREFIX, PATH.onnx "
                                         "or zoo:/symbol:/onnx:"),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -489,10 +490,26 @@ class DistributedSpec(Strict):
         return data
 
 
+class EmaSpec(Strict):
+    """An exponential moving average of the trained weights, validated beside them each epoch
+    (``ema_*`` metrics). After optimizer step t (t = 0 for the first) every trained parameter's
+    average moves as ``avg += (1 - d_t) * (w - avg)`` with ``d_t = decay``, or with ``warmup``
+    ``d_t = min(decay, (1 + t) / (10 + t))`` (0.1 at the first step: early averages forget the
+    initial weights fast)."""
+
+    decay: float = Field(default=0.9998, gt=0.0, lt=1.0)
+    warmup: bool = True
+    batch_norm: Literal["copy", "recompute"] = Field(
+        default="copy", description="the averaged model's BatchNorm statistics: copy the model's, or recompute "
+        "them with the averaged weights on the first recompute_batches training batches of the epoch")
+    recompute_batches: int = Field(default=20, gt=0, le=100_000)
+
+
 class TrainSpec(Strict):
     epochs: int = Field(default=5, gt=0, le=100_000)
     optimizer: Literal["sgd", "nag", "adam", "adamw"] = "sgd"
-    lr: float = Field(default=0.01, gt=0.0)
+    lr: Annotated[float, Field(gt=0.0)] | Literal["auto"] = Field(
+        default=0.01, description="auto: run `gluontl lr-find` first and train with its suggestion")
     momentum: float = Field(default=0.9, ge=0.0, lt=1.0)
     wd: float = Field(default=1e-4, ge=0.0)
     schedule: ScheduleSpec = ScheduleSpec()
@@ -513,10 +530,13 @@ class TrainSpec(Strict):
     max_bad_steps: int = Field(default=10, ge=0, le=1 << 30)
     guards: GuardsSpec = GuardsSpec()
     distributed: DistributedSpec = DistributedSpec()
-    select: Literal["val_top1", "val_balanced_acc", "val_loss", "val_map50", "val_map"] = Field(
+    ema: EmaSpec | None = None
+    select: Literal["val_top1", "val_balanced_acc", "val_loss", "val_map50", "val_map", "ema_val_top1",
+                    "ema_val_balanced_acc", "ema_val_loss", "ema_val_map50", "ema_val_map"] = Field(
         default="val_top1", description="the validation metric that picks the best checkpoint (what export, "
         "evaluate and predict use); val_balanced_acc suits imbalanced classes; detection: val_map50 (VOC "
-        "mAP@0.5, its default) or val_map (COCO mAP@[.5:.95])")
+        "mAP@0.5, its default) or val_map (COCO mAP@[.5:.95]); ema_*: the same of the averaged weights "
+        "(train.ema), which the best checkpoint then holds")
 
     @field_validator("guards", mode="before")
     @classmethod
@@ -526,6 +546,24 @@ class TrainSpec(Strict):
                 raise ValueError(f"'{v}' is not a guard level; use error, warn or off, or one per guard: "
                                  f"{', '.join(GuardsSpec.model_fields)}")
             return dict.fromkeys(GuardsSpec.model_fields, v)
+        return v
+
+    @field_validator("lr", mode="before")
+    @classmethod
+    def _lr(cls, v: Any) -> Any:
+        """One message for a bad lr, not one per member of the union (number or auto)."""
+        if v == "auto":
+            return v
+        try:
+            x = None if isinstance(v, bool) else float(v)
+        except (TypeError, ValueError):
+            x = None
+        if x is None:
+            raise PydanticCustomError("lr", "Input should be a number greater than 0, or auto")
+        if not math.isfinite(x):
+            raise PydanticCustomError("finite_number", "Input should be a finite number")
+        if not x > 0:
+            raise PydanticCustomError("greater_than", "Input should be greater than 0")
         return v
 
     @field_validator("ctx")
@@ -596,9 +634,13 @@ class Recipe(Strict):
     @model_validator(mode="after")
     def _task_fits(self) -> "Recipe":
         valid = TASK_METRICS[self.task]
-        if self.train.select not in valid:
+        if self.train.select.removeprefix("ema_") not in valid:
             raise ValueError(f"train.select {self.train.select} is not a {self.task} metric; use one of "
-                             f"{', '.join(valid)}")
+                             f"{', '.join(valid)} (or ema_ and one of them, with train.ema)")
+        if self.train.select.startswith("ema_") and self.train.ema is None:
+            raise ValueError(f"train.select {self.train.select} picks the best checkpoint by the averaged "
+                             f"weights, but the recipe averages none; add train.ema (e.g. train.ema: "
+                             f"{{decay: 0.9998}}) or select {self.train.select.removeprefix('ema_')}")
         if self.task == "classification" and (self.model.restore.type or self.model.restore.reuse):
             raise ValueError("model.restore.type / reuse are for task: detection (which rows of a detector's "
                              "heads to restore); classification restores by name (only, prefix_map, expect_*)")
@@ -616,6 +658,9 @@ class Recipe(Strict):
             raise ValueError(f"train.ctx {self.train.ctx} lists several devices, but Horovod 0.28's MXNet Trainer "
                              f"reduces only the first context's gradients (the other copies would drift apart); "
                              f"run one Horovod process per device (horovodrun -np <devices>) with one ctx each")
+        if self.train.lr == "auto" and self.train.distributed.backend not in (None, "none"):
+            raise ValueError("train.lr: auto would run the range test in every worker; run `gluontl lr-find` once "
+                             "and set train.lr to its suggestion")
         staged = [i + 1 for i, r in enumerate(self.rules) if r.from_epoch or r.preset == "fine_tune"]
         if self.train.distributed.backend not in (None, "none") and staged:  # unset: checked once resolved
             raise ValueError(f"rules {', '.join(map(str, staged))} start at a later epoch (from_epoch, or preset "
@@ -725,6 +770,8 @@ class Recipe(Strict):
         data = self.model_dump(mode="json", include=set(sections) or None, exclude={"train": {"guards"}})
         for key, spec in (self.data._given if self.data is not None and "data" in data else {}).items():
             data["data"][key] = (spec or TransformSpec()).model_dump(mode="json")
+        if "ema" in data.get("train", {}) and data["train"]["ema"] is None:  # runs from before EMA agree
+            del data["train"]["ema"]
         dist = data.get("train", {}).pop("distributed", None)
         if dist and dist["backend"] not in (None, "none"):  # absent when not distributed: runs from before it agree
             data["train"]["distributed"] = {k: v for k, v in dist.items() if k != "step_timeout"}

@@ -24,7 +24,7 @@ def checkpoint_files(folder: Path, tag: str, meta: dict[str, Any]) -> dict[str, 
     """The params/states files the checkpoint names (TAG.params/.states before generations);
     only plain names inside the checkpoint folder count."""
     out = {}
-    for kind in ("params", "states"):
+    for kind in ("params", "states", *(("ema",) if "ema_file" in meta else ())):  # ema: train.ema's average
         name = str(meta.get(f"{kind}_file", f"{tag}.{kind}"))
         if Path(name).name != name or name in ("", ".."):  # "." has no name: caught by the first test
             raise TrainError(f"Checkpoint '{folder / tag}.json' names '{name}' as its {kind} file, which is not "

@@ -44,17 +44,23 @@ def save_params(block: HybridBlock, path: Path) -> Path:
     return atomic_write(path, lambda tmp: mx.nd.save(str(tmp), arrays), TrainError)
 
 
-def save(folder: Path, tag: str, block: HybridBlock, trainer: mx.gluon.Trainer, state: dict[str, Any]) -> None:
+def save(folder: Path, tag: str, block: HybridBlock, trainer: mx.gluon.Trainer, state: dict[str, Any],
+         ema: tuple[dict[str, mx.nd.NDArray], dict[str, Any]] | None = None) -> None:
+    """``ema``: train.ema's average (named arrays, record), a third file of the generation."""
     for stale in folder.glob(".*.tmp"):  # left by a kill -9 in the middle of a write
         stale.unlink(missing_ok=True)
     arrays, record = optimizer_state(trainer)  # before any write: a state it cannot keep leaves no file behind
     gen = secrets.token_hex(4)
     params = save_params(block, folder / f"{tag}.{gen}.params")
     states = atomic_write(folder / f"{tag}.{gen}.states", lambda tmp: mx.nd.save(str(tmp), arrays), TrainError)
+    files = {"params": params, "states": states}
     meta = dict(state, params_file=params.name, states_file=states.name,
                 params_sha256=file_sha256(params), states_sha256=file_sha256(states), optimizer=record)
+    if ema is not None:
+        files["ema"] = atomic_write(folder / f"{tag}.{gen}.ema", lambda tmp: mx.nd.save(str(tmp), ema[0]), TrainError)
+        meta.update(ema_file=files["ema"].name, ema_sha256=file_sha256(files["ema"]), ema=ema[1])
     write_text(folder / f"{tag}.json", json.dumps(meta, indent=1), TrainError)  # the commit
-    for kind, path in (("params", params), ("states", states)):
+    for kind, path in files.items():
         atomic_write(folder / f"{tag}.{kind}", lambda tmp, src=path: _link(src, tmp), TrainError)
         for old in folder.glob(f"{tag}.*.{kind}"):
             if old != path:
@@ -89,6 +95,14 @@ def restore_into(folder: Path, tag: str, block: HybridBlock, trainer: mx.gluon.T
         e.param.set_data(arrays[n])
     if trainer is not None:  # after set_data, which resets a kvstore that updates (and its state)
         _put_optimizer(trainer, *optimizer)
+
+
+def load_ema(folder: Path, tag: str) -> tuple[Any, dict[str, mx.nd.NDArray]] | None:
+    """The checkpoint's ema record and arrays (hash-checked), or None when it has none."""
+    meta = load(folder, tag)
+    if "ema_file" not in meta:
+        return None
+    return meta.get("ema"), _load_arrays(checkpoint_files(folder, tag, meta)["ema"])
 
 
 def _load_arrays(path: Path) -> dict[str, mx.nd.NDArray]:

@@ -20,7 +20,10 @@ from ..errors import TrainError
 _EPOCH_FIELDS = (("train_loss", "train_loss", ".4f"), ("train_acc", "train_acc", ".4f"),
                  ("val_loss", "val_loss", ".4f"), ("val_acc", "val_top1", ".4f"),
                  ("val_balanced_acc", "val_balanced_acc", ".4f"), ("val_top5", "val_top5", ".4f"),
-                 ("val_map50", "val_map50", ".4f"), ("val_map", "val_map", ".4f"), ("lr", "lr", ".3g"))
+                 ("val_map50", "val_map50", ".4f"), ("val_map", "val_map", ".4f"),
+                 ("ema_val_loss", "ema_val_loss", ".4f"), ("ema_val_acc", "ema_val_top1", ".4f"),
+                 ("ema_val_balanced_acc", "ema_val_balanced_acc", ".4f"), ("ema_val_map50", "ema_val_map50", ".4f"),
+                 ("lr", "lr", ".3g"))
 
 
 def epoch_line(row: dict[str, Any], epochs: int) -> str:

@@ -19,7 +19,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import mxnet as mx
 import numpy as np
@@ -37,6 +37,7 @@ from ..rules import Plan, apply_plan, format_plan, freeze_bn_stats, make_plan, t
 from ..tasks import get_task, split, transform_lines
 from . import checkpoint
 from .cache import Feed
+from .ema import Ema
 from .logs import MetricsLog, epoch_line
 from .gpu import check_gpus
 from .guards import GuardLog
@@ -159,7 +160,7 @@ def _finished(run_dir: Path, recipe: Recipe, meta: dict[str, Any]) -> bool:
 
 
 def _best_text(best: dict[str, Any] | None, select: str) -> str:
-    label = "val_acc" if select == "val_top1" else select  # val_acc: the epoch lines' name
+    label = select.replace("val_top1", "val_acc")  # val_acc: the epoch lines' name
     return f"best {label} {best[select]:.4f} at epoch {best['epoch']}" if best and select in best else "no best yet"
 
 
@@ -306,6 +307,9 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
     if recipe.data is None:
         raise TrainError("The recipe has no data: section; finetune needs training data "
                          "(e.g. data: {source: demo:digits}).")
+    if recipe.train.lr == "auto":
+        raise TrainError("train.lr: auto is resolved by gluontl finetune and gluontl.finetune (which run the range "
+                         "test first); the loop itself needs a number: run `gluontl lr-find` and set train.lr.")
     ctxs = parse_ctx(recipe.train.ctx)  # a card MXNet cannot use is refused before any pretrain or connect
     recipe = resolve_backend(recipe)
     t = recipe.train
@@ -360,8 +364,8 @@ def _weights_made_before(recipe: Recipe) -> None:
 def _finetune(recipe: Recipe, dist: Backend, ctxs: list[mx.Context], runs_root: str | Path,
               resume: str | Path | None, quiet: bool, stop_after_steps: int | None,
               logged: Callable[[Path], None]) -> RunResult:
-    t = recipe.train
-    root = dist.is_root  # only rank 0 writes the run folder; every worker writes its own log
+    """The run's life as its steps: open the run, then per epoch train and validate + checkpoint,
+    then the summary."""
     meta, extending = None, []
     if resume is not None:  # checked before any work: a finished run or a refused resume answers at once
         run_dir = Path(resume)
@@ -375,211 +379,319 @@ def _finetune(recipe: Recipe, dist: Backend, ctxs: list[mx.Context], runs_root: 
                              f"is per worker). Resume it with `gluontl launch -n {meta.get('workers', 1)} -- finetune "
                              f"--resume {run_dir}`{' (or without launch)' if meta.get('workers', 1) == 1 else ''}, "
                              f"or start a new run from its weights with --init-from {run_dir}.")
-    say(quiet, f"threads: OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset (mxnet default)')}; "
-                f"hybridize static_alloc/static_shape: {t.hybridize}")
-    seed_all(t.seed)
-    task = get_task(recipe)
-    prep, loaders = task.setup(recipe, ctxs[0], seed=t.seed)
-    net = prep.block
-    guards = GuardLog(t.guards)
-    if resume is None:  # a resumed run was checked when it started
-        task.check(recipe, prep, loaders, ctxs[0], guards)
-    if len(ctxs) > 1:
-        net.collect_params().reset_ctx(ctxs)
-    if extending:
-        say(quiet, f"extending {run_dir}: {'; '.join(extending)}")
-        if root:
-            _write_recipe(run_dir, recipe)
-    if resume is None:
-        with dist.guard("sharing the run folder's name"):
-            run_dir = Path(dist.broadcast_text(str(_new_run_dir(Path(runs_root), recipe.name)) if root else ""))
-        if root:
-            _write_recipe(run_dir, recipe)
-            if loaders.split is not None:  # an automatic hold-out: which files it held out, for audits
-                write_text(run_dir / "split.json", json.dumps(loaders.split.to_json(), indent=1), TrainError)
-                say(quiet, loaders.split.summary(loaders.train_size, loaders.val_size))
-    logged(run_dir)
-    if root:
-        guards.attach(run_dir)
-        # preprocessing + class names: what predict and exports read
-        write_text(run_dir / "preprocess.json", json.dumps(task.card(recipe, loaders), indent=1), TrainError)
-    if dist.size > 1:
-        loaders.train_sampler.shard(dist.rank, dist.size)
-        if loaders.train_sampler.batches_per_epoch() == 0:
-            raise TrainError(f"The training split has {loaders.train_size} images, fewer than {dist.size} workers × "
-                             f"data.batch_size {recipe.data.batch_size}, so a distributed epoch would have no step. "
-                             f"Lower data.batch_size (it is per worker) or use fewer workers.")
-        say(quiet, f"distributed ({dist.name}): rank {dist.rank} of {dist.size}; a step covers {dist.size} × "
-                   f"{recipe.data.batch_size} images; BatchNorm statistics: {t.distributed.batch_norm}")
-    n_batches = loaders.train_sampler.batches_per_epoch()
-    epoch_data = _epoch_data(loaders.train_sampler)
-    say(quiet, epoch_data["note"])
-    steps_per_epoch = max(1, n_batches // t.accumulate)
-
-    frozen_bn = dist.size > 1 and t.distributed.batch_norm == "frozen"
-
-    def plan_for(epoch: int) -> Plan:
-        p = make_plan(net, recipe.rules, epoch=epoch, input_shape=recipe.model.input_shape)
-        return freeze_bn_stats(p, "train.distributed.batch_norm") if frozen_bn else p
-
-    plan = prep.plan
-    start_epoch, skip, global_step = 0, 0, 0
-    best, partial = None, (0.0, 0, 0)
-    if meta is not None:
-        start_epoch, skip, global_step = meta["epoch"], meta["batch_in_epoch"], meta["global_step"]
-        best, partial = meta.get("best"), (*meta.get("epoch_loss", (0.0, 0)), meta.get("epoch_correct", 0))
-        plan = plan_for(start_epoch)
-        apply_plan(net, plan)
-    elif frozen_bn:
-        plan = freeze_bn_stats(plan, "train.distributed.batch_norm")
-        apply_plan(net, plan)
-    _set_accumulation(net, t.accumulate)
-    trainer = _make_trainer(net, recipe, dist)
-    dist.prepare(trainer)  # before restore_into: loading trainer states would do it lazily, racing
-    if meta is not None:
-        # at an epoch whose rules differ from the epoch before, the uninterrupted run builds a new
-        # trainer (fresh optimizer state, see the epoch loop): so does the resume
-        fresh = not skip and start_epoch > 0 and plan.settings() != plan_for(start_epoch - 1).settings()
-        checkpoint.restore_into(run_dir / "checkpoints", "last", net, None if fresh else trainer, ctxs[0])
-    log = MetricsLog(run_dir, resume_step=None if meta is None else global_step, record=root)
-    if t.hybridize:
-        net.hybridize(static_alloc=True, static_shape=True)
-
-    state = {"recipe_digest": _resume_digest(recipe), **({"workers": dist.size} if dist.size > 1 else {})}
-
-    def save(tag: str, **counters: Any) -> None:
-        if root:  # a distributed run's BatchNorm statistics were made rank 0's everywhere before
-            checkpoint.save(run_dir / "checkpoints", tag, net, trainer, dict(state, **counters))
-    stopped = False
-    steps_this_call = 0
-    bad_steps = 0
-    first_losses: list[float] = []  # per-image loss of each batch of epoch 1, for the stuck-loss guard
-    feed: Feed | None = None
+    run = _Run(recipe, dist, ctxs, quiet, stop_after_steps)
+    run.open(runs_root, resume, meta, extending, logged)
     completed = False  # every epoch trained: the feature cache goes; otherwise it stays for the resume
     with _Stop() as stop:
         try:
-            for epoch in range(start_epoch, t.epochs):
-                t0 = time.perf_counter()
-                new_plan = plan_for(epoch)
-                replan = new_plan.settings() != plan.settings()
-                if replan:
-                    changed = [n for n, s in new_plan.settings().items() if plan.settings()[n] != s]
-                    say(quiet, f"epoch {epoch}: rules changed {len(changed)} parameters (e.g. {changed[0]}); "
-                                f"rebuilding the trainer and the cached graph")
-                    plan = new_plan
-                    apply_plan(net, plan)
-                    _set_accumulation(net, t.accumulate)
-                    trainer = _make_trainer(net, recipe, dist)
-                if replan or feed is None:
-                    cache_dir = run_dir / ("feature_cache" if dist.size == 1 else f"feature_cache-{dist.rank}")
-                    new_feed = task.feed(net, plan, recipe, loaders, ctxs[0], cache_dir,
-                                         not bars_on(quiet), feed)
-                    if new_feed is not feed:
-                        say(quiet, new_feed.log)
-                        if feed is not None:
-                            feed.close()
-                    feed = new_feed
-                    if root:
-                        _write_plan(run_dir, plan, feed, task.transforms(recipe), epoch_data)
-                stepper = Stepper(feed.net, trainer, task.forward, ctxs, dist)
-                feed.prepare(epoch)
-                bar = _bar(feed.train_batches(epoch, skip), epoch, t.epochs, quiet, skip, n_batches)
-                (run_loss, run_n, run_correct), partial = partial, (0.0, 0, 0)
-                tick = time.perf_counter()  # img_per_s: since the last step, so data and prefix count too
-                for i, (x, y) in enumerate(bar, start=skip):
-                    mx.random.seed((t.seed * 1_000_003 + epoch * 10_007 + i) % 2**31)
-                    lr = lr_at(t.schedule, t.lr, global_step, steps_per_epoch, t.epochs)
-                    trainer.set_learning_rate(lr)
-                    with dist.guard("a training step"):
-                        batch_loss = stepper.step(x, y, update=(i + 1) % t.accumulate == 0 or i + 1 == n_batches,
-                                                  stop=stop.requested)
-                    if not np.isfinite(batch_loss):
-                        bad_steps += 1
-                        if bad_steps > t.max_bad_steps:
-                            raise TrainError(f"Loss was NaN/Inf in {bad_steps} steps (epoch {epoch}); the last good "
-                                             f"checkpoint is in {run_dir / 'checkpoints'}. Lower train.lr or set "
-                                             f"train.clip_gradient.")
-                        continue
-                    if stepper.updated:
-                        global_step += 1
-                        steps_this_call += 1
-                    run_loss += batch_loss
-                    run_n += stepper.images
-                    run_correct = None if stepper.correct is None else run_correct + stepper.correct
-                    if epoch == 0:
-                        first_losses.append(batch_loss / stepper.images)
-                    ips, tick = stepper.images / max(time.perf_counter() - tick, 1e-9), time.perf_counter()
-                    if hasattr(bar, "set_postfix"):
-                        bar.set_postfix(loss=f"{run_loss / run_n:.4f}", lr=f"{lr:.3g}", img_s=f"{ips:.0f}")
-                    if global_step % t.log_every == 0 and stepper.pending == 0:
-                        log.write({"step": global_step, "epoch_f": epoch + (i + 1) / n_batches,
-                                   "loss": batch_loss / stepper.images, "lr": lr, "img_per_s": ips})
-                    halt = stepper.stop if dist.size > 1 else stop.requested
-                    if halt or (stop_after_steps is not None and steps_this_call >= stop_after_steps):
-                        if stepper.pending == 0:
-                            _share_bn_stats(net, plan, dist, t.distributed.batch_norm)
-                            save("last", epoch=epoch, batch_in_epoch=i + 1, global_step=global_step, best=best,
-                                 epoch_loss=(run_loss, run_n), epoch_correct=run_correct)
-                            stopped = True
-                            break
-                if stopped:
+            for epoch in range(run.start_epoch, recipe.train.epochs):
+                sums = run.train_epoch(epoch, stop)
+                if run.stopped or run.validate(epoch, sums, stop):
                     break
-                skip = 0
-                with dist.guard("the last step of the epoch"):  # a dead peer shows here, not in validation
-                    mx.nd.waitall()
-                _share_bn_stats(net, plan, dist, t.distributed.batch_norm)  # validation sees rank 0's
-                with autograd.predict_mode():
-                    val = task.evaluate(feed.net, feed.val_batches(), ctxs)
-                row = {"step": global_step, "epoch": epoch + 1, "train_loss": run_loss / max(run_n, 1),
-                       **({} if run_correct is None else {"train_acc": run_correct / max(run_n, 1)}),
-                       **{k: v for k, v in val.items() if isinstance(v, (int, float))},
-                       "lr": lr_at(t.schedule, t.lr, max(global_step - 1, 0), steps_per_epoch, t.epochs),
-                       "seconds": time.perf_counter() - t0}
-                log.write(row)
-                show(epoch_line(row, t.epochs), quiet)
-                if _better(row, best, t.select):
-                    best = {"epoch": epoch + 1, "select": t.select, **{k: row[k] for k in task.metrics}}
-                    save("best", epoch=epoch + 1, batch_in_epoch=0, global_step=global_step, best=best)
-                save("last", epoch=epoch + 1, batch_in_epoch=0, global_step=global_step, best=best)
-                if epoch == 0 and meta is None:
-                    guards.handle(task.first_epoch(first_losses, global_step, loaders))
-                with dist.guard("agreeing to stop"):  # a signal during validation; every worker must agree
-                    halt = bool(dist.sum(np.array([stop.requested]))[0])
-                if halt and epoch + 1 < t.epochs:
-                    stopped = True
-                    break
-            completed = not stopped
+            completed = not run.stopped
         finally:
-            log.close()
-            if feed is not None:
-                feed.close(keep=not completed)
+            run.close(completed)
+    return run.summary(stop)
 
-    result = RunResult(run_dir, log.rows, best, stopped_early=stopped, rank=dist.rank, workers=dist.size)
-    if dist.size > 1:
-        _write_checksum(run_dir, net, dist.rank)
-    if not stopped and root:
-        summary = {"run_dir": str(run_dir), "best": best, "last": result.last_epoch,
-                   "restore": prep.restore.summary() if prep.restore else None, "bad_images": loaders.bad.summary(),
-                   "bad_steps": bad_steps, "trainable": plan.totals()["trainable"],
-                   "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "mxnet default"),
-                   "hybridized": t.hybridize, "feature_cache": feed.summary() if feed else None,
-                   "warnings": guards.warnings}
-        write_text(run_dir / "summary.json", json.dumps(summary, indent=1), TrainError)
-        show(f"done: {_best_text(best, t.select)}; run folder {run_dir}", quiet)
-        if len(loaders.bad):
-            say(quiet, loaders.bad.summary())
-    elif not stopped:
-        show(f"done (rank {dist.rank}); rank 0 wrote the run folder {run_dir}", quiet)
-    if stop.signum is not None:
-        raise Interrupted(run_dir, stop.signum, dist.size)
-    return result
+
+class _Run:
+    """One call of ``finetune``: what its steps share (model, feed, trainer, counters)."""
+
+    def __init__(self, recipe: Recipe, dist: Backend, ctxs: list[mx.Context], quiet: bool,
+                 stop_after_steps: int | None) -> None:
+        self.recipe, self.t, self.dist, self.ctxs = recipe, recipe.train, dist, ctxs
+        self.quiet, self.stop_after_steps = quiet, stop_after_steps
+        self.root = dist.is_root  # only rank 0 writes the run folder; every worker writes its own log
+        self.stopped = False
+        self.steps_this_call = 0
+        self.bad_steps = 0
+        self.first_losses: list[float] = []  # per-image loss of each batch of epoch 1, for the stuck-loss guard
+        self.feed: Feed | None = None
+
+    # ------------------------------------------------------------------ open the run
+
+    def open(self, runs_root: str | Path, resume: str | Path | None, meta: dict[str, Any] | None,
+             extending: list[str], logged: Callable[[Path], None]) -> None:
+        """Model, data, run folder, plan and trainer; a resume's checkpoint loaded into them."""
+        recipe, t, dist, quiet, root = self.recipe, self.t, self.dist, self.quiet, self.root
+        ctxs = self.ctxs
+        say(quiet, f"threads: OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset (mxnet default)')}; "
+                    f"hybridize static_alloc/static_shape: {t.hybridize}")
+        seed_all(t.seed)
+        self.task = task = get_task(recipe)
+        self.prep, self.loaders = prep, loaders = task.setup(recipe, ctxs[0], seed=t.seed)
+        self.net = net = prep.block
+        self.guards = guards = GuardLog(t.guards)
+        self.meta = meta
+        if resume is None:  # a resumed run was checked when it started
+            task.check(recipe, prep, loaders, ctxs[0], guards)
+        if len(ctxs) > 1:
+            net.collect_params().reset_ctx(ctxs)
+        if resume is not None:
+            run_dir = Path(resume)
+        if extending:
+            say(quiet, f"extending {run_dir}: {'; '.join(extending)}")
+            if root:
+                _write_recipe(run_dir, recipe)
+        if resume is None:
+            with dist.guard("sharing the run folder's name"):
+                run_dir = Path(dist.broadcast_text(str(_new_run_dir(Path(runs_root), recipe.name)) if root else ""))
+            if root:
+                _write_recipe(run_dir, recipe)
+                if loaders.split is not None:  # an automatic hold-out: which files it held out, for audits
+                    write_text(run_dir / "split.json", json.dumps(loaders.split.to_json(), indent=1), TrainError)
+                    say(quiet, loaders.split.summary(loaders.train_size, loaders.val_size))
+        self.run_dir = run_dir
+        logged(run_dir)
+        if root:
+            guards.attach(run_dir)
+            # preprocessing + class names: what predict and exports read
+            write_text(run_dir / "preprocess.json", json.dumps(task.card(recipe, loaders), indent=1), TrainError)
+        if dist.size > 1:
+            loaders.train_sampler.shard(dist.rank, dist.size)
+            if loaders.train_sampler.batches_per_epoch() == 0:
+                raise TrainError(f"The training split has {loaders.train_size} images, fewer than {dist.size} "
+                                 f"workers × data.batch_size {recipe.data.batch_size}, so a distributed epoch would "
+                                 f"have no step. Lower data.batch_size (it is per worker) or use fewer workers.")
+            say(quiet, f"distributed ({dist.name}): rank {dist.rank} of {dist.size}; a step covers {dist.size} × "
+                       f"{recipe.data.batch_size} images; BatchNorm statistics: {t.distributed.batch_norm}")
+        self.n_batches = loaders.train_sampler.batches_per_epoch()
+        self.epoch_data = _epoch_data(loaders.train_sampler)
+        say(quiet, self.epoch_data["note"])
+        self.steps_per_epoch = max(1, self.n_batches // t.accumulate)
+        self.frozen_bn = dist.size > 1 and t.distributed.batch_norm == "frozen"
+
+        plan = prep.plan
+        self.start_epoch, self.skip, self.global_step = 0, 0, 0
+        self.best, self.partial = None, (0.0, 0, 0)
+        if meta is not None:
+            self.start_epoch, self.skip, self.global_step = meta["epoch"], meta["batch_in_epoch"], meta["global_step"]
+            self.best = meta.get("best")
+            self.partial = (*meta.get("epoch_loss", (0.0, 0)), meta.get("epoch_correct", 0))
+            plan = self.plan_for(self.start_epoch)
+            apply_plan(net, plan)
+        elif self.frozen_bn:
+            plan = freeze_bn_stats(plan, "train.distributed.batch_norm")
+            apply_plan(net, plan)
+        self.plan = plan
+        _set_accumulation(net, t.accumulate)
+        self.trainer = _make_trainer(net, recipe, dist)
+        dist.prepare(self.trainer)  # before restore_into: loading trainer states would do it lazily, racing
+        if meta is not None:
+            # at an epoch whose rules differ from the epoch before, the uninterrupted run builds a new
+            # trainer (fresh optimizer state, see train_epoch): so does the resume
+            fresh = not self.skip and self.start_epoch > 0 and \
+                plan.settings() != self.plan_for(self.start_epoch - 1).settings()
+            checkpoint.restore_into(run_dir / "checkpoints", "last", net, None if fresh else self.trainer, ctxs[0])
+        self.log = MetricsLog(run_dir, resume_step=None if meta is None else self.global_step, record=root)
+        if t.hybridize:
+            net.hybridize(static_alloc=True, static_shape=True)
+        self.ema = None if t.ema is None else self._open_ema(run_dir, meta)
+        self.metrics = (*task.metrics, *(f"ema_{m}" for m in task.metrics if self.ema is not None))
+        self.state = {"recipe_digest": _resume_digest(recipe), **({"workers": dist.size} if dist.size > 1 else {})}
+
+    def _open_ema(self, run_dir: Path, meta: dict[str, Any] | None) -> Ema:
+        """train.ema's average: a resume's from its checkpoint, then every parameter that trains now."""
+        ema = Ema(self.t.ema)
+        if meta is not None:
+            loaded = checkpoint.load_ema(run_dir / "checkpoints", "last")
+            if loaded is None:
+                raise TrainError(f"Cannot resume {run_dir} with train.ema: its checkpoint holds no average (the run "
+                                 f"was started without train.ema). Start a new run from its weights with "
+                                 f"--init-from {run_dir}.")
+            ema.load(*loaded, self.net, f"'{run_dir / 'checkpoints' / 'last.json'}'")
+        ema.track(self.net)
+        return ema
+
+    def plan_for(self, epoch: int) -> Plan:
+        p = make_plan(self.net, self.recipe.rules, epoch=epoch, input_shape=self.recipe.model.input_shape)
+        return freeze_bn_stats(p, "train.distributed.batch_norm") if self.frozen_bn else p
+
+    def save(self, tag: str, **counters: Any) -> None:
+        if self.root:  # a distributed run's BatchNorm statistics were made rank 0's everywhere before
+            checkpoint.save(self.run_dir / "checkpoints", tag, self.net, self.trainer, dict(self.state, **counters),
+                            None if self.ema is None else (self.ema.arrays(), self.ema.record()))
+
+    # ------------------------------------------------------------------ one epoch
+
+    def _replan(self, epoch: int) -> None:
+        """The epoch's rules: a changed plan rebuilds the trainer, and the feed follows the plan."""
+        t, quiet = self.t, self.quiet
+        new_plan = self.plan_for(epoch)
+        replan = new_plan.settings() != self.plan.settings()
+        if replan:
+            changed = [n for n, s in new_plan.settings().items() if self.plan.settings()[n] != s]
+            say(quiet, f"epoch {epoch}: rules changed {len(changed)} parameters (e.g. {changed[0]}); "
+                        f"rebuilding the trainer and the cached graph")
+            self.plan = new_plan
+            apply_plan(self.net, self.plan)
+            _set_accumulation(self.net, t.accumulate)
+            self.trainer = _make_trainer(self.net, self.recipe, self.dist)
+            if self.ema is not None:
+                self.ema.track(self.net)
+        if replan or self.feed is None:
+            dist = self.dist
+            cache_dir = self.run_dir / ("feature_cache" if dist.size == 1 else f"feature_cache-{dist.rank}")
+            new_feed = self.task.feed(self.net, self.plan, self.recipe, self.loaders, self.ctxs[0], cache_dir,
+                                      not bars_on(quiet), self.feed)
+            if new_feed is not self.feed:
+                say(quiet, new_feed.log)
+                if self.feed is not None:
+                    self.feed.close()
+            self.feed = new_feed
+            if self.root:
+                _write_plan(self.run_dir, self.plan, self.feed, self.task.transforms(self.recipe), self.epoch_data,
+                            self.ema)
+
+    def train_epoch(self, epoch: int, stop: _Stop) -> tuple[float, int, int | None, float]:
+        """Train ``epoch`` from batch ``self.skip``: (summed loss, images, hits or None, start time).
+        A stop request or ``stop_after_steps`` checkpoints at a step boundary and sets ``stopped``."""
+        t, dist, quiet = self.t, self.dist, self.quiet
+        t0 = time.perf_counter()
+        self._replan(epoch)
+        feed, trainer, n_batches, skip = self.feed, self.trainer, self.n_batches, self.skip
+        stepper = Stepper(feed.net, trainer, self.task.forward, self.ctxs, dist)
+        feed.prepare(epoch)
+        bar = _bar(feed.train_batches(epoch, skip), epoch, t.epochs, quiet, skip, n_batches)
+        (run_loss, run_n, run_correct), self.partial = self.partial, (0.0, 0, 0)
+        tick = time.perf_counter()  # img_per_s: since the last step, so data and prefix count too
+        for i, (x, y) in enumerate(bar, start=skip):
+            mx.random.seed((t.seed * 1_000_003 + epoch * 10_007 + i) % 2**31)
+            lr = lr_at(t.schedule, t.lr, self.global_step, self.steps_per_epoch, t.epochs)
+            trainer.set_learning_rate(lr)
+            with dist.guard("a training step"):
+                batch_loss = stepper.step(x, y, update=(i + 1) % t.accumulate == 0 or i + 1 == n_batches,
+                                          stop=stop.requested)
+            if not np.isfinite(batch_loss):
+                self.bad_steps += 1
+                if self.bad_steps > t.max_bad_steps:
+                    raise TrainError(f"Loss was NaN/Inf in {self.bad_steps} steps (epoch {epoch}); the last good "
+                                     f"checkpoint is in {self.run_dir / 'checkpoints'}. Lower train.lr or set "
+                                     f"train.clip_gradient.")
+                continue
+            if stepper.updated:
+                self.global_step += 1
+                self.steps_this_call += 1
+                if self.ema is not None:
+                    self.ema.update(self.net)
+            run_loss += batch_loss
+            run_n += stepper.images
+            run_correct = None if stepper.correct is None else run_correct + stepper.correct
+            if epoch == 0:
+                self.first_losses.append(batch_loss / stepper.images)
+            ips, tick = stepper.images / max(time.perf_counter() - tick, 1e-9), time.perf_counter()
+            if hasattr(bar, "set_postfix"):
+                bar.set_postfix(loss=f"{run_loss / run_n:.4f}", lr=f"{lr:.3g}", img_s=f"{ips:.0f}")
+            if self.global_step % t.log_every == 0 and stepper.pending == 0:
+                self.log.write({"step": self.global_step, "epoch_f": epoch + (i + 1) / n_batches,
+                                "loss": batch_loss / stepper.images, "lr": lr, "img_per_s": ips})
+            halt = stepper.stop if dist.size > 1 else stop.requested
+            if halt or (self.stop_after_steps is not None and self.steps_this_call >= self.stop_after_steps):
+                if stepper.pending == 0:
+                    _share_bn_stats(self.net, self.plan, dist, t.distributed.batch_norm)
+                    self.save("last", epoch=epoch, batch_in_epoch=i + 1, global_step=self.global_step,
+                              best=self.best, epoch_loss=(run_loss, run_n), epoch_correct=run_correct)
+                    self.stopped = True
+                    break
+        self.skip = 0
+        return run_loss, run_n, run_correct, t0
+
+    # ------------------------------------------------------------------ validate + checkpoint
+
+    def validate(self, epoch: int, sums: tuple[float, int, int | None, float], stop: _Stop) -> bool:
+        """Validate the epoch, log it, checkpoint best and last; whether a stop request ends the run here."""
+        t, dist = self.t, self.dist
+        run_loss, run_n, run_correct, t0 = sums
+        with dist.guard("the last step of the epoch"):  # a dead peer shows here, not in validation
+            mx.nd.waitall()
+        _share_bn_stats(self.net, self.plan, dist, t.distributed.batch_norm)  # validation sees rank 0's
+        gs = self.global_step
+        val = self._evaluate()
+        ema_best = t.select.startswith("ema_")
+        with contextlib.nullcontext() if self.ema is None else self._ema_applied(epoch):
+            if self.ema is not None:  # the average's metrics and, when selected, its best checkpoint
+                val.update({f"ema_{k}": v for k, v in self._evaluate().items()})
+            row = {"step": gs, "epoch": epoch + 1, "train_loss": run_loss / max(run_n, 1),
+                   **({} if run_correct is None else {"train_acc": run_correct / max(run_n, 1)}), **val,
+                   "lr": lr_at(t.schedule, t.lr, max(gs - 1, 0), self.steps_per_epoch, t.epochs),
+                   "seconds": time.perf_counter() - t0}
+            if ema_best:
+                self._keep_best(row, epoch)
+        self.log.write(row)
+        show(epoch_line(row, t.epochs), self.quiet)
+        if not ema_best:
+            self._keep_best(row, epoch)
+        self.save("last", epoch=epoch + 1, batch_in_epoch=0, global_step=gs, best=self.best)
+        if epoch == 0 and self.meta is None:
+            self.guards.handle(self.task.first_epoch(self.first_losses, gs, self.loaders))
+        with dist.guard("agreeing to stop"):  # a signal during validation; every worker must agree
+            halt = bool(dist.sum(np.array([stop.requested]))[0])
+        if halt and epoch + 1 < t.epochs:
+            self.stopped = True
+        return self.stopped
+
+    def _evaluate(self) -> dict[str, int | float]:
+        """The task's validation numbers for the weights in the model now."""
+        with autograd.predict_mode():
+            val = self.task.evaluate(self.feed.net, self.feed.val_batches(), self.ctxs)
+        return {k: v for k, v in val.items() if isinstance(v, (int, float))}
+
+    @contextlib.contextmanager
+    def _ema_applied(self, epoch: int) -> Iterator[None]:
+        """The average in the model (BatchNorm statistics recomputed for it if the recipe says so)."""
+        ema, t = self.ema, self.t
+        recompute = ema.spec.batch_norm == "recompute"
+        with ema.applied(self.net, [r.name for r in self.plan.rows if r.aux] if recompute else ()):
+            ema.recompute_bn(self.feed.net, trainable_params(self.net).values(), self.task.forward,
+                             self.feed.train_batches(epoch, 0), self.ctxs, split,
+                             t.seed * 1_000_003 + epoch * 10_007 + 7_919_000)
+            yield
+
+    def _keep_best(self, row: dict[str, Any], epoch: int) -> None:
+        """A checkpoint of the weights in the model now, as ``best`` if the row beats the best so far."""
+        if _better(row, self.best, self.t.select):
+            self.best = {"epoch": epoch + 1, "select": self.t.select, **{k: row[k] for k in self.metrics}}
+            self.save("best", epoch=epoch + 1, batch_in_epoch=0, global_step=self.global_step, best=self.best)
+
+    # ------------------------------------------------------------------ the summary
+
+    def close(self, completed: bool) -> None:
+        self.log.close()
+        if self.feed is not None:
+            self.feed.close(keep=not completed)
+
+    def summary(self, stop: _Stop) -> RunResult:
+        """The result, and (a run that trained to its end) summary.json."""
+        t, dist, run_dir, quiet = self.t, self.dist, self.run_dir, self.quiet
+        result = RunResult(run_dir, self.log.rows, self.best, stopped_early=self.stopped, rank=dist.rank,
+                           workers=dist.size)
+        if dist.size > 1:
+            _write_checksum(run_dir, self.net, dist.rank)
+        if not self.stopped and self.root:
+            feed, loaders = self.feed, self.loaders
+            summary = {"run_dir": str(run_dir), "best": self.best, "last": result.last_epoch,
+                       "restore": self.prep.restore.summary() if self.prep.restore else None,
+                       "bad_images": loaders.bad.summary(), "bad_steps": self.bad_steps,
+                       "trainable": self.plan.totals()["trainable"],
+                       "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "mxnet default"),
+                       "hybridized": t.hybridize, "feature_cache": feed.summary() if feed else None,
+                       "warnings": self.guards.warnings}
+            write_text(run_dir / "summary.json", json.dumps(summary, indent=1), TrainError)
+            show(f"done: {_best_text(self.best, t.select)}; run folder {run_dir}", quiet)
+            if len(loaders.bad):
+                say(quiet, loaders.bad.summary())
+        elif not self.stopped:
+            show(f"done (rank {dist.rank}); rank 0 wrote the run folder {run_dir}", quiet)
+        if stop.signum is not None:
+            raise Interrupted(run_dir, stop.signum, dist.size)
+        return result
 
 
 def _better(row: dict[str, Any], best: dict[str, Any] | None, metric: str) -> bool:
     """Whether this epoch's validation beats the best so far on ``train.select`` (ties keep the earlier)."""
     if best is None:
         return True
-    return row[metric] < best[metric] if metric == "val_loss" else row[metric] > best[metric]
+    return row[metric] < best[metric] if metric.endswith("val_loss") else row[metric] > best[metric]
 
 
 def _share_bn_stats(net, plan: Plan, dist: Backend, mode: str) -> None:
@@ -603,11 +715,13 @@ def _write_checksum(run_dir: Path, net, rank: int) -> None:
     write_text(run_dir / "logs" / f"worker-{rank}.sha256", h.hexdigest() + "\n", TrainError)
 
 
-def _write_plan(run_dir: Path, plan: Plan, feed: Feed, transforms: dict[str, Any], epoch_data: dict[str, Any]) -> None:
-    lines = "\n".join([*transform_lines(transforms), epoch_data["note"], feed.log])
+def _write_plan(run_dir: Path, plan: Plan, feed: Feed, transforms: dict[str, Any], epoch_data: dict[str, Any],
+                ema: Ema | None = None) -> None:
+    lines = "\n".join([*transform_lines(transforms), epoch_data["note"], feed.log, *([ema.line()] if ema else [])])
     write_text(run_dir / "plan.txt", format_plan(plan) + f"\n{lines}\n", TrainError)
     write_text(run_dir / "plan.json", json.dumps({**plan.to_json(), "feature_cache": feed.summary(),
-                                                  "transforms": transforms, "epoch_data": epoch_data}, indent=1),
+                                                  "transforms": transforms, "epoch_data": epoch_data,
+                                                  **({"ema": ema.line()} if ema else {})}, indent=1),
                TrainError)
 
 

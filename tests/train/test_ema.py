@@ -1,0 +1,196 @@
+"""train.ema: the average against numpy, resume bit for bit, ema_* metrics, the best checkpoint and
+export holding the average, the feature cache, BatchNorm statistics, several contexts."""
+import json
+
+import mxnet as mx
+import numpy as np
+import pytest
+import helpers
+
+from gluontl.errors import RecipeError
+from gluontl.recipe import EmaSpec, parse_recipe
+from gluontl.rules import make_plan, apply_plan
+from gluontl.train.ema import Ema
+from gluontl.train.loop import finetune
+from gluontl.train.runs import export_run
+
+DATA = helpers.DIGITS_5_9
+
+
+@pytest.fixture(scope="module")
+def tiny_symbol(tmp_path_factory):
+    return helpers.tiny_symbol(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="module")
+def resnet_weights(tmp_path_factory):
+    return helpers.resnet18_weights(tmp_path_factory.mktemp("w") / "w.params")
+
+
+def recipe(prefix, ema=None, **train):
+    return parse_recipe({"name": "t", "model": {"source": f"symbol:{prefix}", "input_shape": [3, 16, 16]},
+                         "data": DATA, "train": {"epochs": 2, "lr": 0.05, "log_every": 1,
+                                                 "ema": {"decay": 0.9, **(ema or {})}, **train}})
+
+
+def resnet_recipe(weights, **train):
+    """ResNet-18, its last stage training (BatchNorm in batch statistics) after a cached frozen prefix."""
+    return parse_recipe({"name": "r", "model": {"source": "zoo:resnet18_v1", "weights": weights,
+                                                "input_shape": [3, 16, 16], "restore": {"only": ["features.*"]}},
+                         "surgery": {"head": {"classes": 2}},
+                         "rules": [{"preset": "freeze_until_stage", "until_stage": 3}],
+                         "data": {"source": "demo:digits", "classes": ["5", "6"], "batch_size": 16,
+                                  "train_transform": {"resize": 16}, "val_transform": {"resize": 16}},
+                         "train": {"epochs": 2, "lr": 0.01, "log_every": 1, "prefix_engine": "mxnet", **train}})
+
+
+def arrays(run_dir, name):
+    return {k.split(":", 1)[-1]: v.asnumpy() for k, v in mx.nd.load(str(run_dir / "checkpoints" / name)).items()}
+
+
+def numbers(result):
+    return [{k: v for k, v in r.items() if k not in ("img_per_s", "seconds")} for r in result.metrics]
+
+
+def test_the_average_equals_numpy_over_sgd_steps_with_warmup():
+    rs = np.random.RandomState(0)
+    net = mx.gluon.nn.HybridSequential()
+    net.add(mx.gluon.nn.Dense(6, in_units=4), mx.gluon.nn.Dense(3, in_units=6))
+    net.initialize(mx.init.Xavier())
+    apply_plan(net, make_plan(net, [{"match": "0.*", "grad_req": "null"}]))  # the first layer frozen
+    ema = Ema(EmaSpec(decay=0.95, warmup=True))
+    ema.track(net)
+    assert sorted(ema.avg) == ["1.bias", "1.weight"]
+    trainer = helpers.sgd_step(net, mx.nd.array(rs.randn(8, 4)), mx.nd.array(rs.randint(0, 3, 8)), steps=0)
+    frozen = net[0].weight.data().asnumpy().copy()
+    want = {n: ema.avg[n].asnumpy().astype(np.float64) for n in ema.avg}
+    decays = []
+    for t in range(6):
+        x, y = mx.nd.array(rs.randn(8, 4)), mx.nd.array(rs.randint(0, 3, 8))
+        with mx.autograd.record():
+            loss = mx.gluon.loss.SoftmaxCrossEntropyLoss()(net(x), y)
+        loss.backward()
+        trainer.step(8)
+        ema.update(net)
+        d = min(0.95, (1 + t) / (10 + t))  # by hand: 0.1, 2/11, 3/12, ...
+        decays.append(d)
+        for n in want:
+            w = {"1.weight": net[1].weight, "1.bias": net[1].bias}[n].data().asnumpy()
+            want[n] = d * want[n] + (1 - d) * w
+    assert decays[0] == pytest.approx(0.1) and ema.updates == 6
+    for n in want:  # each update rounds once at the size of the weights
+        helpers.assert_f32_close(ema.avg[n].asnumpy(), want[n], terms=4 * 6)
+    np.testing.assert_array_equal(net[0].weight.data().asnumpy(), frozen)
+    no_warmup = Ema(EmaSpec(decay=0.95, warmup=False))
+    assert no_warmup.decay() == 0.95
+
+
+def test_a_stopped_and_resumed_ema_run_is_the_uninterrupted_one_bit_for_bit(tiny_symbol, tmp_path):
+    r = recipe(tiny_symbol, select="ema_val_top1")
+    full = finetune(r, runs_root=tmp_path / "a", quiet=True)
+    part = finetune(r, runs_root=tmp_path / "b", quiet=True, stop_after_steps=13)
+    part = finetune(r, runs_root=tmp_path / "b", quiet=True, resume=part.run_dir, stop_after_steps=40)
+    done = finetune(r, runs_root=tmp_path / "b", quiet=True, resume=part.run_dir)
+    assert numbers(done) == numbers(full)
+    for name in ("last.params", "last.ema", "best.params"):
+        a, b = arrays(full.run_dir, name), arrays(done.run_dir, name)
+        assert a.keys() == b.keys()
+        for k in a:
+            np.testing.assert_array_equal(a[k], b[k], err_msg=f"{name} {k}")
+
+
+def test_ema_metrics_are_logged_and_select_the_best_checkpoint_which_export_holds(tiny_symbol, tmp_path):
+    res = finetune(recipe(tiny_symbol, epochs=3, select="ema_val_loss"), runs_root=tmp_path, quiet=True)
+    rows = [r for r in res.metrics if "epoch" in r]
+    assert all({"ema_val_top1", "ema_val_loss", "ema_val_balanced_acc", "val_top1"} <= set(r) for r in rows)
+    want = int(np.argmin([r["ema_val_loss"] for r in rows])) + 1
+    assert res.best["epoch"] == want and res.best["ema_val_loss"] == rows[want - 1]["ema_val_loss"]
+    best, ema = arrays(res.run_dir, "best.params"), arrays(res.run_dir, "best.ema")
+    meta = json.loads((res.run_dir / "checkpoints" / "best.json").read_text())
+    assert meta["ema"]["updates"] == meta["global_step"] and sorted(ema) == meta["ema"]["names"]
+    assert len(ema) == 6  # every parameter of the tiny net trains
+    for k in ema:
+        np.testing.assert_array_equal(best[k], ema[k])
+    exported = [p for p in export_run(res.run_dir, tmp_path / "out", formats=["symbol"]) if p.suffix == ".params"]
+    values = [v.asnumpy() for v in mx.nd.load(str(exported[0])).values()]
+    for k, v in ema.items():  # each averaged array is in the export as it is
+        assert any(e.shape == v.shape and np.array_equal(e, v) for e in values), k
+    last = arrays(res.run_dir, "last.params")
+    assert any(not np.array_equal(last[k], ema[k]) for k in ema)  # the model's weights are others
+
+
+def test_select_by_ema_needs_train_ema(tiny_symbol):
+    assert recipe(tiny_symbol, select="ema_val_top1").train.select == "ema_val_top1"
+    with pytest.raises(RecipeError, match="averages none; add train.ema"):
+        parse_recipe({"name": "t", "model": {"source": f"symbol:{tiny_symbol}"}, "data": DATA,
+                      "train": {"select": "ema_val_top1"}})
+    with pytest.raises(RecipeError, match="ema_val_map50 is not a classification metric"):
+        recipe(tiny_symbol, select="ema_val_map50")
+
+
+def test_with_the_feature_cache_and_recomputed_batchnorm_the_model_trains_as_without_ema(resnet_weights, tmp_path):
+    """The average is swapped in and out of the model bit for bit: the weights' run is the run
+    without EMA; the best checkpoint holds the average, with BatchNorm statistics of its own."""
+    plain = finetune(resnet_recipe(resnet_weights), runs_root=tmp_path / "a", quiet=True)
+    r = resnet_recipe(resnet_weights, ema={"decay": 0.9, "batch_norm": "recompute", "recompute_batches": 3},
+                      select="ema_val_top1")
+    ema = finetune(r, runs_root=tmp_path / "b", quiet=True)
+    assert json.loads((ema.run_dir / "summary.json").read_text())["feature_cache"]["cache"]
+    assert "recomputed with the averaged weights on 3 training batches" in (ema.run_dir / "plan.txt").read_text()
+    strip = [{k: v for k, v in r.items() if not k.startswith("ema_")} for r in numbers(ema)]
+    assert strip == numbers(plain)
+    a, b = arrays(plain.run_dir, "last.params"), arrays(ema.run_dir, "last.params")
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+    best, avg = arrays(ema.run_dir, "best.params"), arrays(ema.run_dir, "best.ema")
+    assert sorted(avg) == sorted(k for k in best if k.startswith(("features.7.", "output.")) and
+                                 not k.endswith(("running_mean", "running_var")))
+    for k in avg:
+        np.testing.assert_array_equal(best[k], avg[k])
+    for k in best:  # the frozen prefix is the model's, untouched
+        if k.startswith("features.") and not k.startswith("features.7."):
+            np.testing.assert_array_equal(best[k], b[k], err_msg=k)
+    stats = [k for k in best if k.startswith("features.7.") and k.endswith("running_mean")]
+    assert stats and all(not np.array_equal(best[k], b[k]) for k in stats)  # recomputed, not the model's
+    # stopped in epoch 1 and resumed: the same average, statistics and weights
+    part = finetune(r, runs_root=tmp_path / "c", quiet=True, stop_after_steps=5)
+    done = finetune(r, runs_root=tmp_path / "c", quiet=True, resume=part.run_dir)
+    assert numbers(done) == numbers(ema)
+    for name in ("last.params", "last.ema", "best.params"):
+        x, y = arrays(ema.run_dir, name), arrays(done.run_dir, name)
+        for k in x:
+            np.testing.assert_array_equal(x[k], y[k], err_msg=f"{name} {k}")
+
+
+def test_copied_batchnorm_statistics_are_the_models(resnet_weights, tmp_path):
+    res = finetune(resnet_recipe(resnet_weights, epochs=1, ema={"decay": 0.9}, select="ema_val_top1"),
+                   runs_root=tmp_path, quiet=True)
+    best, last = arrays(res.run_dir, "best.params"), arrays(res.run_dir, "last.params")
+    stats = [k for k in best if k.endswith(("running_mean", "running_var"))]
+    for k in stats:
+        np.testing.assert_array_equal(best[k], last[k], err_msg=k)
+
+
+def test_two_cpu_contexts_average_as_one(tiny_symbol, tmp_path):
+    one = finetune(recipe(tiny_symbol, epochs=1), runs_root=tmp_path / "a", quiet=True, stop_after_steps=3)
+    two = finetune(recipe(tiny_symbol, epochs=1, ctx="cpu:1,2"), runs_root=tmp_path / "b", quiet=True,
+                   stop_after_steps=3)
+    start = {k.split(":", 1)[1]: v.asnumpy() for k, v in mx.nd.load(f"{tiny_symbol}-0000.params").items()}
+    a, b = arrays(one.run_dir, "last.ema"), arrays(two.run_dir, "last.ema")
+    # the tiny net's largest sum: a conv weight's gradient over 16 images x 16 x 16 positions
+    helpers.assert_same_training(a, b, start, steps=3, grad_err=helpers.f32_tol(1.0, 16 * 16 * 16))
+    assert json.loads((two.run_dir / "checkpoints" / "last.json").read_text())["ema"]["updates"] == 3
+
+
+@pytest.mark.parametrize("edit", [{"updates": -1}, {"updates": "3"}, {"names": ["conv0_weight"]}, {"format": 2}])
+def test_an_edited_ema_record_is_refused_on_resume(tiny_symbol, tmp_path, edit):
+    from gluontl.errors import TrainError
+
+    r = recipe(tiny_symbol)
+    part = finetune(r, runs_root=tmp_path, quiet=True, stop_after_steps=2)
+    path = part.run_dir / "checkpoints" / "last.json"
+    meta = json.loads(path.read_text())
+    meta["ema"] = {**meta["ema"], **edit}
+    path.write_text(json.dumps(meta))
+    with pytest.raises(TrainError, match="ema record that does not fit this model"):
+        finetune(r, runs_root=tmp_path, quiet=True, resume=part.run_dir)
