@@ -66,5 +66,5 @@ def _auto_lr(recipe: Recipe, runs_root: str | Path, resume: str | Path | None, q
         raise TrainError("train.lr: auto in a distributed job would run the range test in every worker; run "
                          "`gluontl lr-find --recipe RECIPE` once and set train.lr to its suggestion.")
     found = _lr_find(recipe, runs_root=runs_root, quiet=quiet)
-    show(f"train.lr: auto -> {found.suggested:.3g} (lr-find valley, {found.seconds:.1f}s; plot {found.plot})", quiet)
+    show(f"train.lr: auto -> {found.suggested:.3g} (lr-find minimum, {found.seconds:.1f}s; plot {found.plot})", quiet)
     return recipe.model_copy(update={"train": recipe.train.model_copy(update={"lr": found.suggested})}), found

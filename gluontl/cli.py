@@ -138,7 +138,7 @@ def lr_find(recipe: Path = RecipeOpt, set_: Optional[List[str]] = SetOpt,
     from .api import lr_find as run
 
     found = run(r, runs_root=runs, steps=steps, start=start, end=end, quiet=quiet)
-    typer.echo(f"suggested lr {found.suggested:.3g} (valley; steep {found.steep:.3g}, minimum {found.minimum:.3g}); "
+    typer.echo(f"suggested lr {found.suggested:.3g} (minimum; steep {found.steep:.3g}, valley {found.valley:.3g}); "
                f"{len(found.lrs)} steps, {found.stopped}; {found.seconds:.1f}s")
     typer.echo(f"plot: {found.plot}")
 

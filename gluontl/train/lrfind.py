@@ -6,10 +6,10 @@ Recorder smooths it, ``avg = β·avg + (1-β)·loss`` with β = 0.98 and bias co
 not finite). Suggestions are made on the curve without its first tenth and last five points:
 ``valley`` (fastai's default: halfway into the longest run of decreasing loss, found as a
 longest decreasing subsequence), ``steep`` (where the loss falls fastest per unit of log lr) and
-``minimum`` (a tenth of the lr at the lowest smoothed loss, fastai's ``Minimum``). ``valley`` is
-the one suggested (and what ``train.lr: auto`` trains with). On least squares, whose best
-plain-SGD lr is 1/L, valley is the cautious one (about 1/500 of 1/L: that loss falls from the
-first step on) while minimum and steep land within 3× of 1/L (tests/train/test_lrfind.py).
+``minimum`` (a tenth of the lr at the lowest smoothed loss, fastai's ``Minimum``). ``minimum`` is
+the one suggested (and what ``train.lr: auto`` trains with): on least squares, whose best
+plain-SGD lr is 1/L, minimum and steep land within 3× of 1/L while valley is far too cautious
+(about 1/500 of 1/L: that loss falls from the first step on; tests/train/test_lrfind.py).
 
 It trains the recipe's model in memory from the weights the recipe names, fed as finetune feeds
 it (with a frozen prefix, from the same feature cache, of which it computes only the first
@@ -53,10 +53,10 @@ class Found:
 
     @property
     def suggested(self) -> float:
-        return self.valley
+        return self.minimum
 
     def to_json(self) -> dict[str, Any]:
-        return {"suggested": self.suggested, "method": "valley", "valley": self.valley, "steep": self.steep,
+        return {"suggested": self.suggested, "method": "minimum", "valley": self.valley, "steep": self.steep,
                 "minimum": self.minimum,
                 "stopped": self.stopped, "seconds": round(self.seconds, 3), "lrs": self.lrs, "losses": self.losses,
                 "raw_losses": self.raw, "feature_cache": self.feed, "plot": str(self.plot) if self.plot else None}

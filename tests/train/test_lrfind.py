@@ -94,7 +94,7 @@ def test_train_lr_auto_trains_with_the_suggestion_and_records_it(tiny_symbol, tm
     res = api.finetune(recipe_dict(tiny_symbol, lr="auto"), runs_root=tmp_path, quiet=True)
     found = json.loads((res.run_dir / "lr_find.json").read_text())
     written = yaml.safe_load((res.run_dir / "recipe.yaml").read_text())
-    assert written["train"]["lr"] == found["suggested"] == found["valley"]
+    assert written["train"]["lr"] == found["suggested"] == found["minimum"]
     assert [r["lr"] for r in res.metrics if "epoch" in r] == [found["suggested"]]  # schedule: constant
     assert (tmp_path / "t-lr-find" / "lr_find.png").is_file()
 
