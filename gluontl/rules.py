@@ -21,7 +21,8 @@ import mxnet as mx
 import numpy as np
 from mxnet.gluon import Constant, HybridBlock, Parameter, SymbolBlock
 
-from .errors import RuleError
+from .adapters import LORA_TYPE, Adapted, adapter_params, adapters_of, add_lora, target
+from .errors import AdapterError, RuleError
 from .naming import Layer, ParamEntry, named_params, shape_of
 from .recipe import Rule, as_rules
 from .stages import HEAD, NECK, STEM, Stage, stage_map
@@ -90,6 +91,7 @@ class Row:
     wd_mult: float
     bn: str | None  # None for parameters of non-BatchNorm layers
     decided_by: dict[str, str]  # field → rule label, "default" when no rule set it
+    adapter: str | None = None  # a LoRA factor, or a base parameter an adapter froze
 
     @property
     def trainable(self) -> bool:
@@ -152,7 +154,7 @@ def make_plan(block: HybridBlock, rules: Iterable[RuleLike], *, epoch: int | Non
     plans epoch 0.
     """
     planned = expand(rules)
-    entries = named_params(block)
+    entries = _entries(block)
     needs_stages = any(p.rule.stage is not None for p in planned)
     stages: dict[str, Stage] = {}
     no_stages = None
@@ -168,7 +170,8 @@ def make_plan(block: HybridBlock, rules: Iterable[RuleLike], *, epoch: int | Non
     values = {n: dict(DEFAULTS) for n in entries}
     decided = {n: {f: "default" for f in FIELDS} for n in entries}
     bn_rank: dict[int, tuple[str, str]] = {}  # id(layer) → (value, label) of the last rule setting bn
-    errors = []
+    targets, errors = _adapter_targets(block, planned, entries, stages)
+    errors += _adapters_missing(block, targets)
     for pr in planned:
         hits = [e for e in entries.values() if _selects(pr.rule, e, stages.get(e.name))]
         if not hits:
@@ -191,6 +194,16 @@ def make_plan(block: HybridBlock, rules: Iterable[RuleLike], *, epoch: int | Non
                     decided[e.name][f] = pr.label
             if pr.rule.bn is not None and e.layer is not None and e.layer.type == "BatchNorm":
                 bn_rank[id(e.layer)] = (pr.rule.bn, pr.label)
+        for n in (n for label, t in targets.values() if label == pr.label for n in (t.a, t.b)):
+            values[n]["grad_req"], decided[n]["grad_req"] = "write", pr.label
+    adapter_text = {}
+    for label, t in targets.values():  # the adapted layer's own parameters stay as they were
+        for n in t.frozen:
+            values[n]["grad_req"], decided[n]["grad_req"] = "null", label
+            adapter_text[n] = f"base of lora on {t.layer}"
+        for n, f in ((t.a, "lora_a"), (t.b, "lora_b")):
+            adapter_text[n] = f"{f} rank {t.spec.rank} alpha {t.spec.alpha:g}" + \
+                (f" dropout {t.spec.dropout:g}" if t.spec.dropout else "")
     if errors:
         raise RuleError("The rules do not fit this model: " + "; ".join(errors) +
                         ". Mark a rule optional: true if matching nothing is intended; "
@@ -212,9 +225,67 @@ def make_plan(block: HybridBlock, rules: Iterable[RuleLike], *, epoch: int | Non
                         layer=e.layer.name if e.layer else None, layer_type=e.layer.type if e.layer else None,
                         stage=stages.get(n), aux=aux,
                         grad_req="null" if aux else v["grad_req"], lr_mult=v["lr_mult"], wd_mult=v["wd_mult"],
-                        bn=bn, decided_by=d))
+                        bn=bn, decided_by=d, adapter=adapter_text.get(n)))
     notes = _notes(rows) + ([no_stages] if no_stages else [])
     return Plan(rows=rows, rules=planned, epoch=epoch or 0, notes=notes)
+
+
+def _entries(block: HybridBlock) -> dict[str, ParamEntry]:
+    """Every parameter; adapter factors as layers of type LoRA, which no ``type`` selector names."""
+    entries = named_params(block)
+    for n in adapter_params(block):
+        entries[n] = dataclasses.replace(entries[n], layer=Layer(n.removesuffix(".weight"), LORA_TYPE, [n]))
+    return entries
+
+
+def _adapter_targets(block: HybridBlock, planned: list[PlannedRule], entries: dict[str, ParamEntry],
+                     stages: dict[str, Stage]) -> tuple[dict[str, tuple[str, Adapted]], list[str]]:
+    """The layers the rules put adapters on (layer → rule label, adapter; a later rule wins), and
+    the rules with an adapter that matches no Conv or Dense layer."""
+    out: dict[str, tuple[str, Adapted]] = {}
+    errors = []
+    for pr in planned:
+        if pr.rule.adapter is None:
+            continue
+        layers = {e.layer.name: e.layer for e in entries.values()
+                  if e.layer is not None and e.layer.type != LORA_TYPE and _selects(pr.rule, e, stages.get(e.name))}
+        try:
+            found = [t for layer in layers.values() if (t := target(block, layer, pr.rule.adapter)) is not None]
+        except AdapterError as e:
+            raise RuleError(f"rule {pr.label} (adapter): {e}") from None
+        if layers and not found:
+            kinds = sorted({layer.type or "other" for layer in layers.values()})
+            errors.append(f"rule {pr.label} sets adapter but matches no Conv or Dense layer (it matches "
+                          f"{', '.join(kinds)} layers); add type: [Conv, Dense] or fix match")
+        out.update((t.layer, (pr.label, t)) for t in found)
+    return out, errors
+
+
+def _adapters_missing(block: HybridBlock, targets: dict[str, tuple[str, Adapted]]) -> list[str]:
+    have = adapters_of(block)
+    wrong = [f"rule {label} puts a LoRA adapter (rank {t.spec.rank}) on layer {name}, which has "
+             f"{'none' if name not in have else f'one of rank {have[name].spec.rank}'}"
+             for name, (label, t) in targets.items() if name not in have or have[name].spec != t.spec]
+    wrong += [f"layer {name} has an adapter no rule asks for" for name in have if name not in targets]
+    if wrong:
+        wrong[-1] += (" (adapters are added when the model is built: gluontl.prepare, or "
+                      "gluontl.rules.attach_adapters before make_plan)")
+    return wrong
+
+
+def attach_adapters(block: HybridBlock, rules: Iterable[RuleLike], *,
+                    input_shape: tuple[int, ...] | Mapping[str, tuple[int, ...]] | None = None) -> HybridBlock:
+    """``block`` with the adapters its rules' ``adapter`` settings ask for, before planning (the plan
+    lists their parameters); for graphs a new block, Gluon blocks change in place."""
+    planned = expand(rules)
+    if not any(p.rule.adapter is not None for p in planned):
+        return block
+    entries = _entries(block)
+    stages = stage_map(block, image_shape(input_shape)) if any(p.rule.stage is not None for p in planned) \
+        and input_shape is not None else {}
+    targets, _ = _adapter_targets(block, planned, entries, stages)
+    have = adapters_of(block)
+    return add_lora(block, {t.source: t.spec for _, t in targets.values() if t.layer not in have})
 
 
 def image_shape(shape: Iterable[int] | Mapping[str, Iterable[int]]) -> tuple[int, ...]:
@@ -329,13 +400,15 @@ def trainable_params(block: HybridBlock) -> dict[str, Parameter]:
 def format_plan(plan: Plan) -> str:
     """Human-readable table: every parameter, its settings and the rule that decided each."""
     head = ("name", "mxnet name", "shape", "count", "stage", "grad_req", "lr", "wd", "bn", "rules g/lr/wd/bn")
+    adapters = any(r.adapter for r in plan.rows)
+    head += ("adapter",) * adapters
     lines = []
     for r in plan.rows:
         d = r.decided_by
         lines.append((r.name, r.global_name, "x".join(map(str, r.shape)), f"{r.size:,}",
                       "" if r.stage is None else str(r.stage), "aux" if r.aux else r.grad_req,
                       "" if r.aux else f"{r.lr_mult:g}", "" if r.aux else f"{r.wd_mult:g}", r.bn or "",
-                      f"{d['grad_req']}/{d['lr_mult']}/{d['wd_mult']}/{d['bn']}"))
+                      f"{d['grad_req']}/{d['lr_mult']}/{d['wd_mult']}/{d['bn']}", *(r.adapter or "",) * adapters))
     widths = [max(len(h), *(len(l[i]) for l in lines)) if lines else len(h) for i, h in enumerate(head)]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
     out = [f"rules (epoch {plan.epoch}):"]

@@ -22,7 +22,7 @@ PLACES = {  # dotted prefix → layer; the longest matching prefix wins
     "gluontl.zoo": 0,  # the zoo's names and input sizes: a catalogue the recipe schema reads
     "gluontl.console": 0,  # what a process shows: lines, bars, worker logs (data loading shows progress too)
     "gluontl.onnx": 1, "gluontl.sources": 1, "gluontl.convert": 1,
-    "gluontl.stages": 2, "gluontl.surgery": 2, "gluontl.rules": 2, "gluontl.recipe": 2,
+    "gluontl.stages": 2, "gluontl.surgery": 2, "gluontl.adapters": 2, "gluontl.rules": 2, "gluontl.recipe": 2,
     "gluontl.pipeline": 2,  # recipe → ready model: source, restore, surgery, rules
     # image decoding, transforms, splits, bad images, demo data, epoch order and the run card: what every task feeds on
     "gluontl.train.data": 3, "gluontl.train.transforms": 3, "gluontl.train.demo": 3, "gluontl.train.sampler": 3,

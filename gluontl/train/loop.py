@@ -33,6 +33,7 @@ from ..errors import Interrupted, TrainError, resume_command
 from ..pipeline import with_input_name
 from ..recipe import Recipe, ScheduleSpec, load_recipe, resolve_backend
 from ..naming import named_params
+from ..adapters import adapters_of, save_adapters
 from ..rules import Plan, apply_plan, format_plan, freeze_bn_stats, make_plan, trainable_params
 from ..tasks import get_task, split, transform_lines
 from . import checkpoint
@@ -450,6 +451,8 @@ def _finetune(recipe: Recipe, dist: Backend, ctxs: list[mx.Context], runs_root: 
     def save(tag: str, **counters: Any) -> None:
         if root:  # a distributed run's BatchNorm statistics were made rank 0's everywhere before
             checkpoint.save(run_dir / "checkpoints", tag, net, trainer, dict(state, **counters))
+            if tag == "best" and adapters_of(net):  # the adapters alone, for load_adapters onto the base model
+                save_adapters(net, run_dir / "adapters.params")
     stopped = False
     steps_this_call = 0
     bad_steps = 0
