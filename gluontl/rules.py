@@ -171,7 +171,9 @@ def make_plan(block: HybridBlock, rules: Iterable[RuleLike], *, epoch: int | Non
     decided = {n: {f: "default" for f in FIELDS} for n in entries}
     bn_rank: dict[int, tuple[str, str]] = {}  # id(layer) → (value, label) of the last rule setting bn
     targets, errors = _adapter_targets(block, planned, entries, stages)
-    errors += _adapters_missing(block, targets)
+    missing = _adapters_missing(block, targets)
+    if missing:
+        raise RuleError("The rules do not fit this model: " + "; ".join(missing) + ".")
     for pr in planned:
         hits = [e for e in entries.values() if _selects(pr.rule, e, stages.get(e.name))]
         if not hits:
