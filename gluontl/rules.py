@@ -117,11 +117,16 @@ class Plan:
     def to_json(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "totals": self.totals(), "notes": self.notes,
                 "rules": [{"label": r.label, **r.rule.model_dump(exclude_defaults=True)} for r in self.rules],
-                "params": [dataclasses.asdict(r) for r in self.rows]}
+                "params": [_row_json(r) for r in self.rows]}
 
     def settings(self) -> dict[str, tuple]:
         """What apply() would set — for comparing plans across epochs."""
         return {r.name: (r.grad_req, r.lr_mult, r.wd_mult, r.bn) for r in self.rows}
+
+
+def _row_json(row: Row) -> dict[str, Any]:
+    """A row as plan.json holds it; ``adapter`` only on rows an adapter concerns."""
+    return {k: v for k, v in dataclasses.asdict(row).items() if k != "adapter" or v is not None}
 
 
 def _selects(rule: Rule, e: ParamEntry, stage: Stage | None) -> bool:
