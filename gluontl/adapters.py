@@ -124,6 +124,10 @@ def target(block: HybridBlock, layer: Layer, spec: AdapterSpec) -> Adapted | Non
     params = block.params._params
     weight_node = nodes[node["inputs"][1][0]]
     weight = nodes[weight_node["inputs"][0][0]]["name"] if transposed else weight_node["name"]
+    if weight not in params:
+        raise AdapterError(f"node '{node['name']}' computes its weight ({weight_node['op']}) rather than reading a "
+                           f"parameter, so an adapter could not be merged into it. Narrow the rule's match so it "
+                           f"leaves '{layer.name}' out.")
     frozen = [weight] + [nodes[e[0]]["name"] for e in node["inputs"][2:] if nodes[e[0]]["name"] in params]
     kind = "Conv" if node["op"] == "Convolution" else "Dense"
     return Adapted(node["name"], layer.name, kind, spec, weight, tuple(frozen), transposed)

@@ -12,12 +12,12 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from helpers import assert_f32_close, batch, f32_tol, resnet18_weights, sgd_step, tiny_symbol
+from helpers import assert_f32_close, batch, resnet18_weights, run_cli, sgd_step, tiny_symbol
 from onnx import TensorProto, helper, numpy_helper
 
 import gluontl
 from gluontl.adapters import adapters_of, add_lora, load_adapters, merge_adapters, save_adapters
-from gluontl.errors import AdapterError, RecipeError, RuleError
+from gluontl.errors import AdapterError, RuleError
 from gluontl.export import export_onnx
 from gluontl.export.exporters import export_block
 from gluontl.naming import named_params
@@ -112,6 +112,15 @@ def test_rule_errors_name_the_layer():
                   [{"type": ["BatchNorm"], "adapter": LORA}])
     with pytest.raises(RuleError, match="attach_adapters"):  # planned on a block without its adapters
         make_plan(net, [{"match": "2.*", "adapter": LORA}])
+
+
+def test_cli_plan_refuses_depthwise_convolutions_by_name(tmp_path, capsys):
+    (tmp_path / "r.yaml").write_text("name: m\nmodel: {source: 'zoo:mobilenet0.25', input_shape: [3, 32, 32]}\n"
+                                     "rules:\n  - {match: 'features.*', type: [Conv], adapter: {rank: 4}}\n")
+    code, _, err = run_cli(capsys, "plan", "--recipe", str(tmp_path / "r.yaml"))
+    err = " ".join(err.split())
+    assert code == 2 and "Traceback" not in err
+    assert "rule 1 (adapter): layer 'features." in err and "grouped convolution" in err and "Narrow" in err
 
 
 # ----------------------------------------------------------------- zoo model
@@ -233,7 +242,7 @@ def _graph_case(tmp_path, kind):
     if kind == "symbol":
         net = gluontl.load_model(f"symbol:{tiny_symbol(tmp_path)}")
         convs = sorted({e.layer.name for e in named_params(net).values() if e.layer and e.layer.type == "Conv"})
-        return net, [{"match": "*", "grad_req": "null"}, {"type": ["Conv"], "adapter": LORA}], \
+        return net, [{"match": "*", "grad_req": "null"}, {"type": ["Conv"], "adapter": {**LORA, "dropout": 0.2}}], \
             batch(n=4, hw=16), 5, convs
     net = gluontl.load_model(_onnx_file(tmp_path, kind))
     if kind == "conv":
@@ -321,6 +330,10 @@ def test_save_load_adapters_round_trip_and_refuse_another_base(tmp_path):
     again, _ = _adapt(base(), rules, (3, 32, 32))  # a model with the same adapter rules
     np.testing.assert_array_equal(_predict(load_adapters(again, path), x), _predict(net, x))
 
+    ranked, _ = _adapt(base(), [RESNET_RULES[0], {**RESNET_RULES[1], "adapter": {**LORA, "rank": 2}}], (3, 32, 32))
+    with pytest.raises(AdapterError, match="differs in rank") as e:
+        load_adapters(ranked, path)
+    assert str(path) in str(e.value)
     other = base()  # same architecture, one base weight fine-tuned elsewhere
     w = named_params(other)["features.7.0.body.0.weight"].param
     w.set_data(w.data() * 1.01)
