@@ -369,10 +369,16 @@ def merge_adapters(block: HybridBlock) -> HybridBlock:
             params._params[name] = _initialized(Parameter(name, shape=value.shape, dtype="float32"),
                                                 mx.init.Constant(0.0), old.list_ctx())
             params._params[name].set_data(mx.nd.array(value))
-        return _same_kind(block, getattr(block, "gluontl_lora").base, block._cached_graph[0], params)
-    block.apply(lambda b: b._clear_cached_op())  # a cached op holds C pointers, which cannot be copied
-    trainers = {id(p._trainer): None for p in block.collect_params().values() if p._trainer is not None}
-    plain = copy.deepcopy(block, trainers)
+        plain = _same_kind(block, getattr(block, "gluontl_lora").base, block._cached_graph[0], params)
+        head = getattr(getattr(block, "gluontl_onnx", None), "head", None)
+        if head is not None and set(merged) & set(head.collect_params().keys()):
+            head = _copy(head)  # export writes an imported model's new head from the Head block itself
+            for name, p in head.collect_params().items():
+                if name in merged:
+                    p.set_data(mx.nd.array(merged[name]))
+            plain.gluontl_onnx = dataclasses.replace(block.gluontl_onnx, head=head)
+        return plain
+    plain = _copy(block)
     del plain.gluontl_lora
     for t in adapted.values():
         layer = _child(plain, t.layer)
@@ -383,6 +389,13 @@ def merge_adapters(block: HybridBlock) -> HybridBlock:
         del layer._lora
         layer.__class__ = layer.__class__.__bases__[1]
     return plain
+
+
+def _copy(block: HybridBlock) -> HybridBlock:
+    """A deep copy of a Gluon block with parameters of its own (not the trainer they belong to)."""
+    block.apply(lambda b: b._clear_cached_op())  # a cached op holds C pointers, which cannot be copied
+    trainers = {id(p._trainer): None for p in block.collect_params().values() if p._trainer is not None}
+    return copy.deepcopy(block, trainers)
 
 
 # ============================================================================ files

@@ -301,6 +301,21 @@ def test_onnx_matmul_merge_is_transposed_into_the_onnx_weight(tmp_path):
     assert not any("lora" in n for n in got)
 
 
+def test_onnx_model_with_a_new_head_exports_the_merged_head(tmp_path):
+    """Surgery's head on an imported graph is written from the Head block: it gets the merged values too."""
+    from gluontl.surgery import attach_head, cut_at
+
+    net = attach_head(cut_at(gluontl.load_model(_onnx_file(tmp_path, "conv")), "relu1"), {"classes": 3}, (3, 8, 8))
+    rules = [{"match": ["head.*", "w1"], "type": ["Dense", "Conv"], "adapter": {"rank": 2, "alpha": 4}}]
+    net, _ = _adapt(net, rules)
+    assert sorted(t.kind for t in adapters_of(net).values()) == ["Conv", "Dense"]
+    x, y = batch(n=4, hw=8, classes=3)
+    sgd_step(net, x, y, lr=0.1, steps=2)
+    path = export_onnx(net, tmp_path / "m.onnx")
+    assert not any("lora" in t.name for t in onnx.load(str(path)).graph.initializer)
+    assert_f32_close(_ort(path, x.asnumpy()), _predict(net, x), terms=27 * 8, depth=2)
+
+
 # ----------------------------------------------------------------- files
 
 def test_save_load_adapters_round_trip_and_refuse_another_base(tmp_path):
