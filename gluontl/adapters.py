@@ -96,10 +96,14 @@ def target(block: HybridBlock, layer: Layer, spec: AdapterSpec) -> Adapted | Non
     """What an adapter on ``layer`` adapts, None for a layer that is neither Conv nor Dense; a
     grouped convolution, or a graph layer inside a Gluon block, is refused by name."""
     if layer.block is not None:
+        if layer.type not in ("Conv", "Dense"):
+            return None
+        own = nn.Dense.hybrid_forward if layer.type == "Dense" else nn.conv_layers._Conv.hybrid_forward
+        if type(layer.block).hybrid_forward is not own:  # the adapter's forward replaces the layer's
+            raise AdapterError(f"layer '{layer.name}' ({type(layer.block).__name__}) computes its own forward; LoRA "
+                               f"adapts Gluon's Conv and Dense layers. Narrow the rule's match so it leaves it out.")
         if layer.type == "Dense":
             return Adapted(layer.name, layer.name, "Dense", spec, f"{layer.name}.weight", tuple(layer.params))
-        if layer.type != "Conv":
-            return None
         groups, layout = layer.block._kwargs["num_group"], layer.block._kwargs.get("layout") or "NC"
         _refuse(layer.name, groups, layout)
         return Adapted(layer.name, layer.name, "Conv", spec, f"{layer.name}.weight", tuple(layer.params))
@@ -459,9 +463,9 @@ def load_adapters(block: HybridBlock, path: str | os.PathLike) -> HybridBlock:
         have = adapters_of(block)
     if set(have) != set(specs) or any(have[n].spec != specs[n][1] for n in specs):
         diff = sorted(set(have) ^ set(specs)) or [n for n in specs if have[n].spec != specs[n][1]]
-        raise AdapterError(f"'{path}' holds adapters that do not fit this model's: layer '{diff[0]}' "
-                           f"{'differs in rank/alpha/dropout' if diff[0] in have and diff[0] in specs else 'is in only one'}"
-                           f". Load them onto a model with the same adapter rules, or onto one without adapters.")
+        what = "differs in rank/alpha/dropout" if diff[0] in have and diff[0] in specs else "is in only one"
+        raise AdapterError(f"'{path}' holds adapters that do not fit this model's: layer '{diff[0]}' {what}. Load "
+                           f"them onto a model with the same adapter rules, or onto one without adapters.")
     entries = named_params(block)
     for name, t in have.items():
         c = layers[name]

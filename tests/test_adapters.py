@@ -114,6 +114,22 @@ def test_rule_errors_name_the_layer():
         make_plan(net, [{"match": "2.*", "adapter": LORA}])
 
 
+class _Doubled(mx.gluon.nn.Dense):
+    def hybrid_forward(self, F, x, weight, bias=None):
+        return super().hybrid_forward(F, x, weight, bias) * 2
+
+
+def test_a_layer_with_its_own_forward_is_refused_by_name():
+    net = mx.gluon.nn.HybridSequential()
+    net.add(mx.gluon.nn.Dense(3, in_units=2), _Doubled(3, in_units=3))
+    net.initialize()
+    with pytest.raises(AdapterError, match="layer '1' \\(_Doubled\\) computes its own forward"):
+        add_lora(net, {"1": LORA})
+    with pytest.raises(AdapterError, match="no layer 'nope'"):
+        add_lora(net, {"nope": LORA})
+    assert adapters_of(add_lora(net, {"0": LORA})).keys() == {"0"}
+
+
 def test_cli_plan_refuses_depthwise_convolutions_by_name(tmp_path, capsys):
     (tmp_path / "r.yaml").write_text("name: m\nmodel: {source: 'zoo:mobilenet0.25', input_shape: [3, 32, 32]}\n"
                                      "rules:\n  - {match: 'features.*', type: [Conv], adapter: {rank: 4}}\n")
