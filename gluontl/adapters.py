@@ -99,7 +99,7 @@ def target(block: HybridBlock, layer: Layer, spec: AdapterSpec) -> Adapted | Non
         if layer.type not in ("Conv", "Dense"):
             return None
         own = nn.Dense.hybrid_forward if layer.type == "Dense" else nn.conv_layers._Conv.hybrid_forward
-        if type(layer.block).hybrid_forward is not own:  # the adapter's forward replaces the layer's
+        if type(layer.block).hybrid_forward not in (own, _LoraLayer.hybrid_forward):  # the adapter's replaces it
             raise AdapterError(f"layer '{layer.name}' ({type(layer.block).__name__}) computes its own forward; LoRA "
                                f"adapts Gluon's Conv and Dense layers. Narrow the rule's match so it leaves it out.")
         if layer.type == "Dense":
@@ -113,7 +113,7 @@ def target(block: HybridBlock, layer: Layer, spec: AdapterSpec) -> Adapted | Non
     index = {n["name"]: i for i, n in enumerate(nodes)}
     i = index[layer.node]
     node, transposed = nodes[i], False
-    if node["op"] == "transpose" and _attrs(node).get("axes") in (None, "(1, 0)", "(1,0)", "[1, 0]"):
+    if node["op"] == "transpose" and "axes" not in _attrs(node):  # how the importer reads an ONNX MatMul weight
         readers = [j for j, n in enumerate(nodes) if any(e[0] == i for e in n["inputs"])]
         if len(readers) == 1 and nodes[readers[0]]["op"] == "FullyConnected" and nodes[readers[0]]["inputs"][1][0] == i:
             node, transposed = nodes[readers[0]], True
@@ -260,11 +260,15 @@ def _geometry(t: Adapted, w_shape: tuple[int, ...], conv: dict[str, Any] | None,
     return a_shape, a_kw, (out, rank, *one), b_kw
 
 
-def _gluon_add(layer: HybridBlock, t: Adapted) -> None:
-    w_shape = tuple(layer.weight.shape)
-    if 0 in w_shape:
-        raise AdapterError(f"layer '{t.layer}' does not know its input size yet (weight shape {w_shape}); run one "
+def _known(shape: tuple[int, ...], t: Adapted) -> tuple[int, ...]:
+    if len(shape) < 2 or 0 in shape:
+        raise AdapterError(f"layer '{t.layer}' does not know its input size yet (weight shape {shape}); run one "
                            f"forward pass (or give in_units/in_channels) before adding adapters.")
+    return shape
+
+
+def _gluon_add(layer: HybridBlock, t: Adapted) -> None:
+    w_shape = _known(tuple(layer.weight.shape), t)
     conv = None if t.kind == "Dense" else dict(layer._kwargs)
     flatten = getattr(layer, "_flatten", True)
     a_shape, a_kw, b_shape, b_kw = _geometry(t, w_shape, conv, flatten)
@@ -312,7 +316,7 @@ def _graph_add(block: SymbolBlock, targets: list[Adapted]) -> SymbolBlock:
         t = by_node.get(node["name"])
         if t is None:
             continue
-        w_shape = shape_of(block.params[t.weight])
+        w_shape = _known(shape_of(block.params[t.weight]), t)
         w_shape = w_shape[::-1] if t.transposed else w_shape
         attrs = _attrs(node)
         conv = None
@@ -444,6 +448,8 @@ def load_adapters(block: HybridBlock, path: str | os.PathLike) -> HybridBlock:
                                f"side by side (a run writes RUN/adapters.params).")
     try:
         config = json.loads(cfg_path.read_text(encoding="utf-8"))
+        if config["format"] != FORMAT:
+            raise ValueError(f"format {config['format']!r}, not {FORMAT!r}")
         layers = config["layers"]
         specs = {name: (c["source"], AdapterSpec(**{k: c[k] for k in ("kind", "rank", "alpha", "dropout")}))
                  for name, c in layers.items()}

@@ -114,6 +114,59 @@ def test_rule_errors_name_the_layer():
         make_plan(net, [{"match": "2.*", "adapter": LORA}])
 
 
+def _graph(sym) -> gluontl.graphblock.GraphBlock:
+    net = gluontl.graphblock.GraphBlock(sym, [mx.sym.var("data")])
+    net.initialize()
+    return net
+
+
+def test_layers_lora_cannot_adapt_are_refused_by_name():
+    data = mx.sym.var("data")
+    grouped = _graph(mx.sym.Convolution(data, kernel=(3, 3), num_filter=4, num_group=2, name="g"))
+    with pytest.raises(AdapterError, match="layer 'g' is a grouped convolution"):
+        add_lora(grouped, {"g": LORA})
+    w, b = mx.sym.var("w", shape=(4, 2, 3, 3)), mx.sym.var("b", shape=(4,))
+    computed = _graph(mx.sym.Convolution(data, weight=w * 2, bias=b, kernel=(3, 3), num_filter=4, name="c"))
+    with pytest.raises(AdapterError, match="node 'c' computes its weight"):
+        add_lora(computed, {"c": LORA})
+    outer = mx.gluon.nn.HybridSequential()
+    outer.add(_graph(mx.sym.FullyConnected(data, num_hidden=3, name="fc")))
+    with pytest.raises(AdapterError, match="does not know its input size"):
+        add_lora(outer[0], {"fc": LORA})
+    with pytest.raises(AdapterError, match="graph inside a Gluon block"):
+        add_lora(outer, {"fc": LORA})
+    nhwc = mx.gluon.nn.HybridSequential()
+    nhwc.add(mx.gluon.nn.Conv2D(4, 3, in_channels=2, layout="NHWC"))
+    nhwc.initialize()
+    with pytest.raises(AdapterError, match="layout NHWC"):
+        add_lora(nhwc, {"0": LORA})
+
+
+@pytest.mark.parametrize("graph", [False, True])
+def test_adapter_dropout_acts_in_training_only(graph):
+    """Dropout on the adapter's input: training outputs differ from predict-mode ones, with 0 they do not."""
+    x = mx.nd.array(np.random.RandomState(5).randn(64, 6))
+    outs = {}
+    for p in (0.0, 0.5):
+        if graph:
+            net = _graph(mx.sym.FullyConnected(mx.sym.var("data"), mx.sym.var("w", shape=(5, 6)), num_hidden=5,
+                                               no_bias=True, name="fc"))
+            net(x)  # shapes known
+            net = add_lora(net, {"fc": {"rank": 2, "dropout": p}})
+        else:
+            net = mx.gluon.nn.HybridSequential()
+            net.add(mx.gluon.nn.Dense(5, in_units=6))
+            net.initialize()
+            net = add_lora(net, {"0": {"rank": 2, "dropout": p}})
+        b = next(e.param for n, e in named_params(net).items() if n.endswith("lora_b.weight"))
+        b.set_data(mx.nd.ones(b.shape))
+        with mx.autograd.record(train_mode=True):
+            train = net(x).asnumpy()
+        outs[p] = (train, _predict(net, x))
+    np.testing.assert_array_equal(*outs[0.0])
+    assert not np.allclose(*outs[0.5])
+
+
 class _Doubled(mx.gluon.nn.Dense):
     def hybrid_forward(self, F, x, weight, bias=None):
         return super().hybrid_forward(F, x, weight, bias) * 2
@@ -178,6 +231,8 @@ def test_zoo_model_equals_base_at_init_trains_only_adapters_and_merges():
     assert b0.shape == (512, 4, 1, 1) and rows["features.7.0.body.0.lora_a.weight"].shape == (4, 256, 3, 3)
     before = _values(net)
     assert not any(before[f"{n.removesuffix('.weight')}.lora_b.weight"].any() for n in convs)  # B starts at 0
+    a0, bound = before["features.7.0.body.0.lora_a.weight"], 1 / np.sqrt(256 * 9)  # PEFT's Kaiming-uniform
+    assert 0.99 * bound < np.abs(a0).max() <= bound and abs(a0.mean()) < 0.05 * bound
     sgd_step(net, x, y, lr=0.05, steps=3)
     after = _values(net)
     for n in before:
@@ -379,6 +434,14 @@ def test_save_load_adapters_round_trip_and_refuse_another_base(tmp_path):
     assert str(path) in str(e.value)
     with pytest.raises(AdapterError, match="does not exist"):
         load_adapters(base(), tmp_path / "none.params")
+    config_file = tmp_path / "adapters.json"
+    config_file.write_text(json.dumps({**config, "format": "other/1"}))
+    with pytest.raises(AdapterError, match="not a gluontl adapter file pair"):
+        load_adapters(base(), path)
+    config_file.write_text(json.dumps(config))
+    mx.nd.save(str(path), {k: (v[:1] if k == "features.7.1.body.3.lora_b.weight" else v) for k, v in saved.items()})
+    with pytest.raises(AdapterError, match="no tensor 'features.7.1.body.3.lora_b.weight' of shape"):
+        load_adapters(base(), path)
     with pytest.raises(AdapterError, match="no adapters"):
         save_adapters(base(), tmp_path / "x.params")
 
