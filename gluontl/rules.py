@@ -9,6 +9,10 @@ on any of its parameters decides it. The Plan records, per field, which rule dec
 Selectors combine with AND: ``match`` (globs on structural names; a list is OR),
 ``type`` (layer type), ``stage`` (from the stage map). Running mean/var are auxiliary
 states: they take no grad_req/lr/wd; whether they move is the layer's ``bn`` mode.
+
+A rule's ``adapter`` puts LoRA factors on the Conv/Dense layers it selects (added to the model by
+``attach_adapters`` before planning, see gluontl/adapters.py): they train, decided by that rule,
+and the adapted layers' own parameters are frozen whatever other rules say.
 """
 from __future__ import annotations
 
@@ -204,7 +208,7 @@ def make_plan(block: HybridBlock, rules: Iterable[RuleLike], *, epoch: int | Non
         for n in (n for label, t in targets.values() if label == pr.label for n in (t.a, t.b)):
             values[n]["grad_req"], decided[n]["grad_req"] = "write", pr.label
     adapter_text = {}
-    for label, t in targets.values():  # the adapted layer's own parameters stay as they were
+    for label, t in targets.values():  # an adapted layer's own parameters are frozen whatever other rules say
         for n in t.frozen:
             values[n]["grad_req"], decided[n]["grad_req"] = "null", label
             adapter_text[n] = f"base of lora on {t.layer}"
@@ -269,6 +273,7 @@ def _adapter_targets(block: HybridBlock, planned: list[PlannedRule], entries: di
 
 
 def _adapters_missing(block: HybridBlock, targets: dict[str, tuple[str, Adapted]]) -> list[str]:
+    """Where the block's adapters are not the ones the rules ask for (a plan would not describe it)."""
     have = adapters_of(block)
     wrong = [f"rule {label} puts a LoRA adapter (rank {t.spec.rank}) on layer {name}, which has "
              f"{'none' if name not in have else f'one of rank {have[name].spec.rank}'}"
