@@ -6,8 +6,9 @@ to the layer's outputs as a 1x1 convolution (or Dense). B starts at zero, so the
 computes exactly what the base model did; A starts Kaiming-uniform with PEFT's bound
 1/sqrt(fan_in). B being 1x1, ``B∘A`` is one kernel of the layer's own shape,
 ``Σ_r B[o, r] · A[r, ...]``: ``merge_adapters`` folds it into W and returns a plain model, which
-is what exports write. Grouped and depthwise convolutions are refused: a low-rank update of a
-grouped kernel is no such composition.
+is what exports write. Grouped and depthwise convolutions are refused (a rule's adapter leaves
+them out, named in the plan's notes): per group this is no low-rank saving, and for a depthwise
+kernel the factors have more parameters than the kernel.
 
 Gluon blocks (zoo:): the layer becomes a subclass of its own class whose forward adds the
 adapter before the activation; the factors are its children ``lora_a``/``lora_b``, so their

@@ -179,7 +179,7 @@ def make_plan(block: HybridBlock, rules: Iterable[RuleLike], *, epoch: int | Non
     values = {n: dict(DEFAULTS) for n in entries}
     decided = {n: {f: "default" for f in FIELDS} for n in entries}
     bn_rank: dict[int, tuple[str, str]] = {}  # id(layer) → (value, label) of the last rule setting bn
-    targets, errors = _adapter_targets(block, planned, entries, stages)
+    targets, errors, adapter_notes = _adapter_targets(block, planned, entries, stages)
     missing = _adapters_missing(block, targets)
     if missing:
         raise RuleError("The rules do not fit this model: " + "; ".join(missing) + ".")
@@ -237,7 +237,7 @@ def make_plan(block: HybridBlock, rules: Iterable[RuleLike], *, epoch: int | Non
                         stage=stages.get(n), aux=aux,
                         grad_req="null" if aux else v["grad_req"], lr_mult=v["lr_mult"], wd_mult=v["wd_mult"],
                         bn=bn, decided_by=d, adapter=adapter_text.get(n)))
-    notes = _notes(rows) + ([no_stages] if no_stages else [])
+    notes = _notes(rows) + adapter_notes + ([no_stages] if no_stages else [])
     return Plan(rows=rows, rules=planned, epoch=epoch or 0, notes=notes)
 
 
@@ -250,26 +250,38 @@ def _entries(block: HybridBlock) -> dict[str, ParamEntry]:
 
 
 def _adapter_targets(block: HybridBlock, planned: list[PlannedRule], entries: dict[str, ParamEntry],
-                     stages: dict[str, Stage]) -> tuple[dict[str, tuple[str, Adapted]], list[str]]:
-    """The layers the rules put adapters on (layer → rule label, adapter; a later rule wins), and
-    the rules with an adapter that matches no Conv or Dense layer."""
+                     stages: dict[str, Stage]) -> tuple[dict[str, tuple[str, Adapted]], list[str], list[str]]:
+    """The layers the rules put adapters on (layer → rule label, adapter; a later rule wins); the
+    rules with an adapter on no Conv or Dense layer (errors); and, as plan notes, the selected layers
+    LoRA cannot adapt (grouped and depthwise convolutions, ...), which a rule's adapter leaves out."""
     out: dict[str, tuple[str, Adapted]] = {}
-    errors = []
+    errors, notes = [], []
     for pr in planned:
         if pr.rule.adapter is None:
             continue
         layers = {e.layer.name: e.layer for e in entries.values()
                   if e.layer is not None and e.layer.type != LORA_TYPE and _selects(pr.rule, e, stages.get(e.name))}
-        try:
-            found = [t for layer in layers.values() if (t := target(block, layer, pr.rule.adapter)) is not None]
-        except AdapterError as e:
-            raise RuleError(f"rule {pr.label} (adapter): {e}") from None
-        if layers and not found:
+        found, refused = [], {}
+        for layer in layers.values():
+            try:
+                t = target(block, layer, pr.rule.adapter)
+            except AdapterError as e:
+                refused[layer.name] = str(e)
+                continue
+            if t is not None:
+                found.append(t)
+        if refused and not found:
+            errors.append(f"rule {pr.label} (adapter): {next(iter(refused.values()))}")
+        elif refused:
+            names = list(refused)
+            notes.append(f"rule {pr.label}'s adapter leaves out {len(names)} selected layer(s) LoRA cannot adapt: "
+                         f"{', '.join(names[:5])}{', …' if len(names) > 5 else ''} (e.g. {refused[names[0]]})")
+        elif layers and not found:
             kinds = sorted({layer.type or "other" for layer in layers.values()})
             errors.append(f"rule {pr.label} sets adapter but matches no Conv or Dense layer (it matches "
                           f"{', '.join(kinds)} layers); add type: [Conv, Dense] or fix match")
         out.update((t.layer, (pr.label, t)) for t in found)
-    return out, errors
+    return out, errors, notes
 
 
 def _adapters_missing(block: HybridBlock, targets: dict[str, tuple[str, Adapted]]) -> list[str]:
@@ -295,7 +307,7 @@ def attach_adapters(block: HybridBlock, rules: Iterable[RuleLike], *,
     entries = _entries(block)
     stages = stage_map(block, image_shape(input_shape)) if any(p.rule.stage is not None for p in planned) \
         and input_shape is not None else {}
-    targets, _ = _adapter_targets(block, planned, entries, stages)
+    targets = _adapter_targets(block, planned, entries, stages)[0]
     have = adapters_of(block)
     return add_lora(block, {t.source: t.spec for _, t in targets.values() if t.layer not in have})
 

@@ -104,10 +104,11 @@ def test_rule_errors_name_the_layer():
     net.add(mx.gluon.nn.Conv2D(4, 3, in_channels=4, groups=2), mx.gluon.nn.BatchNorm(in_channels=4),
             mx.gluon.nn.Dense(2, in_units=4))
     net.initialize()
-    with pytest.raises(RuleError) as e:
-        attach_adapters(net, [{"match": "0.*", "adapter": LORA}])
-    assert "grouped convolution" in str(e.value) and "'0'" in str(e.value) and "rule 1" in str(e.value)
-    with pytest.raises(RuleError, match="matches no Conv or Dense layer"):
+    rules = [{"match": "0.*", "adapter": LORA}]
+    with pytest.raises(RuleError) as e:  # a rule whose adapter fits none of the layers it selects
+        make_plan(attach_adapters(net, rules), rules)
+    assert "grouped convolution" in str(e.value) and "'0'" in str(e.value) and "rule 1 (adapter)" in str(e.value)
+    with pytest.raises(RuleError, match="matches no Conv or Dense layer"):  # BatchNorm only
         make_plan(attach_adapters(net, [{"type": ["BatchNorm"], "adapter": LORA}]),
                   [{"type": ["BatchNorm"], "adapter": LORA}])
     with pytest.raises(RuleError, match="attach_adapters"):  # planned on a block without its adapters
@@ -183,13 +184,17 @@ def test_a_layer_with_its_own_forward_is_refused_by_name():
     assert adapters_of(add_lora(net, {"0": LORA})).keys() == {"0"}
 
 
-def test_cli_plan_refuses_depthwise_convolutions_by_name(tmp_path, capsys):
+def test_cli_plan_names_the_depthwise_convolutions_an_adapter_leaves_out(tmp_path, capsys):
+    """MobileNet: the pointwise convolutions get adapters, the depthwise ones are named in a note."""
     (tmp_path / "r.yaml").write_text("name: m\nmodel: {source: 'zoo:mobilenet0.25', input_shape: [3, 32, 32]}\n"
                                      "rules:\n  - {match: 'features.*', type: [Conv], adapter: {rank: 4}}\n")
-    code, _, err = run_cli(capsys, "plan", "--recipe", str(tmp_path / "r.yaml"))
-    err = " ".join(err.split())
-    assert code == 2 and "Traceback" not in err
-    assert "rule 1 (adapter): layer 'features." in err and "grouped convolution" in err and "Narrow" in err
+    code, out, err = run_cli(capsys, "plan", "--recipe", str(tmp_path / "r.yaml"), "--json")
+    assert code == 0, err
+    plan = json.loads(out)
+    (note,) = [n for n in plan["notes"] if "leaves out" in n]
+    assert "rule 1's adapter leaves out 13 selected layer(s)" in note and "grouped convolution" in note
+    adapted = {p["name"].split(".lora_")[0] for p in plan["params"] if ".lora_a." in p["name"]}
+    assert "features.3" in note and "features.3" not in adapted and "features.6" in adapted
 
 
 # ----------------------------------------------------------------- zoo model
