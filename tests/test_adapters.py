@@ -232,6 +232,8 @@ def test_zoo_model_equals_base_at_init_trains_only_adapters_and_merges():
             assert rows[f"{layer}.{f}.weight"].grad_req == "write"
             assert rows[f"{layer}.{f}.weight"].decided_by["grad_req"] == "2"
     assert "features.7.0.body.0.lora_a.weight" in format_plan(plan)
+    assert rows["features.7.0.body.0.lora_a.weight"].global_name == "resnetv10_stage4_conv0_lora_a_weight"
+    assert rows["features.7.0.body.0.lora_b.weight"].global_name == "resnetv10_stage4_conv0_lora_b_weight"
     b0 = rows["features.7.0.body.0.lora_b.weight"]
     assert b0.shape == (512, 4, 1, 1) and rows["features.7.0.body.0.lora_a.weight"].shape == (4, 256, 3, 3)
     before = _values(net)
@@ -248,6 +250,9 @@ def test_zoo_model_equals_base_at_init_trains_only_adapters_and_merges():
             assert not moved, n  # base weights frozen bit for bit, whatever else
     merged = merge_adapters(net)
     assert not adapters_of(merged) and not any(".lora_" in n for n in named_params(merged))
+    assert all(p._trainer is None for p in merged.collect_params().values())  # the Trainer keeps the adapted block's
+    layer = merged.features[7][0].body[0]
+    assert type(layer) is mx.gluon.nn.Conv2D and not hasattr(layer, "_lora") and not layer._children.get("lora_a")
     want = _predict(net, x)
     assert_f32_close(_predict(merged, x), want, terms=512 * 9, depth=20)
     np.testing.assert_array_equal(_predict(net, x), want)  # merging left the adapted block as it was
@@ -361,6 +366,19 @@ def test_graph_model_equals_base_trains_adapters_and_exports_merged(tmp_path, ki
     assert "lora" not in (folder / "m-symbol.json").read_text()
     reloaded = mx.gluon.SymbolBlock.imports(str(folder / "m-symbol.json"), [name], str(folder / "m-0000.params"))
     assert_f32_close(_predict(reloaded, x), want, terms=terms, depth=3)
+
+
+def test_adapters_added_twice_merge_into_the_base_graph(tmp_path):
+    net = gluontl.load_model(_onnx_file(tmp_path, "conv"))
+    base = net._cached_graph[1].tojson()
+    assert add_lora(net, {}) is net
+    once = add_lora(net, {"conv1": LORA})
+    twice = add_lora(once, {"conv2": LORA})
+    with pytest.raises(AdapterError, match="layer 'conv1' already has an adapter"):
+        add_lora(twice, {"conv1": LORA})
+    assert sorted(adapters_of(twice)) == ["conv1", "conv2"] and "conv2" not in adapters_of(once)
+    merged = merge_adapters(twice)
+    assert merged._cached_graph[1].tojson() == base and merged.gluontl_onnx is net.gluontl_onnx
 
 
 def test_onnx_matmul_merge_is_transposed_into_the_onnx_weight(tmp_path):
