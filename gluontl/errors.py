@@ -35,6 +35,10 @@ class RuleError(GluontlError):
     """A rule matches nothing, or asks for a setting its parameters cannot take."""
 
 
+class AdapterError(GluontlError):
+    """An adapter does not fit its layer, or an adapter file does not fit the model."""
+
+
 class OnnxImportError(GluontlError):
     """An ONNX file cannot be imported (malformed, unsupported ops, dynamic shapes)."""
 

@@ -11,7 +11,7 @@ from mxnet.gluon import HybridBlock
 
 from .naming import named_params
 from .recipe import Recipe, as_recipe
-from .rules import Plan, apply_plan, make_plan
+from .rules import Plan, apply_plan, attach_adapters, make_plan
 from .sources import RestoreReport, model_input_name, build_model, restore
 from .surgery import apply_surgery, needs_surgery
 
@@ -40,6 +40,7 @@ def prepare(recipe: Recipe | Mapping[str, Any] | str | os.PathLike, *, ctx=None,
         block, report = build_model(recipe.model, classes=head.classes if head else None,
                                     head_init=head.init if head else "xavier", ctx=ctx)
     shape = (1, *recipe.model.input_shape)  # batch-first: a recipe's 4-dim (C,D,H,W) shape is no N,C,H,W
+    block = attach_adapters(block, recipe.rules, input_shape=shape)
     make_plan(block, recipe.rules, epoch=None, input_shape=shape)
     plan = make_plan(block, recipe.rules, epoch=0, input_shape=shape)
     if apply:

@@ -37,7 +37,7 @@ PRESET_KEYS: dict[str, tuple[str, ...]] = {
     "fine_tune": ("freeze_epochs", "base_lr_div", "train_bn")}
 PRESET_NAMES = tuple(PRESET_KEYS)
 ParamKind = Literal["bias", "norm", "depthwise", "1d"]  # what rules.param_kinds finds in a layer
-RULE_KEYS_SINCE_21 = ("kind", "rate", "min_scale", "last", "freeze_epochs", "base_lr_div", "train_bn")
+RULE_KEYS_SINCE_21 = ("kind", "rate", "min_scale", "last", "freeze_epochs", "base_lr_div", "train_bn", "adapter")
 LAYER_TYPES = ("Conv", "Dense", "BatchNorm", "LayerNorm", "InstanceNorm", "GroupNorm", "Embedding",
                "PReLU", "RNN", "Deconv")
 
@@ -275,6 +275,16 @@ class StageRange(Strict):
     end: int | StageName
 
 
+class AdapterSpec(Strict):
+    """A LoRA adapter on each matched Conv/Dense layer (gluontl/adapters.py): the layer's output
+    gains ``alpha/rank · B(A(dropout(x)))``, B starting at zero; its own weights are frozen."""
+
+    kind: Literal["lora"] = "lora"
+    rank: int = Field(default=8, ge=1, le=1 << 16)
+    alpha: float = Field(default=16.0, gt=0.0)
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+
+
 class Rule(Strict):
     """One rule: a selector (match/type/stage/kind) and the settings it sets.
 
@@ -289,6 +299,7 @@ class Rule(Strict):
     lr_mult: float | None = Field(default=None, ge=0.0)
     wd_mult: float | None = Field(default=None, ge=0.0)
     bn: BNMode | None = None
+    adapter: AdapterSpec | None = None
     optional: bool = False
     from_epoch: int = Field(default=0, ge=0, le=100_000)
     preset: str | None = None
@@ -339,6 +350,8 @@ class Rule(Strict):
                 raise ValueError(f"unknown preset '{self.preset}'{suggest(self.preset, PRESET_NAMES)}")
             takes = PRESET_KEYS[self.preset]
             extra = sorted(given - {"preset", "optional", "from_epoch", "note", *takes})
+            if self.adapter is not None:
+                raise ValueError("a preset takes no adapter; give the adapter its own rule with match/type/stage")
             if extra:
                 raise ValueError(f"preset {self.preset} takes no key {', '.join(extra)} (it takes "
                                  f"{', '.join(takes) or 'none'} besides optional, from_epoch and note); a later "
@@ -355,8 +368,11 @@ class Rule(Strict):
                              f"{owners[0]} or remove {misplaced[0]}")
         if self.match is None and self.type is None and self.stage is None and self.kind is None:
             raise ValueError("a rule needs a selector: match, type, stage or kind (or a preset)")
-        if all(getattr(self, k) is None for k in ("grad_req", "lr_mult", "wd_mult", "bn")):
-            raise ValueError("a rule needs at least one setting: grad_req, lr_mult, wd_mult or bn")
+        if all(getattr(self, k) is None for k in ("grad_req", "lr_mult", "wd_mult", "bn", "adapter")):
+            raise ValueError("a rule needs at least one setting: grad_req, lr_mult, wd_mult, bn or adapter")
+        if self.adapter is not None and self.from_epoch:
+            raise ValueError("an adapter is part of the model from the start; remove from_epoch from the rule "
+                             "with adapter (a later rule can change the adapter's lr_mult by match)")
         return self
 
 

@@ -10,6 +10,10 @@ Selectors combine with AND: ``match`` (globs on structural names; a list is OR),
 ``type`` (layer type), ``stage`` (from the stage map), ``kind`` (bias, norm, depthwise, 1d:
 see ``param_kinds``). Running mean/var are auxiliary states: they take no grad_req/lr/wd;
 whether they move is the layer's ``bn`` mode.
+
+A rule's ``adapter`` puts LoRA factors on the Conv/Dense layers it selects (added to the model by
+``attach_adapters`` before planning, see gluontl/adapters.py): they train, decided by that rule,
+and the adapted layers' own parameters are frozen whatever other rules say.
 """
 from __future__ import annotations
 
@@ -22,7 +26,8 @@ import mxnet as mx
 import numpy as np
 from mxnet.gluon import Constant, HybridBlock, Parameter, SymbolBlock
 
-from .errors import RuleError
+from .adapters import LORA_TYPE, Adapted, adapter_params, adapters_of, add_lora, target
+from .errors import AdapterError, RuleError
 from .naming import Layer, ParamEntry, graph_nodes, named_params, shape_of
 from .recipe import Rule, as_rules
 from .stages import HEAD, NECK, STEM, Stage, ordered, stage_map
@@ -155,6 +160,7 @@ class Row:
     wd_mult: float
     bn: str | None  # None for parameters of non-BatchNorm layers
     decided_by: dict[str, str]  # field → rule label, "default" when no rule set it
+    adapter: str | None = None  # a LoRA factor, or a base parameter an adapter froze
 
     @property
     def trainable(self) -> bool:
@@ -180,11 +186,16 @@ class Plan:
     def to_json(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "totals": self.totals(), "notes": self.notes,
                 "rules": [{"label": r.label, **r.rule.model_dump(exclude_defaults=True)} for r in self.rules],
-                "params": [dataclasses.asdict(r) for r in self.rows]}
+                "params": [_row_json(r) for r in self.rows]}
 
     def settings(self) -> dict[str, tuple]:
         """What apply() would set — for comparing plans across epochs."""
         return {r.name: (r.grad_req, r.lr_mult, r.wd_mult, r.bn) for r in self.rows}
+
+
+def _row_json(row: Row) -> dict[str, Any]:
+    """A row as plan.json holds it; ``adapter`` only on rows an adapter concerns."""
+    return {k: v for k, v in dataclasses.asdict(row).items() if k != "adapter" or v is not None}
 
 
 def _selects(rule: Rule, e: ParamEntry, stage: Stage | None, kinds: frozenset[str]) -> bool:
@@ -271,7 +282,7 @@ def make_plan(block: HybridBlock, rules: Iterable[RuleLike], *, epoch: int | Non
     plans epoch 0.
     """
     given = as_rules(rules)
-    entries = named_params(block)
+    entries = _entries(block)
     needs_stages = any(r.stage is not None or r.preset in STAGE_PRESETS for r in given)
     stages: dict[str, Stage] = {}
     no_stages = None
@@ -289,7 +300,10 @@ def make_plan(block: HybridBlock, rules: Iterable[RuleLike], *, epoch: int | Non
     values = {n: dict(DEFAULTS) for n in entries}
     decided = {n: {f: "default" for f in FIELDS} for n in entries}
     bn_rank: dict[int, tuple[str, str]] = {}  # id(layer) → (value, label) of the last rule setting bn
-    errors = []
+    targets, errors, adapter_notes = _adapter_targets(block, planned, entries, stages, kind_of)
+    missing = _adapters_missing(block, targets)
+    if missing:
+        raise RuleError("The rules do not fit this model: " + "; ".join(missing) + ".")
     for pr in planned:
         hits = [e for e in entries.values()
                 if _selects(pr.rule, e, stages.get(e.name), kind_of.get(e.name, frozenset()))]
@@ -313,6 +327,16 @@ def make_plan(block: HybridBlock, rules: Iterable[RuleLike], *, epoch: int | Non
                     decided[e.name][f] = pr.label
             if pr.rule.bn is not None and e.layer is not None and e.layer.type == "BatchNorm":
                 bn_rank[id(e.layer)] = (pr.rule.bn, pr.label)
+        for n in (n for label, t in targets.values() if label == pr.label for n in (t.a, t.b)):
+            values[n]["grad_req"], decided[n]["grad_req"] = "write", pr.label
+    adapter_text = {}
+    for label, t in targets.values():  # an adapted layer's own parameters are frozen whatever other rules say
+        for n in t.frozen:
+            values[n]["grad_req"], decided[n]["grad_req"] = "null", label
+            adapter_text[n] = f"base of lora on {t.layer}"
+        for n, f in ((t.a, "lora_a"), (t.b, "lora_b")):
+            adapter_text[n] = f"{f} rank {t.spec.rank} alpha {t.spec.alpha:g}" + \
+                (f" dropout {t.spec.dropout:g}" if t.spec.dropout else "")
     if errors:
         raise RuleError("The rules do not fit this model: " + "; ".join(errors) +
                         ". Mark a rule optional: true if matching nothing is intended; "
@@ -334,9 +358,84 @@ def make_plan(block: HybridBlock, rules: Iterable[RuleLike], *, epoch: int | Non
                         layer=e.layer.name if e.layer else None, layer_type=e.layer.type if e.layer else None,
                         stage=stages.get(n), aux=aux,
                         grad_req="null" if aux else v["grad_req"], lr_mult=v["lr_mult"], wd_mult=v["wd_mult"],
-                        bn=bn, decided_by=d))
-    notes = _notes(rows) + ([no_stages] if no_stages else [])
+                        bn=bn, decided_by=d, adapter=adapter_text.get(n)))
+    notes = _notes(rows) + adapter_notes + ([no_stages] if no_stages else [])
     return Plan(rows=rows, rules=planned, epoch=epoch or 0, notes=notes)
+
+
+def _entries(block: HybridBlock) -> dict[str, ParamEntry]:
+    """Every parameter; adapter factors as layers of type LoRA, which no ``type`` selector names."""
+    entries = named_params(block)
+    for n in adapter_params(block):
+        entries[n] = dataclasses.replace(entries[n], layer=Layer(n.removesuffix(".weight"), LORA_TYPE, [n]))
+    return entries
+
+
+def _adapter_targets(block: HybridBlock, planned: list[PlannedRule], entries: dict[str, ParamEntry],
+                     stages: dict[str, Stage], kind_of: dict[str, frozenset[str]]
+                     ) -> tuple[dict[str, tuple[str, Adapted]], list[str], list[str]]:
+    """The layers the rules put adapters on (layer → rule label, adapter; a later rule wins); the
+    rules with an adapter on no Conv or Dense layer (errors); and, as plan notes, the selected layers
+    LoRA cannot adapt (grouped and depthwise convolutions, ...), which a rule's adapter leaves out."""
+    out: dict[str, tuple[str, Adapted]] = {}
+    errors, notes = [], []
+    for pr in planned:
+        if pr.rule.adapter is None:
+            continue
+        layers = {e.layer.name: e.layer for e in entries.values()
+                  if e.layer is not None and e.layer.type != LORA_TYPE
+                  and _selects(pr.rule, e, stages.get(e.name), kind_of.get(e.name, frozenset()))}
+        found, refused = [], {}
+        for layer in layers.values():
+            try:
+                t = target(block, layer, pr.rule.adapter)
+            except AdapterError as e:
+                refused[layer.name] = str(e)
+                continue
+            if t is not None:
+                found.append(t)
+        if refused and not found:
+            errors.append(f"rule {pr.label} (adapter): {next(iter(refused.values()))}")
+        elif refused:
+            names = list(refused)
+            notes.append(f"rule {pr.label}'s adapter leaves out {len(names)} selected layer(s) LoRA cannot adapt: "
+                         f"{', '.join(names[:5])}{', …' if len(names) > 5 else ''} (e.g. {refused[names[0]]})")
+        elif layers and not found:
+            kinds = sorted({layer.type or "other" for layer in layers.values()})
+            errors.append(f"rule {pr.label} sets adapter but matches no Conv or Dense layer (it matches "
+                          f"{', '.join(kinds)} layers); add type: [Conv, Dense] or fix match")
+        out.update((t.layer, (pr.label, t)) for t in found)
+    return out, errors, notes
+
+
+def _adapters_missing(block: HybridBlock, targets: dict[str, tuple[str, Adapted]]) -> list[str]:
+    """Where the block's adapters are not the ones the rules ask for (a plan would not describe it)."""
+    have = adapters_of(block)
+    wrong = [f"rule {label} puts a LoRA adapter (rank {t.spec.rank}) on layer {name}, which has "
+             f"{'none' if name not in have else f'one of rank {have[name].spec.rank}'}"
+             for name, (label, t) in targets.items() if name not in have or have[name].spec != t.spec]
+    wrong += [f"layer {name} has an adapter no rule asks for" for name in have if name not in targets]
+    if wrong:
+        wrong[-1] += (" (adapters are added when the model is built: gluontl.prepare, or "
+                      "gluontl.rules.attach_adapters before make_plan)")
+    return wrong
+
+
+def attach_adapters(block: HybridBlock, rules: Iterable[RuleLike], *,
+                    input_shape: tuple[int, ...] | Mapping[str, tuple[int, ...]] | None = None) -> HybridBlock:
+    """``block`` with the adapters its rules' ``adapter`` settings ask for, before planning (the plan
+    lists their parameters); for graphs a new block, Gluon blocks change in place."""
+    # adapter rules are never presets: no stage order is needed to expand them
+    planned = [PlannedRule(str(i), r) for i, r in enumerate(as_rules(rules), 1) if r.adapter is not None]
+    if not planned:
+        return block
+    entries = _entries(block)
+    stages = stage_map(block, image_shape(input_shape)) if any(p.rule.stage is not None for p in planned) \
+        and input_shape is not None else {}
+    kind_of = param_kinds(entries) if any(p.rule.kind is not None for p in planned) else {}
+    targets = _adapter_targets(block, planned, entries, stages, kind_of)[0]
+    have = adapters_of(block)
+    return add_lora(block, {t.source: t.spec for _, t in targets.values() if t.layer not in have})
 
 
 def image_shape(shape: Iterable[int] | Mapping[str, Iterable[int]]) -> tuple[int, ...]:
@@ -455,13 +554,15 @@ def trainable_params(block: HybridBlock) -> dict[str, Parameter]:
 def format_plan(plan: Plan) -> str:
     """Human-readable table: every parameter, its settings and the rule that decided each."""
     head = ("name", "mxnet name", "shape", "count", "stage", "grad_req", "lr", "wd", "bn", "rules g/lr/wd/bn")
+    adapters = any(r.adapter for r in plan.rows)
+    head += ("adapter",) * adapters
     lines = []
     for r in plan.rows:
         d = r.decided_by
         lines.append((r.name, r.global_name, "x".join(map(str, r.shape)), f"{r.size:,}",
                       "" if r.stage is None else str(r.stage), "aux" if r.aux else r.grad_req,
                       "" if r.aux else f"{r.lr_mult:g}", "" if r.aux else f"{r.wd_mult:g}", r.bn or "",
-                      f"{d['grad_req']}/{d['lr_mult']}/{d['wd_mult']}/{d['bn']}"))
+                      f"{d['grad_req']}/{d['lr_mult']}/{d['wd_mult']}/{d['bn']}", *(r.adapter or "",) * adapters))
     widths = [max(len(h), *(len(l[i]) for l in lines)) if lines else len(h) for i, h in enumerate(head)]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
     out = [f"rules (epoch {plan.epoch}):"]

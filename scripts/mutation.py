@@ -54,6 +54,11 @@ MODULES: dict[str, tuple[str, list[str]]] = {
         "tests/test_export_patch.py::test_real_model_trains_on_every_weight_and_exports_its_own_graph"
         "[ch_PP-OCRv4_det_infer]"]),
     "torch_legacy": ("gluontl/convert/torch_legacy.py", ["tests/test_convert_torch_legacy.py"]),
+    # less the recipe's finetune run and the CLI's zoo model (they add minutes, not kills)
+    "adapters": ("gluontl/adapters.py", [
+        "tests/test_adapters.py",
+        "--deselect", "tests/test_adapters.py::test_resnet18_freeze_recipe_with_lora_trains_and_exports_plain_onnx",
+        "--deselect", "tests/test_adapters.py::test_cli_plan_refuses_depthwise_convolutions_by_name"]),
     "detect_metrics": ("gluontl/detect/metrics.py", ["tests/detect/test_detect_metrics.py",
                                                       "tests/detect/test_detect_iou.py"]),
     "sampler": ("gluontl/train/sampler.py", [

@@ -20,6 +20,7 @@ import onnx
 from mxnet.onnx.mx2onnx._export_onnx import MXNetGraph
 from onnx import helper, shape_inference, version_converter
 
+from gluontl.adapters import merge_adapters
 from gluontl.atomic import atomic_write, write_text
 from gluontl.errors import ExportError
 from gluontl.export import mx_ops  # noqa: F401  (registers converters mx.onnx lacks)
@@ -375,14 +376,15 @@ def export_onnx(
     """
     path = Path(path)
     check_target(path, force)
-    info = source_info(block)
+    plain = merge_adapters(block)  # adapters folded into the weights; verified against ``block`` itself
+    info = source_info(plain)
     if info is not None:
-        model, shapes, dtypes, sizes = _from_source(block, info, input_shapes, output_names, opset)
+        model, shapes, dtypes, sizes = _from_source(plain, info, input_shapes, output_names, opset)
     else:
         if not input_shapes:
             raise ExportError("input_shapes is empty: pass one batch-1 shape per block input, e.g. "
                               "{'data': (1, 3, 224, 224)}.")
-        model, traced = convert_block(block, input_shapes, opset=13 if opset is None else opset, lean=lean,
+        model, traced = convert_block(plain, input_shapes, opset=13 if opset is None else opset, lean=lean,
                                       output_names=output_names)
         shapes, dtypes, sizes = traced.input_shapes, {}, [1, 2]
     if classes is not None or preprocess is not None:
@@ -429,7 +431,7 @@ def export_symbol(
     json_path, params_path = Path(f"{prefix}-symbol.json"), Path(f"{prefix}-{epoch:04d}.params")
     for target in (json_path, params_path):
         check_target(target, force)
-    traced = trace_block(block, input_shapes)
+    traced = trace_block(merge_adapters(block), input_shapes)
     params = {f"arg:{k}": v for k, v in traced.arg_params.items()}
     params.update({f"aux:{k}": v for k, v in traced.aux_params.items()})
     scratch = _scratch_dir(json_path)

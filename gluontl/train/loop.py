@@ -33,6 +33,7 @@ from ..errors import Interrupted, TrainError, resume_command
 from ..pipeline import with_input_name
 from ..recipe import Recipe, ScheduleSpec, load_recipe, resolve_backend
 from ..naming import named_params
+from ..adapters import adapters_of, save_adapters
 from ..rules import Plan, apply_plan, format_plan, freeze_bn_stats, make_plan, trainable_params
 from ..tasks import get_task, split, transform_lines
 from . import checkpoint
@@ -511,6 +512,8 @@ class _Run:
         if self.root:  # a distributed run's BatchNorm statistics were made rank 0's everywhere before
             checkpoint.save(self.run_dir / "checkpoints", tag, self.net, self.trainer, dict(self.state, **counters),
                             None if self.ema is None else (self.ema.arrays(), self.ema.record()))
+            if tag == "best" and adapters_of(self.net):  # the adapters alone, for load_adapters onto the base
+                save_adapters(self.net, self.run_dir / "adapters.params")
 
     # ------------------------------------------------------------------ one epoch
 

@@ -1,0 +1,502 @@
+"""LoRA adapters (gluontl/adapters.py) as a rule setting, on zoo, symbol and imported ONNX models.
+
+References: the base model's own output (bit for bit at initialisation), numpy (the adapted
+Dense forward, the merged kernel as Σ_r B·A), onnxruntime's float kernels (merged exports),
+parameter values before and after real SGD steps, files that round-trip."""
+from __future__ import annotations
+
+import json
+
+import mxnet as mx
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from helpers import assert_f32_close, batch, resnet18_weights, run_cli, sgd_step, tiny_symbol
+from onnx import TensorProto, helper, numpy_helper
+
+import gluontl
+from gluontl.adapters import adapters_of, add_lora, load_adapters, merge_adapters, save_adapters
+from gluontl.errors import AdapterError, RuleError
+from gluontl.export import export_onnx
+from gluontl.export.exporters import export_block
+from gluontl.naming import named_params
+from gluontl.recipe import as_rules, load_recipe
+from gluontl.rules import apply_plan, attach_adapters, format_plan, make_plan
+
+LORA = {"kind": "lora", "rank": 4, "alpha": 8}
+
+
+def _values(net) -> dict[str, np.ndarray]:
+    return {n: e.param.data().asnumpy().copy() for n, e in named_params(net).items()}
+
+
+def _predict(net, x) -> np.ndarray:
+    with mx.autograd.predict_mode():
+        return net(x if isinstance(x, mx.nd.NDArray) else mx.nd.array(x)).asnumpy()
+
+
+def _ort(path, x: np.ndarray) -> np.ndarray:
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return session.run(None, {session.get_inputs()[0].name: x.astype(np.float32)})[0]
+
+
+def _adapt(net, rules, input_shape=None):
+    net = attach_adapters(net, rules, input_shape=input_shape)
+    plan = make_plan(net, rules, input_shape=input_shape)
+    apply_plan(net, plan)
+    return net, plan
+
+
+def _onnx_file(path, kind: str) -> str:
+    """A tiny ONNX model: two Conv (3x3 stride 2 pad 1 with bias, then 1x1) and a pooled output, or
+    Gemm (transB=1) then MatMul + Add."""
+    rs = np.random.RandomState(7)
+    t = lambda name, *shape: numpy_helper.from_array((rs.randn(*shape) * 0.3).astype(np.float32), name)  # noqa: E731
+    if kind == "conv":
+        inits = [t("w1", 8, 3, 3, 3), t("b1", 8), t("w2", 4, 8, 1, 1)]
+        nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1], strides=[2, 2]),
+                 helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+                 helper.make_node("Conv", ["r1", "w2"], ["c2"], name="conv2"),
+                 helper.make_node("GlobalAveragePool", ["c2"], ["p"], name="pool"),
+                 helper.make_node("Flatten", ["p"], ["y"], name="flat")]
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 8, 8])
+        y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])
+    else:
+        inits = [t("g_w", 5, 6), t("g_b", 5), t("m_w", 5, 3), t("m_b", 3)]
+        nodes = [helper.make_node("Gemm", ["x", "g_w", "g_b"], ["h"], name="gemm", transB=1),
+                 helper.make_node("Relu", ["h"], ["r"], name="relu"),
+                 helper.make_node("MatMul", ["r", "m_w"], ["mm"], name="matmul"),
+                 helper.make_node("Add", ["mm", "m_b"], ["y"], name="add")]
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 6])
+        y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])
+    model = helper.make_model(helper.make_graph(nodes, kind, [x], [y], inits),
+                              opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    out = str(path / f"{kind}.onnx")
+    onnx.save(model, out)
+    return out
+
+
+# ----------------------------------------------------------------- the setting
+
+@pytest.mark.parametrize("adapter, words", [
+    ({"rank": 0}, "rank"), ({"alpha": 0}, "alpha"), ({"dropout": 1.0}, "dropout"),
+    ({"kind": "loha"}, "lora"), ({"rank": 4, "bogus": 1}, "bogus")])
+def test_adapter_setting_is_validated(adapter, words):
+    with pytest.raises(RuleError) as e:
+        as_rules([{"match": "features.7.*", "adapter": adapter}])
+    assert words in str(e.value) and "adapter" in str(e.value)
+
+
+def test_adapter_refuses_from_epoch_and_presets():
+    with pytest.raises(RuleError, match="from_epoch"):
+        as_rules([{"match": "x", "adapter": LORA, "from_epoch": 2}])
+    with pytest.raises(RuleError, match="preset takes no adapter"):
+        as_rules([{"preset": "freeze_bn", "adapter": LORA}])
+    assert as_rules([{"match": "x", "adapter": {}}])[0].adapter.rank == 8  # PEFT-like defaults: rank 8, alpha 16
+
+
+def test_rule_errors_name_the_layer():
+    net = mx.gluon.nn.HybridSequential()
+    net.add(mx.gluon.nn.Conv2D(4, 3, in_channels=4, groups=2), mx.gluon.nn.BatchNorm(in_channels=4),
+            mx.gluon.nn.Dense(2, in_units=4))
+    net.initialize()
+    rules = [{"match": "0.*", "adapter": LORA}]
+    with pytest.raises(RuleError) as e:  # a rule whose adapter fits none of the layers it selects
+        make_plan(attach_adapters(net, rules), rules)
+    assert "grouped convolution" in str(e.value) and "'0'" in str(e.value) and "rule 1 (adapter)" in str(e.value)
+    with pytest.raises(RuleError, match="matches no Conv or Dense layer"):  # BatchNorm only
+        make_plan(attach_adapters(net, [{"type": ["BatchNorm"], "adapter": LORA}]),
+                  [{"type": ["BatchNorm"], "adapter": LORA}])
+    with pytest.raises(RuleError, match="attach_adapters"):  # planned on a block without its adapters
+        make_plan(net, [{"match": "2.*", "adapter": LORA}])
+
+
+def _graph(sym) -> gluontl.graphblock.GraphBlock:
+    net = gluontl.graphblock.GraphBlock(sym, [mx.sym.var("data")])
+    net.initialize()
+    return net
+
+
+def test_layers_lora_cannot_adapt_are_refused_by_name():
+    data = mx.sym.var("data")
+    grouped = _graph(mx.sym.Convolution(data, kernel=(3, 3), num_filter=4, num_group=2, name="g"))
+    with pytest.raises(AdapterError, match="layer 'g' is a grouped convolution"):
+        add_lora(grouped, {"g": LORA})
+    w, b = mx.sym.var("w", shape=(4, 2, 3, 3)), mx.sym.var("b", shape=(4,))
+    computed = _graph(mx.sym.Convolution(data, weight=w * 2, bias=b, kernel=(3, 3), num_filter=4, name="c"))
+    with pytest.raises(AdapterError, match="node 'c' computes its weight"):
+        add_lora(computed, {"c": LORA})
+    outer = mx.gluon.nn.HybridSequential()
+    outer.add(_graph(mx.sym.FullyConnected(data, num_hidden=3, name="fc")))
+    with pytest.raises(AdapterError, match="does not know its input size"):
+        add_lora(outer[0], {"fc": LORA})
+    with pytest.raises(AdapterError, match="graph inside a Gluon block"):
+        add_lora(outer, {"fc": LORA})
+    nhwc = mx.gluon.nn.HybridSequential()
+    nhwc.add(mx.gluon.nn.Conv2D(4, 3, in_channels=2, layout="NHWC"))
+    nhwc.initialize()
+    with pytest.raises(AdapterError, match="layout NHWC"):
+        add_lora(nhwc, {"0": LORA})
+
+
+@pytest.mark.parametrize("graph", [False, True])
+def test_adapter_dropout_acts_in_training_only(graph):
+    """Dropout on the adapter's input: training outputs differ from predict-mode ones, with 0 they do not."""
+    x = mx.nd.array(np.random.RandomState(5).randn(64, 6))
+    outs = {}
+    for p in (0.0, 0.5):
+        if graph:
+            net = _graph(mx.sym.FullyConnected(mx.sym.var("data"), mx.sym.var("w", shape=(5, 6)), num_hidden=5,
+                                               no_bias=True, name="fc"))
+            net(x)  # shapes known
+            net = add_lora(net, {"fc": {"rank": 2, "dropout": p}})
+        else:
+            net = mx.gluon.nn.HybridSequential()
+            net.add(mx.gluon.nn.Dense(5, in_units=6))
+            net.initialize()
+            net = add_lora(net, {"0": {"rank": 2, "dropout": p}})
+        b = next(e.param for n, e in named_params(net).items() if n.endswith("lora_b.weight"))
+        b.set_data(mx.nd.ones(b.shape))
+        with mx.autograd.record(train_mode=True):
+            train = net(x).asnumpy()
+        outs[p] = (train, _predict(net, x))
+    np.testing.assert_array_equal(*outs[0.0])
+    assert not np.allclose(*outs[0.5])
+
+
+class _Doubled(mx.gluon.nn.Dense):
+    def hybrid_forward(self, F, x, weight, bias=None):
+        return super().hybrid_forward(F, x, weight, bias) * 2
+
+
+def test_a_layer_with_its_own_forward_is_refused_by_name():
+    net = mx.gluon.nn.HybridSequential()
+    net.add(mx.gluon.nn.Dense(3, in_units=2), _Doubled(3, in_units=3))
+    net.initialize()
+    with pytest.raises(AdapterError, match="layer '1' \\(_Doubled\\) computes its own forward"):
+        add_lora(net, {"1": LORA})
+    with pytest.raises(AdapterError, match="no layer 'nope'"):
+        add_lora(net, {"nope": LORA})
+    assert adapters_of(add_lora(net, {"0": LORA})).keys() == {"0"}
+
+
+def test_cli_plan_names_the_depthwise_convolutions_an_adapter_leaves_out(tmp_path, capsys):
+    """MobileNet: the pointwise convolutions get adapters, the depthwise ones are named in a note."""
+    (tmp_path / "r.yaml").write_text("name: m\nmodel: {source: 'zoo:mobilenet0.25', input_shape: [3, 32, 32]}\n"
+                                     "rules:\n  - {match: 'features.*', type: [Conv], adapter: {rank: 4}}\n")
+    code, out, err = run_cli(capsys, "plan", "--recipe", str(tmp_path / "r.yaml"), "--json")
+    assert code == 0, err
+    plan = json.loads(out)
+    (note,) = [n for n in plan["notes"] if "leaves out" in n]
+    assert "rule 1's adapter leaves out 13 selected layer(s)" in note and "grouped convolution" in note
+    adapted = {p["name"].split(".lora_")[0] for p in plan["params"] if ".lora_a." in p["name"]}
+    assert "features.3" in note and "features.3" not in adapted and "features.6" in adapted
+
+
+# ----------------------------------------------------------------- zoo model
+
+def _resnet(classes=3):
+    from gluoncv.model_zoo import get_model
+
+    mx.random.seed(3)
+    net = get_model("resnet18_v1", classes=classes)
+    net.initialize(mx.init.Xavier())
+    net(mx.nd.zeros((1, 3, 32, 32)))  # shapes known: no deferred initialization left
+    return net
+
+
+RESNET_RULES = [{"match": "*", "grad_req": "null", "bn": "frozen"},
+                {"match": "features.7.*", "type": ["Conv"], "adapter": LORA},
+                {"match": "output.*", "grad_req": "write"}]
+
+
+def test_zoo_model_equals_base_at_init_trains_only_adapters_and_merges():
+    net = _resnet()
+    x, y = batch(n=4, hw=32)
+    base_out = _predict(net, x)
+    net, plan = _adapt(net, RESNET_RULES, (3, 32, 32))
+    np.testing.assert_array_equal(_predict(net, x), base_out)
+    net.hybridize()
+    np.testing.assert_array_equal(_predict(net, x), base_out)
+    rows = plan.by_name()
+    convs = [n for n in rows if n.startswith("features.7.") and n.endswith(".weight") and rows[n].layer_type == "Conv"]
+    assert len(convs) == 5
+    for n in convs:
+        layer = n.removesuffix(".weight")
+        assert rows[n].grad_req == "null" and rows[n].decided_by["grad_req"] == "2"
+        for f in ("lora_a", "lora_b"):
+            assert rows[f"{layer}.{f}.weight"].grad_req == "write"
+            assert rows[f"{layer}.{f}.weight"].decided_by["grad_req"] == "2"
+    assert "features.7.0.body.0.lora_a.weight" in format_plan(plan)
+    assert rows["features.7.0.body.0.lora_a.weight"].global_name == "resnetv10_stage4_conv0_lora_a_weight"
+    assert rows["features.7.0.body.0.lora_b.weight"].global_name == "resnetv10_stage4_conv0_lora_b_weight"
+    b0 = rows["features.7.0.body.0.lora_b.weight"]
+    assert b0.shape == (512, 4, 1, 1) and rows["features.7.0.body.0.lora_a.weight"].shape == (4, 256, 3, 3)
+    before = _values(net)
+    assert not any(before[f"{n.removesuffix('.weight')}.lora_b.weight"].any() for n in convs)  # B starts at 0
+    a0, bound = before["features.7.0.body.0.lora_a.weight"], 1 / np.sqrt(256 * 9)  # PEFT's Kaiming-uniform
+    assert 0.99 * bound < np.abs(a0).max() <= bound and abs(a0.mean()) < 0.05 * bound
+    sgd_step(net, x, y, lr=0.05, steps=3)
+    after = _values(net)
+    for n in before:
+        moved = not np.array_equal(before[n], after[n])
+        if ".lora_" in n or n.startswith("output."):
+            assert moved, n
+        elif not rows[n].aux:
+            assert not moved, n  # base weights frozen bit for bit, whatever else
+    merged = merge_adapters(net)
+    assert not adapters_of(merged) and not any(".lora_" in n for n in named_params(merged))
+    assert all(p._trainer is None for p in merged.collect_params().values())  # the Trainer keeps the adapted block's
+    layer = merged.features[7][0].body[0]
+    assert type(layer) is mx.gluon.nn.Conv2D and not hasattr(layer, "_lora") and not layer._children.get("lora_a")
+    want = _predict(net, x)
+    assert_f32_close(_predict(merged, x), want, terms=512 * 9, depth=20)
+    np.testing.assert_array_equal(_predict(net, x), want)  # merging left the adapted block as it was
+    assert np.array_equal(after["features.7.0.body.0.weight"], _values(net)["features.7.0.body.0.weight"])
+
+
+def test_lora_trains_under_a_tenth_of_the_layers_parameters():
+    """resnet18_v1 features.7 convolutions: rank 8 adapters vs the same layers trained in full."""
+    net = _resnet(classes=10)
+    full = make_plan(net, [{"match": "*", "grad_req": "null"},
+                           {"match": "features.7.*", "type": ["Conv"], "grad_req": "write"}]).totals()["trainable"]
+    rules = [{"match": "*", "grad_req": "null"},
+             {"match": "features.7.*", "type": ["Conv"], "adapter": {"rank": 8, "alpha": 16}}]
+    _, plan = _adapt(net, rules)
+    lora = plan.totals()["trainable"]
+    # by hand: 512x256x3x3 + 3 x 512x512x3x3 + 512x256x1x1 in full; A r x in x k x k and B 512 x r each
+    assert full == 512 * 256 * 9 + 3 * 512 * 512 * 9 + 512 * 256 == 8_388_608
+    assert lora == 8 * (256 * 9 + 3 * 512 * 9 + 256) + 5 * 512 * 8 == 151_552
+    assert lora < 0.1 * full  # 1.8 %
+
+
+def test_gluon_dense_forward_and_merge_against_numpy():
+    """y = W x + b + alpha/rank · B A x, and the merged weight W + alpha/rank · B A, in float64 numpy."""
+    net = mx.gluon.nn.HybridSequential()
+    net.add(mx.gluon.nn.Dense(7, in_units=5, activation="relu"))
+    net.initialize(mx.init.Uniform(0.5))
+    net = add_lora(net, {"0": {"rank": 3, "alpha": 6}})
+    rs = np.random.RandomState(0)
+    layer = net[0]
+    layer.lora_b.weight.set_data(mx.nd.array(rs.randn(7, 3)))
+    w, b = layer.weight.data().asnumpy(), layer.bias.data().asnumpy()
+    a, bb = layer.lora_a.weight.data().asnumpy(), layer.lora_b.weight.data().asnumpy()
+    assert np.abs(a).max() <= 1 / np.sqrt(5)  # Kaiming-uniform bound 1/sqrt(fan_in), as PEFT
+    x = rs.randn(4, 5).astype(np.float32)
+    x64 = x.astype(np.float64)
+    pre = x64 @ w.T + b + 2.0 * (x64 @ a.T) @ bb.T
+    scale = np.abs(x64) @ np.abs(w.T) + np.abs(b) + 2.0 * (np.abs(x64) @ np.abs(a.T)) @ np.abs(bb.T)
+    assert_f32_close(_predict(net, x), np.maximum(pre, 0), scale=scale, terms=5, depth=2)
+    merged = merge_adapters(net)
+    want = w.astype(np.float64) + 2.0 * bb.astype(np.float64) @ a.astype(np.float64)
+    assert_f32_close(merged[0].weight.data().asnumpy(), want, scale=np.abs(w) + 2.0 * np.abs(bb) @ np.abs(a), terms=3)
+    assert type(merged[0]) is mx.gluon.nn.Dense and not merged[0]._children.get("lora_a")
+
+
+def test_merged_conv_kernel_is_the_composition_of_b_and_a():
+    conv = mx.gluon.nn.Conv2D(6, 3, strides=2, padding=1, dilation=1, in_channels=4)
+    net = mx.gluon.nn.HybridSequential()
+    net.add(conv)
+    net.initialize(mx.init.Uniform(0.5))
+    net = add_lora(net, {"0": {"rank": 2, "alpha": 5}})
+    rs = np.random.RandomState(1)
+    conv.lora_b.weight.set_data(mx.nd.array(rs.randn(6, 2, 1, 1)))
+    w, a, b = (p.data().asnumpy().astype(np.float64) for p in (conv.weight, conv.lora_a.weight, conv.lora_b.weight))
+    want = w.copy()
+    for o in range(6):
+        for r in range(2):
+            want[o] += 2.5 * b[o, r, 0, 0] * a[r]
+    merged = merge_adapters(net)
+    assert_f32_close(merged[0].weight.data().asnumpy(), want, scale=np.abs(w) + 2.5 * 2 * np.abs(a).max(), terms=2)
+    x = rs.randn(2, 4, 9, 9).astype(np.float32)
+    assert _predict(net, x).shape == (2, 6, 5, 5)
+    assert_f32_close(_predict(merged, x), _predict(net, x), terms=4 * 9, depth=2)
+
+
+# ----------------------------------------------------------------- graphs: symbol and ONNX
+
+def _graph_case(tmp_path, kind):
+    if kind == "symbol":
+        net = gluontl.load_model(f"symbol:{tiny_symbol(tmp_path)}")
+        convs = sorted({e.layer.name for e in named_params(net).values() if e.layer and e.layer.type == "Conv"})
+        return net, [{"match": "*", "grad_req": "null"}, {"type": ["Conv"], "adapter": {**LORA, "dropout": 0.2}}], \
+            batch(n=4, hw=16), 5, convs
+    net = gluontl.load_model(_onnx_file(tmp_path, kind))
+    if kind == "conv":
+        return net, [{"type": ["Conv"], "adapter": {"rank": 2, "alpha": 4}}], batch(n=4, hw=8, classes=4), 4, \
+            ["conv1", "conv2"]
+    rs = np.random.RandomState(2)
+    xy = mx.nd.array(rs.randn(4, 6)), mx.nd.array(rs.randint(0, 3, 4))
+    return net, [{"match": "m_b", "grad_req": "null"}, {"match": ["g_w", "m_w"], "adapter": {"rank": 2, "alpha": 4}}], \
+        xy, 3, ["gemm", "matmul"]
+
+
+@pytest.mark.parametrize("kind", ["symbol", "conv", "dense"])
+def test_graph_model_equals_base_trains_adapters_and_exports_merged(tmp_path, kind):
+    net, rules, (x, y), classes, layers = _graph_case(tmp_path, kind)
+    base_out = _predict(net, x)
+    net, plan = _adapt(net, rules)
+    assert sorted(adapters_of(net)) == sorted(layers)
+    np.testing.assert_array_equal(_predict(net, x), base_out)
+    rows = plan.by_name()
+    for name in layers:
+        assert rows[f"{name}.lora_a.weight"].grad_req == "write" and rows[f"{name}.lora_b.weight"].grad_req == "write"
+    before = _values(net)
+    sgd_step(net, x, y, lr=0.1, steps=3)
+    after = _values(net)
+    for n in before:
+        assert (".lora_" in n) == (not np.array_equal(before[n], after[n])), n
+    want = _predict(net, x)
+    folder = tmp_path / "export"
+    name = "x" if kind != "symbol" else "data"
+    written = export_block(net, folder, "m", {name: (1, *x.shape[1:])}, formats=["onnx", "symbol"])
+    model = onnx.load(str(folder / "m.onnx"))
+    names = {t.name for t in model.graph.initializer} | {v for n in model.graph.node for v in (*n.input, n.name)}
+    assert not any("lora" in v for v in names)
+    if kind != "symbol":  # the imported graph itself, patched: same nodes, merged values
+        source = onnx.load(net.gluontl_onnx.source)
+        assert [n.name for n in model.graph.node] == [n.name for n in source.graph.node]
+    terms = int(np.prod(x.shape[1:])) * 9
+    assert_f32_close(_ort(folder / "m.onnx", x.asnumpy()), want, terms=terms, depth=3)
+    assert all(p.is_file() for p in written)
+    assert "lora" not in (folder / "m-symbol.json").read_text()
+    reloaded = mx.gluon.SymbolBlock.imports(str(folder / "m-symbol.json"), [name], str(folder / "m-0000.params"))
+    assert_f32_close(_predict(reloaded, x), want, terms=terms, depth=3)
+
+
+def test_adapters_added_twice_merge_into_the_base_graph(tmp_path):
+    net = gluontl.load_model(_onnx_file(tmp_path, "conv"))
+    base = net._cached_graph[1].tojson()
+    assert add_lora(net, {}) is net
+    once = add_lora(net, {"conv1": LORA})
+    twice = add_lora(once, {"conv2": LORA})
+    with pytest.raises(AdapterError, match="layer 'conv1' already has an adapter"):
+        add_lora(twice, {"conv1": LORA})
+    assert sorted(adapters_of(twice)) == ["conv1", "conv2"] and "conv2" not in adapters_of(once)
+    merged = merge_adapters(twice)
+    assert merged._cached_graph[1].tojson() == base and merged.gluontl_onnx is net.gluontl_onnx
+
+
+def test_onnx_matmul_merge_is_transposed_into_the_onnx_weight(tmp_path):
+    """ONNX MatMul keeps W as (in, out): the merged initializer is W + (scale · B A)ᵀ."""
+    net = gluontl.load_model(_onnx_file(tmp_path, "dense"))
+    net = add_lora(net, {"matmul/Wt": {"rank": 2, "alpha": 3}})
+    params = {n: e.param for n, e in named_params(net).items()}
+    params["matmul.lora_b.weight"].set_data(mx.nd.array(np.random.RandomState(4).randn(3, 2)))
+    w, a, b = (params[n].data().asnumpy().astype(np.float64) for n in ("m_w", "matmul.lora_a.weight",
+                                                                          "matmul.lora_b.weight"))
+    path = export_onnx(net, tmp_path / "m.onnx")
+    got = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(path)).graph.initializer}
+    assert_f32_close(got["m_w"], w + 1.5 * (b @ a).T, scale=np.abs(w) + 1.5 * (np.abs(b) @ np.abs(a)).T, terms=2)
+    assert not any("lora" in n for n in got)
+
+
+def test_onnx_model_with_a_new_head_exports_the_merged_head(tmp_path):
+    """Surgery's head on an imported graph is written from the Head block: it gets the merged values too."""
+    from gluontl.surgery import attach_head, cut_at
+
+    net = attach_head(cut_at(gluontl.load_model(_onnx_file(tmp_path, "conv")), "relu1"), {"classes": 3}, (3, 8, 8))
+    rules = [{"match": ["head.*", "w1"], "type": ["Dense", "Conv"], "adapter": {"rank": 2, "alpha": 4}}]
+    net, _ = _adapt(net, rules)
+    assert sorted(t.kind for t in adapters_of(net).values()) == ["Conv", "Dense"]
+    x, y = batch(n=4, hw=8, classes=3)
+    sgd_step(net, x, y, lr=0.1, steps=2)
+    path = export_onnx(net, tmp_path / "m.onnx")
+    assert not any("lora" in t.name for t in onnx.load(str(path)).graph.initializer)
+    assert_f32_close(_ort(path, x.asnumpy()), _predict(net, x), terms=27 * 8, depth=2)
+
+
+# ----------------------------------------------------------------- files
+
+def test_save_load_adapters_round_trip_and_refuse_another_base(tmp_path):
+    base_file = tmp_path / "base.params"
+    _resnet().save_parameters(str(base_file))
+
+    def base():
+        net = _resnet()
+        net.load_parameters(str(base_file))
+        return net
+
+    rules = RESNET_RULES[:2]
+    net, _ = _adapt(base(), rules, (3, 32, 32))
+    x, y = batch(n=4, hw=32)
+    sgd_step(net, x, y, lr=0.05, steps=2)
+    path = save_adapters(net, tmp_path / "adapters.params")
+    saved = mx.nd.load(str(path))
+    assert sorted(saved) == sorted(n for n in named_params(net) if ".lora_" in n)  # adapters only
+    config = json.loads((tmp_path / "adapters.json").read_text())
+    assert config["layers"]["features.7.0.body.0"]["rank"] == 4
+
+    loaded = load_adapters(base(), path)  # a plain base model: adapters added from the file
+    want, got = _values(net), _values(loaded)
+    for n in saved:
+        np.testing.assert_array_equal(got[n], want[n])
+    np.testing.assert_array_equal(_predict(loaded, x), _predict(net, x))
+    again, _ = _adapt(base(), rules, (3, 32, 32))  # a model with the same adapter rules
+    np.testing.assert_array_equal(_predict(load_adapters(again, path), x), _predict(net, x))
+
+    ranked, _ = _adapt(base(), [RESNET_RULES[0], {**RESNET_RULES[1], "adapter": {**LORA, "rank": 2}}], (3, 32, 32))
+    with pytest.raises(AdapterError, match="differs in rank") as e:
+        load_adapters(ranked, path)
+    assert str(path) in str(e.value)
+    other = base()  # same architecture, one base weight fine-tuned elsewhere
+    w = named_params(other)["features.7.0.body.0.weight"].param
+    w.set_data(w.data() * 1.01)
+    with pytest.raises(AdapterError) as e:
+        load_adapters(other, path)
+    assert str(path) in str(e.value) and "features.7.0.body.0.weight" in str(e.value)
+    small = mx.gluon.nn.HybridSequential()
+    small.add(mx.gluon.nn.Dense(2, in_units=3))
+    small.initialize()
+    with pytest.raises(AdapterError, match="another base model") as e:
+        load_adapters(small, path)
+    assert str(path) in str(e.value)
+    with pytest.raises(AdapterError, match="does not exist"):
+        load_adapters(base(), tmp_path / "none.params")
+    config_file = tmp_path / "adapters.json"
+    config_file.write_text(json.dumps({**config, "format": "other/1"}))
+    with pytest.raises(AdapterError, match="not a gluontl adapter file pair"):
+        load_adapters(base(), path)
+    config_file.write_text(json.dumps(config))
+    mx.nd.save(str(path), {k: (v[:1] if k == "features.7.1.body.3.lora_b.weight" else v) for k, v in saved.items()})
+    with pytest.raises(AdapterError, match="no tensor 'features.7.1.body.3.lora_b.weight' of shape"):
+        load_adapters(base(), path)
+    with pytest.raises(AdapterError, match="no adapters"):
+        save_adapters(base(), tmp_path / "x.params")
+
+
+# ----------------------------------------------------------------- the recipe
+
+def test_resnet18_freeze_recipe_with_lora_trains_and_exports_plain_onnx(tmp_path, monkeypatch):
+    """The issue's acceptance recipe (shrunk to 32 px and one epoch): plan, run folder, export."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GLUONTL_HOME", str(tmp_path / "home"))
+    weights = resnet18_weights(tmp_path / "backbone.params")
+    recipe = load_recipe(root / "recipes" / "resnet18_freeze.yaml", [
+        'rules.2={match: "features.7.*", type: [Conv], adapter: {kind: lora, rank: 4, alpha: 8}}',
+        f"model.weights={weights}", "model.weights_from=null", "model.input_shape=[3, 32, 32]",
+        "data.train_transform={resize: 32}", "data.val_transform={resize: 32}", "train.epochs=1",
+        "data.batch_size=64", "export.formats=[onnx]"])
+    result = gluontl.finetune(recipe, runs_root=tmp_path / "runs", quiet=True)
+    run = Path(result.run_dir)
+    plan = (run / "plan.txt").read_text()
+    assert "features.7.1.body.3.lora_b.weight" in plan and "lora_a rank 4 alpha 8" in plan
+    assert (run / "adapters.params").is_file() and (run / "adapters.json").is_file()
+    (onnx_path,) = [p for p in result.exported if p.suffix == ".onnx"]
+    model = onnx.load(str(onnx_path))
+    assert not any("lora" in t.name for t in model.graph.initializer)
+    # base weights of the adapted convs are the backbone file's, bit for bit, in the best checkpoint
+    _, net = gluontl.train.runs.load_run(run)
+    backbone = mx.nd.load(weights)
+    trained = _values(net)
+    for n in ("features.7.0.body.0.weight", "features.7.1.body.3.weight"):
+        np.testing.assert_array_equal(trained[n], backbone[n].asnumpy())
+    x = np.random.RandomState(0).uniform(-1, 1, (2, 3, 32, 32)).astype(np.float32)
+    assert_f32_close(_ort(onnx_path, x), _predict(net, x), terms=512 * 9, depth=20)
