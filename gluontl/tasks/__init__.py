@@ -132,6 +132,11 @@ def get_task(recipe: Recipe) -> Task:
     return task_named(recipe.task)
 
 
+def every_curve() -> tuple[tuple[str, str], ...]:
+    """The curves of every task, for a metrics log without its recipe (what ran is unknown)."""
+    return tuple(dict.fromkeys(c for name in TASKS for c in task_named(name).curves))
+
+
 LEGACY_TASK_KEYS = {"gluontl.nms": "detection"}  # exports from before gluontl.task: a detector's NMS settings
 
 

@@ -8,7 +8,7 @@ from typing import Any, Callable, Mapping
 from ..errors import ExportError, GluontlError, TrainError
 from ..recipe import ExportSpec, QuantizeSpec, Recipe, as_spec, load_recipe
 from ..runfolder import run_weights
-from ..tasks import PredictOptions, Report, get_task, onnx_task
+from ..tasks import PredictOptions, Report, every_curve, get_task, onnx_task
 from . import checkpoint
 
 
@@ -113,7 +113,7 @@ def plot(run_dir: str | Path, out: str | Path | None = None) -> Path:
     except (OSError, UnicodeDecodeError) as e:
         raise TrainError(f"'{path}' is not a readable metrics log ({e}).") from None
     recipe = run / "recipe.yaml"
-    curves = get_task(load_recipe(recipe)).curves if recipe.is_file() else ()
+    curves = get_task(load_recipe(recipe)).curves if recipe.is_file() else every_curve()
     steps = _numeric_rows(rows, "step", "loss", "lr")
     epochs = _numeric_rows(rows, "step", "epoch")
     shown = [(key, label, kept) for key, label in curves if (kept := _numeric_rows(epochs, key))]
