@@ -661,6 +661,11 @@ class Recipe(Strict):
         if len(self.model.input_shape) != 3:
             raise ValueError(f"model.input_shape {list(self.model.input_shape)} is not C, H, W; a segmenter takes "
                              f"images, e.g. [3, 128, 128]")
+        stride = (self.segmentation or SegmentationSpec()).stride
+        if any(d % stride for d in self.model.input_shape[1:]):
+            raise ValueError(f"model.input_shape {list(self.model.input_shape)}: H and W must be multiples of "
+                             f"segmentation.stride {stride}, the size validation, predict and exports feed (training "
+                             f"crops of any size are padded to it; gluon-cv #1173)")
         if self.data is not None:
             wrong = [f"data.{k} ({', '.join(sorted(getattr(self.data, k).model_fields_set - {'normalize'}))})"
                      for k in _TRANSFORMS if getattr(self.data, k).model_fields_set - {"normalize"}]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
+import dataclasses
 from typing import Any, Callable, Protocol, Sequence
 
 import mxnet as mx
@@ -16,6 +17,20 @@ import mxnet as mx
 from ..recipe import TASK_METRICS, Recipe, TransformSpec
 
 Batch = tuple[mx.nd.NDArray, mx.nd.NDArray]
+
+
+@dataclasses.dataclass
+class PredictOptions:
+    topk: int = 5  # classification: how many classes per image
+    score: float = 0.25  # detection: the lowest score shown
+    out: Path | None = None  # drawn images and their JSON; None: the task's default place
+    tag: str = "best"  # the run checkpoint
+
+
+@dataclasses.dataclass
+class Report:
+    values: dict[str, Any]  # what the Python API returns
+    lines: list[str]  # what the CLI prints, nothing else
 
 
 class Task(Protocol):
@@ -71,7 +86,8 @@ def split(x: mx.nd.NDArray, ctxs: list[mx.Context]) -> list[mx.nd.NDArray]:
 
 
 TASKS = {"classification": "gluontl.tasks.classification:Classification",
-         "detection": "gluontl.tasks.detection:Detection"}
+         "detection": "gluontl.tasks.detection:Detection",
+         "segmentation": "gluontl.tasks.segmentation:Segmentation"}
 
 
 def get_task(recipe: Recipe) -> Task:
