@@ -516,10 +516,11 @@ class SegmentationSpec(Strict):
     nodes ``taps`` names, shallow to deep (`gluontl inspect MODEL` lists them)."""
 
     arch: Literal["fcn", "psp", "deeplab", "lraspp"] = "fcn"
-    taps: list[str] = Field(default_factory=list, max_length=4, description="backbone nodes the head reads, "
-                            "shallow to deep (fcn: the last is the head's input; lraspp: [low-level, high-level])")
-    aux: bool = Field(default=False, description="an auxiliary FCN head on the second-deepest tap (GluonCV's "
-                      "aux loss), trained only")
+    taps: list[str] = Field(default_factory=list, max_length=2, description="backbone nodes the heads read, "
+                            "shallow to deep: fcn one, fcn with aux [aux map, head map], lraspp [low-level, "
+                            "high-level]; none: the last node at each stride they want")
+    aux: bool = Field(default=False, description="an auxiliary FCN head on a shallower map (GluonCV's deep "
+                      "supervision), trained only")
     aux_weight: float = Field(default=0.4, gt=0.0, le=10.0, description="weight of the auxiliary loss "
                               "(GluonCV's default 0.4)")
     ignore_label: int = Field(default=255, ge=0, le=255, description="mask value that counts in neither loss "
@@ -550,11 +551,13 @@ class SegmentationSpec(Strict):
     def _fits(self) -> "SegmentationSpec":
         if self.scale[0] > self.scale[1]:
             raise ValueError(f"scale {list(self.scale)} is [low, high]; give the smaller factor first")
-        if self.arch == "lraspp" and len(self.taps) != 2:
-            raise ValueError(f"arch lraspp reads two taps, [low-level, high-level]; taps lists {len(self.taps)}")
-        if self.aux and len(self.taps) == 1:
-            raise ValueError("aux: true puts the auxiliary head on the second-deepest tap; taps lists only one "
-                             "(add a shallower tap first, or aux: false)")
+        want = 2 if self.arch == "lraspp" or self.aux else 1
+        if self.taps and len(self.taps) != want:
+            role = ("arch lraspp reads a shallow and a deep map" if self.arch == "lraspp" else
+                    "aux: true reads the auxiliary head's shallower map and the head's" if self.aux else
+                    f"arch {self.arch} reads one map")
+            raise ValueError(f"taps lists {len(self.taps)} node(s) but {role}: give {want}, shallow to deep, or "
+                             f"none for the defaults")
         return self
 
 

@@ -5,10 +5,8 @@ The objective is GluonCV's (``MixSoftmaxCrossEntropyLoss``): softmax cross-entro
 labelled pixels of each image, plus ``aux_weight`` times the auxiliary head's; an image whose
 pixels are all ignored contributes 0, not NaN (``gluontl.segment.loss``). Metrics are GluonCV's
 pixel accuracy and mIoU over every class (``gluontl.segment.metrics``), with a per-class IoU table.
-
-A segmenter with an auxiliary head may trace a training graph (two outputs) that a hybridized
-block would go on replaying in inference: the cached graph is dropped around every evaluation,
-as detection does.
+In predict mode a segmenter returns its logits alone, in training mode with ``aux`` also the
+auxiliary head's (``gluontl.segment.models``).
 """
 from __future__ import annotations
 
@@ -80,8 +78,7 @@ class Segmentation:
         losses = []
         for x, y in zip(xs, ys):
             out = net(x)
-            outs = tuple(out) if isinstance(out, (list, tuple)) else (out,)
-            losses.append(self.loss(*outs[:2 if self.seg.aux else 1], y))
+            losses.append(self.loss(*out, y) if self.seg.aux else self.loss(out, y))
         return losses, None
 
     def evaluate(self, net, batches, ctxs) -> dict[str, Any]:
@@ -120,7 +117,7 @@ class Segmentation:
         classes = stored_card(run, recipe)["classes"]
         spec = recipe.model.model_copy(update={"weights": None, "weights_from": None, "restore": recipe.model.restore
                                                .model_copy(update={"type": None, "reuse": {}})})
-        net, _ = _build(recipe.model_copy(update={"model": spec}), len(classes), ctx or mx.cpu())
+        net, _ = _build(recipe.model_copy(update={"model": spec}), classes, ctx or mx.cpu())
         checkpoint.restore_into(Path(run) / "checkpoints", tag, net, None, ctx)
         net.hybridize(static_alloc=True, static_shape=True)
         return net
@@ -154,8 +151,7 @@ class Segmentation:
         transform, names, _ = input_transform(card, str(Path(run) / "preprocess.json"))
 
         def masks(x: np.ndarray) -> np.ndarray:
-            out = net(mx.nd.array(x))
-            return _logits(out).asnumpy().argmax(1)
+            return net(mx.nd.array(x)).asnumpy().argmax(1)
 
         with autograd.predict_mode():
             found = [_predict_one(transform, image, masks) for image in decoded]
@@ -210,12 +206,12 @@ class Segmentation:
 
 # ---------------------------------------------------------------- building
 
-def _build(recipe: Recipe, num_classes: int, ctx):
+def _build(recipe: Recipe, classes: list[str], ctx):
     from ..segment.models import SegmenterSpec, build_segmenter
 
     seg = seg_spec(recipe)
-    spec = SegmenterSpec(arch=seg.arch, taps=list(seg.taps), aux=seg.aux, head_channels=seg.head_channels)
-    return build_segmenter(recipe.model, spec, num_classes, ctx)
+    spec = SegmenterSpec(arch=seg.arch, taps=tuple(seg.taps), aux=seg.aux, head_channels=seg.head_channels)
+    return build_segmenter(recipe.model, spec, len(classes), ctx, class_names=classes)
 
 
 def prepare(recipe: Recipe, classes: list[str] | None = None, ctx=None, apply: bool = True) -> Prepared:
@@ -227,7 +223,7 @@ def prepare(recipe: Recipe, classes: list[str] | None = None, ctx=None, apply: b
             raise RecipeError("A segmentation recipe needs a data: section: the segmenter's classes are the "
                               "data's mask values (data.source, and data.classes to name them).")
         classes = class_names(recipe.data)
-    net, report = _build(recipe, len(classes), ctx or mx.cpu())
+    net, report = _build(recipe, classes, ctx or mx.cpu())
     shape = (1, *recipe.model.input_shape)
     make_plan(net, recipe.rules, epoch=None, input_shape=shape)  # every rule must match, from_epoch ones too
     plan = make_plan(net, recipe.rules, epoch=0, input_shape=shape)
@@ -238,11 +234,6 @@ def prepare(recipe: Recipe, classes: list[str] | None = None, ctx=None, apply: b
 
 # ---------------------------------------------------------------- evaluation
 
-def _logits(out) -> mx.nd.NDArray:
-    """The main head's logits of a segmenter's output (training mode with aux: (out, aux))."""
-    return out[0] if isinstance(out, (list, tuple)) else out
-
-
 def evaluate_batches(net, batches, ctxs: list[mx.Context], class_names: list[str], ignore: int) -> dict[str, Any]:
     """``val_loss`` (the main head's), ``val_miou``, ``val_pixel_acc``, ``per_class_iou`` and the
     metric's ``table`` over ``batches`` of (images, masks)."""
@@ -251,16 +242,12 @@ def evaluate_batches(net, batches, ctxs: list[mx.Context], class_names: list[str
 
     metric, loss = SegmentationMetric(len(class_names), ignore), SegmentationLoss(None, ignore)
     total, images = 0.0, 0
-    net._clear_cached_op()
-    try:
-        for x, y in batches:
-            for xi, yi in zip(split(x, ctxs), split(y, ctxs)):
-                logits = _logits(net(xi))
-                total += float(loss(logits, yi).sum().asscalar())
-                images += xi.shape[0]
-                metric.update(yi.asnumpy(), logits.asnumpy().argmax(1))
-    finally:
-        net._clear_cached_op()
+    for x, y in batches:
+        for xi, yi in zip(split(x, ctxs), split(y, ctxs)):
+            logits = net(xi)
+            total += float(loss(logits, yi).sum().asscalar())
+            images += xi.shape[0]
+            metric.update(yi.asnumpy(), logits.asnumpy().argmax(1))
     acc, miou = metric.get()
     table = metric.table(class_names)
     return {"val_loss": total / max(images, 1), "val_miou": miou, "val_pixel_acc": acc,

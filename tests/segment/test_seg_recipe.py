@@ -28,8 +28,9 @@ def test_segmentation_picks_its_best_checkpoint_by_miou_and_has_gluoncv_defaults
 
 @pytest.mark.parametrize("over, words", [
     ({"segmentation": {"scale": [2.0, 0.5]}}, ["segmentation", "scale", "smaller factor first"]),
-    ({"segmentation": {"arch": "lraspp", "taps": ["a"]}}, ["lraspp", "two taps"]),
-    ({"segmentation": {"aux": True, "taps": ["a"]}}, ["aux", "second-deepest", "shallower tap"]),
+    ({"segmentation": {"arch": "lraspp", "taps": ["a"]}}, ["taps lists 1", "lraspp", "give 2"]),
+    ({"segmentation": {"aux": True, "taps": ["a"]}}, ["taps lists 1", "aux", "give 2"]),
+    ({"segmentation": {"taps": ["a", "b"]}}, ["taps lists 2", "fcn reads one map", "give 1"]),
     ({"segmentation": {"taps": ["a", "a"]}}, ["taps", "distinct"]),
     ({"segmentation": {"arch": "unet"}}, ["segmentation.arch", "fcn", "lraspp"]),
     ({"segmentation": {"ignore_label": 256}}, ["segmentation.ignore_label", "255"]),
