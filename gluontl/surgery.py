@@ -47,7 +47,7 @@ from .stages import trunk_units
 
 Shape = tuple[int, ...]
 
-__all__ = ["NodeInfo", "Head", "Trunk", "cut_at", "drop_last", "ignore", "attach_head", "list_nodes",
+__all__ = ["NodeInfo", "Head", "Trunk", "cut_at", "drop_last", "ignore", "attach_head", "tap", "list_nodes",
            "feature_end", "apply_surgery", "needs_surgery"]
 
 
@@ -290,7 +290,9 @@ class Trunk(HybridBlock):
 
     def hybrid_forward(self, F, x):
         feats = self.features(x)
-        return self.head(*feats) if self.head is not None else feats[0]
+        if self.head is not None:
+            return self.head(*feats)
+        return feats if len(feats) > 1 else feats[0]
 
 
 def _chain_units(net: HybridBlock, input_shape: Shape | None) -> list[tuple[str, HybridBlock]]:
@@ -362,6 +364,23 @@ def cut_at(block: HybridBlock, name: str, *, input_shape: Shape | None = None) -
         return g.rebuild([g.internals[out]], ends=[g.tensor(out)])
     units, at = _open(_chain_units(block, input_shape), name, "cut_at")
     return Trunk(units[:at.stop])
+
+
+def tap(block: HybridBlock, names: Sequence[str], *, input_shape: Shape | None = None) -> HybridBlock:
+    """The model up to its deepest tap, returning the tapped nodes' outputs (a list in ``names``
+    order; one tap: that tensor): the features a dense head reads (segmentation, a detector's
+    neck). Parameters are shared and keep their names; what lies past the deepest tap drops out."""
+    if not names:
+        raise SurgeryError("tap needs at least one node name (`gluontl inspect MODEL --nodes` lists them).")
+    if isinstance(block, SymbolBlock):
+        g = _Graph(block)
+        outs = [g.resolve(n, "tap") for n in names]
+        return g.rebuild([g.internals[o] for o in outs], ends=[g.tensor(o) for o in outs])
+    units, stop = _chain_units(block, input_shape), 0
+    for name in names:
+        units, at = _open(units, name, "tap")
+        stop = max(stop, at.stop)
+    return Trunk(units[:stop], names)
 
 
 def drop_last(block: HybridBlock, n: int, *, input_shape: Shape | None = None) -> HybridBlock:

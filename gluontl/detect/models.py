@@ -32,7 +32,7 @@ from ..errors import ModelSourceError, RestoreError
 from ..naming import named_params, shape_of
 from ..recipe import Recipe
 from ..sources import ZooInit, zoo_block, materialize
-from ..sources.restore import RestoreReport, file_key, read_params_file
+from ..sources.restore import RestoreReport, file_key, old_classes, read_params_file, reuse_map
 from ..stages import detector_family
 
 @dataclasses.dataclass(frozen=True)
@@ -219,22 +219,6 @@ def num_classes(net: HybridBlock) -> int:
     return len(net.classes)
 
 
-def old_classes(weights: str) -> list[str] | None:
-    """Class names of a run folder's detector (its preprocess.json), for name-based reuse maps."""
-    import json
-    from pathlib import Path
-
-    from ..runfolder import run_weights
-
-    if run_weights(weights) is None:
-        return None
-    p = Path(weights)
-    for card in (p / "preprocess.json", p.parent / "preprocess.json", p.parent.parent / "preprocess.json"):
-        if card.is_file():
-            return list(json.loads(card.read_text(encoding="utf-8"))["classes"])
-    return None
-
-
 def restore_detector(net: HybridBlock, fam: str, weights: str, kind: str, classes: list[str], spec,
                      old_names: list[str] | None) -> RestoreReport:
     """Restore ``weights`` into ``net`` per ``kind``; the report lists the class-dependent heads as
@@ -266,7 +250,7 @@ def restore_detector(net: HybridBlock, fam: str, weights: str, kind: str, classe
                 raise RestoreError(f"'{weights}': {name} has shape {tuple(src.shape)}, which is not {anchors} "
                                    f"anchors x ({layout.kept} + classes) rows over {shape_of(e.param)[1:]}; "
                                    f"the file is of another detector (family, backbone or anchors).")
-            mapping = _reuse(spec.reuse, classes, old_names, old_count)
+            mapping = reuse_map(spec.reuse, classes, old_names, old_count)
             _copy_rows(e.param, src.asnumpy(), layout, len(classes), mapping)
             if len(mapping) == len(classes) == old_count and all(i == j for i, j in mapping.items()):
                 report.restored.append(name)  # the same classes: the whole layer
@@ -287,31 +271,6 @@ def restore_detector(net: HybridBlock, fam: str, weights: str, kind: str, classe
                            f"names; is it a file of this detector family? Use restore.prefix_map to map names, "
                            f"or restore.type: classification for a backbone file.")
     return report
-
-
-def _reuse(reuse: dict[str, str], classes: list[str], old_names: list[str] | None, old_count: int
-           ) -> dict[int, int]:
-    """``restore.reuse`` as {new index: old index}; names resolve against the new classes and
-    the old run's classes, integers as indices. Without a map, classes keep the rows of the old
-    class of the same name (old names known) or of the same index (same count, names unknown)."""
-    if not reuse:
-        if old_names is not None:
-            return {i: old_names.index(c) for i, c in enumerate(classes) if c in old_names}
-        return {i: i for i in range(len(classes))} if old_count == len(classes) else {}
-    return {_index(new, classes, "new", len(classes)): _index(old, old_names, "old", old_count)
-            for new, old in reuse.items()}
-
-
-def _index(label: str, names: list[str] | None, which: str, count: int) -> int:
-    if names is not None and label in names:
-        return names.index(label)
-    if label.lstrip("-").isdigit() and 0 <= int(label) < count:
-        return int(label)
-    known = f"; {which} classes: {', '.join(names)}" if names else ""
-    close = difflib.get_close_matches(label, names or [], n=1)
-    raise RestoreError(f"model.restore.reuse names {which} class '{label}', which is not one of the {count} "
-                       f"{which} classes{f' (did you mean {close[0]!r}?)' if close else ''}{known}. Use names "
-                       f"(old names come from the weights' run folder) or indices 0..{count - 1}.")
 
 
 def _copy_rows(param, old: np.ndarray, layout: HeadLayout, classes: int, reuse: dict[int, int]) -> None:

@@ -100,10 +100,13 @@ def _broadcast_to(node, **kwargs):
 @_register("_contrib_BilinearResize2D")
 def _bilinear_resize(node, **kwargs):
     """mx.onnx writes ``align_corners`` coordinates whatever the op's ``align_corners`` says; the
-    default (False) is ``pytorch_half_pixel``: (x + 0.5) * in / out - 0.5, clamped at 0."""
+    default (False) is ``pytorch_half_pixel``: (x + 0.5) * in / out - 0.5, clamped at 0. Mode
+    ``like`` (the size of a second tensor: a segmentation head's logits brought to the input's size
+    whatever it is, gluon-cv #1173) takes the sizes from that tensor's shape; mx.onnx has only ``size``."""
     name, inputs, attrs = get_inputs(node, kwargs)
-    if attrs.get("mode", "size") != "size":
-        raise NotImplementedError(f"BilinearResize2D mode '{attrs['mode']}' is not supported")
+    mode = attrs.get("mode", "size")
+    if mode not in ("size", "like"):
+        raise NotImplementedError(f"BilinearResize2D mode '{mode}' is not supported")
     corners = _flag(attrs, "align_corners", True)
     height, width = int(attrs.get("height", 0)), int(attrs.get("width", 0))
     init = kwargs["initializer"]
@@ -111,9 +114,13 @@ def _bilinear_resize(node, **kwargs):
     create_tensor([], name + "_scales", init, dtype="float32")
     create_tensor([0], name + "_0", init)
     create_tensor([2], name + "_2", init)
+    create_tensor([4], name + "_4", init)
     nodes = [make_node("Shape", [inputs[0]], [name + "_shape"]),
              make_node("Slice", [name + "_shape", name + "_0", name + "_2"], [name + "_nc"])]
-    if height and width:
+    if mode == "like":
+        nodes += [make_node("Shape", [inputs[1]], [name + "_like_shape"]),
+                  make_node("Slice", [name + "_like_shape", name + "_2", name + "_4"], [name + "_hw"])]
+    elif height and width:
         create_tensor([height, width], name + "_hw", init)
     else:  # MXNet's size is int(size * scale), float32 product truncated, as Cast does
         create_tensor([float(attrs["scale_height"]), float(attrs["scale_width"])], name + "_hw_scale", init,

@@ -7,7 +7,9 @@ every other name an explicit, reviewable decision instead of a warning in a log.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import fnmatch
+import json
 from pathlib import Path
 
 import mxnet as mx
@@ -137,3 +139,40 @@ def snapshot(block: HybridBlock) -> dict[str, np.ndarray]:
     """Copies of every parameter by structural name — the before/after of freezing checks."""
     mx.nd.waitall()  # oneDNN updates BN statistics asynchronously in backward
     return {n: e.param.data().asnumpy().copy() for n, e in named_params(block).items()}
+
+
+def old_classes(weights: str) -> list[str] | None:
+    """Class names of a run folder's model (its preprocess.json), for name-based reuse maps."""
+    if run_weights(weights) is None:
+        return None
+    p = Path(weights)
+    for card in (p / "preprocess.json", p.parent / "preprocess.json", p.parent.parent / "preprocess.json"):
+        if card.is_file():
+            return list(json.loads(card.read_text(encoding="utf-8"))["classes"])
+    return None
+
+
+def reuse_map(reuse: dict[str, str], classes: list[str], old_names: list[str] | None, old_count: int
+              ) -> dict[int, int]:
+    """``restore.reuse`` as {new index: old index} for a class-dependent layer rebuilt for new classes;
+    names resolve against the new classes and the old run's classes, integers as indices. Without a
+    map, classes keep the rows of the old class of the same name (old names known) or of the same
+    index (same count, names unknown)."""
+    if not reuse:
+        if old_names is not None:
+            return {i: old_names.index(c) for i, c in enumerate(classes) if c in old_names}
+        return {i: i for i in range(len(classes))} if old_count == len(classes) else {}
+    return {_index(new, classes, "new", len(classes)): _index(old, old_names, "old", old_count)
+            for new, old in reuse.items()}
+
+
+def _index(label: str, names: list[str] | None, which: str, count: int) -> int:
+    if names is not None and label in names:
+        return names.index(label)
+    if label.lstrip("-").isdigit() and 0 <= int(label) < count:
+        return int(label)
+    known = f"; {which} classes: {', '.join(names)}" if names else ""
+    close = difflib.get_close_matches(label, names or [], n=1)
+    raise RestoreError(f"model.restore.reuse names {which} class '{label}', which is not one of the {count} "
+                       f"{which} classes{f' (did you mean {close[0]!r}?)' if close else ''}{known}. Use names "
+                       f"(old names come from the weights' run folder) or indices 0..{count - 1}.")
