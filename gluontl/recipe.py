@@ -670,8 +670,10 @@ class Recipe(Strict):
                              f"segmentation.stride {stride}, the size validation, predict and exports feed (training "
                              f"crops of any size are padded to it; gluon-cv #1173)")
         if self.data is not None:
-            wrong = [f"data.{k} ({', '.join(sorted(getattr(self.data, k).model_fields_set - {'normalize'}))})"
-                     for k in _TRANSFORMS if getattr(self.data, k).model_fields_set - {"normalize"}]
+            plain = TransformSpec()
+            changed = {k: [f for f in TransformSpec.model_fields if f != "normalize"
+                           and getattr(getattr(self.data, k), f) != getattr(plain, f)] for k in _TRANSFORMS}
+            wrong = [f"data.{k} ({', '.join(fields)})" for k, fields in changed.items() if fields]
             if wrong:
                 raise ValueError(f"{' and '.join(wrong)} set more than normalize; a segmenter's image and mask move "
                                  f"together, so sizes, crops and flips are segmentation.crop, .scale and .flip "

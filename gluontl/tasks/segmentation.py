@@ -191,7 +191,7 @@ class Segmentation:
                    ) -> list[Path]:
         from ..segment.data import load_segmentation_split
         from ..segment.export import export_segmenter
-        from ..train.card import stored_card
+        from ..train.card import export_input_name, stored_card
 
         card = stored_card(run, recipe)
         sample = None
@@ -200,8 +200,9 @@ class Segmentation:
             sample = np.stack([ds[(i, 0)][0] for i in range(min(8, len(ds)))]).astype(np.float32)
         return export_segmenter(net, Path(out_dir) if out_dir else Path(run) / "export", recipe.name,
                                 tuple(recipe.model.input_shape), formats=formats, force=force, sample=sample,
-                                card={**card, "task": "segmentation"}, opset=recipe.export.opset,
-                                rtol=recipe.export.rtol)
+                                card={**card, "task": "segmentation"}, rtol=recipe.export.rtol,
+                                input_name=export_input_name(recipe),
+                                **({"opset": recipe.export.opset} if recipe.export.opset else {}))
 
 
 # ---------------------------------------------------------------- building
@@ -319,8 +320,6 @@ def _write(out: Path, images: list[str], decoded: list[np.ndarray], masks: list[
            names: list[str]) -> Report:
     """Per image: ``STEM-mask.png`` (VOC palette: colours that are the class ids), ``STEM-overlay.png``
     and the share of its pixels per class, in ``predictions.json``."""
-    from PIL import Image
-
     from ..atomic import atomic_write, write_text
     from ..segment.draw import overlay
     from ..segment.formats import write_mask
@@ -331,7 +330,7 @@ def _write(out: Path, images: list[str], decoded: list[np.ndarray], masks: list[
         stem = Path(path).stem
         mask_file, overlay_file = out / f"{stem}-mask.png", out / f"{stem}-overlay.png"
         write_mask(mask_file, mask)
-        picture = Image.fromarray(overlay(image, mask))
+        picture = overlay(image, mask)
         atomic_write(overlay_file, lambda p: picture.save(p, format="PNG"), TrainError)
         counts = np.bincount(mask.ravel(), minlength=len(names))[:len(names)]
         fractions = {n: round(float(c) / mask.size, 6) for n, c in zip(names, counts) if c}

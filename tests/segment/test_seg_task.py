@@ -201,7 +201,8 @@ def test_a_changed_class_count_restores_from_the_run_with_new_class_rows(run, pa
                                     "classes": ["background", "square", "bar", "extra"]},
                            "model": {"source": f"symbol:{backbone}", "input_shape": [3, HW, HW],
                                      "weights": str(run.run_dir), "restore": {"type": "segmentation",
-                                                                             "reuse": {"extra": "bar"}}}},
+                                                                             "reuse": {**{c: c for c in CLASSES},
+                                                                                       "extra": "bar"}}}},
                           origin="test")
     task = get_task(recipe)
     prep, loaders = task.setup(recipe, mx.cpu(), seed=0)
