@@ -48,7 +48,7 @@ from .stages import trunk_units
 Shape = tuple[int, ...]
 
 __all__ = ["NodeInfo", "Head", "Trunk", "cut_at", "drop_last", "ignore", "attach_head", "tap", "list_nodes",
-           "feature_end", "apply_surgery", "needs_surgery"]
+           "feature_shapes", "feature_end", "apply_surgery", "needs_surgery"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -503,6 +503,28 @@ def list_nodes(block: HybridBlock, input_shape: Shape, batch: int = 1) -> list[N
         if getattr(block, "head", None) is not None:
             rows.append(NodeInfo("head", "Head", tuple(block(data).shape)))
     return rows
+
+
+def feature_shapes(block: HybridBlock, names: Sequence[str], input_shape: Shape, key: str,
+                   source: str = "the model") -> list[Shape]:
+    """Each named node's batch-1 output shape, checked as the taps of a dense head (a detector's
+    features, a segmenter's taps): nodes of the model, feature maps, shallow to deep; errors
+    name the recipe ``key`` that lists them."""
+    found = {n.name: n.shape for n in list_nodes(block, input_shape)}
+    shapes = []
+    for name in names:
+        if name not in found:
+            close = difflib.get_close_matches(name, list(found), n=3)
+            raise SurgeryError(f"{key} names '{name}', which is not a node of {source} "
+                               f"(close: {', '.join(close) or 'none'}; `gluontl inspect` lists them).")
+        if found[name] is None or len(found[name]) != 4:
+            raise SurgeryError(f"{key} '{name}' outputs {found[name]}, not a feature map (N, C, H, W); pick a "
+                               f"convolutional node.")
+        shapes.append(found[name])
+    heights = [s[2] for s in shapes]
+    if heights != sorted(heights, reverse=True):
+        raise SurgeryError(f"{key} must go from shallow to deep (large maps first); their heights are {heights}.")
+    return shapes
 
 
 def _onnx_ops(source: str, names: dict[str, str]) -> dict[str, str]:

@@ -26,7 +26,7 @@ from onnx import TensorProto, helper, numpy_helper
 from gluontl.atomic import atomic_write
 from gluontl.errors import ExportError, short_reason
 from gluontl.export.exporters import check_target, convert_block, export_block, finish_model, set_metadata
-from gluontl.export.trace import dummy_inputs
+from gluontl.export.trace import sample_batches
 from gluontl.export.verify import ort_session
 from gluontl.train.transforms import META_CLASSES, onnx_props
 
@@ -263,19 +263,6 @@ def _detector_onnx(net: mx.gluon.HybridBlock, input_name: str, shape: tuple[int,
     return finish_model(model, _OPSET)
 
 
-def _batches(sample: np.ndarray | None, shape: tuple[int, ...]) -> list[tuple[str, np.ndarray]]:
-    """A batch of 1 and batches of up to 8 covering ``sample`` (preprocessed images), or two
-    random batches (1 and 2) without one."""
-    if sample is None:
-        return [(f"random batch of {b}", dummy_inputs({"x": shape}, b, seed=b)["x"]) for b in (1, 2)]
-    sample = np.asarray(sample, np.float32)
-    if sample.ndim != 4 or sample.shape[1:] != shape[1:] or not len(sample):
-        raise ExportError(f"sample has shape {sample.shape}; pass preprocessed images shaped (N, "
-                          f"{', '.join(map(str, shape[1:]))}) with N >= 1.")
-    return [("sample image 0", sample[:1])] + [(f"sample images {i}-{min(i + 8, len(sample)) - 1}", sample[i:i + 8])
-                                               for i in range(0, len(sample), 8)]
-
-
 def export_detector(net: mx.gluon.HybridBlock, out_dir: str | Path, name: str, input_shape: tuple[int, int, int], *,
                     class_names: Sequence[str], card: Mapping[str, Any] | None = None,
                     nms_thresh: float | None = None, nms_topk: int | None = None, post_nms: int | None = None,
@@ -330,7 +317,7 @@ def export_detector(net: mx.gluon.HybridBlock, out_dir: str | Path, name: str, i
             meta = onnx_props(full_card) if "preprocess" in full_card else {META_CLASSES: json.dumps(classes)}
             set_metadata(model, {**meta, META_NMS: json.dumps(settings)})
             data = model.SerializeToString()
-            _verify(data, net, path, _batches(sample, shape), settings, max(shape[2:]), rtol)
+            _verify(data, net, path, sample_batches(sample, shape), settings, max(shape[2:]), rtol)
             written.append(atomic_write(path, lambda p: p.write_bytes(data), ExportError))
     finally:
         net.set_nms(*saved)

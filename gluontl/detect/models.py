@@ -19,7 +19,6 @@ so detectors are built in a fresh name scope and a file saved by one process loa
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import fnmatch
 import warnings
 from typing import Any
@@ -167,23 +166,9 @@ def _backbone_input(spec) -> str:
 
 def _feature_shapes(backbone: HybridBlock, features: list[str], shape: tuple[int, ...], source: str) -> list[int]:
     """Each feature node's output height at ``shape`` (checked: named nodes, shallow to deep)."""
-    from ..surgery import list_nodes
+    from ..surgery import feature_shapes
 
-    found = {n.name: n.shape for n in list_nodes(backbone, shape[1:])}
-    heights = []
-    for f in features:
-        if f not in found:
-            close = difflib.get_close_matches(f, list(found), n=3)
-            raise ModelSourceError(f"model.detector.features names '{f}', which is not a node of {source} "
-                                   f"(close: {', '.join(close) or 'none'}; `gluontl inspect` lists them).")
-        if len(found[f]) != 4:
-            raise ModelSourceError(f"model.detector.features '{f}' outputs {found[f]}, not a feature map "
-                                   f"(N, C, H, W); pick a convolutional node.")
-        heights.append(int(found[f][2]))
-    if heights != sorted(heights, reverse=True):
-        raise ModelSourceError(f"model.detector.features must go from shallow to deep (large maps first); "
-                               f"their heights are {heights}.")
-    return heights
+    return [int(s[2]) for s in feature_shapes(backbone, features, shape[1:], "model.detector.features", source)]
 
 
 def _with_classes(name: str, kwargs: dict[str, Any], classes: list[str]) -> dict[str, Any]:

@@ -65,6 +65,20 @@ def dummy_inputs(input_shapes: dict[str, tuple[int, ...]], batch: int, seed: int
     return out
 
 
+def sample_batches(sample: np.ndarray | None, shape: tuple[int, ...]) -> list[tuple[str, np.ndarray]]:
+    """What an export of a one-input image model is verified on, with labels for messages: a batch
+    of 1 and batches of up to 8 covering ``sample`` (preprocessed images of the batch-1 ``shape``),
+    or two random batches (1 and 2) without one."""
+    if sample is None:
+        return [(f"random batch of {b}", dummy_inputs({"x": shape}, b, seed=b)["x"]) for b in (1, 2)]
+    sample = np.asarray(sample, np.float32)
+    if sample.ndim != 4 or sample.shape[1:] != shape[1:] or not len(sample):
+        raise ExportError(f"sample has shape {sample.shape}; pass preprocessed images shaped (N, "
+                          f"{', '.join(map(str, shape[1:]))}) with N >= 1.")
+    return [("sample image 0", sample[:1])] + [(f"sample images {i}-{min(i + 8, len(sample)) - 1}", sample[i:i + 8])
+                                               for i in range(0, len(sample), 8)]
+
+
 def predict(block: mx.gluon.HybridBlock, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
     """Run the block in inference mode; ``inputs`` order is the block's positional order.
 

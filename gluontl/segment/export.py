@@ -24,7 +24,7 @@ from onnx import TensorProto, helper
 from gluontl.atomic import atomic_write
 from gluontl.errors import ExportError, short_reason
 from gluontl.export.exporters import check_target, convert_block, export_block, finish_model, set_metadata
-from gluontl.export.trace import dummy_inputs, predict
+from gluontl.export.trace import dummy_inputs, predict, sample_batches
 from gluontl.export.verify import ort_session, output_error
 from gluontl.train.transforms import onnx_props
 
@@ -51,7 +51,7 @@ def export_segmenter(net: mx.gluon.HybridBlock, out_dir: str | Path, name: str, 
     if card is not None and len(card.get("classes", ())) != classes:
         raise ExportError(f"the card names {len(card.get('classes', ()))} classes but the network predicts {classes}; "
                           f"pass the run's card (one class name per output channel).")
-    batches = _batches(sample, shape)
+    batches = sample_batches(sample, shape)
     model = segmenter_onnx(net, input_name, shape, opset) if "onnx" in formats else None  # fails before any write
     # creates the folder (with its errors) also when only ONNX is asked for
     written = export_block(net, out_dir, name, {input_name: shape}, formats=[f for f in formats if f == "symbol"],
@@ -87,18 +87,6 @@ def segmenter_onnx(net: mx.gluon.HybridBlock, input_name: str, shape: tuple[int,
     dims = [d.dim_param or d.dim_value for d in graph.output[0].type.tensor_type.shape.dim]
     graph.output.append(helper.make_tensor_value_info("mask", TensorProto.INT64, [dims[0], *dims[2:]]))
     return finish_model(model, opset)
-
-
-def _batches(sample: np.ndarray | None, shape: tuple[int, ...]) -> list[tuple[str, np.ndarray]]:
-    """The first sample image alone, then the samples 8 at a time; without samples, random batches of 1 and 2."""
-    if sample is None:
-        return [(f"random batch of {b}", dummy_inputs({"x": shape}, b, seed=b)["x"]) for b in (1, 2)]
-    sample = np.asarray(sample, np.float32)
-    if sample.ndim != 4 or sample.shape[1:] != shape[1:] or not len(sample):
-        raise ExportError(f"sample has shape {sample.shape}; pass preprocessed images shaped (N, "
-                          f"{', '.join(map(str, shape[1:]))}), N >= 1, the export's input size.")
-    return [("sample image 0", sample[:1])] + [(f"sample images {i}-{min(i + 8, len(sample)) - 1}", sample[i:i + 8])
-                                               for i in range(0, len(sample), 8)]
 
 
 def mask_disagreement(got_mask: np.ndarray, want_logits: np.ndarray, slack: float) -> np.ndarray:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import difflib
 import fnmatch
 import io
 import re
@@ -40,7 +39,7 @@ from ..recipe import HEAD, STEM, ModelSpec
 from ..sources import build_model, materialize
 from ..sources.restore import RestoreReport, file_key, old_classes, read_params_file, reuse_map
 from ..stages import register_stage_mapper, stage_map
-from ..surgery import list_nodes, tap
+from ..surgery import feature_shapes, list_nodes, tap
 
 ARCHS = ("fcn", "psp", "deeplab", "lraspp")
 # What error messages call the recipe section that holds a SegmenterSpec.
@@ -185,10 +184,6 @@ class Segmenter(HybridBlock):
         heads = ["head.low_classifier", "head.high_classifier"] if self.arch == "lraspp" else ["head.block.4"]
         return heads + (["aux.block.4"] if self.has_aux else [])
 
-    @property
-    def num_classes(self) -> int:
-        return shape_of(named_params(self)[f"{self.class_layers[0]}.weight"].param)[0]
-
     def forward(self, x, *args):
         aux = self.has_aux and mx.autograd.is_training()
         if aux != self._aux_on:  # one more output: a graph of its own
@@ -309,9 +304,8 @@ def _on_source(spec: ModelSpec, seg: SegmenterSpec, classes: int, ctx) -> tuple[
     if seg.arch not in ("fcn", "lraspp"):
         raise ModelSourceError(f"{SECTION}.arch {seg.arch} needs a GluonCV backbone; on {spec.source} use fcn or lraspp.")
     full, _ = build_model(spec.model_copy(update={"weights": None}), ctx=ctx)
-    nodes = {n.name: n.shape for n in list_nodes(full, spec.input_shape, batch=2)}
     taps = list(seg.taps) or default_taps(full, seg.arch, seg.aux, spec.input_shape)
-    shapes = _check_taps(taps, nodes, seg, spec.source)
+    shapes = _check_taps(full, taps, spec.input_shape, seg, spec.source)
     backbone = tap(full, taps, input_shape=spec.input_shape)
     width = int(seg.head_channels)
     if seg.arch == "lraspp":
@@ -355,28 +349,15 @@ def default_taps(block: HybridBlock, arch: str, aux: bool, input_shape: tuple[in
     return [deepest]
 
 
-def _check_taps(taps: list[str], nodes: dict, seg: SegmenterSpec, source: str) -> list[tuple[int, ...]]:
+def _check_taps(block: HybridBlock, taps: list[str], input_shape: tuple[int, ...], seg: SegmenterSpec,
+                source: str) -> list[tuple[int, ...]]:
     want = 2 if seg.arch == "lraspp" or seg.aux else 1
     if len(taps) != want:
         role = ("lraspp reads a shallow and a deep map" if seg.arch == "lraspp" else
                 "fcn with aux reads the aux head's map and the head's" if seg.aux else "fcn reads one map")
         raise ModelSourceError(f"{SECTION}.taps names {len(taps)} node(s) but {role}: give {want}, shallow to deep "
                                f"(or none for the defaults).")
-    shapes = []
-    for t in taps:
-        if t not in nodes:
-            close = difflib.get_close_matches(t, list(nodes), n=3)
-            raise ModelSourceError(f"{SECTION}.taps names '{t}', which is not a node of {source} (close: "
-                                   f"{', '.join(close) or 'none'}; `gluontl inspect --nodes` lists them).")
-        shape = nodes[t]
-        if shape is None or len(shape) != 4:
-            raise ModelSourceError(f"{SECTION}.taps '{t}' outputs {shape}, not a feature map (N, C, H, W); pick a "
-                                   f"convolutional node.")
-        shapes.append(shape)
-    if shapes[0][2] < shapes[-1][2]:
-        raise ModelSourceError(f"{SECTION}.taps must go shallow to deep (large maps first); their heights are "
-                               f"{[s[2] for s in shapes]}.")
-    return shapes
+    return feature_shapes(block, taps, input_shape, f"{SECTION}.taps", source)
 
 
 # ----------------------------------------------------------------------------- restore

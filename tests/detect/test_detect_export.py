@@ -21,9 +21,10 @@ import pytest
 from gluoncv import model_zoo
 from sklearn.datasets import load_sample_images
 
-from gluontl.detect.export import (GLUONCV_SCORE_THRESH, META_NMS, _batches, _compare, _detector_onnx, _verify,
+from gluontl.detect.export import (GLUONCV_SCORE_THRESH, META_NMS, _compare, _detector_onnx, _verify,
                                    box_nms_model, export_detector, mxnet_box_nms)
 from gluontl.errors import ExportError
+from gluontl.export.trace import sample_batches
 from gluontl.recipe import TransformSpec
 from gluontl.train.transforms import META_CLASSES, load_preprocess, model_card
 
@@ -306,9 +307,9 @@ def test_verification_refuses_a_graph_that_disagrees(tmp_path):
     loose = {"nms_thresh": 0.9, "nms_topk": 400, "post_nms": 100, "score_thresh": GLUONCV_SCORE_THRESH}
     net.set_nms(-1, -1, -1)
     data = _detector_onnx(net, "data", shape, 3, loose).SerializeToString()
-    _verify(data, net, tmp_path / "x.onnx", _batches(x, shape), loose, SIZE, TOL)
+    _verify(data, net, tmp_path / "x.onnx", sample_batches(x, shape), loose, SIZE, TOL)
     with pytest.raises(ExportError, match=r"disagrees with MXNet's box_nms on the sample image 0: image 0, row \d+"):
-        _verify(data, net, tmp_path / "x.onnx", _batches(x, shape), {**loose, "nms_thresh": 0.45}, SIZE, TOL)
+        _verify(data, net, tmp_path / "x.onnx", sample_batches(x, shape), {**loose, "nms_thresh": 0.45}, SIZE, TOL)
 
 
 def test_comparison_tolerances():
