@@ -66,11 +66,13 @@ class RestoreSpec(Strict):
     expect_missing: list[str] = Field(default_factory=list)
     expect_unexpected: list[str] = Field(default_factory=list)
     expect_mismatch: list[str] = Field(default_factory=list)
-    type: Literal["detection", "classification", "none"] | None = Field(
-        default=None, description="task: detection only (TF Object Detection API's fine_tune_checkpoint_type): "
-        "detection (default) restores everything the file has, class rows per `reuse`; classification the "
+    type: Literal["detection", "segmentation", "classification", "none"] | None = Field(
+        default=None, description="task: detection / segmentation only (TF Object Detection API's "
+        "fine_tune_checkpoint_type): detection or segmentation (the task's default) restores everything the "
+        "file has, class rows per `reuse`; classification the "
         "backbone only; none nothing")
-    reuse: dict[str, str] = Field(default_factory=dict, description="task: detection, restore.type detection: "
+    reuse: dict[str, str] = Field(default_factory=dict, description="task: detection / segmentation, restore.type "
+                                  "detection / segmentation: "
                                   "new class -> old class (names or indices) whose prediction rows it starts from")
 
     @field_validator("reuse", mode="before")
@@ -405,7 +407,8 @@ class TransformSpec(Strict):
 
 class DataSpec(Strict):
     source: str = Field(description="demo:digits | demo:elpv | folder:PATH | rec:PATH.rec | list:PATH.csv; "
-                        "detection: voc:PATH | coco:PATH | yolo:PATH | demo:digits_det")
+                        "detection: voc:PATH | coco:PATH | yolo:PATH | demo:digits_det; segmentation: voc:PATH | masks:PATH | "
+                        "demo:digits_seg")
     train: str = "train"
     val: str = "val"
     batch_size: int = Field(default=32, gt=0, le=1 << 16)
@@ -445,9 +448,10 @@ class DataSpec(Strict):
     @classmethod
     def _scheme(cls, v: str) -> str:
         scheme, _, rest = v.partition(":")
-        if scheme not in ("demo", "folder", "rec", "list", "voc", "coco", "yolo") or not rest:
+        if scheme not in ("demo", "folder", "rec", "list", "voc", "coco", "yolo", "masks") or not rest:
             raise ValueError(f"'{v}' is not a data source; use demo:digits, demo:elpv, folder:PATH, rec:PATH or "
-                             f"list:PATH, or for detection voc:PATH, coco:PATH, yolo:PATH or demo:digits_det")
+                             f"list:PATH, for detection voc:PATH, coco:PATH, yolo:PATH or demo:digits_det, for "
+                             f"segmentation voc:PATH, masks:PATH or demo:digits_seg")
         return v
 
 
@@ -547,12 +551,14 @@ class TrainSpec(Strict):
     guards: GuardsSpec = GuardsSpec()
     distributed: DistributedSpec = DistributedSpec()
     ema: EmaSpec | None = None
-    select: Literal["val_top1", "val_balanced_acc", "val_loss", "val_map50", "val_map", "ema_val_top1",
-                    "ema_val_balanced_acc", "ema_val_loss", "ema_val_map50", "ema_val_map"] = Field(
+    select: Literal["val_top1", "val_balanced_acc", "val_loss", "val_map50", "val_map", "val_miou", "val_pixel_acc",
+                    "ema_val_top1", "ema_val_balanced_acc", "ema_val_loss", "ema_val_map50", "ema_val_map",
+                    "ema_val_miou", "ema_val_pixel_acc"] = Field(
         default="val_top1", description="the validation metric that picks the best checkpoint (what export, "
         "evaluate and predict use); val_balanced_acc suits imbalanced classes; detection: val_map50 (VOC "
-        "mAP@0.5, its default) or val_map (COCO mAP@[.5:.95]); ema_*: the same of the averaged weights "
-        "(train.ema), which the best checkpoint then holds")
+        "mAP@0.5, its default) or val_map (COCO mAP@[.5:.95]); segmentation: val_miou (its default), "
+        "val_pixel_acc or val_loss; ema_*: the same of the averaged weights (train.ema), which the best "
+        "checkpoint then holds")
 
     @field_validator("guards", mode="before")
     @classmethod
@@ -605,6 +611,56 @@ class QuantizeSpec(Strict):
                                                 "depthwise-heavy models (onnxruntime #11415), else per-channel")
     exclude: list[str] = Field(default_factory=list, description="globs of ONNX node names kept float")
     max_drop: float = Field(default=1.0, ge=0.0, le=100.0, description="allowed top-1 (or mAP) drop, in points")
+class SegmentationSpec(Strict):
+    """The segmenter (task: segmentation) and its joint image + mask augmentation. ``arch`` fcn,
+    psp and deeplab on a GluonCV ResNet zoo source are GluonCV's own networks; on any other source
+    (ONNX, symbol, zoo classifier) an FCN head (fcn) or LR-ASPP head (lraspp) sits on the backbone
+    nodes ``taps`` names, shallow to deep (`gluontl inspect MODEL` lists them)."""
+
+    arch: Literal["fcn", "psp", "deeplab", "lraspp"] = "fcn"
+    taps: list[str] = Field(default_factory=list, max_length=2, description="backbone nodes the heads read, "
+                            "shallow to deep: fcn one, fcn with aux [aux map, head map], lraspp [low-level, "
+                            "high-level]; none: the last node at each stride they want")
+    aux: bool = Field(default=False, description="an auxiliary FCN head on a shallower map (GluonCV's deep "
+                      "supervision), trained only")
+    aux_weight: float = Field(default=0.4, gt=0.0, le=10.0, description="weight of the auxiliary loss "
+                              "(GluonCV's default 0.4)")
+    ignore_label: int = Field(default=255, ge=0, le=255, description="mask value that counts in neither loss "
+                              "nor metric (VOC draws object borders with 255)")
+    head_channels: int = Field(default=128, gt=0, le=4096)
+    crop: tuple[Annotated[int, Field(gt=0, le=1 << 16)], Annotated[int, Field(gt=0, le=1 << 16)]] | None = Field(
+        default=None, description="training crop H, W after the random scale (default: model.input_shape's "
+        "H, W); images and masks smaller than it are padded (masks with ignore_label)")
+    scale: tuple[Annotated[float, Field(gt=0.0, le=16.0)], Annotated[float, Field(gt=0.0, le=16.0)]] = Field(
+        default=(0.5, 2.0), description="random scale range of training images (GluonCV: 0.5 to 2.0)")
+    flip: bool = True
+    stride: int = Field(default=8, gt=0, le=256, description="images and masks are padded at the bottom and "
+                        "right to a multiple of it, so feature maps line up with the label (gluon-cv #1173)")
+
+    @field_validator("crop", mode="before")
+    @classmethod
+    def _square(cls, v: Any) -> Any:
+        return (v, v) if isinstance(v, int) and not isinstance(v, bool) else v
+
+    @field_validator("taps")
+    @classmethod
+    def _taps(cls, v: list[str]) -> list[str]:
+        if any(not t.strip() for t in v) or len(set(v)) != len(v):
+            raise ValueError(f"taps {v} must name distinct backbone nodes, shallow to deep")
+        return v
+
+    @model_validator(mode="after")
+    def _fits(self) -> "SegmentationSpec":
+        if self.scale[0] > self.scale[1]:
+            raise ValueError(f"scale {list(self.scale)} is [low, high]; give the smaller factor first")
+        want = 2 if self.arch == "lraspp" or self.aux else 1
+        if self.taps and len(self.taps) != want:
+            role = ("arch lraspp reads a shallow and a deep map" if self.arch == "lraspp" else
+                    "aux: true reads the auxiliary head's shallower map and the head's" if self.aux else
+                    f"arch {self.arch} reads one map")
+            raise ValueError(f"taps lists {len(self.taps)} node(s) but {role}: give {want}, shallow to deep, or "
+                             f"none for the defaults")
+        return self
 
 
 class ExportSpec(Strict):
@@ -623,28 +679,34 @@ class ExportSpec(Strict):
 
 _TRANSFORMS = ("train_transform", "val_transform")
 DETECTION_SOURCES = ("voc:", "coco:", "yolo:", "demo:digits_det")
+SEGMENTATION_SOURCES = ("voc:", "masks:", "demo:digits_seg")
 TASK_METRICS = {"classification": ("val_top1", "val_balanced_acc", "val_loss"),
-                "detection": ("val_map50", "val_map")}
+                "detection": ("val_map50", "val_map"),
+                "segmentation": ("val_miou", "val_pixel_acc", "val_loss")}
+_DEFAULT_SELECT = {"detection": "val_map50", "segmentation": "val_miou"}
 
 
 class Recipe(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}$")  # a run folder name: no "..", no "/"
-    task: Literal["classification", "detection"] = "classification"
+    task: Literal["classification", "detection", "segmentation"] = "classification"
     model: ModelSpec
     surgery: SurgerySpec = SurgerySpec()
     rules: list[Rule] = Field(default_factory=list)
     data: DataSpec | None = None
     train: TrainSpec = TrainSpec()
     export: ExportSpec = ExportSpec()
+    segmentation: SegmentationSpec | None = Field(default=None, description="task: segmentation: the "
+                                                  "segmenter and its augmentation (defaults when left out)")
 
     @model_validator(mode="before")
     @classmethod
     def _task_select(cls, data: Any) -> Any:
-        """A detection recipe that does not choose picks its best checkpoint by mAP@0.5."""
-        if isinstance(data, Mapping) and data.get("task") == "detection":
+        """A detection recipe that does not choose picks its best checkpoint by mAP@0.5, a
+        segmentation recipe by mIoU."""
+        if isinstance(data, Mapping) and data.get("task") in _DEFAULT_SELECT:
             train = data.get("train") if isinstance(data.get("train"), Mapping) else {}
             if "select" not in train:
-                data = {**data, "train": {**train, "select": "val_map50"}}
+                data = {**data, "train": {**train, "select": _DEFAULT_SELECT[data["task"]]}}
         return data
 
     @model_validator(mode="after")
@@ -663,7 +725,15 @@ class Recipe(Strict):
         if self.model.detector is not None and (self.task != "detection" or self.model.source.startswith("zoo:")):
             raise ValueError("model.detector builds an SSD on an onnx:/symbol: backbone for task: detection; zoo "
                              "detectors (zoo:ssd_*, zoo:yolo3_*) come whole — remove model.detector")
-        if self.data is not None:
+        if self.segmentation is not None and self.task != "segmentation":
+            raise ValueError(f"the segmentation: section is for task: segmentation; the recipe's task is "
+                             f"{self.task} (set task: segmentation, or remove the section)")
+        if self.task == "segmentation":
+            self._segmentation_fits()
+        elif self.data is not None and self.data.source.startswith(SEGMENTATION_SOURCES[1:]):  # voc: is shared
+            raise ValueError(f"data.source {self.data.source} is segmentation data but the recipe's task is "
+                             f"{self.task}; set task: segmentation or use a {self.task} source")
+        elif self.data is not None:
             detection_data = self.data.source.startswith(DETECTION_SOURCES)
             if detection_data != (self.task == "detection"):
                 raise ValueError(f"data.source {self.data.source} is "
@@ -693,6 +763,34 @@ class Recipe(Strict):
                              "chooses which class rows start from old ones)")
         return self
 
+    def _segmentation_fits(self) -> None:
+        seg_data = "demo:digits_seg, masks:PATH or voc:PATH (JPEGImages/, SegmentationClass/, ImageSets/Segmentation/)"
+        if self.data is not None and not self.data.source.startswith(SEGMENTATION_SOURCES):
+            raise ValueError(f"data.source {self.data.source} is not segmentation data; use {seg_data}")
+        if self.train.label_smoothing or self.train.cache_features == "on" or self.surgery != SurgerySpec():
+            raise ValueError("train.label_smoothing, train.cache_features: on and surgery are for classification; "
+                             "a segmenter trains its own head (segmentation:) on augmented images end to end")
+        if self.model.restore.type == "detection" or self.model.detector is not None:
+            raise ValueError("model.restore.type: detection and model.detector are for task: detection; a "
+                             "segmenter restores with restore.type segmentation or classification")
+        if len(self.model.input_shape) != 3:
+            raise ValueError(f"model.input_shape {list(self.model.input_shape)} is not C, H, W; a segmenter takes "
+                             f"images, e.g. [3, 128, 128]")
+        stride = (self.segmentation or SegmentationSpec()).stride
+        if any(d % stride for d in self.model.input_shape[1:]):
+            raise ValueError(f"model.input_shape {list(self.model.input_shape)}: H and W must be multiples of "
+                             f"segmentation.stride {stride}, the size validation, predict and exports feed (training "
+                             f"crops of any size are padded to it; gluon-cv #1173)")
+        if self.data is not None:
+            plain = TransformSpec()
+            changed = {k: [f for f in TransformSpec.model_fields if f != "normalize"
+                           and getattr(getattr(self.data, k), f) != getattr(plain, f)] for k in _TRANSFORMS}
+            wrong = [f"data.{k} ({', '.join(fields)})" for k, fields in changed.items() if fields]
+            if wrong:
+                raise ValueError(f"{' and '.join(wrong)} set more than normalize; a segmenter's image and mask move "
+                                 f"together, so sizes, crops and flips are segmentation.crop, .scale and .flip "
+                                 f"(validation resizes to model.input_shape's H x W)")
+
     @model_validator(mode="after")
     def _transforms_fit(self) -> "Recipe":
         """Transforms a recipe leaves out, or gives without a size, come from ``model.input_shape``
@@ -703,6 +801,9 @@ class Recipe(Strict):
         if self.data is None:
             return self
         given = self.data.model_fields_set
+        if self.task == "segmentation":  # checked by _segmentation_fits: segmentation: holds the geometry
+            self.data._defaults = {k: "default: segmentation's own rule" for k in _TRANSFORMS if k not in given}
+            return self
         if self.task == "detection":  # a detector resizes every image to input_shape's H, W itself
             sized = [f"data.{k} ({getattr(self.data, k).sizes()})" for k in _TRANSFORMS
                      if getattr(self.data, k).out_size() is not None]

@@ -4,12 +4,18 @@
 # `bash scripts/demo.sh detect`: the detection example instead — an SSD on the same backbone learns
 # digits 0-4 on real photos, then fine-tunes to new classes 5-9 (recipes/detect_digits_ssd.yaml),
 # exports symbol + ONNX (per-class NMS, verified), prints the per-class AP table and draws boxes.
+# `bash scripts/demo.sh segment`: semantic segmentation — an LR-ASPP head on the same backbone learns
+# the pixels of the digits (recipes/segment_digits.yaml), exports ONNX (logits + mask, verified),
+# prints the per-class IoU table and writes colour masks and overlays of 3 val images.
 # Other arguments go to `gluontl finetune` (e.g. --set train.epochs=4).
 source "$(dirname "$0")/env.sh"
 export GLUONTL_HOME="${GLUONTL_HOME:-$HOME/.cache/gluontl}"
 recipe=recipes/elpv_efficientnet_lite0.yaml
 if [ "${1:-}" = detect ]; then
   recipe=recipes/detect_digits_ssd.yaml
+  shift
+elif [ "${1:-}" = segment ]; then
+  recipe=recipes/segment_digits.yaml
   shift
 fi
 python scripts/make_imagenet_onnx.py
@@ -22,4 +28,7 @@ gluontl evaluate "$run"
 if [ "$recipe" = recipes/detect_digits_ssd.yaml ]; then
   val="$GLUONTL_HOME/datasets/digits_det/v1/JPEGImages"
   gluontl predict "$run" "$val/01403.jpg" "$val/01404.jpg" "$val/01405.jpg" --out "$run/predictions"
+elif [ "$recipe" = recipes/segment_digits.yaml ]; then
+  val="$GLUONTL_HOME/datasets/digits_seg/v1/JPEGImages"
+  gluontl predict "$run" "$val/00800.jpg" "$val/00801.jpg" "$val/00802.jpg" --out "$run/predictions"
 fi

@@ -10,9 +10,9 @@ loop, the run-folder code nor the CLI names a task: a new task is a new module i
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from pathlib import Path
-import dataclasses
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 import mxnet as mx
@@ -117,7 +117,8 @@ def split(x: mx.nd.NDArray, ctxs: list[mx.Context]) -> list[mx.nd.NDArray]:
 
 
 TASKS = {"classification": "gluontl.tasks.classification:Classification",
-         "detection": "gluontl.tasks.detection:Detection"}
+         "detection": "gluontl.tasks.detection:Detection",
+         "segmentation": "gluontl.tasks.segmentation:Segmentation"}
 
 
 def task_named(name: str) -> Task:
