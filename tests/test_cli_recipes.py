@@ -36,7 +36,7 @@ BAD = {
     "bad_bn_value": (GOOD + "  - {type: BatchNorm, bn: fixed}\n", ["rules.2.bn", "'train' or 'frozen'"]),
     "rule_matches_nothing": (GOOD + "  - {match: 'layer4.*', grad_req: 'null'}\n", ["rule 2", "layer4.*", "matches no parameter"]),
     "bn_on_conv": (GOOD + "  - {type: Conv, bn: frozen}\n", ["rule 2 sets bn: frozen", "no BatchNorm"]),
-    "wrong_type_lr": (GOOD + "train: {lr: fast}\n", ["train.lr", "valid number"]),
+    "wrong_type_lr": (GOOD + "train: {lr: fast}\n", ["train.lr", "greater than 0, or auto"]),
     "negative_lr_mult": (GOOD + "  - {match: '*', lr_mult: -1}\n", ["rules.2.lr_mult", "greater than or equal to 0"]),
     "missing_weights": (GOOD.replace('input_shape: [3, 32, 32]', 'input_shape: [3, 32, 32], weights: nope.params'),
                         ["Weights file 'nope.params' does not exist"]),

@@ -184,7 +184,7 @@ def test_predict_and_export_from_a_run_agree_with_onnxruntime(run, pairs, tmp_pa
         want = net(mx.nd.array(x)).asnumpy().argmax(1)[0]
     np.testing.assert_array_equal(read_mask(rows[0]["mask"], len(CLASSES)), want)
 
-    files = task.export_run(run.run_dir, recipe, net, tmp_path / "export", ["onnx"], False)
+    files = task.export_run(run.run_dir, recipe, net, tmp_path / "export", ["onnx"], False, None, print)
     onnx_file = next(f for f in files if f.suffix == ".onnx")
     from gluontl.train.transforms import onnx_metadata
 
