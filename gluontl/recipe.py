@@ -405,6 +405,38 @@ class TransformSpec(Strict):
                          if getattr(self, k))
 
 
+class TaskSchema(BaseModel):
+    """What the recipe schema knows of a task (its code is behind ``gluontl.tasks``): a new task is
+    one entry in ``TASK_SCHEMAS`` (and its own section, if it has settings of its own)."""
+
+    model_config = ConfigDict(frozen=True)
+    metrics: tuple[str, ...]  # what train.select may pick; the first is the task's default
+    sources: tuple[str, ...]  # its data.source forms: a scheme ("folder:") or a whole name ("demo:digits")
+    source_help: str  # the forms as an error message lists them
+
+
+TASK_SCHEMAS = {
+    "classification": TaskSchema(metrics=("val_top1", "val_balanced_acc", "val_loss"),
+                                 sources=("demo:digits", "demo:elpv", "folder:", "rec:", "list:"),
+                                 source_help="demo:digits, demo:elpv, folder:PATH, rec:PATH or list:PATH"),
+    "detection": TaskSchema(metrics=("val_map50", "val_map"), sources=("voc:", "coco:", "yolo:", "demo:digits_det"),
+                            source_help="voc:PATH, coco:PATH, yolo:PATH or demo:digits_det"),
+    "segmentation": TaskSchema(metrics=("val_miou", "val_pixel_acc", "val_loss"),
+                               sources=("voc:", "masks:", "demo:digits_seg"),
+                               source_help="demo:digits_seg, masks:PATH or voc:PATH (JPEGImages/, "
+                               "SegmentationClass/, ImageSets/Segmentation/)"),
+}
+TASK_METRICS = {name: t.metrics for name, t in TASK_SCHEMAS.items()}
+SELECTABLE = tuple(dict.fromkeys(m for t in TASK_SCHEMAS.values() for m in t.metrics))
+SELECT_CHOICES = SELECTABLE + tuple(f"ema_{m}" for m in SELECTABLE)  # ema_*: of the averaged weights (train.ema)
+
+
+def source_tasks(source: str) -> list[str]:
+    """The tasks whose data ``source`` is (``voc:`` serves detection and segmentation)."""
+    return [name for name, t in TASK_SCHEMAS.items()
+            if any(source == f or (f.endswith(":") and source.startswith(f)) for f in t.sources)]
+
+
 class DataSpec(Strict):
     source: str = Field(description="demo:digits | demo:elpv | folder:PATH | rec:PATH.rec | list:PATH.csv; "
                         "detection: voc:PATH | coco:PATH | yolo:PATH | demo:digits_det; segmentation: voc:PATH | masks:PATH | "
@@ -448,10 +480,10 @@ class DataSpec(Strict):
     @classmethod
     def _scheme(cls, v: str) -> str:
         scheme, _, rest = v.partition(":")
-        if scheme not in ("demo", "folder", "rec", "list", "voc", "coco", "yolo", "masks") or not rest:
-            raise ValueError(f"'{v}' is not a data source; use demo:digits, demo:elpv, folder:PATH, rec:PATH or "
-                             f"list:PATH, for detection voc:PATH, coco:PATH, yolo:PATH or demo:digits_det, for "
-                             f"segmentation voc:PATH, masks:PATH or demo:digits_seg")
+        schemes = {f.partition(":")[0] for t in TASK_SCHEMAS.values() for f in t.sources}
+        if scheme not in schemes or not rest:
+            raise ValueError(f"'{v}' is not a data source; use " + "; ".join(
+                f"for {name} {t.source_help}" for name, t in TASK_SCHEMAS.items()))
         return v
 
 
@@ -551,9 +583,7 @@ class TrainSpec(Strict):
     guards: GuardsSpec = GuardsSpec()
     distributed: DistributedSpec = DistributedSpec()
     ema: EmaSpec | None = None
-    select: Literal["val_top1", "val_balanced_acc", "val_loss", "val_map50", "val_map", "val_miou", "val_pixel_acc",
-                    "ema_val_top1", "ema_val_balanced_acc", "ema_val_loss", "ema_val_map50", "ema_val_map",
-                    "ema_val_miou", "ema_val_pixel_acc"] = Field(
+    select: Literal[SELECT_CHOICES] = Field(  # type: ignore[valid-type]
         default="val_top1", description="the validation metric that picks the best checkpoint (what export, "
         "evaluate and predict use); val_balanced_acc suits imbalanced classes; detection: val_map50 (VOC "
         "mAP@0.5, its default) or val_map (COCO mAP@[.5:.95]); segmentation: val_miou (its default), "
@@ -678,17 +708,11 @@ class ExportSpec(Strict):
 
 
 _TRANSFORMS = ("train_transform", "val_transform")
-DETECTION_SOURCES = ("voc:", "coco:", "yolo:", "demo:digits_det")
-SEGMENTATION_SOURCES = ("voc:", "masks:", "demo:digits_seg")
-TASK_METRICS = {"classification": ("val_top1", "val_balanced_acc", "val_loss"),
-                "detection": ("val_map50", "val_map"),
-                "segmentation": ("val_miou", "val_pixel_acc", "val_loss")}
-_DEFAULT_SELECT = {"detection": "val_map50", "segmentation": "val_miou"}
 
 
 class Recipe(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}$")  # a run folder name: no "..", no "/"
-    task: Literal["classification", "detection", "segmentation"] = "classification"
+    task: Literal[tuple(TASK_SCHEMAS)] = "classification"  # type: ignore[valid-type]
     model: ModelSpec
     surgery: SurgerySpec = SurgerySpec()
     rules: list[Rule] = Field(default_factory=list)
@@ -701,12 +725,12 @@ class Recipe(Strict):
     @model_validator(mode="before")
     @classmethod
     def _task_select(cls, data: Any) -> Any:
-        """A detection recipe that does not choose picks its best checkpoint by mAP@0.5, a
-        segmentation recipe by mIoU."""
-        if isinstance(data, Mapping) and data.get("task") in _DEFAULT_SELECT:
+        """A recipe that does not choose picks its best checkpoint by its task's first metric
+        (detection: mAP@0.5, segmentation: mIoU)."""
+        if isinstance(data, Mapping) and data.get("task") in TASK_SCHEMAS:
             train = data.get("train") if isinstance(data.get("train"), Mapping) else {}
             if "select" not in train:
-                data = {**data, "train": {**train, "select": _DEFAULT_SELECT[data["task"]]}}
+                data = {**data, "train": {**train, "select": TASK_SCHEMAS[data["task"]].metrics[0]}}
         return data
 
     @model_validator(mode="after")
@@ -728,18 +752,13 @@ class Recipe(Strict):
         if self.segmentation is not None and self.task != "segmentation":
             raise ValueError(f"the segmentation: section is for task: segmentation; the recipe's task is "
                              f"{self.task} (set task: segmentation, or remove the section)")
+        owners = source_tasks(self.data.source) if self.data is not None else [self.task]
+        if owners and self.task not in owners:  # a source of no task (demo:NAME) is the loader's to explain
+            raise ValueError(f"data.source {self.data.source} is {' or '.join(owners)} data, not {self.task} data "
+                             f"(the recipe's task); set task: {owners[0]} or use a {self.task} source "
+                             f"({TASK_SCHEMAS[self.task].source_help})")
         if self.task == "segmentation":
             self._segmentation_fits()
-        elif self.data is not None and self.data.source.startswith(SEGMENTATION_SOURCES[1:]):  # voc: is shared
-            raise ValueError(f"data.source {self.data.source} is segmentation data but the recipe's task is "
-                             f"{self.task}; set task: segmentation or use a {self.task} source")
-        elif self.data is not None:
-            detection_data = self.data.source.startswith(DETECTION_SOURCES)
-            if detection_data != (self.task == "detection"):
-                raise ValueError(f"data.source {self.data.source} is "
-                                 f"{'detection' if detection_data else 'classification'} data but the recipe's task "
-                                 f"is {self.task}; set task: {'detection' if detection_data else 'classification'} "
-                                 f"or use a {self.task} source ({', '.join(DETECTION_SOURCES) if self.task == 'detection' else 'demo:digits, demo:elpv, folder:, list:, rec:'})")
         if self.train.distributed.backend == "horovod" and "," in self.train.ctx:
             raise ValueError(f"train.ctx {self.train.ctx} lists several devices, but Horovod 0.28's MXNet Trainer "
                              f"reduces only the first context's gradients (the other copies would drift apart); "
@@ -764,9 +783,6 @@ class Recipe(Strict):
         return self
 
     def _segmentation_fits(self) -> None:
-        seg_data = "demo:digits_seg, masks:PATH or voc:PATH (JPEGImages/, SegmentationClass/, ImageSets/Segmentation/)"
-        if self.data is not None and not self.data.source.startswith(SEGMENTATION_SOURCES):
-            raise ValueError(f"data.source {self.data.source} is not segmentation data; use {seg_data}")
         if self.train.label_smoothing or self.train.cache_features == "on" or self.surgery != SurgerySpec():
             raise ValueError("train.label_smoothing, train.cache_features: on and surgery are for classification; "
                              "a segmenter trains its own head (segmentation:) on augmented images end to end")
