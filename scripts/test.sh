@@ -38,7 +38,9 @@ not_kernels=(tests/distributed tests/test_interrupt.py tests/test_cli_hostile.py
              tests/train/test_checkpoint.py tests/train/test_guards.py tests/train/test_demo.py
              tests/detect/test_models.py tests/detect/test_detect_loop.py tests/detect/test_draw.py
              tests/test_random_init.py tests/test_layers.py tests/onnx/test_inspect.py tests/train/test_gpu.py
-             tests/detect/test_detect_transforms.py tests/segment/test_seg_synth.py tests/test_docs.py)
+             tests/detect/test_detect_transforms.py tests/segment/test_seg_synth.py tests/test_docs.py
+             tests/segment/test_seg_recipe.py tests/segment/test_seg_data.py tests/segment/test_seg_draw.py
+             tests/segment/test_seg_int8.py)
 [ ${#second[@]} -eq 0 ] || { export "${second[@]}"; source scripts/env.sh; }
 isa="${DNNL_MAX_CPU_ISA:-}"
 if [ -z "$isa" ] && grep -qw avx512f /proc/cpuinfo 2>/dev/null; then
