@@ -22,7 +22,7 @@ from .errors import GluontlError, Interrupted, ModelSourceError, short_reason
 if TYPE_CHECKING:  # MXNet is imported only by the commands that need it
     from mxnet.gluon import HybridBlock
 
-    from .recipe import ModelSpec, Recipe
+    from .recipe import ModelSpec
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="gluontl: parameter-granular fine-tuning for MXNet Gluon.")

@@ -40,7 +40,6 @@ boxes equals mAP on the original ones.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator, Literal, Sequence
 

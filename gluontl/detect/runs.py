@@ -146,31 +146,17 @@ def predict(run_dir: str | Path, recipe: Recipe, net, images: list[str], out_dir
     return _write(Path(out_dir) if out_dir else Path(run_dir) / "predictions", items, names, hw, score_thresh)
 
 
-def is_detection_onnx(path: str | Path) -> bool:
-    """Whether a gluontl ONNX export is a detector's (its metadata has the NMS settings)."""
-    from ..train.transforms import onnx_metadata
-    from .export import META_NMS
-
-    return META_NMS in onnx_metadata(path)
-
-
 def predict_onnx(onnx_path: str | Path, images: list[str], out_dir: str | Path | None,
                  score_thresh: float = 0.5) -> tuple[list[dict[str, Any]], Path]:
     """:func:`predict` with a detector's ONNX export in onnxruntime, preprocessing and class
     names from the file's metadata alone (what a deployment has); outputs go to ``out_dir``
     (default NAME-predictions beside the file)."""
-    import json
-
     from ..export.verify import ort_session
-    from ..train.transforms import META_CLASSES, META_PREPROCESS, load_images, onnx_metadata
+    from ..train.transforms import load_images, onnx_card
     from .export import OUTPUT_NAMES
 
     path = Path(onnx_path)
-    meta = onnx_metadata(path)  # no metadata: refused before any work
-    try:
-        card = {"preprocess": json.loads(meta[META_PREPROCESS]), "classes": json.loads(meta[META_CLASSES])}
-    except ValueError as e:
-        raise ModelSourceError(f"The metadata of '{path}' is not valid JSON ({e}); export the run again.") from None
+    card = onnx_card(path)  # no metadata: refused before any work
     transform, names, hw = input_transform(card, f"'{path}'")
     decoded = load_images(images)
     session = ort_session(path, f"'{path}'")

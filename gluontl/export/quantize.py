@@ -145,7 +145,7 @@ def quantize_onnx(float_path: Path, reader: CalibrationReader, spec: QuantizeSpe
     with tempfile.TemporaryDirectory(prefix="gluontl-int8-") as tmp:
         prepared, out = Path(tmp) / "prepared.onnx", Path(tmp) / "int8.onnx"
         try:
-            with _quiet_onnxruntime():
+            with quiet_onnxruntime():
                 prepare(float_path, prepared)
                 quantize_static(str(prepared), str(out), reader, quant_format=QuantFormat.QDQ,
                                 per_channel=per_channel, reduce_range=reduce_range,
@@ -169,7 +169,7 @@ def prepare(float_path: Path, out: Path) -> None:
 
 
 @contextlib.contextmanager
-def _quiet_onnxruntime() -> Iterator[None]:
+def quiet_onnxruntime() -> Iterator[None]:
     """The quantizer logs advice at WARNING on the root logger and prints per-batch progress."""
     root = logging.getLogger()
     level = root.level

@@ -23,7 +23,6 @@ resized to ``model.input_shape``'s H x W; both padded to a multiple of ``segment
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Literal, Sequence
 

@@ -95,6 +95,27 @@ class Task(Protocol):
         ``quantize`` also an int8 ONNX file, judged by the task's metric (``gluontl.export.quantize``)."""
 
 
+class EndToEnd:
+    """``check`` and ``feed`` of a task that trains on augmented images end to end: no feature
+    cache (its Feed is the loaders), and of the guards only the weights check (the feature
+    guards judge a frozen prefix's output)."""
+
+    feed_note: str  # the feature-cache line of the run's log and plan
+
+    def check(self, recipe: Recipe, prep, loaders, ctx: mx.Context, guards) -> None:
+        from ..train.guards import check_weights
+
+        guards.handle(check_weights(recipe, prep))
+
+    def feed(self, net, plan, recipe: Recipe, loaders, ctx, folder: Path, quiet: bool, previous):
+        from ..train.cache import Feed
+
+        if previous is not None:
+            previous.net._clear_cached_op()  # traced with the old grad_req
+            return previous
+        return Feed(net, loaders, log=self.feed_note)
+
+
 def transform_record(recipe: Recipe, describe: Callable[[TransformSpec, bool], str]
                      ) -> dict[str, dict[str, str | None]]:
     """``{"train": {"steps": ..., "default": ...}, "val": ...}``: each pipeline as ``describe``

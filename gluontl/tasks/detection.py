@@ -17,23 +17,23 @@ from pathlib import Path
 from typing import Any, Callable
 
 import mxnet as mx
-import numpy as np
 from mxnet import autograd
 
 from ..pipeline import Prepared
 from ..recipe import QuantizeSpec, Recipe
 from ..rules import apply_plan, make_plan
-from . import PredictOptions, Report, split, transform_record
+from . import EndToEnd, PredictOptions, Report, transform_record
 
 
-class Detection:
+class Detection(EndToEnd):
+    feed_note = "feature cache: off (a detector trains on augmented images end to end)"
     curves = (("val_map50", "val mAP@0.5"), ("val_map", "val mAP@[.5:.95]"))
 
     def prepare(self, recipe: Recipe, ctx=None, *, apply: bool = True) -> Prepared:
         return prepare(recipe, None, ctx, apply)
 
     def plan_notes(self, recipe: Recipe, prep: Prepared) -> tuple[str, list[str], dict[str, Any]]:
-        return "feature cache: off (a detector trains on augmented images end to end)", [], {}
+        return self.feed_note, [], {}
 
     def load(self, run: Path, recipe: Recipe, tag: str, ctx=None):
         from ..detect.runs import load_detector
@@ -75,19 +75,6 @@ class Detection:
         self.class_names = loaders.class_names
         self.targets = _ssd_targets() if self.family == "ssd" else _YoloTargets(net, recipe.model.input_shape, ctx)
         return prep, loaders
-
-    def check(self, recipe: Recipe, prep, loaders, ctx, guards) -> None:
-        from ..train.guards import check_weights
-
-        guards.handle(check_weights(recipe, prep))
-
-    def feed(self, net, plan, recipe: Recipe, loaders, ctx, folder: Path, quiet: bool, previous):
-        from ..train.cache import Feed
-
-        if previous is not None:
-            previous.net._clear_cached_op()  # traced with the old grad_req
-            return previous
-        return Feed(net, loaders, log="feature cache: off (a detector trains on augmented images end to end)")
 
     def forward(self, net, xs, ys):
         images = sum(x.shape[0] for x in xs)

@@ -22,9 +22,8 @@ from ..errors import ExportError, RecipeError, TrainError, short_reason
 from ..pipeline import Prepared
 from ..recipe import QuantizeSpec, Recipe, SegmentationSpec
 from ..rules import apply_plan, make_plan
-from . import PredictOptions, Report, split, transform_record
+from . import EndToEnd, PredictOptions, Report, split, transform_record
 
-FEED_NOTE = "feature cache: off (a segmenter trains on augmented images and masks end to end)"
 
 
 def seg_spec(recipe: Recipe) -> SegmentationSpec:
@@ -32,7 +31,8 @@ def seg_spec(recipe: Recipe) -> SegmentationSpec:
     return recipe.segmentation or SegmentationSpec()
 
 
-class Segmentation:
+class Segmentation(EndToEnd):
+    feed_note = "feature cache: off (a segmenter trains on augmented images and masks end to end)"
     curves = (("val_miou", "val mIoU"), ("val_pixel_acc", "val pixel acc"))
 
     # ------------------------------------------------------------ planning and training
@@ -48,7 +48,7 @@ class Segmentation:
                 + (f", auxiliary head (loss weight {seg.aux_weight:g})" if seg.aux else "")
                 + f"; train crop {crop[0]}x{crop[1]}, val {hw[0]}x{hw[1]}, padded to a multiple of {seg.stride}; "
                 f"ignore label {seg.ignore_label}")
-        return FEED_NOTE, [line], {"segmentation": seg.model_dump(mode="json")}
+        return self.feed_note, [line], {"segmentation": seg.model_dump(mode="json")}
 
     def setup(self, recipe: Recipe, ctx: mx.Context, *, seed: int):
         from ..segment.data import make_segmentation_loaders
@@ -60,19 +60,6 @@ class Segmentation:
         self.class_names, self.seg = loaders.class_names, seg
         self.loss = SegmentationLoss(seg.aux_weight if seg.aux else None, seg.ignore_label)
         return prep, loaders
-
-    def check(self, recipe: Recipe, prep, loaders, ctx, guards) -> None:
-        from ..train.guards import check_weights
-
-        guards.handle(check_weights(recipe, prep))
-
-    def feed(self, net, plan, recipe: Recipe, loaders, ctx, folder: Path, quiet: bool, previous):
-        from ..train.cache import Feed
-
-        if previous is not None:
-            previous.net._clear_cached_op()  # traced with the old grad_req
-            return previous
-        return Feed(net, loaders, log=FEED_NOTE)
 
     def forward(self, net, xs, ys):
         losses = []
@@ -159,14 +146,10 @@ class Segmentation:
 
     def predict_onnx(self, path: Path, images: list[str], opts: PredictOptions) -> Report:
         from ..export.verify import ort_session
-        from ..train.transforms import META_CLASSES, META_PREPROCESS, load_images, onnx_metadata
+        from ..train.transforms import load_images, onnx_card
 
         path = Path(path)
-        meta = onnx_metadata(path)  # no metadata: refused before any work
-        try:
-            card = {"preprocess": json.loads(meta[META_PREPROCESS]), "classes": json.loads(meta[META_CLASSES])}
-        except ValueError as e:
-            raise ExportError(f"The metadata of '{path}' is not valid JSON ({e}); export the run again.") from None
+        card = onnx_card(path)  # no metadata: refused before any work
         transform, names, hw = input_transform(card, f"'{path}'")
         decoded = load_images(images)
         session = ort_session(path, f"'{path}'")

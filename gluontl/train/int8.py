@@ -8,14 +8,13 @@ MXNet's on the probe batch within ``INT8_AGREE_RTOL`` and pass the collapsed-fea
 """
 from __future__ import annotations
 
-import contextlib
-import io
-import logging
 import tempfile
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import numpy as np
+
+from ..export.quantize import quiet_onnxruntime
 
 class _Batches:
     """onnxruntime's CalibrationDataReader protocol over a sequence of preprocessed batches, made
@@ -40,19 +39,6 @@ class _Batches:
         return {self.name: x}
 
 
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """The quantizer logs advice on the root logger and prints progress."""
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.ERROR)
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            yield
-    finally:
-        root.setLevel(level)
-
-
 def quantize(model: bytes, input_name: str, batches: Sequence[np.ndarray], reduce: bool) -> tuple[bytes, int]:
     """``model`` (float ONNX) as static QDQ int8, and the number of images calibrated on: uint8
     activations with MinMax ranges over ``batches``, int8 weights per output channel (BatchNorm
@@ -62,7 +48,7 @@ def quantize(model: bytes, input_name: str, batches: Sequence[np.ndarray], reduc
     import onnx
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
-    with tempfile.TemporaryDirectory(prefix="gluontl-int8-") as d, _quiet():
+    with tempfile.TemporaryDirectory(prefix="gluontl-int8-") as d, quiet_onnxruntime():
         out = Path(d) / "int8.onnx"
         reader = _Batches(input_name, batches)
         quantize_static(onnx.load_from_string(model), str(out), reader,

@@ -364,6 +364,16 @@ def onnx_props(card: Mapping[str, Any]) -> dict[str, str]:
     return {**props, META_TASK: card["task"]} if "task" in card else props
 
 
+def onnx_card(path: str | Path) -> dict[str, Any]:
+    """The run card an exported ONNX file's metadata carries (``preprocess``, ``classes``), parsed;
+    a file without it, or with text that is no JSON, is refused naming the file."""
+    meta = onnx_metadata(path)
+    try:
+        return {"preprocess": json.loads(meta[META_PREPROCESS]), "classes": json.loads(meta[META_CLASSES])}
+    except ValueError as e:
+        raise ModelSourceError(f"The metadata of '{path}' is not valid JSON ({e}); export the run again.") from None
+
+
 def onnx_preprocess(path: str | Path) -> tuple[Preprocess, list[str]]:
     """The pipeline and class names an exported ONNX file's metadata_props record."""
     meta = onnx_metadata(path)
