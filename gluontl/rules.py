@@ -12,8 +12,9 @@ see ``param_kinds``). Running mean/var are auxiliary states: they take no grad_r
 whether they move is the layer's ``bn`` mode.
 
 A rule's ``adapter`` puts LoRA factors on the Conv/Dense layers it selects (added to the model by
-``attach_adapters`` before planning, see gluontl/adapters.py): they train, decided by that rule,
-and the adapted layers' own parameters are frozen whatever other rules say.
+``attach_adapters`` before planning, see gluontl/adapters.py): they train, decided by that rule
+(later rules change them as they change any parameter), and the adapted layers' own parameters
+are frozen whatever other rules say.
 """
 from __future__ import annotations
 

@@ -142,7 +142,8 @@ def test_run_folder_symbol_card_and_onnx_metadata_agree(world):
     meta = {p.key: p.value for p in onnx.load(str(world["onnx"])).metadata_props}
     assert json.loads(meta["gluontl.classes"]) == stored["classes"] == ["5", "6", "7", "8", "9"]
     assert json.loads(meta["gluontl.preprocess"]) == stored["preprocess"]
-    assert sum(p.key.startswith("gluontl.") for p in onnx.load(str(world["onnx"])).metadata_props) == 2
+    assert meta["gluontl.task"] == stored["task"] == "classification"  # what predict FILE.onnx dispatches on
+    assert sum(p.key.startswith("gluontl.") for p in onnx.load(str(world["onnx"])).metadata_props) == 3
     rec = stored["preprocess"]
     assert rec["steps"] == [{"op": "resize_shorter", "size": 20}, {"op": "center_crop", "size": 16}]
     assert rec["input"] == {"name": "data", "shape": [None, 3, 16, 16], "layout": "NCHW", "dtype": "float32"}

@@ -17,6 +17,7 @@ from ..tasks import split as split_batch
 
 def load_detector(run: Path, recipe: Recipe, tag: str, ctx=None):
     """The run's detector for the classes it was trained on (its preprocess.json), ``tag`` loaded."""
+    from ..rules import attach_adapters
     from ..train import checkpoint
     from ..train.card import stored_card
     from .models import build_detector
@@ -25,6 +26,7 @@ def load_detector(run: Path, recipe: Recipe, tag: str, ctx=None):
     bare = recipe.model_copy(update={"model": recipe.model.model_copy(
         update={"weights": None, "restore": recipe.model.restore.model_copy(update={"type": None, "reuse": {}})})})
     net, _ = build_detector(bare, classes, ctx or mx.cpu())
+    net = attach_adapters(net, recipe.rules, input_shape=(1, *recipe.model.input_shape))
     checkpoint.restore_into(run / "checkpoints", tag, net, None, ctx)
     net.hybridize(static_alloc=True, static_shape=True)
     return net
@@ -185,7 +187,7 @@ def export(run_dir: str | Path, recipe: Recipe, net, out_dir: str | Path | None,
     """Symbol/params and ONNX (per-class NMS), verified against MXNet on up to 8 val images;
     with ``quantize`` (a QuantizeSpec) also NAME.int8.onnx: the convolutions int8, box decoding
     and NMS float, kept if val mAP@0.5 drops by at most ``max_drop`` points."""
-    from ..train.card import export_input_name, stored_card
+    from ..train.card import export_input_name, recipe_data, stored_card
     from .export import export_detector
 
     run = Path(run_dir)
@@ -208,8 +210,9 @@ def export(run_dir: str | Path, recipe: Recipe, net, out_dir: str | Path | None,
     from ..export.quantize import export_with_int8
     from .metrics import int8_metric
 
-    val = _dataset(recipe, run, recipe.data.val)
-    train = val if quantize.calibration == "val" else _dataset(recipe, run, recipe.data.train)
+    data = recipe_data(recipe, run)  # int8 calibrates and judges on the run's images: no data is refused by name
+    val = _dataset(recipe, run, data.val)
+    train = val if quantize.calibration == "val" else _dataset(recipe, run, data.train)
     gts = [val[(i, 0)][1] for i in range(len(val))]
     return export_with_int8(write, out, recipe.name, quantize, train, val, gts, int8_metric(card["classes"]),
                             force=force, report_dir=run, echo=echo or print, op_types=["Conv"],

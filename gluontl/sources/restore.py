@@ -148,7 +148,12 @@ def old_classes(weights: str) -> list[str] | None:
     p = Path(weights)
     for card in (p / "preprocess.json", p.parent / "preprocess.json", p.parent.parent / "preprocess.json"):
         if card.is_file():
-            return list(json.loads(card.read_text(encoding="utf-8"))["classes"])
+            try:
+                classes = json.loads(card.read_text(encoding="utf-8")).get("classes")
+            except (ValueError, AttributeError, UnicodeDecodeError) as e:
+                raise RestoreError(f"'{card}' is not a run card ({short_reason(e)}); put back the preprocess.json "
+                                   f"of the run '{weights}' or restore without reuse by class name.") from None
+            return [str(c) for c in classes] if isinstance(classes, list) else None
     return None
 
 

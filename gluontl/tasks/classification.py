@@ -71,7 +71,8 @@ class Classification:
     def card(self, recipe: Recipe, loaders) -> dict[str, Any]:
         from ..train.card import run_card
 
-        return {**run_card(recipe, recipe.data, loaders.class_names), "transforms": self.transforms(recipe)}
+        return {**run_card(recipe, recipe.data, loaders.class_names), "task": "classification",
+                "transforms": self.transforms(recipe)}
 
     def transforms(self, recipe: Recipe) -> dict[str, dict[str, str | None]]:
         from ..train.transforms import describe

@@ -21,7 +21,7 @@ from mxnet import autograd
 
 from ..pipeline import Prepared
 from ..recipe import QuantizeSpec, Recipe
-from ..rules import apply_plan, make_plan
+from ..rules import apply_plan, attach_adapters, make_plan
 from . import EndToEnd, PredictOptions, Report, transform_record
 
 
@@ -136,6 +136,7 @@ def prepare(recipe: Recipe, classes: list[str] | None = None, ctx=None, apply: b
         classes = load_detection_split(recipe.data, recipe.data.train, recipe.model.input_shape).class_names
     net, report = build_detector(recipe, classes, ctx or mx.cpu())
     shape = (1, *recipe.model.input_shape)
+    net = attach_adapters(net, recipe.rules, input_shape=shape)
     make_plan(net, recipe.rules, epoch=None, input_shape=shape)  # every rule must match, from_epoch ones too
     plan = make_plan(net, recipe.rules, epoch=0, input_shape=shape)
     if apply:

@@ -19,9 +19,10 @@ import numpy as np
 from mxnet import autograd
 
 from ..errors import ExportError, RecipeError, TrainError, short_reason
+from ..naming import named_params
 from ..pipeline import Prepared
 from ..recipe import QuantizeSpec, Recipe, SegmentationSpec
-from ..rules import apply_plan, make_plan
+from ..rules import apply_plan, attach_adapters, make_plan
 from . import EndToEnd, PredictOptions, Report, split, transform_record
 
 
@@ -105,6 +106,7 @@ class Segmentation(EndToEnd):
         spec = recipe.model.model_copy(update={"weights": None, "weights_from": None, "restore": recipe.model.restore
                                                .model_copy(update={"type": None, "reuse": {}})})
         net, _ = _build(recipe.model_copy(update={"model": spec}), classes, ctx or mx.cpu())
+        net = attach_adapters(net, recipe.rules, input_shape=(1, *recipe.model.input_shape))
         checkpoint.restore_into(Path(run) / "checkpoints", tag, net, None, ctx)
         net.hybridize(static_alloc=True, static_shape=True)
         return net
@@ -174,11 +176,13 @@ class Segmentation(EndToEnd):
                    quantize: QuantizeSpec | None, echo: Callable[[str], None]) -> list[Path]:
         from ..segment.data import load_segmentation_split
         from ..segment.export import export_segmenter
-        from ..train.card import export_input_name, stored_card
+        from ..train.card import export_input_name, recipe_data, stored_card
 
         card = stored_card(run, recipe)
         seg, shape = seg_spec(recipe), recipe.model.input_shape
         val = load_segmentation_split(recipe.data, seg, recipe.data.val, shape) if recipe.data is not None else None
+        if quantize is not None and val is None:
+            recipe_data(recipe, run)  # int8 calibrates and judges on the run's images: refused, naming the file
         sample = None if val is None else np.stack([val[(i, 0)][0] for i in range(min(8, len(val)))]).astype(np.float32)
 
         def write(folder: Path) -> list[Path]:
@@ -222,11 +226,17 @@ def prepare(recipe: Recipe, classes: list[str] | None = None, ctx=None, apply: b
         classes = class_names(recipe.data)
     net, report = _build(recipe, classes, ctx or mx.cpu())
     shape = (1, *recipe.model.input_shape)
+    net = attach_adapters(net, recipe.rules, input_shape=shape)
     make_plan(net, recipe.rules, epoch=None, input_shape=shape)  # every rule must match, from_epoch ones too
     plan = make_plan(net, recipe.rules, epoch=0, input_shape=shape)
     if apply:
         apply_plan(net, plan)
-    return Prepared(net, report, plan)
+    spec = recipe.model  # the backbone's source carries its weights (ONNX, symbol, a pretrained zoo model)
+    carried = not spec.random_init and (not spec.source.startswith("zoo:") or spec.pretrained)
+    loaded = {n for n in named_params(net) if carried and n.startswith("backbone.")}
+    if report is not None:
+        loaded |= set(report.restored) | {n for n, _ in report.rebuilt}
+    return Prepared(net, report, plan, loaded)
 
 
 # ---------------------------------------------------------------- evaluation

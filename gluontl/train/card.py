@@ -36,6 +36,9 @@ def stored_card(run_dir: str | Path, recipe: Recipe) -> dict[str, Any]:
             raise TrainError(f"'{path}' has no \"classes\" list; it was edited. Delete it to have it computed "
                              f"from {Path(run_dir) / 'recipe.yaml'} and the training data.")
         return json.loads(path.read_text(encoding="utf-8"))
+    if recipe.task != "classification":  # runs from before the card were classifiers; a card is the task's
+        raise TrainError(f"'{path}' is missing: a {recipe.task} run writes it when it starts, with the class names "
+                         f"and preprocessing its model was trained on. Put it back from a copy of the run folder.")
     data = recipe_data(recipe, run_dir)
     return run_card(recipe, data, load_split(data, data.train).class_names)
 

@@ -59,7 +59,7 @@ def init_from(recipe: Recipe, run: str | Path) -> Recipe:
                          f"checkpoint), runs/NAME/best or runs/NAME/last.")
     data = recipe.as_written()
     data["model"].update(weights=str(Path(run).resolve()), weights_from=None, pretrained=False, random_init=False)
-    data["model"]["restore"].update(only=[], prefix_map={})
+    data["model"]["restore"].update(only=[], prefix_map={}, type=None, reuse={})  # the run's own classes, whole
     return parse_recipe(data, origin=f"--init-from {run}")
 
 

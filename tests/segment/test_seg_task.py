@@ -216,3 +216,45 @@ def test_a_changed_class_count_restores_from_the_run_with_new_class_rows(run, pa
         before, after = old(x).asnumpy(), prep.block(x).asnumpy()
     helpers.assert_f32_close(after[:, :3], before, terms=64, depth=4)  # the old classes, restored
     helpers.assert_f32_close(after[:, 3], before[:, 2], terms=64, depth=4)  # extra starts as bar
+
+
+def test_an_adapter_rule_on_a_segmenter_trains_the_factors_and_leaves_the_base_bit_identical(pairs, backbone, tmp_path):
+    """The seam's one set-up path attaches adapters for every task (on a graph backbone, a symbol
+    here, they go on the Gluon head: a graph inside a block is refused by name)."""
+    from mxnet import autograd
+
+    from gluontl.naming import named_params
+    from gluontl.rules import trainable_params
+
+    data = _recipe(pairs, backbone).model_dump(mode="json", exclude_none=True)
+    data["rules"] = [{"match": "*", "grad_req": "null"},
+                     {"match": "head.*", "type": ["Conv"], "adapter": {"rank": 2, "alpha": 4}}]
+    recipe = parse_recipe(data, origin="test")
+    task = get_task(recipe)
+    prep, loaders = task.setup(recipe, mx.cpu(), seed=0)
+    net, params = prep.block, named_params(prep.block)
+    factors = sorted(n for n in params if ".lora_" in n)
+    assert factors and sorted(trainable_params(net)) == factors  # the plan trains the factors only
+    adapted = {n: params[n].param.data().asnumpy().copy() for n in params
+               if n.startswith("head.") and n.endswith("weight") and ".lora_" not in n}
+    b0 = {n: params[n].param.data().asnumpy().copy() for n in factors if "lora_b" in n}
+    assert adapted and all(not v.any() for v in b0.values())  # B starts at zero
+    trainer = mx.gluon.Trainer(trainable_params(net), "adam", {"learning_rate": 0.01})
+    feed = task.feed(net, prep.plan, recipe, loaders, mx.cpu(), tmp_path, True, None)
+    for i, (x, y) in zip(range(3), feed.train_batches(0, 0)):
+        with autograd.record():
+            losses, _ = task.forward(net, [x], [y])
+        autograd.backward(losses)
+        trainer.step(x.shape[0])
+    assert [n for n, v in adapted.items() if not np.array_equal(params[n].param.data().asnumpy(), v)] == []
+    assert all(params[n].param.data().asnumpy().any() for n in b0)  # the factors learned
+
+
+def test_the_guards_count_a_segmenters_new_head_as_fresh(pairs, backbone):
+    """Only the backbone came with the source: a head left frozen at its random init is flagged."""
+    from gluontl.train.guards import weights_of
+
+    recipe = _recipe(pairs, backbone)
+    w = weights_of(recipe, get_task(recipe).prepare(recipe, apply=False))
+    assert w.fresh and all(n.startswith(("head.", "aux.")) for n in w.fresh)
+    assert w.loaded and all(n.startswith("backbone.") for n in w.loaded)
