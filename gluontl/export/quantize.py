@@ -182,14 +182,16 @@ def quiet_onnxruntime() -> Iterator[None]:
 
 
 def paired_outputs(float_model: str | Path | bytes, int8_model: bytes, tensor: Callable[[int], np.ndarray], n: int,
-                   input_name: str) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Both files' outputs on inputs ``tensor(0..n-1)`` (each image decoded and preprocessed once)."""
+                   input_name: str, outputs: Sequence[str] | None = None
+                   ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Both files' ``outputs`` (None: all) on inputs ``tensor(0..n-1)`` (each image decoded and
+    preprocessed once)."""
     sessions = [deploy_session(float_model), deploy_session(int8_model)]
     results: list[list[list[np.ndarray]]] = [[], []]
     for start in range(0, n, _EVAL_BATCH):
         x = np.stack([tensor(i) for i in range(start, min(start + _EVAL_BATCH, n))])
         for session, out in zip(sessions, results):
-            out.append(session.run(None, {input_name: x}))
+            out.append(session.run(None if outputs is None else list(outputs), {input_name: x}))
     return tuple([np.concatenate(parts) for parts in zip(*batches)] for batches in results)  # type: ignore
 
 
@@ -214,12 +216,15 @@ class Int8Result:
 
 def quantize_verified(float_path: Path, spec: QuantizeSpec, train: Images, val: Images, labels: Any,
                       metric: Metric, *, tensors: Callable[[Path, Any], Callable[[int], np.ndarray]] = file_tensors,
-                      op_types: Sequence[str] | None = None, flags: set[str] | None = None,
+                      op_types: Sequence[str] | None = None, outputs: Sequence[str] | None = None,
+                      flags: set[str] | None = None,
                       echo: Callable[[str], None] = log.info) -> Int8Result:
     """The int8 model of ``float_path`` and its report; ExportError (nothing returned) when the
     metric drops by more than ``spec.max_drop`` points. ``tensors(float_path, images)`` gives
     the model inputs of a split (default: the float file's recorded preprocessing of its
-    images); ``op_types`` limits what is quantized (None: every op onnxruntime can)."""
+    images); ``op_types`` limits what is quantized (None: every op onnxruntime can); ``outputs``
+    are what the metric reads (None: every output; a segmenter's masks, not its logits, so the
+    validation split's outputs fit in memory)."""
     float_model = onnx.load(str(float_path))
     input_name = float_model.graph.input[0].name
     flags = cpu.cpu_flags() if flags is None else flags
@@ -233,7 +238,8 @@ def quantize_verified(float_path: Path, spec: QuantizeSpec, train: Images, val: 
                           op_types=op_types)
     data = model.SerializeToString()
     try:
-        float_out, int8_out = paired_outputs(float_path, data, tensors(float_path, val), len(val), input_name)
+        float_out, int8_out = paired_outputs(float_path, data, tensors(float_path, val), len(val), input_name,
+                                             outputs)
     except Exception as err:  # onnxruntime's errors share no base class
         raise ExportError(f"onnxruntime cannot run the int8 model of {float_path} ({short_reason(err)}); exclude "
                           f"the layer it names with export.quantize.exclude, or ship the float file.") from err

@@ -63,19 +63,19 @@ class SegmentationMetric:
 
 
 def int8_metric(num_classes: int, ignore: int = IGNORE):
-    """The int8 verifier's judge for a segmenter's ONNX export (outputs logits, mask): mIoU of the
-    float and the int8 file's masks on the same images against their labels (``(H, W)`` ids
+    """The int8 verifier's judge for a segmenter's ONNX export, fed its ``mask`` output alone: mIoU
+    of the float and the int8 file's masks on the same images against their labels (``(H, W)`` ids
     each), ``drop`` in points, and how many labelled pixels the two masks agree on."""
     def metric(float_out: list[np.ndarray], int8_out: list[np.ndarray], labels: Sequence[np.ndarray]
                ) -> dict[str, Any]:
         y = np.stack([np.asarray(m) for m in labels])
         scores = []
-        for masks in (float_out[1], int8_out[1]):
+        for masks in (float_out[0], int8_out[0]):
             m = SegmentationMetric(num_classes, ignore)
             m.update(y, np.asarray(masks).reshape(y.shape))
             scores.append(m.get()[1])
         labelled = y != ignore
-        agree = float(np.mean(float_out[1].reshape(y.shape)[labelled] == int8_out[1].reshape(y.shape)[labelled]))
+        agree = float(np.mean(float_out[0].reshape(y.shape)[labelled] == int8_out[0].reshape(y.shape)[labelled]))
         change = 100 * (scores[1] - scores[0])
         return {"metric": "mIoU", "images": len(y), "float": scores[0], "int8": scores[1], "drop": -change,
                 "agreement": agree,

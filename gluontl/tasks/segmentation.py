@@ -202,7 +202,8 @@ class Segmentation(EndToEnd):
         labels = [val[(i, 0)][1] for i in range(len(val))]
         return export_with_int8(write, out_dir, recipe.name, quantize, train, val, labels,
                                 int8_metric(len(card["classes"]), seg.ignore_label), force=force, report_dir=run,
-                                echo=echo, op_types=["Conv"], tensors=lambda _, ds: lambda i: ds[(i, 0)][0])
+                                echo=echo, op_types=["Conv"], outputs=["mask"],
+                                tensors=lambda _, ds: lambda i: ds[(i, 0)][0])
 
 
 # ---------------------------------------------------------------- building

@@ -11,8 +11,7 @@ def test_int8_metric_is_the_miou_change_over_labelled_pixels():
     labels = [np.array([[0, 0], [1, 1]]), np.array([[255, 0], [1, 1]])]
     float_masks = np.array([[[0, 0], [1, 1]], [[0, 0], [1, 1]]])
     int8_masks = np.array([[[0, 0], [0, 1]], [[1, 0], [1, 1]]])  # one labelled pixel wrong, one ignored differs
-    logits = np.zeros((2, 2, 2, 2), np.float32)  # the judge reads the masks (output 2)
-    r = int8_metric(2)([logits, float_masks], [logits, int8_masks], labels)
+    r = int8_metric(2)([float_masks], [int8_masks], labels)  # fed the mask output alone
     # float: every labelled pixel right.  int8: class 0 predicted on 4 labelled pixels, 3 of them class 0
     # (IoU 3/(4+3-3)); class 1 predicted on 3 of its 4 pixels (IoU 3/(3+4-3)); mIoU 0.75
     assert r["float"] == pytest.approx(1.0) and r["int8"] == pytest.approx(0.75)
