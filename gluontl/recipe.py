@@ -37,6 +37,7 @@ PRESET_KEYS: dict[str, tuple[str, ...]] = {
     "fine_tune": ("freeze_epochs", "base_lr_div", "train_bn")}
 PRESET_NAMES = tuple(PRESET_KEYS)
 ParamKind = Literal["bias", "norm", "depthwise", "1d"]  # what rules.param_kinds finds in a layer
+KEYS_SINCE_20 = (("segmentation",), ("train", "ema"), ("export", "quantize"))
 RULE_KEYS_SINCE_21 = ("kind", "rate", "min_scale", "last", "freeze_epochs", "base_lr_div", "train_bn", "adapter")
 LAYER_TYPES = ("Conv", "Dense", "BatchNorm", "LayerNorm", "InstanceNorm", "GroupNorm", "Embedding",
                "PReLU", "RNN", "Deconv")
@@ -903,8 +904,13 @@ class Recipe(Strict):
         data = self.model_dump(mode="json", include=set(sections) or None, exclude={"train": {"guards"}})
         for key, spec in (self.data._given if self.data is not None and "data" in data else {}).items():
             data["data"][key] = (spec or TransformSpec()).model_dump(mode="json")
-        if "ema" in data.get("train", {}) and data["train"]["ema"] is None:  # runs from before EMA agree
-            del data["train"]["ema"]
+        for path in KEYS_SINCE_20:  # sections and keys added later count when set: runs from before them agree
+            *outer, key = path
+            section = data
+            for name in outer:
+                section = section.get(name) or {}
+            if key in section and section[key] is None:
+                del section[key]
         dist = data.get("train", {}).pop("distributed", None)
         if dist and dist["backend"] not in (None, "none"):  # absent when not distributed: runs from before it agree
             data["train"]["distributed"] = {k: v for k, v in dist.items() if k != "step_timeout"}
