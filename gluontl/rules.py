@@ -186,7 +186,8 @@ class Plan:
 
     def to_json(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "totals": self.totals(), "notes": self.notes,
-                "rules": [{"label": r.label, **r.rule.model_dump(exclude_defaults=True)} for r in self.rules],
+                "rules": [{"label": r.label, **r.rule.model_dump(exclude_defaults=True),
+                           **({"adapter": r.rule.adapter.model_dump()} if r.rule.adapter else {})} for r in self.rules],
                 "params": [_row_json(r) for r in self.rows]}
 
     def settings(self) -> dict[str, tuple]:
@@ -580,5 +581,7 @@ def format_plan(plan: Plan) -> str:
 
 def _rule_text(r: Rule) -> str:
     d = r.model_dump(exclude_defaults=True, exclude={"note"})
+    if r.adapter is not None:  # its settings in full: the defaults are the adapter the rule makes
+        d["adapter"] = r.adapter.model_dump()
     text = ", ".join(f"{k}={v}" for k, v in d.items())
     return text + (f"  # {r.note}" if r.note else "")

@@ -500,3 +500,14 @@ def test_resnet18_freeze_recipe_with_lora_trains_and_exports_plain_onnx(tmp_path
         np.testing.assert_array_equal(trained[n], backbone[n].asnumpy())
     x = np.random.RandomState(0).uniform(-1, 1, (2, 3, 32, 32)).astype(np.float32)
     assert_f32_close(_ort(onnx_path, x), _predict(net, x), terms=512 * 9, depth=20)
+
+
+def test_the_plan_shows_an_adapter_rule_with_its_settings_even_when_they_are_the_defaults():
+    from gluontl.rules import format_plan, make_plan
+
+    net = mx.gluon.nn.HybridSequential()
+    net.add(mx.gluon.nn.Dense(4, in_units=3))
+    net.initialize()
+    rule = {"match": "*", "adapter": {}}  # rank 8, alpha 16: the defaults, which the plan must still say
+    text = format_plan(make_plan(attach_adapters(net, [rule]), [rule]))
+    assert "adapter={'kind': 'lora', 'rank': 8, 'alpha': 16.0, 'dropout': 0.0}" in text
