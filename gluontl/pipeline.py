@@ -39,13 +39,20 @@ def prepare(recipe: Recipe | Mapping[str, Any] | str | os.PathLike, *, ctx=None,
     else:
         block, report = build_model(recipe.model, classes=head.classes if head else None,
                                     head_init=head.init if head else "xavier", ctx=ctx)
+    block, plan = planned(block, recipe, apply)
+    return Prepared(block, report, plan)
+
+
+def planned(block: HybridBlock, recipe: Recipe, apply: bool = True) -> tuple[HybridBlock, Plan]:
+    """A task's built model with the recipe's adapters attached and its rules planned (and
+    applied): every rule is checked for matches, ``from_epoch`` ones too."""
     shape = (1, *recipe.model.input_shape)  # batch-first: a recipe's 4-dim (C,D,H,W) shape is no N,C,H,W
     block = attach_adapters(block, recipe.rules, input_shape=shape)
     make_plan(block, recipe.rules, epoch=None, input_shape=shape)
     plan = make_plan(block, recipe.rules, epoch=0, input_shape=shape)
     if apply:
         apply_plan(block, plan)
-    return Prepared(block, report, plan)
+    return block, plan
 
 
 def with_input_name(recipe: Recipe) -> Recipe:

@@ -19,9 +19,8 @@ from typing import Any, Callable
 import mxnet as mx
 from mxnet import autograd
 
-from ..pipeline import Prepared
+from ..pipeline import Prepared, planned
 from ..recipe import QuantizeSpec, Recipe
-from ..rules import apply_plan, attach_adapters, make_plan
 from . import EndToEnd, PredictOptions, Report, transform_record
 
 
@@ -135,12 +134,7 @@ def prepare(recipe: Recipe, classes: list[str] | None = None, ctx=None, apply: b
 
         classes = load_detection_split(recipe.data, recipe.data.train, recipe.model.input_shape).class_names
     net, report = build_detector(recipe, classes, ctx or mx.cpu())
-    shape = (1, *recipe.model.input_shape)
-    net = attach_adapters(net, recipe.rules, input_shape=shape)
-    make_plan(net, recipe.rules, epoch=None, input_shape=shape)  # every rule must match, from_epoch ones too
-    plan = make_plan(net, recipe.rules, epoch=0, input_shape=shape)
-    if apply:
-        apply_plan(net, plan)
+    net, plan = planned(net, recipe, apply)
     loaded = set(net._gluontl_loaded)
     if report is not None:
         loaded |= set(report.restored) | {n for n, _ in report.rebuilt}

@@ -20,9 +20,9 @@ from mxnet import autograd
 
 from ..errors import ExportError, RecipeError, TrainError, short_reason
 from ..naming import named_params
-from ..pipeline import Prepared
+from ..pipeline import Prepared, planned
 from ..recipe import QuantizeSpec, Recipe, SegmentationSpec
-from ..rules import apply_plan, attach_adapters, make_plan
+from ..rules import attach_adapters
 from . import EndToEnd, PredictOptions, Report, split, transform_record
 
 
@@ -226,12 +226,7 @@ def prepare(recipe: Recipe, classes: list[str] | None = None, ctx=None, apply: b
                               "data's mask values (data.source, and data.classes to name them).")
         classes = class_names(recipe.data)
     net, report = _build(recipe, classes, ctx or mx.cpu())
-    shape = (1, *recipe.model.input_shape)
-    net = attach_adapters(net, recipe.rules, input_shape=shape)
-    make_plan(net, recipe.rules, epoch=None, input_shape=shape)  # every rule must match, from_epoch ones too
-    plan = make_plan(net, recipe.rules, epoch=0, input_shape=shape)
-    if apply:
-        apply_plan(net, plan)
+    net, plan = planned(net, recipe, apply)
     spec = recipe.model  # the backbone's source carries its weights (ONNX, symbol, a pretrained zoo model)
     carried = not spec.random_init and (not spec.source.startswith("zoo:") or spec.pretrained)
     loaded = {n for n in named_params(net) if carried and n.startswith("backbone.")}
