@@ -9,7 +9,7 @@ from PIL import Image
 import gluontl
 from gluontl.errors import DataError, ModelSourceError
 from gluontl.recipe import TransformSpec
-from gluontl.train.transforms import Preprocess, load_preprocess, model_card, onnx_props
+from gluontl.data.transforms import Preprocess, load_preprocess, model_card, onnx_props
 
 
 def record(steps, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0)):

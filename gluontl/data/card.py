@@ -10,7 +10,7 @@ from typing import Any
 from ..errors import TrainError
 from ..recipe import DataSpec, Recipe
 from ..sources import model_input_name
-from .data import load_split
+from .datasets import load_split
 from .transforms import load_preprocess, model_card
 
 
