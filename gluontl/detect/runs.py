@@ -10,7 +10,7 @@ import mxnet as mx
 import numpy as np
 from mxnet import autograd
 
-from ..errors import ExportError, ModelSourceError, TrainError, short_reason
+from ..errors import ExportError, TrainError, short_reason
 from ..recipe import Recipe
 from ..tasks import split as split_batch
 
@@ -94,21 +94,12 @@ def _stack(samples) -> tuple[mx.nd.NDArray, mx.nd.NDArray]:
 def input_transform(card: dict[str, Any], where: str) -> tuple[Any, list[str], tuple[int, int]]:
     """The evaluation transform a detection card describes (a run's ``preprocess.json`` or an
     export's metadata), its class names and the network input (H, W): the same
-    :class:`DetectionTransform` evaluation uses (plain resize to H, W + the recorded
-    normalization), so predict from a run folder and from its ONNX file feed identical tensors."""
+    :class:`DetectionTransform` evaluation uses (plain resize to H, W + the recorded normalization)."""
+    from ..data.card import resized_input
     from ..recipe import TransformSpec
-    from ..data.transforms import load_preprocess
     from .augment import DetectionTransform
 
-    prep, names = load_preprocess(card)
-    record = card["preprocess"].get("input")
-    shape = record.get("shape") if isinstance(record, dict) else None
-    if prep.steps or names is None or not (isinstance(shape, list) and len(shape) == 4
-                                           and all(isinstance(d, int) and d > 0 for d in shape[2:])):
-        raise ModelSourceError(f"The preprocessing record of {where} is not a detector's (steps {list(prep.steps)}, "
-                               f"input shape {shape!r}, classes {names!r}): a detector resizes every image to its "
-                               f"input H, W and lists its classes. Export the detection run again.")
-    hw = (int(shape[2]), int(shape[3]))
+    prep, names, hw = resized_input(card, where, "detector", "detection")
     spec = TransformSpec(normalize=(prep.mean, prep.std))
     return DetectionTransform(spec, hw, False, where=where), names, hw
 

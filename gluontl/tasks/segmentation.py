@@ -278,20 +278,11 @@ def _batches(ds, batch: int):
 def input_transform(card: dict[str, Any], where: str):
     """The evaluation transform a segmentation card describes (a run's preprocess.json or an
     export's metadata), its class names and the network input (H, W): a resize to H, W and the
-    recorded normalization, so predict from a run and from its ONNX file feed identical tensors."""
-    from ..errors import ModelSourceError
+    recorded normalization."""
+    from ..data.card import resized_input
     from ..segment.augment import SegmentationTransform
-    from ..data.transforms import load_preprocess
 
-    prep, names = load_preprocess(card)
-    record = card["preprocess"].get("input")
-    shape = record.get("shape") if isinstance(record, dict) else None
-    if prep.steps or names is None or not (isinstance(shape, list) and len(shape) == 4
-                                           and all(isinstance(d, int) and d > 0 for d in shape[2:])):
-        raise ModelSourceError(f"The preprocessing record of {where} is not a segmenter's (steps {list(prep.steps)}, "
-                               f"input shape {shape!r}, classes {names!r}): a segmenter resizes every image to its "
-                               f"input H, W and lists its classes. Export the segmentation run again.")
-    hw = (int(shape[2]), int(shape[3]))
+    prep, names, hw = resized_input(card, where, "segmenter", "segmentation")
     return SegmentationTransform(False, prep.mean, prep.std, size=hw), names, hw
 
 
