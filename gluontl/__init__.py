@@ -28,7 +28,7 @@ _API = {
     "import_onnx": ("gluontl.onnx", "import_model"),
     "export_onnx": ("gluontl.export", "export_onnx"),
     "export_symbol": ("gluontl.export", "export_symbol"),
-    "preprocess": ("gluontl.train.transforms", "preprocess"),
+    "preprocess": ("gluontl.data.transforms", "preprocess"),
 }
 __all__ = sorted(_API)
 

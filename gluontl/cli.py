@@ -48,7 +48,7 @@ def plan(recipe: Path = RecipeOpt, set_: Optional[List[str]] = SetOpt,
     r = resolve_backend(load_recipe(recipe, set_))  # before MXNet is imported: a bad recipe fails at once
     from .rules import format_plan
     from .tasks import get_task, transform_lines
-    from .train.guards import plan_flags
+    from .data.guards import plan_flags
 
     pending = r.model.weights and r.model.weights_from and not Path(r.model.weights).is_file()
     weights = f"weights: {r.model.weights} (not made yet)"

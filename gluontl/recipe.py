@@ -502,7 +502,7 @@ GuardLevel = Literal["error", "warn", "off"]
 
 
 class GuardsSpec(Strict):
-    """What each guard against a run that cannot learn does (gluontl/train/guards.py);
+    """What each guard against a run that cannot learn does (gluontl/data/guards.py);
     ``train.guards: warn`` (one level) sets all four."""
 
     random_backbone: GuardLevel = "error"

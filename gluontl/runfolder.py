@@ -1,7 +1,7 @@
 """A run folder's checkpoint files as read back: ``checkpoints/TAG.json`` naming and hashing its
 ``TAG.<generation>.params`` and ``.states``. At the bottom of the house so that restore
 (``weights: runs/NAME``) and detection's class reuse read a run without importing the loop that
-writes it (``train/checkpoint.py``)."""
+writes it (``data/checkpoint.py``)."""
 from __future__ import annotations
 
 import hashlib

@@ -44,9 +44,9 @@ from mxnet import autograd, gluon  # noqa: E402
 from gluontl.recipe import Rule, parse_recipe  # noqa: E402
 from gluontl.rules import apply_plan, make_plan, trainable_params  # noqa: E402
 from gluontl.tasks.classification import classify  # noqa: E402
-from gluontl.train.cache import PER_STEP_MARGIN  # noqa: E402
+from gluontl.data.cache import PER_STEP_MARGIN  # noqa: E402
 from gluontl.train.loop import Stepper, finetune  # noqa: E402
-from gluontl.train.prefix import OrtEngine, choose_engine, split_frozen_prefix  # noqa: E402
+from gluontl.data.prefix import OrtEngine, choose_engine, split_frozen_prefix  # noqa: E402
 
 REGIMES = {"full": [], "last_stage": [{"preset": "freeze_until_stage", "until_stage": 3}],
            "head_only": [{"preset": "freeze_all_but_head"}]}

@@ -22,7 +22,7 @@ def _photos() -> dict[str, np.ndarray]:
     import matplotlib.cbook
     from sklearn.datasets import load_sample_image
 
-    from gluontl.train.transforms import load_image
+    from gluontl.data.transforms import load_image
 
     return {"china.jpg": load_sample_image("china.jpg"), "flower.jpg": load_sample_image("flower.jpg"),
             "grace_hopper.jpg": load_image(matplotlib.cbook.get_sample_data("grace_hopper.jpg", asfileobj=False))}
@@ -37,7 +37,7 @@ def main() -> None:
     import onnxruntime as ort
 
     from gluontl.convert.efficientnet_lite import ensure_imagenet_onnx, write_onnx
-    from gluontl.train.transforms import META_CLASSES, preprocess
+    from gluontl.data.transforms import META_CLASSES, preprocess
 
     t0 = time.perf_counter()
     path = write_onnx(args.out) if args.out else ensure_imagenet_onnx()

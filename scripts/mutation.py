@@ -39,7 +39,7 @@ MODULES: dict[str, tuple[str, list[str]]] = {
                                    "--deselect",  # a whole finetune run (~15 s) that the expansion test covers
                                    "tests/test_rules_kinds.py::test_fine_tune_run_trains_the_head_then_everything"]),
     "restore": ("gluontl/sources/restore.py", ["tests/test_sources.py"]),
-    "checkpoint": ("gluontl/train/checkpoint.py", [
+    "checkpoint": ("gluontl/data/checkpoint.py", [
         "tests/train/test_checkpoint.py",  # less its CLI subprocess (it cannot see a mutant)
         "--deselect", "tests/train/test_checkpoint.py::test_a_poisoned_run_folder_runs_nothing_on_resume"]),
     # the checkpoint read-back (hash and file-name checks) that left checkpoint.py (issue 20)
@@ -61,13 +61,13 @@ MODULES: dict[str, tuple[str, list[str]]] = {
         "--deselect", "tests/test_adapters.py::test_cli_plan_refuses_depthwise_convolutions_by_name"]),
     "detect_metrics": ("gluontl/detect/metrics.py", ["tests/detect/test_detect_metrics.py",
                                                       "tests/detect/test_detect_iou.py"]),
-    "sampler": ("gluontl/train/sampler.py", [
+    "sampler": ("gluontl/data/sampler.py", [
         "tests/distributed/test_shard.py",
         "tests/train/test_data.py::test_same_seed_same_batches_other_seed_other_batches",
         "tests/train/test_data.py::test_skip_resumes_with_the_tail_of_the_epoch",
         "tests/train/test_data.py::test_epoch_sampler_keep_and_discard"]),
     # the by-hand and threshold tests (the finetune runs of test_guards.py take minutes each)
-    "guards": ("gluontl/train/guards.py", [
+    "guards": ("gluontl/data/guards.py", [
         "tests/train/test_guards.py", "-k", "by_hand or just or quarter or ten_steps or spread or nudge or "
         "frozen_backbone_is or guard_levels or statistics_loaded or later_rule or left_out or two_to_eight or "
         "zoo_backbone or dead_frozen or nan_weights or words or few_names or resumed_run_keeps or inclusive or "

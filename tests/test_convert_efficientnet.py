@@ -21,7 +21,7 @@ from gluontl.convert import efficientnet_lite as E
 from gluontl.errors import ModelSourceError
 from gluontl.naming import named_params
 from gluontl.stages import stage_map
-from gluontl.train.transforms import Preprocess, preprocess
+from gluontl.data.transforms import Preprocess, preprocess
 
 EPS32 = 2.0 ** -24  # float32 unit roundoff
 

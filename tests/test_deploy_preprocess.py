@@ -16,7 +16,7 @@ from PIL import Image
 import gluontl
 from gluontl import deploy_preprocess as ref
 from gluontl.recipe import TransformSpec
-from gluontl.train.transforms import Preprocess
+from gluontl.data.transforms import Preprocess
 
 ELPV_NORM = [[0.498, 0.498, 0.498], [0.502, 0.502, 0.502]]
 

@@ -119,7 +119,7 @@ KILL_AT = [(1, 5), (2, 0), (3, 1)]
 
 
 def test_kill_9_at_progress_points_then_resume_matches(setup, tmp_path):
-    from gluontl.train import checkpoint
+    from gluontl.data import checkpoint
 
     d, recipe, ref = setup
     runs = d / "kill"

@@ -14,10 +14,10 @@ from PIL import Image, ImageOps
 
 import gluontl
 from gluontl.recipe import parse_recipe
-from gluontl.train.data import load_split
+from gluontl.data.datasets import load_split
 from gluontl.train.loop import finetune
 from gluontl.train.runs import export_run
-from gluontl.train.transforms import load_preprocess, onnx_props
+from gluontl.data.transforms import load_preprocess, onnx_props
 
 DATA = {**helpers.DIGITS_5_9, "val_transform": {"resize": 20, "center_crop": 16}}
 

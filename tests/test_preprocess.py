@@ -9,7 +9,7 @@ from PIL import Image
 import gluontl
 from gluontl.errors import DataError, ModelSourceError
 from gluontl.recipe import TransformSpec
-from gluontl.train.transforms import Preprocess, load_preprocess, model_card, onnx_props
+from gluontl.data.transforms import Preprocess, load_preprocess, model_card, onnx_props
 
 
 def record(steps, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0)):
@@ -131,3 +131,35 @@ def test_bad_inputs_name_what_to_pass(tmp_path):
         load_preprocess(tmp_path / "y.json")
     with pytest.raises(ModelSourceError, match="class list"):
         load_preprocess({"preprocess": GOOD, "classes": "cat"})
+
+
+def test_a_resizing_models_card_gives_its_normalization_classes_and_input_size():
+    """Detectors and segmenters read their card through ``resized_input`` (run folder and ONNX alike)."""
+    from gluontl.data.card import resized_input
+
+    card = model_card(TransformSpec(normalize=((0.5, 0.4, 0.3), (0.2, 0.25, 0.5))), ["bg", "cat"], "data", (3, 40, 60))
+    prep, names, hw = resized_input(json.loads(json.dumps(card)), "'x.onnx'", "segmenter", "segmentation")
+    assert hw == (40, 60) and names == ["bg", "cat"] and prep.steps == ()
+    assert list(prep.mean) == [0.5, 0.4, 0.3] and list(prep.std) == [0.2, 0.25, 0.5]
+
+
+@pytest.mark.parametrize("model, task", [("detector", "detection"), ("segmenter", "segmentation")])
+@pytest.mark.parametrize("change, words", [
+    ("steps", ["steps [('resize_shorter', 36), ('center_crop', 32)]"]),
+    ("no size", ["input shape [None, 3, None, None]"]),
+    ("no classes", ["classes None"]),
+])
+def test_a_card_of_a_model_that_does_not_resize_is_refused_naming_the_file_and_the_task(model, task, change, words):
+    from gluontl.data.card import resized_input
+
+    spec = TransformSpec(resize=36, center_crop=32) if change == "steps" else TransformSpec()
+    card = model_card(spec, ["bg", "cat"], "data", (3, 32, 32))
+    if change == "no size":
+        card["preprocess"]["input"]["shape"] = [None, 3, None, None]
+    if change == "no classes":
+        del card["classes"]
+    with pytest.raises(ModelSourceError) as e:
+        resized_input(card, "'runs/r/preprocess.json'", model, task)
+    msg = str(e.value)
+    assert msg.startswith(f"The preprocessing record of 'runs/r/preprocess.json' is not a {model}'s"), msg
+    assert all(w in msg for w in words) and msg.endswith(f"Export the {task} run again."), msg

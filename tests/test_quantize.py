@@ -23,9 +23,9 @@ from gluontl.export.quantize import CalibrationReader, calibration_indices, file
     quantize_onnx
 from gluontl.export.verify import deploy_session, ort_session
 from gluontl.recipe import DataSpec, QuantizeSpec, parse_recipe
-from gluontl.train.data import load_split
+from gluontl.data.datasets import load_split
 from gluontl.train.loop import finetune
-from gluontl.train.transforms import META_CLASSES, META_PREPROCESS, Preprocess, load_image
+from gluontl.data.transforms import META_CLASSES, META_PREPROCESS, Preprocess, load_image
 
 
 class Files:

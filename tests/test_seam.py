@@ -40,7 +40,7 @@ def _run_folder(tmp_path: Path) -> Path:
     """A run folder with a real (tiny) best checkpoint, as finetune leaves one."""
     import mxnet as mx
 
-    from gluontl.train import checkpoint
+    from gluontl.data import checkpoint
 
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
@@ -64,7 +64,7 @@ def test_init_from_starts_from_the_whole_run_whatever_the_original_restore_said(
 
 
 def test_a_run_card_that_is_gone_is_recomputed_only_for_classifiers(tmp_path):
-    from gluontl.train.card import stored_card
+    from gluontl.data.card import stored_card
 
     recipe = parse_recipe({"name": "s", "task": "segmentation", "model": {"source": "zoo:resnet18_v1",
                                                                            "input_shape": [3, 64, 64]},

@@ -1,7 +1,7 @@
 """Box-aware augmentation for detection, seeded like classification's transforms.
 
 Random steps draw only from the generator the loader hands in,
-``gluontl.train.transforms.sample_rng(seed, epoch, index)``, so a sample's augmentation does
+``gluontl.data.transforms.sample_rng(seed, epoch, index)``, so a sample's augmentation does
 not depend on the worker count, and resuming reproduces it. The train pipeline follows
 GluonCV's SSD preset (``gluoncv/data/transforms/presets/ssd.py``), in this order:
 
@@ -28,7 +28,7 @@ import numpy as np
 
 from ..errors import DataError
 from ..recipe import TransformSpec
-from ..train.transforms import color_jitter_image, mean_std, resize_image, to_tensor, describe_normalize
+from ..data.transforms import color_jitter_image, mean_std, resize_image, to_tensor, describe_normalize
 
 CROP_CONSTRAINTS = ((0.1, None), (0.3, None), (0.5, None), (0.7, None), (0.9, None), (None, 1.0))
 CROP_SCALE = (0.3, 1.0)

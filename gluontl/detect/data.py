@@ -49,10 +49,10 @@ from mxnet import gluon, nd
 
 from ..errors import DataError
 from ..recipe import DataSpec, suggest
-from ..train.data import BadImageReport, Loaders, SplitRecord, require_classes, screen_images, split_sampler
-from ..train.sampler import EpochSampler
-from ..train.splits import stratified_holdout
-from ..train.transforms import decode_image, image_problem, sample_rng
+from ..data.datasets import BadImageReport, Loaders, SplitRecord, require_classes, screen_images, split_sampler
+from ..data.sampler import EpochSampler
+from ..data.splits import stratified_holdout
+from ..data.transforms import decode_image, image_problem, sample_rng
 from .augment import DetectionTransform
 from .formats import (Annotation, image_size, images_in, read_coco, read_voc_xml, read_yolo, unknown_class,
                       yolo_names)

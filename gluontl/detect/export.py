@@ -28,7 +28,7 @@ from gluontl.errors import ExportError, short_reason
 from gluontl.export.exporters import check_target, convert_block, export_block, finish_model, set_metadata
 from gluontl.export.trace import sample_batches
 from gluontl.export.verify import ort_session
-from gluontl.train.transforms import META_CLASSES, onnx_props
+from gluontl.data.transforms import META_CLASSES, onnx_props
 
 log = logging.getLogger(__name__)
 

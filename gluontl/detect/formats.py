@@ -35,7 +35,7 @@ the file and the object (VOC: object index, COCO: annotation id, YOLO: line).
 
 The writers fill a folder with plain writes, not one atomic write per file (a dataset is
 thousands of small files and an fsync each costs seconds): write into a new folder and rename
-it into place, as the demo (``gluontl.train.demo.materialize``) does.
+it into place, as the demo (``gluontl.data.demo.materialize``) does.
 """
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ import mxnet as mx
 import numpy as np
 from mxnet import autograd
 
-from ..errors import ExportError, ModelSourceError, TrainError, short_reason
+from ..errors import ExportError, TrainError, short_reason
 from ..recipe import Recipe
 from ..tasks import split as split_batch
 
@@ -18,8 +18,8 @@ from ..tasks import split as split_batch
 def load_detector(run: Path, recipe: Recipe, tag: str, ctx=None):
     """The run's detector for the classes it was trained on (its preprocess.json), ``tag`` loaded."""
     from ..rules import attach_adapters
-    from ..train import checkpoint
-    from ..train.card import stored_card
+    from ..data import checkpoint
+    from ..data.card import stored_card
     from .models import build_detector
 
     classes = stored_card(run, recipe)["classes"]
@@ -33,7 +33,7 @@ def load_detector(run: Path, recipe: Recipe, tag: str, ctx=None):
 
 
 def _dataset(recipe: Recipe, run: Path, split: str):
-    from ..train.card import recipe_data
+    from ..data.card import recipe_data
     from .data import load_detection_split
 
     return load_detection_split(recipe_data(recipe, run), split, recipe.model.input_shape)
@@ -43,7 +43,7 @@ def evaluate(run_dir: str | Path, recipe: Recipe, net, split: str = "val") -> di
     """VOC mAP@0.5 per class and COCO mAP@[.5:.95] on ``split``; writes ``pr_curves.png`` into the run."""
     from .metrics import DetectionEval, plot_pr, table
 
-    from ..train.card import stored_card
+    from ..data.card import stored_card
 
     run = Path(run_dir)
     ds = _dataset(recipe, run, split)
@@ -94,21 +94,12 @@ def _stack(samples) -> tuple[mx.nd.NDArray, mx.nd.NDArray]:
 def input_transform(card: dict[str, Any], where: str) -> tuple[Any, list[str], tuple[int, int]]:
     """The evaluation transform a detection card describes (a run's ``preprocess.json`` or an
     export's metadata), its class names and the network input (H, W): the same
-    :class:`DetectionTransform` evaluation uses (plain resize to H, W + the recorded
-    normalization), so predict from a run folder and from its ONNX file feed identical tensors."""
+    :class:`DetectionTransform` evaluation uses (plain resize to H, W + the recorded normalization)."""
+    from ..data.card import resized_input
     from ..recipe import TransformSpec
-    from ..train.transforms import load_preprocess
     from .augment import DetectionTransform
 
-    prep, names = load_preprocess(card)
-    record = card["preprocess"].get("input")
-    shape = record.get("shape") if isinstance(record, dict) else None
-    if prep.steps or names is None or not (isinstance(shape, list) and len(shape) == 4
-                                           and all(isinstance(d, int) and d > 0 for d in shape[2:])):
-        raise ModelSourceError(f"The preprocessing record of {where} is not a detector's (steps {list(prep.steps)}, "
-                               f"input shape {shape!r}, classes {names!r}): a detector resizes every image to its "
-                               f"input H, W and lists its classes. Export the detection run again.")
-    hw = (int(shape[2]), int(shape[3]))
+    prep, names, hw = resized_input(card, where, "detector", "detection")
     spec = TransformSpec(normalize=(prep.mean, prep.std))
     return DetectionTransform(spec, hw, False, where=where), names, hw
 
@@ -134,8 +125,8 @@ def predict(run_dir: str | Path, recipe: Recipe, net, images: list[str], out_dir
             score_thresh: float = 0.5) -> tuple[list[dict[str, Any]], Path]:
     """Detections per image in the image's own pixels; images with drawn boxes and
     ``detections.json`` go to ``out_dir`` (default RUN/predictions)."""
-    from ..train.card import stored_card
-    from ..train.transforms import load_images
+    from ..data.card import stored_card
+    from ..data.transforms import load_images
 
     decoded = load_images(images)
     transform, names, hw = input_transform(stored_card(run_dir, recipe), str(Path(run_dir) / "preprocess.json"))
@@ -154,7 +145,7 @@ def predict_onnx(onnx_path: str | Path, images: list[str], out_dir: str | Path |
     names from the file's metadata alone (what a deployment has); outputs go to ``out_dir``
     (default NAME-predictions beside the file)."""
     from ..export.verify import ort_session
-    from ..train.transforms import load_images, onnx_card
+    from ..data.transforms import load_images, onnx_card
     from .export import OUTPUT_NAMES
 
     path = Path(onnx_path)
@@ -187,7 +178,7 @@ def export(run_dir: str | Path, recipe: Recipe, net, out_dir: str | Path | None,
     """Symbol/params and ONNX (per-class NMS), verified against MXNet on up to 8 val images;
     with ``quantize`` (a QuantizeSpec) also NAME.int8.onnx: the convolutions int8, box decoding
     and NMS float, kept if val mAP@0.5 drops by at most ``max_drop`` points."""
-    from ..train.card import export_input_name, recipe_data, stored_card
+    from ..data.card import export_input_name, recipe_data, stored_card
     from .export import export_detector
 
     run = Path(run_dir)

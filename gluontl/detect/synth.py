@@ -47,7 +47,7 @@ def _material() -> tuple[list[np.ndarray], np.ndarray, np.ndarray, np.ndarray]:
     import matplotlib
     from sklearn.datasets import load_digits, load_sample_images
 
-    from ..train.splits import stratified_holdout
+    from ..data.splits import stratified_holdout
 
     photos = list(load_sample_images().images)
     hopper = Path(matplotlib.get_data_path()) / "sample_data" / "grace_hopper.jpg"
@@ -133,6 +133,6 @@ def _fill(root: Path) -> None:
 
 def digits_det_folder(home: Path | None = None) -> Path:
     """The demo folder (VOC, YOLO and COCO at once), written on first use."""
-    from ..train.demo import materialize
+    from ..data.demo import materialize
 
     return materialize((home or gluontl_home()) / "datasets" / "digits_det" / _LAYOUT, "digits_det", _fill)

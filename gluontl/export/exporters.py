@@ -28,7 +28,7 @@ from gluontl.export.lean import make_lean
 from gluontl.export.patch import patch_model, source_info
 from gluontl.export.trace import TracedBlock, dummy_inputs, predict, trace_block
 from gluontl.export.verify import compare, ort_session, output_error, saturating_scales
-from gluontl.train.transforms import META_CLASSES, META_PREPROCESS, META_TASK, load_preprocess, onnx_props
+from gluontl.data.transforms import META_CLASSES, META_PREPROCESS, META_TASK, load_preprocess, onnx_props
 
 log = logging.getLogger(__name__)
 

@@ -39,7 +39,7 @@ except ImportError as err:  # onnxruntime imports ml_dtypes there without declar
                       f"install what it names (gluontl's setup.cfg lists ml_dtypes>=0.5,<0.6 for it; `bash "
                       f"scripts/env.sh` installs it).") from None
 from gluontl.recipe import QuantizeSpec
-from gluontl.train.transforms import onnx_preprocess
+from gluontl.data.transforms import onnx_preprocess
 
 log = logging.getLogger(__name__)
 

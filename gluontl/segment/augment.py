@@ -1,6 +1,6 @@
 """Augmentation that moves an image and its mask together, seeded per sample.
 
-Random steps draw only from ``gluontl.train.transforms.sample_rng(seed, epoch, index)``, so a
+Random steps draw only from ``gluontl.data.transforms.sample_rng(seed, epoch, index)``, so a
 sample's augmentation is independent of the worker count and a resume reproduces it (as
 detection's). Train, after GluonCV's ``SegmentationDataset._sync_transform``:
 

@@ -33,9 +33,9 @@ from PIL import Image
 from ..detect.data import CpuLoader
 from ..errors import DataError
 from ..recipe import DataSpec, SegmentationSpec
-from ..train.data import BadImageReport, Loaders, SplitRecord, screen_images, split_sampler
-from ..train.splits import stratified_holdout
-from ..train.transforms import decode_image, image_problem, mean_std, sample_rng
+from ..data.datasets import BadImageReport, Loaders, SplitRecord, screen_images, split_sampler
+from ..data.splits import stratified_holdout
+from ..data.transforms import decode_image, image_problem, mean_std, sample_rng
 from .augment import SegmentationTransform
 from .formats import Sample, read_mask, read_pairs, read_voc
 

@@ -26,7 +26,7 @@ from gluontl.errors import ExportError, short_reason
 from gluontl.export.exporters import check_target, convert_block, export_block, finish_model, set_metadata
 from gluontl.export.trace import dummy_inputs, predict, sample_batches
 from gluontl.export.verify import ort_session, output_error
-from gluontl.train.transforms import META_TASK, onnx_props
+from gluontl.data.transforms import META_TASK, onnx_props
 
 log = logging.getLogger(__name__)
 

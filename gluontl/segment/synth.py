@@ -19,7 +19,7 @@ import numpy as np
 from PIL import Image
 
 from ..detect.synth import SIZE, layout, paste
-from ..train.demo import materialize
+from ..data.demo import materialize
 from .formats import mask_image, write_voc_lists
 
 CLASSES = ["background"] + [str(d) for d in range(10)]

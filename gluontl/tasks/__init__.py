@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 import mxnet as mx
 
 from ..recipe import TASK_METRICS, QuantizeSpec, Recipe, TransformSpec
-from ..train.transforms import META_TASK, onnx_metadata
+from ..data.transforms import META_TASK, onnx_metadata
 
 if TYPE_CHECKING:
     from ..pipeline import Prepared
@@ -58,7 +58,7 @@ class Task(Protocol):
         """Checks of a new run before its folder exists (guards against runs that cannot learn)."""
 
     def feed(self, net, plan, recipe: Recipe, loaders, ctx: mx.Context, folder: Path, quiet: bool, previous):
-        """What trains and what it is fed (``gluontl.train.cache.Feed``)."""
+        """What trains and what it is fed (``gluontl.data.cache.Feed``)."""
 
     def forward(self, net, xs: list[mx.nd.NDArray], ys: list[mx.nd.NDArray]
                 ) -> tuple[list[mx.nd.NDArray], list[mx.nd.NDArray] | None]:
@@ -103,12 +103,12 @@ class EndToEnd:
     feed_note: str  # the feature-cache line of the run's log and plan
 
     def check(self, recipe: Recipe, prep, loaders, ctx: mx.Context, guards) -> None:
-        from ..train.guards import check_weights
+        from ..data.guards import check_weights
 
         guards.handle(check_weights(recipe, prep))
 
     def feed(self, net, plan, recipe: Recipe, loaders, ctx, folder: Path, quiet: bool, previous):
-        from ..train.cache import Feed
+        from ..data.cache import Feed
 
         if previous is not None:
             previous.net._clear_cached_op()  # traced with the old grad_req

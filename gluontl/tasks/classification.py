@@ -21,8 +21,8 @@ class Classification:
         return prepare(recipe, ctx=ctx, apply=apply)
 
     def plan_notes(self, recipe: Recipe, prep: Prepared) -> tuple[str, list[str], dict[str, Any]]:
-        from ..train.cache import preview
-        from ..train.data import split_preview
+        from ..data.cache import preview
+        from ..data.datasets import split_preview
 
         split = split_preview(recipe.data) if recipe.data is not None else None
         if not split:
@@ -32,7 +32,7 @@ class Classification:
                 {"split": {k: v for k, v in split[0].to_json().items() if k != "val"}})
 
     def setup(self, recipe: Recipe, ctx: mx.Context, *, seed: int):
-        from ..train.data import make_loaders
+        from ..data.datasets import make_loaders
 
         prep = prepare(recipe, ctx=ctx)
         loaders = make_loaders(recipe.data, seed=seed)
@@ -47,13 +47,13 @@ class Classification:
         return prep, loaders
 
     def check(self, recipe: Recipe, prep, loaders, ctx: mx.Context, guards) -> None:
-        from ..train.guards import check_features, check_weights
+        from ..data.guards import check_features, check_weights
 
         guards.handle(check_weights(recipe, prep))
         guards.handle(check_features(recipe, prep.block, prep.plan, loaders, ctx))
 
     def feed(self, net, plan, recipe: Recipe, loaders, ctx, folder: Path, quiet: bool, previous):
-        from ..train.cache import build_feed
+        from ..data.cache import build_feed
 
         return build_feed(net, plan, recipe, loaders, ctx, folder, quiet, previous)
 
@@ -64,24 +64,24 @@ class Classification:
         return evaluate_loader(net, batches, ctxs, self.num_classes, self.loss_fn)
 
     def first_epoch(self, batch_losses: list[float], steps: int, loaders) -> list:
-        from ..train.guards import check_first_epoch
+        from ..data.guards import check_first_epoch
 
         return check_first_epoch(batch_losses, steps, loaders.num_classes)
 
     def card(self, recipe: Recipe, loaders) -> dict[str, Any]:
-        from ..train.card import run_card
+        from ..data.card import run_card
 
         return {**run_card(recipe, recipe.data, loaders.class_names), "task": "classification",
                 "transforms": self.transforms(recipe)}
 
     def transforms(self, recipe: Recipe) -> dict[str, dict[str, str | None]]:
-        from ..train.transforms import describe
+        from ..data.transforms import describe
 
         return transform_record(recipe, describe)
 
 
     def load(self, run: Path, recipe: Recipe, tag: str, ctx=None):
-        from ..train.checkpoint import restore_into
+        from ..data.checkpoint import restore_into
 
         # The checkpoint holds every parameter: skip the recipe's weights file (it may be gone).
         bare = recipe.model_copy(update={"model": recipe.model.model_copy(update={"weights": None})})
@@ -91,8 +91,8 @@ class Classification:
         return block
 
     def evaluate_run(self, run: Path, recipe: Recipe, net, split: str, tag: str) -> Report:
-        from ..train.card import recipe_data
-        from ..train.data import load_split
+        from ..data.card import recipe_data
+        from ..data.datasets import load_split
 
         ds = load_split(recipe_data(recipe, run), split)
         loader = mx.gluon.data.DataLoader(ds, batch_size=recipe.data.batch_size, shuffle=False)
@@ -113,8 +113,8 @@ class Classification:
         return Report(out, lines)
 
     def predict_run(self, run: Path, recipe: Recipe, net, images: list[str], opts: PredictOptions) -> Report:
-        from ..train.card import stored_card
-        from ..train.transforms import load_images, load_preprocess
+        from ..data.card import stored_card
+        from ..data.transforms import load_images, load_preprocess
 
         prep, names = load_preprocess(stored_card(run, recipe))
         rows = []
@@ -126,7 +126,7 @@ class Classification:
 
     def predict_onnx(self, path: Path, images: list[str], opts: PredictOptions) -> Report:
         from ..export.verify import ort_session
-        from ..train.transforms import load_images, onnx_preprocess
+        from ..data.transforms import load_images, onnx_preprocess
 
         prep, names = onnx_preprocess(path)  # no metadata: refused before any work
         decoded = load_images(images)
@@ -159,8 +159,8 @@ class Classification:
     def export_run(self, run: Path, recipe: Recipe, net, out_dir: Path, formats: list[str], force: bool,
                    quantize: QuantizeSpec | None, echo: Callable[[str], None]) -> list[Path]:
         from ..export.exporters import export_block
-        from ..train.card import export_input_name, recipe_data, stored_card
-        from ..train.data import load_split
+        from ..data.card import export_input_name, recipe_data, stored_card
+        from ..data.datasets import load_split
 
         spec = recipe.export
         name = export_input_name(recipe)

@@ -102,7 +102,7 @@ class Detection(EndToEnd):
         return []
 
     def card(self, recipe: Recipe, loaders) -> dict[str, Any]:
-        from ..train.card import run_card
+        from ..data.card import run_card
 
         return {**run_card(recipe, recipe.data, loaders.class_names), "task": "detection",
                 "transforms": self.transforms(recipe)}

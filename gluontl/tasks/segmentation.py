@@ -76,13 +76,13 @@ class Segmentation(EndToEnd):
         return []
 
     def card(self, recipe: Recipe, loaders) -> dict[str, Any]:
-        from ..train.card import run_card
+        from ..data.card import run_card
 
         return {**run_card(recipe, recipe.data, loaders.class_names), "task": "segmentation",
                 "ignore_label": seg_spec(recipe).ignore_label, "transforms": self.transforms(recipe)}
 
     def transforms(self, recipe: Recipe) -> dict[str, dict[str, str | None]]:
-        from ..train.transforms import describe_normalize
+        from ..data.transforms import describe_normalize
 
         seg, (h, w) = seg_spec(recipe), recipe.model.input_shape[-2:]
         ch, cw = seg.crop or (h, w)
@@ -99,8 +99,8 @@ class Segmentation(EndToEnd):
     # ------------------------------------------------------------ a finished run
 
     def load(self, run: Path, recipe: Recipe, tag: str, ctx=None):
-        from ..train import checkpoint
-        from ..train.card import stored_card
+        from ..data import checkpoint
+        from ..data.card import stored_card
 
         classes = stored_card(run, recipe)["classes"]
         spec = recipe.model.model_copy(update={"weights": None, "weights_from": None, "restore": recipe.model.restore
@@ -113,7 +113,7 @@ class Segmentation(EndToEnd):
 
     def evaluate_run(self, run: Path, recipe: Recipe, net, split: str, tag: str) -> Report:
         from ..segment.data import load_segmentation_split
-        from ..train.card import recipe_data, stored_card
+        from ..data.card import recipe_data, stored_card
 
         seg = seg_spec(recipe)
         ds = load_segmentation_split(recipe_data(recipe, run), seg, split, recipe.model.input_shape)
@@ -132,8 +132,8 @@ class Segmentation(EndToEnd):
         return Report(values, lines)
 
     def predict_run(self, run: Path, recipe: Recipe, net, images: list[str], opts: PredictOptions) -> Report:
-        from ..train.card import stored_card
-        from ..train.transforms import load_images
+        from ..data.card import stored_card
+        from ..data.transforms import load_images
 
         decoded = load_images(images)
         card = stored_card(run, recipe)
@@ -148,7 +148,7 @@ class Segmentation(EndToEnd):
 
     def predict_onnx(self, path: Path, images: list[str], opts: PredictOptions) -> Report:
         from ..export.verify import ort_session
-        from ..train.transforms import load_images, onnx_card
+        from ..data.transforms import load_images, onnx_card
 
         path = Path(path)
         card = onnx_card(path)  # no metadata: refused before any work
@@ -176,7 +176,7 @@ class Segmentation(EndToEnd):
                    quantize: QuantizeSpec | None, echo: Callable[[str], None]) -> list[Path]:
         from ..segment.data import load_segmentation_split
         from ..segment.export import export_segmenter
-        from ..train.card import export_input_name, recipe_data, stored_card
+        from ..data.card import export_input_name, recipe_data, stored_card
 
         card = stored_card(run, recipe)
         seg, shape = seg_spec(recipe), recipe.model.input_shape
@@ -278,20 +278,11 @@ def _batches(ds, batch: int):
 def input_transform(card: dict[str, Any], where: str):
     """The evaluation transform a segmentation card describes (a run's preprocess.json or an
     export's metadata), its class names and the network input (H, W): a resize to H, W and the
-    recorded normalization, so predict from a run and from its ONNX file feed identical tensors."""
-    from ..errors import ModelSourceError
+    recorded normalization."""
+    from ..data.card import resized_input
     from ..segment.augment import SegmentationTransform
-    from ..train.transforms import load_preprocess
 
-    prep, names = load_preprocess(card)
-    record = card["preprocess"].get("input")
-    shape = record.get("shape") if isinstance(record, dict) else None
-    if prep.steps or names is None or not (isinstance(shape, list) and len(shape) == 4
-                                           and all(isinstance(d, int) and d > 0 for d in shape[2:])):
-        raise ModelSourceError(f"The preprocessing record of {where} is not a segmenter's (steps {list(prep.steps)}, "
-                               f"input shape {shape!r}, classes {names!r}): a segmenter resizes every image to its "
-                               f"input H, W and lists its classes. Export the segmentation run again.")
-    hw = (int(shape[2]), int(shape[3]))
+    prep, names, hw = resized_input(card, where, "segmenter", "segmentation")
     return SegmentationTransform(False, prep.mean, prep.std, size=hw), names, hw
 
 

@@ -5,7 +5,7 @@ Determinism is designed in, not hoped for: data order and augmentation come from
 step, so a resumed run continues exactly where an uninterrupted one would be.
 
 When the rules leave a frozen prefix, the loop trains only the suffix after it, from
-cached prefix features or from a faster prefix engine (``cache.py``, ``prefix.py``).
+cached prefix features or from a faster prefix engine (``data/cache.py``, ``data/prefix.py``).
 """
 from __future__ import annotations
 
@@ -36,12 +36,12 @@ from ..naming import named_params
 from ..adapters import adapters_of, save_adapters
 from ..rules import Plan, apply_plan, format_plan, freeze_bn_stats, make_plan, trainable_params
 from ..tasks import get_task, split, transform_lines
-from . import checkpoint
-from .cache import Feed
+from ..data import checkpoint
+from ..data.cache import Feed
 from .ema import Ema
 from .logs import MetricsLog, epoch_line
 from .gpu import check_gpus
-from .guards import GuardLog
+from ..data.guards import GuardLog
 from .schedule import lr_at
 from .weights import ensure_weights
 

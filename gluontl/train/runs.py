@@ -9,7 +9,7 @@ from ..errors import ExportError, GluontlError, TrainError
 from ..recipe import ExportSpec, QuantizeSpec, Recipe, as_spec, load_recipe
 from ..runfolder import run_weights
 from ..tasks import PredictOptions, Report, every_curve, get_task, onnx_task
-from . import checkpoint
+from ..data import checkpoint
 
 
 def load_run(run_dir: str | Path, tag: str = "best", ctx=None) -> tuple[Recipe, Any]:
@@ -83,7 +83,7 @@ def predict(source: str | Path, images: list[str], topk: int = 5, tag: str = "be
 
 
 def predict_report(source: Path, images: list[str], opts: PredictOptions) -> Report:
-    from .transforms import load_images
+    from ..data.transforms import load_images
 
     if not source.is_dir():
         return onnx_task(source).predict_onnx(source, images, opts)

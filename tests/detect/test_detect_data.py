@@ -17,7 +17,7 @@ from gluontl.detect.data import load_detection_split, make_detection_loaders
 from gluontl.detect.formats import Annotation, write_coco, write_voc, write_yolo
 from gluontl.errors import DataError
 from gluontl.recipe import DataSpec, TransformSpec
-from gluontl.train.transforms import sample_rng
+from gluontl.data.transforms import sample_rng
 
 NAMES = ["cat", "dog", "person"]
 BOXES = np.array([[20, 30, 70, 90, 0, 0], [100, 10, 150, 50, 1, 1]], np.float32)

@@ -26,7 +26,7 @@ from gluontl.detect.export import (GLUONCV_SCORE_THRESH, META_NMS, _compare, _de
 from gluontl.errors import ExportError
 from gluontl.export.trace import sample_batches
 from gluontl.recipe import TransformSpec
-from gluontl.train.transforms import META_CLASSES, load_preprocess, model_card
+from gluontl.data.transforms import META_CLASSES, load_preprocess, model_card
 
 SIZE = 128
 CLASSES = ["cat", "dog", "bird"]

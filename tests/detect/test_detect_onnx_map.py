@@ -186,8 +186,8 @@ def test_predict_refuses_an_onnx_file_whose_metadata_does_not_describe_a_detecto
     from gluontl.detect.export import export_detector
     from gluontl.detect.runs import predict_onnx
     from gluontl.errors import ModelSourceError
-    from gluontl.train.card import run_card
-    from gluontl.train.transforms import META_PREPROCESS
+    from gluontl.data.card import run_card
+    from gluontl.data.transforms import META_PREPROCESS
 
     net, _ = trained
     recipe = _recipe(voc)

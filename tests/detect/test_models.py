@@ -25,8 +25,8 @@ from gluontl.recipe import TransformSpec, parse_recipe
 from gluontl.rules import apply_plan, make_plan, trainable_params
 from gluontl.sources.restore import snapshot
 from gluontl.stages import detector_family
-from gluontl.train import checkpoint
-from gluontl.train.transforms import model_card
+from gluontl.data import checkpoint
+from gluontl.data.transforms import model_card
 
 SSD, YOLO = "ssd_300_mobilenet0.25_custom", "yolo3_mobilenet0.25_custom"
 SHAPE = (3, 64, 64)

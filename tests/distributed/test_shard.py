@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 import helpers
 from gluontl.detect.data import make_detection_loaders
 from gluontl.recipe import DataSpec
-from gluontl.train.data import make_loaders
-from gluontl.train.sampler import EpochSampler
+from gluontl.data.datasets import make_loaders
+from gluontl.data.sampler import EpochSampler
 
 
 def _keys(sampler, epoch, skip=0):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from gluontl.segment.augment import SegmentationTransform, resize_mask, unpad
-from gluontl.train.transforms import IMAGENET_MEAN, IMAGENET_STD, sample_rng
+from gluontl.data.transforms import IMAGENET_MEAN, IMAGENET_STD, sample_rng
 
 MEAN, STD = np.array(IMAGENET_MEAN, np.float32), np.array(IMAGENET_STD, np.float32)
 COLOURS = np.array([[250, 10, 10], [10, 250, 10], [10, 10, 250], [240, 240, 20]], np.uint8)

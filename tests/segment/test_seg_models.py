@@ -26,8 +26,8 @@ from gluontl.segment.loss import SegmentationLoss
 from gluontl.segment.models import SegmenterSpec, Segmenter, build_segmenter
 from gluontl.sources.restore import snapshot
 from gluontl.stages import stage_map
-from gluontl.train import checkpoint
-from gluontl.train.checkpoint import save_params
+from gluontl.data import checkpoint
+from gluontl.data.checkpoint import save_params
 
 SIZES = [(64, 64), (48, 80), (61, 75)]  # a multiple of 32; of 16 only; of nothing
 

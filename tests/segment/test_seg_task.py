@@ -186,7 +186,7 @@ def test_predict_and_export_from_a_run_agree_with_onnxruntime(run, pairs, tmp_pa
 
     files = task.export_run(run.run_dir, recipe, net, tmp_path / "export", ["onnx"], False, None, print)
     onnx_file = next(f for f in files if f.suffix == ".onnx")
-    from gluontl.train.transforms import onnx_metadata
+    from gluontl.data.transforms import onnx_metadata
 
     assert onnx_metadata(onnx_file).get("gluontl.task") == "segmentation"
     ort = task.predict_onnx(onnx_file, images, PredictOptions(out=tmp_path / "ort"))
@@ -252,7 +252,7 @@ def test_an_adapter_rule_on_a_segmenter_trains_the_factors_and_leaves_the_base_b
 
 def test_the_guards_count_a_segmenters_new_head_as_fresh(pairs, backbone):
     """Only the backbone came with the source: a head left frozen at its random init is flagged."""
-    from gluontl.train.guards import weights_of
+    from gluontl.data.guards import weights_of
 
     recipe = _recipe(pairs, backbone)
     w = weights_of(recipe, get_task(recipe).prepare(recipe, apply=False))

@@ -6,7 +6,7 @@ import pytest
 
 from gluontl.detect.augment import DetectionTransform
 from gluontl.recipe import TransformSpec
-from gluontl.train.transforms import build, sample_rng
+from gluontl.data.transforms import build, sample_rng
 
 N = 2000
 GRAY = 100  # brightness x (1 + f) stays below 255: no clipping

@@ -135,8 +135,8 @@ def test_cached_features_are_reused_only_under_their_own_record(weights, tmp_pat
     """Another cut, other prefix weights or a damaged file: the record or the file no longer
     matches, so the features are computed again (and the file replaced)."""
     from gluontl.pipeline import prepare
-    from gluontl.train.cache import FeatureCache, cache_key
-    from gluontl.train.prefix import MxEngine, split_frozen_prefix
+    from gluontl.data.cache import FeatureCache, cache_key
+    from gluontl.data.prefix import MxEngine, split_frozen_prefix
     from gluontl.tasks import get_task
 
     r = recipe(weights)
@@ -249,7 +249,7 @@ def test_imported_graph_is_cut_after_its_last_frozen_dominator(bn_symbol, tmp_pa
 
 def test_preview_tells_gluontl_plan_what_finetune_will_decide(weights):
     from gluontl.pipeline import prepare
-    from gluontl.train.cache import preview
+    from gluontl.data.cache import preview
 
     r = recipe(weights)
     prep = prepare(r)
@@ -305,7 +305,7 @@ def test_the_benchmarked_step_is_the_handwritten_step(weights):
 
 def test_a_cache_the_disk_cannot_hold_is_declined_or_refused(tmp_path):
     from gluontl.recipe import TrainSpec
-    from gluontl.train.cache import Decision, _check_room
+    from gluontl.data.cache import Decision, _check_room
 
     on = Decision(True, 1, "frozen prefix")
     small = TrainSpec(cache_max_bytes=1)

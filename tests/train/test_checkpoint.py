@@ -20,7 +20,7 @@ from test_cli_hostile import _assert_one_paragraph
 from gluontl.errors import TrainError
 from gluontl.naming import named_params
 from gluontl.recipe import parse_recipe
-from gluontl.train import checkpoint
+from gluontl.data import checkpoint
 from gluontl.train.loop import finetune
 
 

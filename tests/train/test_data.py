@@ -16,9 +16,9 @@ from PIL import Image
 
 from gluontl.errors import DataError
 from gluontl.recipe import DataSpec, TransformSpec
-from gluontl.train.data import load_split, make_loaders, stratified_holdout
-from gluontl.train.sampler import EpochSampler
-from gluontl.train.transforms import IMAGENET_MEAN, IMAGENET_STD, build, load_image, sample_rng
+from gluontl.data.datasets import load_split, make_loaders, stratified_holdout
+from gluontl.data.sampler import EpochSampler
+from gluontl.data.transforms import IMAGENET_MEAN, IMAGENET_STD, build, load_image, sample_rng
 
 RAW = TransformSpec(normalize="none")
 

@@ -109,7 +109,7 @@ def test_non_square_input_without_a_size_is_refused():
 
 @pytest.mark.parametrize("engine", ["mxnet", "onnxruntime"])
 def test_prefix_engines_refuse_images_of_another_size(engine):
-    from gluontl.train.prefix import MxEngine, OrtEngine
+    from gluontl.data.prefix import MxEngine, OrtEngine
 
     prefix = mx.gluon.nn.HybridSequential()
     prefix.add(mx.gluon.nn.Conv2D(4, 3, in_channels=3))

@@ -12,8 +12,8 @@ from sklearn.datasets import load_digits
 
 from gluontl.errors import DataError
 from gluontl.recipe import DataSpec, TransformSpec
-from gluontl.train import demo
-from gluontl.train.data import load_split, make_loaders
+from gluontl.data import demo
+from gluontl.data.datasets import load_split, make_loaders
 
 DIGITS = load_digits()
 

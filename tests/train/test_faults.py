@@ -9,7 +9,7 @@ import pytest
 
 from gluontl.errors import TrainError
 from gluontl.recipe import parse_recipe
-from gluontl.train import checkpoint
+from gluontl.data import checkpoint
 from gluontl.train.loop import finetune
 
 DATA = helpers.DIGITS_5_9

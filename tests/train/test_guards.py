@@ -17,7 +17,7 @@ import helpers
 from gluontl.errors import TrainError
 from gluontl.pipeline import prepare
 from gluontl.recipe import load_recipe, parse_recipe
-from gluontl.train.guards import (COLLAPSE_RTOL, STUCK_MIN_STEPS, STUCK_RTOL, check_first_epoch, check_weights,
+from gluontl.data.guards import (COLLAPSE_RTOL, STUCK_MIN_STEPS, STUCK_RTOL, check_first_epoch, check_weights,
                                   collapsed, weights_of)
 from gluontl.train.loop import finetune
 
@@ -354,13 +354,13 @@ def test_collapse_just_inside_and_just_outside_collapse_rtol(size):
 
 
 def test_spread_is_the_rms_of_per_feature_std_and_of_the_batch_mean():
-    from gluontl.train.guards import _spread
+    from gluontl.data.prefix import feature_spread
 
     a = np.array([[1.0, 2.0, -3.0], [3.0, 2.0, 5.0]])  # std per feature 1, 0, 4; mean 2, 2, 1
-    spread, size = _spread(a)
+    spread, size = feature_spread(a)
     assert spread == pytest.approx(math.sqrt((1 + 0 + 16) / 3), rel=1e-12)
     assert size == pytest.approx(math.sqrt((4 + 4 + 1) / 3), rel=1e-12)
-    assert _spread(a.reshape(2, 3, 1)) == (spread, size)  # feature maps are flattened per image
+    assert feature_spread(a.reshape(2, 3, 1)) == (spread, size)  # feature maps are flattened per image
 
 
 @pytest.mark.parametrize("stat, nudge", [("running_mean", 1e-6), ("running_var", -1e-6), ("running_var", 1e-6)])
@@ -397,7 +397,7 @@ def test_a_frozen_backbone_is_an_error_when_all_of_it_is_random_and_a_warning_wh
 @pytest.mark.parametrize("level", ["error", "warn", "off"])
 def test_guard_levels(tmp_path, monkeypatch, level):
     from gluontl.recipe import GuardsSpec
-    from gluontl.train.guards import Finding, GuardLog
+    from gluontl.data.guards import Finding, GuardLog
 
     monkeypatch.chdir(tmp_path)
     run = tmp_path / "run"
@@ -426,7 +426,7 @@ def test_guard_levels(tmp_path, monkeypatch, level):
 
 def test_a_resumed_run_keeps_the_warnings_its_start_found(tmp_path):
     from gluontl.recipe import GuardsSpec
-    from gluontl.train.guards import Finding, GuardLog
+    from gluontl.data.guards import Finding, GuardLog
 
     earlier = [{"guard": "stuck_loss", "message": "from the first call — é"}]
     (tmp_path / "warnings.json").write_text(json.dumps(earlier), encoding="utf-8")
@@ -453,10 +453,10 @@ def test_stuck_and_collapse_limits_are_inclusive():
     v = c + STUCK_RTOL * c
     assert abs(float(np.mean([v])) - c) == STUCK_RTOL * c
     assert [f.guard for f in check_first_epoch([v], STUCK_MIN_STEPS, 108)] == ["stuck_loss"]
-    from gluontl.train.guards import _spread
+    from gluontl.data.prefix import feature_spread
 
     rows = np.array([[COLLAPSE_RTOL], [-COLLAPSE_RTOL]])
-    assert _spread(rows) == (COLLAPSE_RTOL, 0.0) and collapsed(rows)
+    assert feature_spread(rows) == (COLLAPSE_RTOL, 0.0) and collapsed(rows)
 
 
 def test_frozen_throughout_is_frozen_in_the_plan_of_every_epoch_a_rule_starts(tmp_path):
@@ -484,8 +484,8 @@ def test_frozen_throughout_is_frozen_in_the_plan_of_every_epoch_a_rule_starts(tm
 def test_features_are_not_compared_without_a_frozen_prefix_or_between_identical_images(tmp_path):
     import cv2
 
-    from gluontl.train.data import make_loaders
-    from gluontl.train.guards import check_features
+    from gluontl.data.datasets import make_loaders
+    from gluontl.data.guards import check_features
 
     prefix = _symbol(tmp_path, 0.0)
     r = symbol_recipe(prefix)
@@ -508,8 +508,8 @@ def test_features_are_not_compared_without_a_frozen_prefix_or_between_identical_
 
 @pytest.mark.parametrize("batch, checked", [(1, None), (2, 2), (7, 7), (8, 8), (9, 8)])
 def test_features_are_compared_on_two_to_eight_images_of_the_first_batch(tmp_path, batch, checked):
-    from gluontl.train.data import make_loaders
-    from gluontl.train.guards import check_features
+    from gluontl.data.datasets import make_loaders
+    from gluontl.data.guards import check_features
 
     prefix = _symbol(tmp_path, 0.0)  # a dead prefix: the same features for every image
     r = symbol_recipe(prefix, guards={"collapsed_features": "error"})
@@ -546,7 +546,7 @@ def test_where_the_weights_came_from_in_words(tmp_path, resnet_weights):
 
 @pytest.mark.parametrize("level, label", [("error", "error at finetune: "), ("warn", "warning: "), ("off", None)])
 def test_plan_flags_in_the_words_of_each_level(level, label):
-    from gluontl.train.guards import plan_flags
+    from gluontl.data.guards import plan_flags
 
     r = recipe(zoo(), HEAD_ONLY, {"head": {"classes": 2}},
                guards={"random_backbone": level, "unloaded_bn_stats": "off"})
@@ -567,7 +567,7 @@ def test_plan_flags_in_the_words_of_each_level(level, label):
 
 
 def test_few_names():
-    from gluontl.train.guards import _few
+    from gluontl.data.guards import _few
 
     assert _few(list("abcd")) == "a, b, c, d"
     assert _few(list("abcde")) == "a, b, c, d … (5 in all)"
@@ -593,7 +593,7 @@ def test_a_new_head_and_a_partial_restore_in_the_weights_line(tmp_path):
 
 
 def test_rule_lists_in_the_warning_and_the_batchnorm_error(resnet_weights):
-    from gluontl.train.guards import plan_flags
+    from gluontl.data.guards import plan_flags
 
     freeze = [{"match": m, "grad_req": "null"} for m in ("features.0.*", "features.1.*", "features.4.0.*")]
     part = recipe(zoo(weights=resnet_weights, restore={"only": ["features.0.*"]}), freeze, {"head": {"classes": 2}},

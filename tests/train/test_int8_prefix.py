@@ -9,7 +9,7 @@ import pytest
 from onnx import numpy_helper
 
 from gluontl.export.cpu import cpu_flags, reduce_range
-from gluontl.train.prefix import Int8Engine, OrtEngine, choose_engine
+from gluontl.data.prefix import Int8Engine, OrtEngine, choose_engine
 
 SHAPE = (3, 8, 8)
 AVX512_VNNI = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_vnni\n\nprocessor\t: 1\nflags\t\t: fpu\n"

@@ -178,7 +178,7 @@ def test_unwritable_runs_folder_is_a_clear_error(tiny_symbol, tmp_path):
 
 
 def test_evaluate_predict_plot_use_the_run(tiny_symbol, tmp_path):
-    from gluontl.train.data import load_split
+    from gluontl.data.datasets import load_split
     from gluontl.train.runs import evaluate, plot, predict
 
     res = finetune(recipe(tiny_symbol), runs_root=tmp_path, quiet=True)

@@ -30,9 +30,8 @@ from ..pipeline import Prepared
 from ..recipe import GuardsSpec, Recipe
 from ..rules import Plan, make_plan
 from ..surgery import needs_surgery
-from .data import Loaders
-from .prefix import COLLAPSE_RTOL, collapsed, split_frozen_prefix
-from .prefix import feature_spread as _spread  # (its name before it moved to prefix.py, for the tests)
+from .datasets import Loaders
+from .prefix import COLLAPSE_RTOL, collapsed, feature_spread, split_frozen_prefix
 
 # Images of the first batch the features are compared on: 8 show whether features vary
 # (a collapse makes all of them equal) at a quarter of a 32-image forward pass (~2 s for
@@ -186,7 +185,7 @@ def check_features(recipe: Recipe, net: HybridBlock, plan: Plan, loaders: Loader
         return []  # no frozen boundary, one image, or identical images: nothing to compare
     f = _flat(feats)
     if collapsed(f):
-        spread, size = _spread(f)
+        spread, size = feature_spread(f)
         return [Finding("collapsed_features", (
             f"On the first batch ({len(x)} different images checked), the output of the frozen prefix ({split.reason}) "
             f"is the same for every image: its spread across the batch is {spread:.1e} at a size of "

@@ -7,11 +7,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..errors import TrainError
+from ..errors import ModelSourceError, TrainError
 from ..recipe import DataSpec, Recipe
 from ..sources import model_input_name
-from .data import load_split
-from .transforms import load_preprocess, model_card
+from .datasets import load_split
+from .transforms import Preprocess, load_preprocess, model_card
 
 
 def recipe_data(recipe: Recipe, run_dir: str | Path) -> DataSpec:
@@ -45,3 +45,21 @@ def stored_card(run_dir: str | Path, recipe: Recipe) -> dict[str, Any]:
 
 def export_input_name(recipe: Recipe) -> str:
     return recipe.export.input_names[0] if recipe.export.input_names else model_input_name(recipe.model)
+
+
+def resized_input(card: dict[str, Any], where: str, model: str, task: str) \
+        -> tuple[Preprocess, list[str], tuple[int, int]]:
+    """The normalization, class names and input (H, W) of a card whose model resizes every image
+    to its input (a detector, a segmenter: no steps, an input shape with H and W); predict from a
+    run folder and from its ONNX file both read the card here, so they feed identical tensors.
+    Any other record is refused naming ``where``, the ``model`` it should be for and the ``task``
+    run to export again."""
+    prep, names = load_preprocess(card)
+    record = card["preprocess"].get("input")
+    shape = record.get("shape") if isinstance(record, dict) else None
+    if prep.steps or names is None or not (isinstance(shape, list) and len(shape) == 4
+                                           and all(isinstance(d, int) and d > 0 for d in shape[2:])):
+        raise ModelSourceError(f"The preprocessing record of {where} is not a {model}'s (steps {list(prep.steps)}, "
+                               f"input shape {shape!r}, classes {names!r}): a {model} resizes every image to its "
+                               f"input H, W and lists its classes. Export the {task} run again.")
+    return prep, names, (int(shape[2]), int(shape[3]))

@@ -39,7 +39,7 @@ from ..errors import TrainError
 from ..naming import named_params
 from ..recipe import Recipe, TrainSpec, TransformSpec
 from ..rules import Plan
-from .data import ImageDataset, Loaders
+from .datasets import ImageDataset, Loaders
 from .prefix import Engine, MxEngine, Split, check_images, choose_engine, split_frozen_prefix
 from .sampler import EpochSampler
 
