@@ -55,11 +55,11 @@ class Adapted:
 
     @property
     def a(self) -> str:
-        return f"{self.layer}.lora_a.weight"
+        return _inside(self.layer, "lora_a.weight")
 
     @property
     def b(self) -> str:
-        return f"{self.layer}.lora_b.weight"
+        return _inside(self.layer, "lora_b.weight")
 
     @property
     def scale(self) -> float:
@@ -70,6 +70,11 @@ class Adapted:
 class Record:
     layers: dict[str, Adapted]
     base: mx.sym.Symbol | None = None  # graphs: the symbol without adapters
+
+
+def _inside(layer: str, name: str) -> str:
+    """The structural name of ``name`` in ``layer``; a bare layer that is the whole model has path ''."""
+    return f"{layer}.{name}" if layer else name
 
 
 def adapters_of(block: HybridBlock) -> dict[str, Adapted]:
@@ -104,10 +109,10 @@ def target(block: HybridBlock, layer: Layer, spec: AdapterSpec) -> Adapted | Non
             raise AdapterError(f"layer '{layer.name}' ({type(layer.block).__name__}) computes its own forward; LoRA "
                                f"adapts Gluon's Conv and Dense layers. Narrow the rule's match so it leaves it out.")
         if layer.type == "Dense":
-            return Adapted(layer.name, layer.name, "Dense", spec, f"{layer.name}.weight", tuple(layer.params))
+            return Adapted(layer.name, layer.name, "Dense", spec, _inside(layer.name, "weight"), tuple(layer.params))
         groups, layout = layer.block._kwargs["num_group"], layer.block._kwargs.get("layout") or "NC"
         _refuse(layer.name, groups, layout)
-        return Adapted(layer.name, layer.name, "Conv", spec, f"{layer.name}.weight", tuple(layer.params))
+        return Adapted(layer.name, layer.name, "Conv", spec, _inside(layer.name, "weight"), tuple(layer.params))
     if layer.owner is None:
         return None
     nodes = graph_nodes(layer.owner)
@@ -240,7 +245,7 @@ def _lora_class(cls: type) -> type:
 
 
 def _child(block: HybridBlock, path: str) -> HybridBlock:
-    for part in path.split("."):
+    for part in path.split(".") if path else ():
         block = block._children[part]
     return block
 
@@ -429,7 +434,7 @@ def save_adapters(block: HybridBlock, path: str | os.PathLike) -> Path:
     entries = named_params(block)
     tensors = {n: entries[n].param.data().copy() for t in adapted.values() for n in (t.a, t.b)}
     config = {"format": FORMAT, "layers": {t.layer: {
-        "source": t.source, "kind": t.kind, **t.spec.model_dump(), "weight": t.weight,
+        "source": t.source, **t.spec.model_dump(), "weight": t.weight,
         "weight_shape": list(shape_of(entries[t.weight].param)), "weight_sha256": _fingerprint(block, t)}
         for t in adapted.values()}}
     atomic_write(path, lambda p: mx.nd.save(os.fspath(p), tensors), AdapterError)

@@ -5,6 +5,7 @@ Dense forward, the merged kernel as Σ_r B·A), onnxruntime's float kernels (mer
 parameter values before and after real SGD steps, files that round-trip."""
 from __future__ import annotations
 
+import hashlib
 import json
 
 import mxnet as mx
@@ -22,7 +23,7 @@ from gluontl.export import export_onnx
 from gluontl.export.exporters import export_block
 from gluontl.naming import named_params
 from gluontl.recipe import as_rules, load_recipe
-from gluontl.rules import apply_plan, attach_adapters, format_plan, make_plan
+from gluontl.rules import apply_plan, attach_adapters, format_plan, make_plan, trainable_params
 
 LORA = {"kind": "lora", "rank": 4, "alpha": 8}
 
@@ -410,63 +411,168 @@ def test_onnx_model_with_a_new_head_exports_the_merged_head(tmp_path):
     assert_f32_close(_ort(path, x.asnumpy()), _predict(net, x), terms=27 * 8, depth=2)
 
 
+# ----------------------------------------------------------------- a tiny Gluon model (fast: the mutation tests')
+
+def _tiny(seed=3):
+    """Conv 3x3 with bias and relu ('0'), a nested bias-free 1x1 Conv and BatchNorm ('1.0', '1.1'),
+    pooling and a Dense head ('3'): the zoo model's layer kinds in milliseconds."""
+    mx.random.seed(seed)
+    net = mx.gluon.nn.HybridSequential()
+    body = mx.gluon.nn.HybridSequential()
+    body.add(mx.gluon.nn.Conv2D(5, 1, in_channels=6, use_bias=False), mx.gluon.nn.BatchNorm(in_channels=5))
+    net.add(mx.gluon.nn.Conv2D(6, 3, padding=1, in_channels=3, activation="relu"), body,
+            mx.gluon.nn.GlobalAvgPool2D(), mx.gluon.nn.Dense(3, in_units=5))
+    net.initialize(mx.init.Xavier())
+    return net
+
+
+TINY_RULES = [{"match": "*", "grad_req": "null", "bn": "frozen"}, {"type": ["Conv"], "adapter": LORA},
+              {"match": "3.*", "grad_req": "write"}]
+
+
+def test_tiny_model_equals_base_at_init_trains_only_adapters_and_merges():
+    net = _tiny()
+    x, y = batch(n=4, hw=8, classes=3)
+    base_out = _predict(net, x)
+    net, plan = _adapt(net, TINY_RULES)
+    assert sorted(adapters_of(net)) == ["0", "1.0"]
+    np.testing.assert_array_equal(_predict(net, x), base_out)
+    rows = plan.by_name()
+    assert rows["0.lora_a.weight"].shape == (4, 3, 3, 3) and rows["0.lora_b.weight"].shape == (6, 4, 1, 1)
+    assert rows["1.0.lora_a.weight"].shape == (4, 6, 1, 1) and rows["1.0.lora_b.weight"].shape == (5, 4, 1, 1)
+    assert rows["0.lora_a.weight"].layer_type == "LoRA" and rows["0.lora_a.weight"].decided_by["grad_req"] == "2"
+    assert {n for n, r in rows.items() if r.grad_req != "null"} == {
+        "0.lora_a.weight", "0.lora_b.weight", "1.0.lora_a.weight", "1.0.lora_b.weight", "3.weight", "3.bias"}
+    before = _values(net)
+    assert not before["0.lora_b.weight"].any() and not before["1.0.lora_b.weight"].any()
+    sgd_step(net, x, y, lr=0.5, steps=3)
+    after = _values(net)
+    moved = {n for n in before if not np.array_equal(before[n], after[n])}
+    assert moved == {"0.lora_a.weight", "0.lora_b.weight", "1.0.lora_a.weight", "1.0.lora_b.weight", "3.weight",
+                     "3.bias"}
+    want = _predict(net, x)
+    net.hybridize()  # the adapter's forward as a graph computes the same
+    assert_f32_close(_predict(net, x), want, terms=54, depth=3)
+    merged = merge_adapters(net)
+    assert adapters_of(net).keys() == {"0", "1.0"} and not adapters_of(merged)
+    assert sorted(named_params(merged)) == ["0.bias", "0.weight", "1.0.weight", "1.1.beta", "1.1.gamma",
+                                            "1.1.running_mean", "1.1.running_var", "3.bias", "3.weight"]
+    assert [type(b) for b in (merged[0], merged[1][0])] == [mx.gluon.nn.Conv2D] * 2
+    assert merged[0].act is not None and merged[1][0].bias is None
+    assert_f32_close(_predict(merged, x), want, terms=54, depth=3)
+    np.testing.assert_array_equal(_values(net)["0.weight"], before["0.weight"])  # merging left the block as it was
+
+
+@pytest.mark.parametrize("layer", ["dense", "conv"])
+def test_a_bare_layer_that_is_the_whole_model_takes_an_adapter(tmp_path, layer):
+    """Its structural path is '': parameters 'weight', 'lora_a.weight', ... (it failed with KeyError: '')."""
+    rs = np.random.RandomState(6)
+    if layer == "dense":
+        net, x = mx.gluon.nn.Dense(3, in_units=4), rs.randn(5, 4)
+    else:
+        net, x = mx.gluon.nn.Conv2D(3, 3, in_channels=2), rs.randn(2, 2, 5, 5)
+    net.initialize(mx.init.Uniform(0.5))
+    x = mx.nd.array(x)
+    base_out, base = _predict(net, x), _values(net)
+    rules = [{"match": "*", "adapter": {"rank": 2, "alpha": 2}}]
+    net, plan = _adapt(net, rules)
+    assert adapters_of(net).keys() == {""}
+    assert sorted(plan.by_name()) == ["bias", "lora_a.weight", "lora_b.weight", "weight"]
+    assert {n for n, r in plan.by_name().items() if r.grad_req == "write"} == {"lora_a.weight", "lora_b.weight"}
+    np.testing.assert_array_equal(_predict(net, x), base_out)
+    trainer = mx.gluon.Trainer(trainable_params(net), "sgd", {"learning_rate": 0.5})
+    with mx.autograd.record():
+        loss = (net(x) * mx.nd.array(rs.randn(*base_out.shape))).sum()
+    loss.backward()
+    trainer.step(1)
+    trained = _values(net)
+    np.testing.assert_array_equal(trained["weight"], base["weight"])
+    assert trained["lora_b.weight"].any()
+    w, a, b = (trained[n].astype(np.float64) for n in ("weight", "lora_a.weight", "lora_b.weight"))
+    want = w + (b.reshape(3, 2) @ a.reshape(2, -1)).reshape(w.shape)
+    merged = merge_adapters(net)
+    assert type(merged) is {"dense": mx.gluon.nn.Dense, "conv": mx.gluon.nn.Conv2D}[layer]
+    assert_f32_close(merged.weight.data().asnumpy(), want, scale=np.abs(w).max() + 2 * np.abs(b).max(), terms=2)
+    path = save_adapters(net, tmp_path / "a.params")
+    assert json.loads((tmp_path / "a.json").read_text())["layers"][""]["weight"] == "weight"
+    plain = mx.gluon.nn.Dense(3, in_units=4) if layer == "dense" else mx.gluon.nn.Conv2D(3, 3, in_channels=2)
+    plain.initialize()
+    plain.weight.set_data(mx.nd.array(base["weight"]))
+    plain.bias.set_data(mx.nd.array(base["bias"]))
+    np.testing.assert_array_equal(_predict(load_adapters(plain, path), x), _predict(net, x))
+
+
 # ----------------------------------------------------------------- files
+
+def _tiny_adapted(base_file, rules=TINY_RULES[:2]):
+    net = _tiny(seed=9)
+    net.load_parameters(str(base_file))
+    return _adapt(net, rules)[0] if rules else net
+
 
 def test_save_load_adapters_round_trip_and_refuse_another_base(tmp_path):
     base_file = tmp_path / "base.params"
-    _resnet().save_parameters(str(base_file))
-
-    def base():
-        net = _resnet()
-        net.load_parameters(str(base_file))
-        return net
-
-    rules = RESNET_RULES[:2]
-    net, _ = _adapt(base(), rules, (3, 32, 32))
-    x, y = batch(n=4, hw=32)
-    sgd_step(net, x, y, lr=0.05, steps=2)
+    _tiny().save_parameters(str(base_file))
+    net = _tiny_adapted(base_file)
+    x, y = batch(n=4, hw=8, classes=3)
+    sgd_step(net, x, y, lr=0.5, steps=2)
     path = save_adapters(net, tmp_path / "adapters.params")
+    assert path == tmp_path / "adapters.params"
     saved = mx.nd.load(str(path))
-    assert sorted(saved) == sorted(n for n in named_params(net) if ".lora_" in n)  # adapters only
+    assert sorted(saved) == ["0.lora_a.weight", "0.lora_b.weight", "1.0.lora_a.weight", "1.0.lora_b.weight"]
     config = json.loads((tmp_path / "adapters.json").read_text())
-    assert config["layers"]["features.7.0.body.0"]["rank"] == 4
+    assert config["format"] == "gluontl-lora/1"
+    assert config["layers"]["1.0"] == {
+        "source": "1.0", "kind": "lora", "rank": 4, "alpha": 8.0, "dropout": 0.0, "weight": "1.0.weight",
+        "weight_shape": [5, 6, 1, 1], "weight_sha256": hashlib.sha256(
+            _values(net)["1.0.weight"].astype(np.float32).tobytes()).hexdigest()}
 
-    loaded = load_adapters(base(), path)  # a plain base model: adapters added from the file
+    loaded = load_adapters(_tiny_adapted(base_file, None), path)  # a plain base model: adapters added from the file
+    assert sorted(adapters_of(loaded)) == ["0", "1.0"]
     want, got = _values(net), _values(loaded)
+    assert sorted(got) == sorted(want)
     for n in saved:
         np.testing.assert_array_equal(got[n], want[n])
     np.testing.assert_array_equal(_predict(loaded, x), _predict(net, x))
-    again, _ = _adapt(base(), rules, (3, 32, 32))  # a model with the same adapter rules
+    again = _tiny_adapted(base_file)  # a model with the same adapter rules
     np.testing.assert_array_equal(_predict(load_adapters(again, path), x), _predict(net, x))
 
-    ranked, _ = _adapt(base(), [RESNET_RULES[0], {**RESNET_RULES[1], "adapter": {**LORA, "rank": 2}}], (3, 32, 32))
-    with pytest.raises(AdapterError, match="differs in rank") as e:
+    ranked = _tiny_adapted(base_file, [{"type": ["Conv"], "adapter": {**LORA, "rank": 2}}])
+    with pytest.raises(AdapterError) as e:
         load_adapters(ranked, path)
-    assert str(path) in str(e.value)
-    other = base()  # same architecture, one base weight fine-tuned elsewhere
-    w = named_params(other)["features.7.0.body.0.weight"].param
+    assert f"'{path}' holds adapters that do not fit this model's: layer '0' differs in rank/alpha/dropout" \
+        in str(e.value)
+    one = _tiny_adapted(base_file, [{"match": "1.*", "type": ["Conv"], "adapter": LORA}])
+    with pytest.raises(AdapterError, match="layer '0' is in only one"):
+        load_adapters(one, path)
+    other = _tiny_adapted(base_file, None)  # same architecture, one base weight fine-tuned elsewhere
+    w = named_params(other)["1.0.weight"].param
     w.set_data(w.data() * 1.01)
     with pytest.raises(AdapterError) as e:
         load_adapters(other, path)
-    assert str(path) in str(e.value) and "features.7.0.body.0.weight" in str(e.value)
+    assert f"'{path}' was trained on other base weights: parameter '1.0.weight' of layer '1.0'" in str(e.value)
     small = mx.gluon.nn.HybridSequential()
     small.add(mx.gluon.nn.Dense(2, in_units=3))
     small.initialize()
-    with pytest.raises(AdapterError, match="another base model") as e:
+    with pytest.raises(AdapterError) as e:
         load_adapters(small, path)
-    assert str(path) in str(e.value)
-    with pytest.raises(AdapterError, match="does not exist"):
-        load_adapters(base(), tmp_path / "none.params")
+    assert f"'{path}' holds adapters for layer '1.0', which this model does not have: they were made for another base model." in str(e.value)
+    with pytest.raises(AdapterError, match="adapter file '.*none.params' does not exist"):
+        load_adapters(_tiny(), tmp_path / "none.params")
     config_file = tmp_path / "adapters.json"
     config_file.write_text(json.dumps({**config, "format": "other/1"}))
-    with pytest.raises(AdapterError, match="not a gluontl adapter file pair"):
-        load_adapters(base(), path)
+    with pytest.raises(AdapterError, match="not a gluontl adapter file pair \\(format 'other/1'"):
+        load_adapters(_tiny(), path)
     config_file.write_text(json.dumps(config))
-    mx.nd.save(str(path), {k: (v[:1] if k == "features.7.1.body.3.lora_b.weight" else v) for k, v in saved.items()})
-    with pytest.raises(AdapterError, match="no tensor 'features.7.1.body.3.lora_b.weight' of shape"):
-        load_adapters(base(), path)
-    with pytest.raises(AdapterError, match="no adapters"):
-        save_adapters(base(), tmp_path / "x.params")
+    mx.nd.save(str(path), {k: (v[:1] if k == "1.0.lora_b.weight" else v) for k, v in saved.items()})
+    with pytest.raises(AdapterError, match=r"no tensor '1.0.lora_b.weight' of shape \(5, 4, 1, 1\) "
+                                           r"\(it has \(1, 4, 1, 1\)\)"):
+        load_adapters(_tiny_adapted(base_file, None), path)
+    mx.nd.save(str(path), {k: v for k, v in saved.items() if k != "0.lora_a.weight"})
+    with pytest.raises(AdapterError, match=r"no tensor '0.lora_a.weight' of shape \(4, 3, 3, 3\) \(missing\)"):
+        load_adapters(_tiny_adapted(base_file, None), path)
+    with pytest.raises(AdapterError, match="the model has no adapters to save to '.*x.params'"):
+        save_adapters(_tiny(), tmp_path / "x.params")
 
 
 # ----------------------------------------------------------------- the recipe
