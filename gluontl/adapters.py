@@ -94,10 +94,6 @@ def _attrs(node: dict) -> dict[str, str]:
     return node.get("attrs", {})
 
 
-def _ints(text: str) -> tuple[int, ...]:
-    return tuple(int(v) for v in text.strip("()[] ").replace(" ", "").split(",") if v)
-
-
 def target(block: HybridBlock, layer: Layer, spec: AdapterSpec) -> Adapted | None:
     """What an adapter on ``layer`` adapts, None for a layer that is neither Conv nor Dense; a
     grouped convolution, or a graph layer inside a Gluon block, is refused by name."""
@@ -110,7 +106,7 @@ def target(block: HybridBlock, layer: Layer, spec: AdapterSpec) -> Adapted | Non
                                f"adapts Gluon's Conv and Dense layers. Narrow the rule's match so it leaves it out.")
         if layer.type == "Dense":
             return Adapted(layer.name, layer.name, "Dense", spec, _inside(layer.name, "weight"), tuple(layer.params))
-        groups, layout = layer.block._kwargs["num_group"], layer.block._kwargs.get("layout") or "NC"
+        groups, layout = layer.block._kwargs["num_group"], layer.block._kwargs["layout"]
         _refuse(layer.name, groups, layout)
         return Adapted(layer.name, layer.name, "Conv", spec, _inside(layer.name, "weight"), tuple(layer.params))
     if layer.owner is None:
@@ -212,7 +208,7 @@ class _Factor(HybridBlock):
         super().__init__(**kw)
         self._op, self._op_kwargs = op, kwargs
         with self.name_scope():
-            self.weight = self.params.get("weight", shape=shape, dtype="float32")
+            self.weight = self.params.get("weight", shape=shape)
 
     def hybrid_forward(self, F, x, weight):
         return getattr(F, self._op)(x, weight, name="fwd", **self._op_kwargs)
@@ -296,7 +292,7 @@ def _graph_add(block: SymbolBlock, targets: list[Adapted]) -> SymbolBlock:
     inputs, sym = block._cached_graph
     graph = json.loads(sym.tojson())
     by_node = {t.layer: t for t in targets}
-    shared = ParameterDict("")
+    shared = ParameterDict()
     shared.update(block.params)
     ctx = next(iter(block.params.values())).list_ctx()
     out: list[dict] = []
@@ -325,11 +321,10 @@ def _graph_add(block: SymbolBlock, targets: list[Adapted]) -> SymbolBlock:
         w_shape = _known(shape_of(block.params[t.weight]), t)
         w_shape = w_shape[::-1] if t.transposed else w_shape
         attrs = _attrs(node)
-        conv = None
-        if t.kind == "Conv":
-            conv = {k: attrs[k] for k in ("kernel", "stride", "dilate", "pad", "layout") if k in attrs}
-            conv = {k: _ints(v) if k != "layout" else v for k, v in conv.items()}
-        a_shape, a_kw, b_shape, b_kw = _geometry(t, w_shape, conv, attrs.get("flatten", "True"))
+        # the node's own attribute strings (the new nodes' attributes are written as strings); the
+        # layout is NC... (``target`` refused others), the default for the kernel's dimensions
+        conv = {k: attrs[k] for k in ("kernel", "stride", "dilate", "pad") if k in attrs} if t.kind == "Conv" else None
+        a_shape, a_kw, b_shape, b_kw = _geometry(t, w_shape, conv, attrs.get("flatten", True))
         op = "Convolution" if t.kind == "Conv" else "FullyConnected"
         x = node["inputs"][0]
         if t.spec.dropout:
@@ -337,14 +332,13 @@ def _graph_add(block: SymbolBlock, targets: list[Adapted]) -> SymbolBlock:
         init_a, init_b = _factor_inits(a_shape)
         h = x
         for name, shape, kw, init in ((t.a, a_shape, a_kw, init_a), (t.b, b_shape, b_kw, init_b)):
-            shared._params[name] = _initialized(Parameter(name, shape=shape, dtype="float32"), init, ctx)
+            shared._params[name] = _initialized(Parameter(name, shape=shape), init, ctx)
             h = add(op, name.removesuffix(".weight"), [h, add("null", name, [])], kw)
         scaled = add("_mul_scalar", f"{t.layer}.lora_scale", [h], {"scalar": t.scale})
         redirect[(i, 0)] = add("elemwise_add", f"{t.layer}.lora_sum", [[new_id[i], 0, 0], scaled])[0]
     graph["nodes"] = out
     graph["heads"] = [entry(h) for h in graph["heads"]]
-    graph["arg_nodes"] = [i for i, n in enumerate(out) if n["op"] == "null"]
-    graph.pop("node_row_ptr", None)
+    graph["arg_nodes"] = [i for i, n in enumerate(out) if n["op"] == "null"]  # node_row_ptr is recomputed on load
     return _same_kind(block, mx.sym.load_json(json.dumps(graph)), inputs, shared)
 
 
@@ -372,17 +366,15 @@ def merge_adapters(block: HybridBlock) -> HybridBlock:
     if not adapted:
         return block
     entries = named_params(block)
-    merged = {t.weight: (entries[t.weight].param.data().asnumpy().astype(np.float64) +
-                         delta(t, entries[t.a].param.data().asnumpy(), entries[t.b].param.data().asnumpy())
-                         ).astype(np.float32) for t in adapted.values()}
+    merged = {t.weight: entries[t.weight].param.data().asnumpy() +  # float32 + float64: float64, rounded once
+                        delta(t, entries[t.a].param.data().asnumpy(), entries[t.b].param.data().asnumpy())
+              for t in adapted.values()}
     if isinstance(block, SymbolBlock):
-        params = ParameterDict("")
+        params = ParameterDict()
         params.update(block.params)
         for name, value in merged.items():
-            old = block.params[name]
-            params._params[name] = _initialized(Parameter(name, shape=value.shape, dtype="float32"),
-                                                mx.init.Constant(0.0), old.list_ctx())
-            params._params[name].set_data(mx.nd.array(value))
+            params._params[name] = _initialized(Parameter(name, shape=value.shape), mx.init.Constant(value),
+                                                block.params[name].list_ctx())
         plain = _same_kind(block, getattr(block, "gluontl_lora").base, block._cached_graph[0], params)
         head = getattr(getattr(block, "gluontl_onnx", None), "head", None)
         if head is not None and set(merged) & set(head.collect_params().keys()):

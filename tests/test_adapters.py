@@ -298,6 +298,32 @@ def test_gluon_dense_forward_and_merge_against_numpy():
     assert type(merged[0]) is mx.gluon.nn.Dense and not merged[0]._children.get("lora_a")
 
 
+@pytest.mark.parametrize("graph", [False, True])
+def test_dense_without_flatten_adapts_the_last_axis(graph):
+    """flatten=False: y[n, t] = W x[n, t] + b + s · B A x[n, t] on (N, T, C) inputs, against numpy."""
+    rs = np.random.RandomState(8)
+    x = rs.randn(2, 5, 3).astype(np.float32)
+    if graph:
+        net = _graph(mx.sym.FullyConnected(mx.sym.var("data"), num_hidden=4, flatten=False, name="fc"))
+        net(mx.nd.array(x))  # shapes known
+        name = "fc"
+    else:
+        net = mx.gluon.nn.Dense(4, in_units=3, flatten=False)
+        net.initialize(mx.init.Uniform(0.5))
+        name = ""
+    net = add_lora(net, {name: {"rank": 2, "alpha": 3}})
+    params = {n: e.param for n, e in named_params(net).items()}
+    b_name = f"{name}.lora_b.weight" if name else "lora_b.weight"
+    params[b_name].set_data(mx.nd.array(rs.randn(4, 2)))
+    w, bias, a, b = (params[n].data().asnumpy().astype(np.float64) for n in (
+        "fc_weight" if graph else "weight", "fc_bias" if graph else "bias", b_name.replace("_b.", "_a."), b_name))
+    want = x @ w.T + bias + 1.5 * (x @ a.T) @ b.T
+    scale = np.abs(x) @ np.abs(w.T) + np.abs(bias) + 1.5 * (np.abs(x) @ np.abs(a.T)) @ np.abs(b.T)
+    got = _predict(net, x)
+    assert got.shape == (2, 5, 4)
+    assert_f32_close(got, want, scale=scale, terms=3, depth=2)
+
+
 def test_merged_conv_kernel_is_the_composition_of_b_and_a():
     conv = mx.gluon.nn.Conv2D(6, 3, strides=2, padding=1, dilation=1, in_channels=4)
     net = mx.gluon.nn.HybridSequential()
@@ -459,6 +485,7 @@ def test_tiny_model_equals_base_at_init_trains_only_adapters_and_merges():
                                             "1.1.running_mean", "1.1.running_var", "3.bias", "3.weight"]
     assert [type(b) for b in (merged[0], merged[1][0])] == [mx.gluon.nn.Conv2D] * 2
     assert merged[0].act is not None and merged[1][0].bias is None
+    assert all(p._trainer is None for p in merged.collect_params().values())  # the Trainer keeps the adapted block's
     assert_f32_close(_predict(merged, x), want, terms=54, depth=3)
     np.testing.assert_array_equal(_values(net)["0.weight"], before["0.weight"])  # merging left the block as it was
 
