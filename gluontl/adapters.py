@@ -366,8 +366,9 @@ def merge_adapters(block: HybridBlock) -> HybridBlock:
     if not adapted:
         return block
     entries = named_params(block)
-    merged = {t.weight: entries[t.weight].param.data().asnumpy() +  # float32 + float64: float64, rounded once
-                        delta(t, entries[t.a].param.data().asnumpy(), entries[t.b].param.data().asnumpy())
+    value = {n: entries[n].param.list_data()[0].asnumpy()  # every context holds the same
+             for t in adapted.values() for n in (t.weight, t.a, t.b)}
+    merged = {t.weight: value[t.weight] + delta(t, value[t.a], value[t.b])  # float32 + float64: rounded once, when set
               for t in adapted.values()}
     if isinstance(block, SymbolBlock):
         params = ParameterDict()
@@ -412,7 +413,7 @@ def _config_path(path: Path) -> Path:
 
 def _fingerprint(block: HybridBlock, t: Adapted) -> str:
     """SHA-256 of the frozen base weight: adapters only mean something on the weights they were trained on."""
-    w = named_params(block)[t.weight].param.data().asnumpy().astype(np.float32)
+    w = named_params(block)[t.weight].param.list_data()[0].asnumpy().astype(np.float32)
     return hashlib.sha256(w.tobytes()).hexdigest()
 
 
@@ -424,7 +425,7 @@ def save_adapters(block: HybridBlock, path: str | os.PathLike) -> Path:
     if not adapted:
         raise AdapterError(f"the model has no adapters to save to '{path}'; add them with a rule's adapter: setting.")
     entries = named_params(block)
-    tensors = {n: entries[n].param.data().copy() for t in adapted.values() for n in (t.a, t.b)}
+    tensors = {n: entries[n].param.list_data()[0].copy() for t in adapted.values() for n in (t.a, t.b)}
     config = {"format": FORMAT, "layers": {t.layer: {
         "source": t.source, **t.spec.model_dump(), "weight": t.weight,
         "weight_shape": list(shape_of(entries[t.weight].param)), "weight_sha256": _fingerprint(block, t)}

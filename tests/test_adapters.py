@@ -298,30 +298,55 @@ def test_gluon_dense_forward_and_merge_against_numpy():
     assert type(merged[0]) is mx.gluon.nn.Dense and not merged[0]._children.get("lora_a")
 
 
+@pytest.mark.parametrize("flatten", [False, True])
 @pytest.mark.parametrize("graph", [False, True])
-def test_dense_without_flatten_adapts_the_last_axis(graph):
-    """flatten=False: y[n, t] = W x[n, t] + b + s · B A x[n, t] on (N, T, C) inputs, against numpy."""
+def test_dense_adapter_reads_its_input_as_the_layer_does(graph, flatten):
+    """On (N, T, C) inputs, flatten=False maps the last axis (y[n, t] = W x[n, t] + b + s · B A x[n, t]),
+    flatten=True (Gluon's and MXNet's default) the flattened input; against numpy."""
     rs = np.random.RandomState(8)
     x = rs.randn(2, 5, 3).astype(np.float32)
+    kw = {} if flatten else {"flatten": False}  # the graph node without the attribute: its default
     if graph:
-        net = _graph(mx.sym.FullyConnected(mx.sym.var("data"), num_hidden=4, flatten=False, name="fc"))
+        net = _graph(mx.sym.FullyConnected(mx.sym.var("data"), num_hidden=4, name="fc", **kw))
         net(mx.nd.array(x))  # shapes known
-        name = "fc"
+        name, pre = "fc", "fc_"
     else:
-        net = mx.gluon.nn.Dense(4, in_units=3, flatten=False)
+        net = mx.gluon.nn.Dense(4, in_units=15 if flatten else 3, **kw)
         net.initialize(mx.init.Uniform(0.5))
-        name = ""
+        name, pre = "", ""
     net = add_lora(net, {name: {"rank": 2, "alpha": 3}})
-    params = {n: e.param for n, e in named_params(net).items()}
-    b_name = f"{name}.lora_b.weight" if name else "lora_b.weight"
-    params[b_name].set_data(mx.nd.array(rs.randn(4, 2)))
+    params = {n.removeprefix("fc."): e.param for n, e in named_params(net).items()}
+    params["lora_b.weight"].set_data(mx.nd.array(rs.randn(4, 2)))
     w, bias, a, b = (params[n].data().asnumpy().astype(np.float64) for n in (
-        "fc_weight" if graph else "weight", "fc_bias" if graph else "bias", b_name.replace("_b.", "_a."), b_name))
-    want = x @ w.T + bias + 1.5 * (x @ a.T) @ b.T
-    scale = np.abs(x) @ np.abs(w.T) + np.abs(bias) + 1.5 * (np.abs(x) @ np.abs(a.T)) @ np.abs(b.T)
-    got = _predict(net, x)
-    assert got.shape == (2, 5, 4)
-    assert_f32_close(got, want, scale=scale, terms=3, depth=2)
+        f"{pre}weight", f"{pre}bias", "lora_a.weight", "lora_b.weight"))
+    xs = x.reshape(2, 15) if flatten else x
+    want = xs @ w.T + bias + 1.5 * (xs @ a.T) @ b.T
+    scale = np.abs(xs) @ np.abs(w.T) + np.abs(bias) + 1.5 * (np.abs(xs) @ np.abs(a.T)) @ np.abs(b.T)
+    assert_f32_close(_predict(net, x), want, scale=scale, terms=xs.shape[-1], depth=2)
+
+
+@pytest.mark.parametrize("graph", [False, True])
+def test_merged_weight_is_the_float64_sum_rounded_once(graph):
+    """W + s·B·A computed in float64 and rounded to float32 once: every merged element is within half
+    a float32 ulp of numpy's float64 value (rank 32: a float32 product would be off by several ulps)."""
+    rs = np.random.RandomState(11)
+    if graph:
+        net = _graph(mx.sym.FullyConnected(mx.sym.var("data"), num_hidden=16, no_bias=True, name="fc"))
+        net(mx.nd.zeros((1, 64)))
+        name, weight = "fc", "fc_weight"
+    else:
+        net = mx.gluon.nn.Dense(16, in_units=64, use_bias=False)
+        net.initialize()
+        name, weight = "", "weight"
+    net = add_lora(net, {name: {"rank": 32, "alpha": 7}})
+    params = {n: e.param for n, e in named_params(net).items()}
+    prefix = f"{name}." if name else ""
+    params[f"{prefix}lora_b.weight"].set_data(mx.nd.array(rs.randn(16, 32)))
+    w, a, b = (params[n].data().asnumpy().astype(np.float64) for n in (
+        weight, f"{prefix}lora_a.weight", f"{prefix}lora_b.weight"))
+    want = w + 7 / 32 * (b @ a)
+    got = named_params(merge_adapters(net))[weight].param.data().asnumpy()
+    assert np.all(np.abs(got - want) <= np.spacing(np.abs(want).astype(np.float32)) / 2)
 
 
 def test_merged_conv_kernel_is_the_composition_of_b_and_a():
@@ -461,7 +486,8 @@ def test_tiny_model_equals_base_at_init_trains_only_adapters_and_merges():
     x, y = batch(n=4, hw=8, classes=3)
     base_out = _predict(net, x)
     net, plan = _adapt(net, TINY_RULES)
-    assert sorted(adapters_of(net)) == ["0", "1.0"]
+    assert {n: (t.kind, t.weight, t.frozen) for n, t in adapters_of(net).items()} == {
+        "0": ("Conv", "0.weight", ("0.weight", "0.bias")), "1.0": ("Conv", "1.0.weight", ("1.0.weight",))}
     np.testing.assert_array_equal(_predict(net, x), base_out)
     rows = plan.by_name()
     assert rows["0.lora_a.weight"].shape == (4, 3, 3, 3) and rows["0.lora_b.weight"].shape == (6, 4, 1, 1)
@@ -529,6 +555,150 @@ def test_a_bare_layer_that_is_the_whole_model_takes_an_adapter(tmp_path, layer):
     np.testing.assert_array_equal(_predict(load_adapters(plain, path), x), _predict(net, x))
 
 
+def test_factors_live_on_the_layers_contexts_and_are_named_after_it(tmp_path):
+    """A model on cpu(1) and cpu(2) (distinct devices to MXNet): the factors of Gluon and graph layers
+    live on the layer's contexts, and so do merged weights; their MXNet names extend the layer's
+    (the plan's 'mxnet name' column)."""
+    ctxs = [mx.cpu(1), mx.cpu(2)]
+    net = _tiny()
+    net.collect_params().reset_ctx(ctxs)
+    net, plan = _adapt(net, TINY_RULES)
+    rows = plan.by_name()
+    for layer, block in (("0", net[0]), ("1.0", net[1][0])):
+        for f in ("lora_a", "lora_b"):
+            assert rows[f"{layer}.{f}.weight"].global_name == f"{block.prefix}{f}_weight"
+            assert named_params(net)[f"{layer}.{f}.weight"].param.list_ctx() == ctxs
+    assert named_params(merge_adapters(net))["0.weight"].param.list_ctx() == ctxs
+    graph = gluontl.load_model(_onnx_file(tmp_path, "conv"))
+    graph.collect_params().reset_ctx(ctxs)
+    graph = add_lora(graph, {"conv1": LORA})
+    assert named_params(graph)["conv1.lora_a.weight"].param.list_ctx() == ctxs
+    assert named_params(merge_adapters(graph))["w1"].param.list_ctx() == ctxs
+
+
+def test_the_adapted_graph_keeps_the_layers_node_names():
+    """Hybridized, an adapted layer's own op keeps the node name Gluon gives it (``<prefix>fwd``: what
+    frozen-prefix boundaries and profiles name), with the factors' nodes named after the layer."""
+    net = mx.gluon.nn.HybridSequential()
+    net.add(mx.gluon.nn.Conv2D(4, 3, in_channels=2, use_bias=False), mx.gluon.nn.Conv2D(4, 1, in_channels=4),
+            mx.gluon.nn.Dense(3, in_units=36, use_bias=False), mx.gluon.nn.Dense(2, in_units=3))
+    net.initialize()
+
+    def nodes(block):
+        return {n["name"] for n in json.loads(block(mx.sym.var("data")).tojson())["nodes"] if n["op"] != "null"}
+
+    base = nodes(net)
+    x = mx.nd.array(np.random.RandomState(1).randn(2, 2, 5, 5))
+    want = _predict(net, x)
+    net = add_lora(net, {"0": LORA, "1": LORA, "2": LORA, "3": LORA})
+    np.testing.assert_array_equal(_predict(net, x), want)  # with and without bias, Conv and Dense
+    added = nodes(net) - base
+    assert base <= nodes(net)
+    assert added >= {f"{layer.prefix}{f}_fwd" for layer in net for f in ("lora_a", "lora_b")}
+
+
+def test_a_users_own_subclass_without_a_forward_is_adapted_and_merged_back():
+    class Mine(mx.gluon.nn.Dense):  # a new class each run: the adapted class is made, not found cached
+        pass
+
+    net = mx.gluon.nn.HybridSequential()
+    net.add(Mine(3, in_units=2), Mine(2, in_units=3))
+    net.initialize()
+    net = add_lora(net, {"0": LORA, "1": LORA})
+    assert type(net[0]) is type(net[1]) and type(net[0]).__name__ == "LoraMine"
+    assert isinstance(net[0], Mine) and type(net[0]).__bases__ == (gluontl.adapters._LoraLayer, Mine)
+    merged = merge_adapters(net)
+    assert type(merged[0]) is Mine and type(merged[1]) is Mine
+
+
+def test_add_lora_names_what_it_refuses():
+    net = _tiny()
+    with pytest.raises(AdapterError) as e:
+        add_lora(net, {"0": 4})
+    assert str(e.value) == ("adapter of layer '0' is a int; give it as a dict with the recipe's keys (e.g. "
+                            "{'rank': 8, 'alpha': 16}) or as a gluontl.recipe.AdapterSpec.")
+    with pytest.raises(AdapterError, match="adapter of layer '0' is invalid: .*rank"):
+        add_lora(net, {"0": {"rank": 0}})
+    with pytest.raises(AdapterError) as e:
+        add_lora(net, {"nope": LORA})
+    assert "the model has no layer 'nope' to put an adapter on (layers look like: 0, 1.0, 1.1);" in str(e.value)
+    with pytest.raises(AdapterError) as e:
+        add_lora(net, {"1.1": LORA})
+    assert str(e.value) == "layer '1.1' is a BatchNorm layer; LoRA adapts Conv and Dense layers."
+    deferred = mx.gluon.nn.HybridSequential()
+    deferred.add(mx.gluon.nn.Dense(3))
+    deferred.initialize()
+    with pytest.raises(AdapterError, match=r"layer '0' does not know its input size yet \(weight shape \(3, 0\)\)"):
+        add_lora(deferred, {"0": LORA})
+    assert not adapters_of(net)
+
+
+def test_graph_layers_lora_cannot_adapt_are_refused_by_name():
+    """A weight read through an op (an explicit transpose, a scaling, a plain transpose under a
+    convolution) is not a layer weight an adapter could be merged into; a channel-last graph
+    convolution is refused like a Gluon one."""
+    data = mx.sym.var("data")
+    w = mx.sym.var("w", shape=(3, 4))
+    cases = {
+        "t": mx.sym.FullyConnected(data, mx.sym.transpose(w, axes=(1, 0), name="t"), num_hidden=4, no_bias=True),
+        "m": mx.sym.FullyConnected(data, mx.sym.elemwise_mul(w, w, name="m"), num_hidden=3, no_bias=True),
+        "k": mx.sym.Convolution(data, mx.sym.transpose(mx.sym.var("w", shape=(3, 3, 2, 4)), name="k"),
+                                kernel=(3, 3), num_filter=4, no_bias=True),
+    }
+    for name, sym in cases.items():
+        with pytest.raises(AdapterError) as e:
+            add_lora(_graph(sym), {name: LORA})
+        assert str(e.value) == f"layer '{name}' is a parameterized layer; LoRA adapts Conv and Dense layers."
+    nhwc = _graph(mx.sym.Convolution(data, kernel=(3, 3), num_filter=4, layout="NHWC", name="n"))
+    with pytest.raises(AdapterError, match="layer 'n' has layout NHWC"):
+        add_lora(nhwc, {"n": LORA})
+
+
+def test_graph_adapters_read_the_right_output_and_keep_the_dilation():
+    """A convolution dilated by 2 reading the second output of a split: equal to the base at step 0,
+    and the merged graph equals the adapted one once B has moved."""
+    halves = mx.sym.split(mx.sym.var("data"), num_outputs=2, axis=1, name="s")
+    net = _graph(mx.sym.Convolution(halves[1], kernel=(3, 3), dilate=(2, 2), pad=(1, 1), num_filter=3, name="c"))
+    rs = np.random.RandomState(3)
+    x = mx.nd.array(rs.randn(2, 4, 9, 9))
+    base = _predict(net, x)
+    net = add_lora(net, {"c": {"rank": 2, "alpha": 2}})
+    np.testing.assert_array_equal(_predict(net, x), base)
+    b = named_params(net)["c.lora_b.weight"].param
+    b.set_data(mx.nd.array(rs.randn(*b.shape)))
+    got = _predict(net, x)
+    assert got.shape == (2, 3, 7, 7) and not np.allclose(got, base)
+    assert_f32_close(_predict(merge_adapters(net), x), got, terms=18, depth=2)
+
+
+@pytest.mark.parametrize("graph", [False, True])
+def test_adapter_dropout_drops_its_rate_and_rescales(graph):
+    """Training-mode adapter output on an all-ones input: each element is 0 (dropped, at rate p) or
+    scale / (1 - p); the base path (weight 0) adds nothing."""
+    p, n = 0.25, 20000
+    x = mx.nd.ones((n, 1))
+    if graph:
+        net = _graph(mx.sym.FullyConnected(mx.sym.var("data"), num_hidden=1, no_bias=True, name="fc"))
+        net(x)
+        net = add_lora(net, {"fc": {"rank": 1, "alpha": 3, "dropout": p}})
+        weight = "fc_weight"
+    else:
+        net = mx.gluon.nn.Dense(1, in_units=1, use_bias=False)
+        net.initialize()
+        net = add_lora(net, {"": {"rank": 1, "alpha": 3, "dropout": p}})
+        weight = "weight"
+    params = {k: e.param for k, e in named_params(net).items()}
+    params[weight].set_data(mx.nd.zeros((1, 1)))
+    for f in ("lora_a", "lora_b"):
+        params[f"{'fc.' if graph else ''}{f}.weight"].set_data(mx.nd.ones((1, 1)))
+    mx.random.seed(0)
+    with mx.autograd.record(train_mode=True):
+        out = net(x).asnumpy().ravel()
+    kept = out != 0
+    np.testing.assert_allclose(out[kept], 3.0 / (1 - p), rtol=1e-6)
+    assert abs((~kept).mean() - p) < 0.02  # binomial: sd 0.003
+
+
 # ----------------------------------------------------------------- files
 
 def _tiny_adapted(base_file, rules=TINY_RULES[:2]):
@@ -569,6 +739,9 @@ def test_save_load_adapters_round_trip_and_refuse_another_base(tmp_path):
         load_adapters(ranked, path)
     assert f"'{path}' holds adapters that do not fit this model's: layer '0' differs in rank/alpha/dropout" \
         in str(e.value)
+    more = _tiny_adapted(base_file, [{"type": ["Conv", "Dense"], "adapter": LORA}])
+    with pytest.raises(AdapterError, match="layer '3' is in only one"):
+        load_adapters(more, path)
     one = _tiny_adapted(base_file, [{"match": "1.*", "type": ["Conv"], "adapter": LORA}])
     with pytest.raises(AdapterError, match="layer '0' is in only one"):
         load_adapters(one, path)
@@ -600,6 +773,11 @@ def test_save_load_adapters_round_trip_and_refuse_another_base(tmp_path):
         load_adapters(_tiny_adapted(base_file, None), path)
     with pytest.raises(AdapterError, match="the model has no adapters to save to '.*x.params'"):
         save_adapters(_tiny(), tmp_path / "x.params")
+    with pytest.raises(AdapterError, match=f"Cannot write '{tmp_path / 'missing' / 'a.params'}'"):
+        save_adapters(net, tmp_path / "missing" / "a.params")
+    (tmp_path / "b.json").mkdir()  # the configuration cannot be written where a folder is
+    with pytest.raises(AdapterError, match="b.json"):
+        save_adapters(net, tmp_path / "b.params")
 
 
 # ----------------------------------------------------------------- the recipe
