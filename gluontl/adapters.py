@@ -354,8 +354,8 @@ def _same_kind(block: SymbolBlock, sym: mx.sym.Symbol, inputs, params: Parameter
 
 def delta(t: Adapted, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """``scale · B∘A`` in the shape of the base weight parameter (float64)."""
-    a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    d = t.scale * np.tensordot(b64.reshape(b64.shape[0], -1), a64, axes=1)
+    b64 = np.asarray(b, np.float64)  # the product promotes a float32 A to float64 too
+    d = t.scale * np.tensordot(b64.reshape(len(b64), -1), a, axes=1)
     return d.T if t.transposed else d
 
 

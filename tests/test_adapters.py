@@ -460,6 +460,10 @@ def test_onnx_model_with_a_new_head_exports_the_merged_head(tmp_path):
     path = export_onnx(net, tmp_path / "m.onnx")
     assert not any("lora" in t.name for t in onnx.load(str(path)).graph.initializer)
     assert_f32_close(_ort(path, x.asnumpy()), _predict(net, x), terms=27 * 8, depth=2)
+    assert merge_adapters(net).gluontl_onnx.head is not net.gluontl_onnx.head  # merged values in a copy
+    graph_only = add_lora(attach_head(cut_at(gluontl.load_model(_onnx_file(tmp_path, "conv")), "relu1"),
+                                      {"classes": 3}, (3, 8, 8)), {"conv1": LORA})
+    assert merge_adapters(graph_only).gluontl_onnx is graph_only.gluontl_onnx  # no head value changed
 
 
 # ----------------------------------------------------------------- a tiny Gluon model (fast: the mutation tests')
