@@ -396,7 +396,14 @@ def test_graph_model_equals_base_trains_adapters_and_exports_merged(tmp_path, ki
     np.testing.assert_array_equal(_predict(net, x), base_out)
     rows = plan.by_name()
     for name in layers:
-        assert rows[f"{name}.lora_a.weight"].grad_req == "write" and rows[f"{name}.lora_b.weight"].grad_req == "write"
+        for f in ("lora_a", "lora_b"):  # MXNet's name is the structural one, as for every graph parameter
+            assert rows[f"{name}.{f}.weight"].grad_req == "write"
+            assert rows[f"{name}.{f}.weight"].global_name == f"{name}.{f}.weight"
+    new_nodes = {n["name"] for n in json.loads(net._cached_graph[1].tojson())["nodes"]} - {
+        n["name"] for n in json.loads(net.gluontl_lora.base.tojson())["nodes"]}
+    assert new_nodes == {f"{name}.{f}" for name in adapters_of(net) for f in (
+        "lora_a", "lora_a.weight", "lora_b", "lora_b.weight", "lora_scale", "lora_sum",
+        *(("lora_dropout",) if kind == "symbol" else ()))}  # named after the layer, none twice
     before = _values(net)
     sgd_step(net, x, y, lr=0.1, steps=3)
     after = _values(net)
@@ -501,6 +508,8 @@ def test_tiny_model_equals_base_at_init_trains_only_adapters_and_merges():
         "0.lora_a.weight", "0.lora_b.weight", "1.0.lora_a.weight", "1.0.lora_b.weight", "3.weight", "3.bias"}
     before = _values(net)
     assert not before["0.lora_b.weight"].any() and not before["1.0.lora_b.weight"].any()
+    bound = 1 / np.sqrt(27)  # PEFT's Kaiming-uniform: 1/sqrt(fan_in), 3x3x3 inputs
+    assert 0.9 * bound < np.abs(before["0.lora_a.weight"]).max() <= bound
     sgd_step(net, x, y, lr=0.5, steps=3)
     after = _values(net)
     moved = {n for n in before if not np.array_equal(before[n], after[n])}
@@ -760,7 +769,8 @@ def test_save_load_adapters_round_trip_and_refuse_another_base(tmp_path):
     small.initialize()
     with pytest.raises(AdapterError) as e:
         load_adapters(small, path)
-    assert f"'{path}' holds adapters for layer '1.0', which this model does not have: they were made for another base model." in str(e.value)
+    assert f"'{path}' holds adapters for layer '1.0', which this model does not have: they were made for another " \
+        f"base model." in str(e.value)
     with pytest.raises(AdapterError, match="adapter file '.*none.params' does not exist"):
         load_adapters(_tiny(), tmp_path / "none.params")
     config_file = tmp_path / "adapters.json"
