@@ -368,7 +368,7 @@ def merge_adapters(block: HybridBlock) -> HybridBlock:
     entries = named_params(block)
     arrays = {n: entries[n].param.list_data()[0].asnumpy()  # every context holds the same
               for t in adapted.values() for n in (t.weight, t.a, t.b)}
-    merged = {t.weight: arrays[t.weight] + delta(t, arrays[t.a], arrays[t.b])  # float32 + float64: rounded once, when set
+    merged = {t.weight: arrays[t.weight] + delta(t, arrays[t.a], arrays[t.b])  # float64: rounded once, when set
               for t in adapted.values()}
     if isinstance(block, SymbolBlock):
         params = ParameterDict()
