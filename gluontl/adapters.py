@@ -55,11 +55,11 @@ class Adapted:
 
     @property
     def a(self) -> str:
-        return f"{self.layer}.lora_a.weight"
+        return _inside(self.layer, "lora_a.weight")
 
     @property
     def b(self) -> str:
-        return f"{self.layer}.lora_b.weight"
+        return _inside(self.layer, "lora_b.weight")
 
     @property
     def scale(self) -> float:
@@ -70,6 +70,11 @@ class Adapted:
 class Record:
     layers: dict[str, Adapted]
     base: mx.sym.Symbol | None = None  # graphs: the symbol without adapters
+
+
+def _inside(layer: str, name: str) -> str:
+    """The structural name of ``name`` in ``layer``; a bare layer that is the whole model has path ''."""
+    return f"{layer}.{name}" if layer else name
 
 
 def adapters_of(block: HybridBlock) -> dict[str, Adapted]:
@@ -89,10 +94,6 @@ def _attrs(node: dict) -> dict[str, str]:
     return node.get("attrs", {})
 
 
-def _ints(text: str) -> tuple[int, ...]:
-    return tuple(int(v) for v in text.strip("()[] ").replace(" ", "").split(",") if v)
-
-
 def target(block: HybridBlock, layer: Layer, spec: AdapterSpec) -> Adapted | None:
     """What an adapter on ``layer`` adapts, None for a layer that is neither Conv nor Dense; a
     grouped convolution, or a graph layer inside a Gluon block, is refused by name."""
@@ -104,10 +105,10 @@ def target(block: HybridBlock, layer: Layer, spec: AdapterSpec) -> Adapted | Non
             raise AdapterError(f"layer '{layer.name}' ({type(layer.block).__name__}) computes its own forward; LoRA "
                                f"adapts Gluon's Conv and Dense layers. Narrow the rule's match so it leaves it out.")
         if layer.type == "Dense":
-            return Adapted(layer.name, layer.name, "Dense", spec, f"{layer.name}.weight", tuple(layer.params))
-        groups, layout = layer.block._kwargs["num_group"], layer.block._kwargs.get("layout") or "NC"
+            return Adapted(layer.name, layer.name, "Dense", spec, _inside(layer.name, "weight"), tuple(layer.params))
+        groups, layout = layer.block._kwargs["num_group"], layer.block._kwargs["layout"]
         _refuse(layer.name, groups, layout)
-        return Adapted(layer.name, layer.name, "Conv", spec, f"{layer.name}.weight", tuple(layer.params))
+        return Adapted(layer.name, layer.name, "Conv", spec, _inside(layer.name, "weight"), tuple(layer.params))
     if layer.owner is None:
         return None
     nodes = graph_nodes(layer.owner)
@@ -207,7 +208,7 @@ class _Factor(HybridBlock):
         super().__init__(**kw)
         self._op, self._op_kwargs = op, kwargs
         with self.name_scope():
-            self.weight = self.params.get("weight", shape=shape, dtype="float32")
+            self.weight = self.params.get("weight", shape=shape)
 
     def hybrid_forward(self, F, x, weight):
         return getattr(F, self._op)(x, weight, name="fwd", **self._op_kwargs)
@@ -240,7 +241,7 @@ def _lora_class(cls: type) -> type:
 
 
 def _child(block: HybridBlock, path: str) -> HybridBlock:
-    for part in path.split("."):
+    for part in path.split(".") if path else ():
         block = block._children[part]
     return block
 
@@ -291,7 +292,7 @@ def _graph_add(block: SymbolBlock, targets: list[Adapted]) -> SymbolBlock:
     inputs, sym = block._cached_graph
     graph = json.loads(sym.tojson())
     by_node = {t.layer: t for t in targets}
-    shared = ParameterDict("")
+    shared = ParameterDict()
     shared.update(block.params)
     ctx = next(iter(block.params.values())).list_ctx()
     out: list[dict] = []
@@ -320,11 +321,10 @@ def _graph_add(block: SymbolBlock, targets: list[Adapted]) -> SymbolBlock:
         w_shape = _known(shape_of(block.params[t.weight]), t)
         w_shape = w_shape[::-1] if t.transposed else w_shape
         attrs = _attrs(node)
-        conv = None
-        if t.kind == "Conv":
-            conv = {k: attrs[k] for k in ("kernel", "stride", "dilate", "pad", "layout") if k in attrs}
-            conv = {k: _ints(v) if k != "layout" else v for k, v in conv.items()}
-        a_shape, a_kw, b_shape, b_kw = _geometry(t, w_shape, conv, attrs.get("flatten", "True"))
+        # the node's own attribute strings (the new nodes' attributes are written as strings); the
+        # layout is NC... (``target`` refused others), the default for the kernel's dimensions
+        conv = {k: attrs[k] for k in ("kernel", "stride", "dilate", "pad") if k in attrs} if t.kind == "Conv" else None
+        a_shape, a_kw, b_shape, b_kw = _geometry(t, w_shape, conv, attrs.get("flatten", True))
         op = "Convolution" if t.kind == "Conv" else "FullyConnected"
         x = node["inputs"][0]
         if t.spec.dropout:
@@ -332,14 +332,13 @@ def _graph_add(block: SymbolBlock, targets: list[Adapted]) -> SymbolBlock:
         init_a, init_b = _factor_inits(a_shape)
         h = x
         for name, shape, kw, init in ((t.a, a_shape, a_kw, init_a), (t.b, b_shape, b_kw, init_b)):
-            shared._params[name] = _initialized(Parameter(name, shape=shape, dtype="float32"), init, ctx)
+            shared._params[name] = _initialized(Parameter(name, shape=shape), init, ctx)
             h = add(op, name.removesuffix(".weight"), [h, add("null", name, [])], kw)
         scaled = add("_mul_scalar", f"{t.layer}.lora_scale", [h], {"scalar": t.scale})
         redirect[(i, 0)] = add("elemwise_add", f"{t.layer}.lora_sum", [[new_id[i], 0, 0], scaled])[0]
     graph["nodes"] = out
     graph["heads"] = [entry(h) for h in graph["heads"]]
-    graph["arg_nodes"] = [i for i, n in enumerate(out) if n["op"] == "null"]
-    graph.pop("node_row_ptr", None)
+    graph["arg_nodes"] = [i for i, n in enumerate(out) if n["op"] == "null"]  # node_row_ptr is recomputed on load
     return _same_kind(block, mx.sym.load_json(json.dumps(graph)), inputs, shared)
 
 
@@ -355,8 +354,8 @@ def _same_kind(block: SymbolBlock, sym: mx.sym.Symbol, inputs, params: Parameter
 
 def delta(t: Adapted, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """``scale · B∘A`` in the shape of the base weight parameter (float64)."""
-    a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    d = t.scale * np.tensordot(b64.reshape(b64.shape[0], -1), a64, axes=1)
+    b64 = np.asarray(b, np.float64)  # the product promotes a float32 A to float64 too
+    d = t.scale * np.tensordot(b64.reshape(len(b64), -1), a, axes=1)
     return d.T if t.transposed else d
 
 
@@ -367,17 +366,16 @@ def merge_adapters(block: HybridBlock) -> HybridBlock:
     if not adapted:
         return block
     entries = named_params(block)
-    merged = {t.weight: (entries[t.weight].param.data().asnumpy().astype(np.float64) +
-                         delta(t, entries[t.a].param.data().asnumpy(), entries[t.b].param.data().asnumpy())
-                         ).astype(np.float32) for t in adapted.values()}
+    arrays = {n: entries[n].param.list_data()[0].asnumpy()  # every context holds the same
+              for t in adapted.values() for n in (t.weight, t.a, t.b)}
+    merged = {t.weight: arrays[t.weight] + delta(t, arrays[t.a], arrays[t.b])  # float64: rounded once, when set
+              for t in adapted.values()}
     if isinstance(block, SymbolBlock):
-        params = ParameterDict("")
+        params = ParameterDict()
         params.update(block.params)
         for name, value in merged.items():
-            old = block.params[name]
-            params._params[name] = _initialized(Parameter(name, shape=value.shape, dtype="float32"),
-                                                mx.init.Constant(0.0), old.list_ctx())
-            params._params[name].set_data(mx.nd.array(value))
+            params._params[name] = _initialized(Parameter(name, shape=value.shape), mx.init.Constant(value),
+                                                block.params[name].list_ctx())
         plain = _same_kind(block, getattr(block, "gluontl_lora").base, block._cached_graph[0], params)
         head = getattr(getattr(block, "gluontl_onnx", None), "head", None)
         if head is not None and set(merged) & set(head.collect_params().keys()):
@@ -415,7 +413,7 @@ def _config_path(path: Path) -> Path:
 
 def _fingerprint(block: HybridBlock, t: Adapted) -> str:
     """SHA-256 of the frozen base weight: adapters only mean something on the weights they were trained on."""
-    w = named_params(block)[t.weight].param.data().asnumpy().astype(np.float32)
+    w = named_params(block)[t.weight].param.list_data()[0].asnumpy().astype(np.float32)
     return hashlib.sha256(w.tobytes()).hexdigest()
 
 
@@ -427,9 +425,9 @@ def save_adapters(block: HybridBlock, path: str | os.PathLike) -> Path:
     if not adapted:
         raise AdapterError(f"the model has no adapters to save to '{path}'; add them with a rule's adapter: setting.")
     entries = named_params(block)
-    tensors = {n: entries[n].param.data().copy() for t in adapted.values() for n in (t.a, t.b)}
+    tensors = {n: entries[n].param.list_data()[0].copy() for t in adapted.values() for n in (t.a, t.b)}
     config = {"format": FORMAT, "layers": {t.layer: {
-        "source": t.source, "kind": t.kind, **t.spec.model_dump(), "weight": t.weight,
+        "source": t.source, **t.spec.model_dump(), "weight": t.weight,
         "weight_shape": list(shape_of(entries[t.weight].param)), "weight_sha256": _fingerprint(block, t)}
         for t in adapted.values()}}
     atomic_write(path, lambda p: mx.nd.save(os.fspath(p), tensors), AdapterError)

@@ -5,6 +5,7 @@ Dense forward, the merged kernel as Σ_r B·A), onnxruntime's float kernels (mer
 parameter values before and after real SGD steps, files that round-trip."""
 from __future__ import annotations
 
+import hashlib
 import json
 
 import mxnet as mx
@@ -22,7 +23,7 @@ from gluontl.export import export_onnx
 from gluontl.export.exporters import export_block
 from gluontl.naming import named_params
 from gluontl.recipe import as_rules, load_recipe
-from gluontl.rules import apply_plan, attach_adapters, format_plan, make_plan
+from gluontl.rules import apply_plan, attach_adapters, format_plan, make_plan, trainable_params
 
 LORA = {"kind": "lora", "rank": 4, "alpha": 8}
 
@@ -297,6 +298,57 @@ def test_gluon_dense_forward_and_merge_against_numpy():
     assert type(merged[0]) is mx.gluon.nn.Dense and not merged[0]._children.get("lora_a")
 
 
+@pytest.mark.parametrize("flatten", [False, True])
+@pytest.mark.parametrize("graph", [False, True])
+def test_dense_adapter_reads_its_input_as_the_layer_does(graph, flatten):
+    """On (N, T, C) inputs, flatten=False maps the last axis (y[n, t] = W x[n, t] + b + s · B A x[n, t]),
+    flatten=True (Gluon's and MXNet's default) the flattened input; against numpy."""
+    rs = np.random.RandomState(8)
+    x = rs.randn(2, 5, 3).astype(np.float32)
+    kw = {} if flatten else {"flatten": False}  # the graph node without the attribute: its default
+    if graph:
+        net = _graph(mx.sym.FullyConnected(mx.sym.var("data"), num_hidden=4, name="fc", **kw))
+        net(mx.nd.array(x))  # shapes known
+        name, pre = "fc", "fc_"
+    else:
+        net = mx.gluon.nn.Dense(4, in_units=15 if flatten else 3, **kw)
+        net.initialize(mx.init.Uniform(0.5))
+        name, pre = "", ""
+    net = add_lora(net, {name: {"rank": 2, "alpha": 3}})
+    params = {n.removeprefix("fc."): e.param for n, e in named_params(net).items()}
+    params["lora_b.weight"].set_data(mx.nd.array(rs.randn(4, 2)))
+    w, bias, a, b = (params[n].data().asnumpy().astype(np.float64) for n in (
+        f"{pre}weight", f"{pre}bias", "lora_a.weight", "lora_b.weight"))
+    xs = x.reshape(2, 15) if flatten else x
+    want = xs @ w.T + bias + 1.5 * (xs @ a.T) @ b.T
+    scale = np.abs(xs) @ np.abs(w.T) + np.abs(bias) + 1.5 * (np.abs(xs) @ np.abs(a.T)) @ np.abs(b.T)
+    assert_f32_close(_predict(net, x), want, scale=scale, terms=xs.shape[-1], depth=2)
+
+
+@pytest.mark.parametrize("graph", [False, True])
+def test_merged_weight_is_the_float64_sum_rounded_once(graph):
+    """W + s·B·A computed in float64 and rounded to float32 once: every merged element is within half
+    a float32 ulp of numpy's float64 value (rank 32: a float32 product would be off by several ulps)."""
+    rs = np.random.RandomState(11)
+    if graph:
+        net = _graph(mx.sym.FullyConnected(mx.sym.var("data"), num_hidden=16, no_bias=True, name="fc"))
+        net(mx.nd.zeros((1, 64)))
+        name, weight = "fc", "fc_weight"
+    else:
+        net = mx.gluon.nn.Dense(16, in_units=64, use_bias=False)
+        net.initialize()
+        name, weight = "", "weight"
+    net = add_lora(net, {name: {"rank": 32, "alpha": 7}})
+    params = {n: e.param for n, e in named_params(net).items()}
+    prefix = f"{name}." if name else ""
+    params[f"{prefix}lora_b.weight"].set_data(mx.nd.array(rs.randn(16, 32)))
+    w, a, b = (params[n].data().asnumpy().astype(np.float64) for n in (
+        weight, f"{prefix}lora_a.weight", f"{prefix}lora_b.weight"))
+    want = w + 7 / 32 * (b @ a)
+    got = named_params(merge_adapters(net))[weight].param.data().asnumpy()
+    assert np.all(np.abs(got - want) <= np.spacing(np.abs(want).astype(np.float32)) / 2)
+
+
 def test_merged_conv_kernel_is_the_composition_of_b_and_a():
     conv = mx.gluon.nn.Conv2D(6, 3, strides=2, padding=1, dilation=1, in_channels=4)
     net = mx.gluon.nn.HybridSequential()
@@ -344,7 +396,14 @@ def test_graph_model_equals_base_trains_adapters_and_exports_merged(tmp_path, ki
     np.testing.assert_array_equal(_predict(net, x), base_out)
     rows = plan.by_name()
     for name in layers:
-        assert rows[f"{name}.lora_a.weight"].grad_req == "write" and rows[f"{name}.lora_b.weight"].grad_req == "write"
+        for f in ("lora_a", "lora_b"):  # MXNet's name is the structural one, as for every graph parameter
+            assert rows[f"{name}.{f}.weight"].grad_req == "write"
+            assert rows[f"{name}.{f}.weight"].global_name == f"{name}.{f}.weight"
+    new_nodes = {n["name"] for n in json.loads(net._cached_graph[1].tojson())["nodes"]} - {
+        n["name"] for n in json.loads(net.gluontl_lora.base.tojson())["nodes"]}
+    assert new_nodes == {f"{name}.{f}" for name in adapters_of(net) for f in (
+        "lora_a", "lora_a.weight", "lora_b", "lora_b.weight", "lora_scale", "lora_sum",
+        *(("lora_dropout",) if kind == "symbol" else ()))}  # named after the layer, none twice
     before = _values(net)
     sgd_step(net, x, y, lr=0.1, steps=3)
     after = _values(net)
@@ -408,65 +467,331 @@ def test_onnx_model_with_a_new_head_exports_the_merged_head(tmp_path):
     path = export_onnx(net, tmp_path / "m.onnx")
     assert not any("lora" in t.name for t in onnx.load(str(path)).graph.initializer)
     assert_f32_close(_ort(path, x.asnumpy()), _predict(net, x), terms=27 * 8, depth=2)
+    assert merge_adapters(net).gluontl_onnx.head is not net.gluontl_onnx.head  # merged values in a copy
+    graph_only = add_lora(attach_head(cut_at(gluontl.load_model(_onnx_file(tmp_path, "conv")), "relu1"),
+                                      {"classes": 3}, (3, 8, 8)), {"conv1": LORA})
+    assert merge_adapters(graph_only).gluontl_onnx is graph_only.gluontl_onnx  # no head value changed
+
+
+# ----------------------------------------------------------------- a tiny Gluon model (fast: the mutation tests')
+
+def _tiny(seed=3):
+    """Conv 3x3 with bias and relu ('0'), a nested bias-free 1x1 Conv and BatchNorm ('1.0', '1.1'),
+    pooling and a Dense head ('3'): the zoo model's layer kinds in milliseconds."""
+    mx.random.seed(seed)
+    net = mx.gluon.nn.HybridSequential()
+    body = mx.gluon.nn.HybridSequential()
+    body.add(mx.gluon.nn.Conv2D(5, 1, in_channels=6, use_bias=False), mx.gluon.nn.BatchNorm(in_channels=5))
+    net.add(mx.gluon.nn.Conv2D(6, 3, padding=1, in_channels=3, activation="relu"), body,
+            mx.gluon.nn.GlobalAvgPool2D(), mx.gluon.nn.Dense(3, in_units=5))
+    net.initialize(mx.init.Xavier())
+    return net
+
+
+TINY_RULES = [{"match": "*", "grad_req": "null", "bn": "frozen"}, {"type": ["Conv"], "adapter": LORA},
+              {"match": "3.*", "grad_req": "write"}]
+
+
+def test_tiny_model_equals_base_at_init_trains_only_adapters_and_merges():
+    net = _tiny()
+    x, y = batch(n=4, hw=8, classes=3)
+    base_out = _predict(net, x)
+    net, plan = _adapt(net, TINY_RULES)
+    assert {n: (t.kind, t.weight, t.frozen) for n, t in adapters_of(net).items()} == {
+        "0": ("Conv", "0.weight", ("0.weight", "0.bias")), "1.0": ("Conv", "1.0.weight", ("1.0.weight",))}
+    np.testing.assert_array_equal(_predict(net, x), base_out)
+    rows = plan.by_name()
+    assert rows["0.lora_a.weight"].shape == (4, 3, 3, 3) and rows["0.lora_b.weight"].shape == (6, 4, 1, 1)
+    assert rows["1.0.lora_a.weight"].shape == (4, 6, 1, 1) and rows["1.0.lora_b.weight"].shape == (5, 4, 1, 1)
+    assert rows["0.lora_a.weight"].layer_type == "LoRA" and rows["0.lora_a.weight"].decided_by["grad_req"] == "2"
+    assert {n for n, r in rows.items() if r.grad_req != "null"} == {
+        "0.lora_a.weight", "0.lora_b.weight", "1.0.lora_a.weight", "1.0.lora_b.weight", "3.weight", "3.bias"}
+    before = _values(net)
+    assert not before["0.lora_b.weight"].any() and not before["1.0.lora_b.weight"].any()
+    bound = 1 / np.sqrt(27)  # PEFT's Kaiming-uniform: 1/sqrt(fan_in), 3x3x3 inputs
+    assert 0.9 * bound < np.abs(before["0.lora_a.weight"]).max() <= bound
+    sgd_step(net, x, y, lr=0.5, steps=3)
+    after = _values(net)
+    moved = {n for n in before if not np.array_equal(before[n], after[n])}
+    assert moved == {"0.lora_a.weight", "0.lora_b.weight", "1.0.lora_a.weight", "1.0.lora_b.weight", "3.weight",
+                     "3.bias"}
+    want = _predict(net, x)
+    net.hybridize()  # the adapter's forward as a graph computes the same
+    assert_f32_close(_predict(net, x), want, terms=54, depth=3)
+    merged = merge_adapters(net)
+    assert adapters_of(net).keys() == {"0", "1.0"} and not adapters_of(merged)
+    assert sorted(named_params(merged)) == ["0.bias", "0.weight", "1.0.weight", "1.1.beta", "1.1.gamma",
+                                            "1.1.running_mean", "1.1.running_var", "3.bias", "3.weight"]
+    assert [type(b) for b in (merged[0], merged[1][0])] == [mx.gluon.nn.Conv2D] * 2
+    assert merged[0].act is not None and merged[1][0].bias is None
+    assert all(p._trainer is None for p in merged.collect_params().values())  # the Trainer keeps the adapted block's
+    assert_f32_close(_predict(merged, x), want, terms=54, depth=3)
+    np.testing.assert_array_equal(_values(net)["0.weight"], before["0.weight"])  # merging left the block as it was
+
+
+@pytest.mark.parametrize("layer", ["dense", "conv"])
+def test_a_bare_layer_that_is_the_whole_model_takes_an_adapter(tmp_path, layer):
+    """Its structural path is '': parameters 'weight', 'lora_a.weight', ... (it failed with KeyError: '')."""
+    rs = np.random.RandomState(6)
+    if layer == "dense":
+        net, x = mx.gluon.nn.Dense(3, in_units=4), rs.randn(5, 4)
+    else:
+        net, x = mx.gluon.nn.Conv2D(3, 3, in_channels=2), rs.randn(2, 2, 5, 5)
+    net.initialize(mx.init.Uniform(0.5))
+    x = mx.nd.array(x)
+    base_out, base = _predict(net, x), _values(net)
+    rules = [{"match": "*", "adapter": {"rank": 2, "alpha": 2}}]
+    net, plan = _adapt(net, rules)
+    assert adapters_of(net).keys() == {""}
+    assert sorted(plan.by_name()) == ["bias", "lora_a.weight", "lora_b.weight", "weight"]
+    assert {n for n, r in plan.by_name().items() if r.grad_req == "write"} == {"lora_a.weight", "lora_b.weight"}
+    np.testing.assert_array_equal(_predict(net, x), base_out)
+    trainer = mx.gluon.Trainer(trainable_params(net), "sgd", {"learning_rate": 0.5})
+    with mx.autograd.record():
+        loss = (net(x) * mx.nd.array(rs.randn(*base_out.shape))).sum()
+    loss.backward()
+    trainer.step(1)
+    trained = _values(net)
+    np.testing.assert_array_equal(trained["weight"], base["weight"])
+    assert trained["lora_b.weight"].any()
+    w, a, b = (trained[n].astype(np.float64) for n in ("weight", "lora_a.weight", "lora_b.weight"))
+    want = w + (b.reshape(3, 2) @ a.reshape(2, -1)).reshape(w.shape)
+    merged = merge_adapters(net)
+    assert type(merged) is {"dense": mx.gluon.nn.Dense, "conv": mx.gluon.nn.Conv2D}[layer]
+    assert_f32_close(merged.weight.data().asnumpy(), want, scale=np.abs(w).max() + 2 * np.abs(b).max(), terms=2)
+    path = save_adapters(net, tmp_path / "a.params")
+    assert json.loads((tmp_path / "a.json").read_text())["layers"][""]["weight"] == "weight"
+    plain = mx.gluon.nn.Dense(3, in_units=4) if layer == "dense" else mx.gluon.nn.Conv2D(3, 3, in_channels=2)
+    plain.initialize()
+    plain.weight.set_data(mx.nd.array(base["weight"]))
+    plain.bias.set_data(mx.nd.array(base["bias"]))
+    np.testing.assert_array_equal(_predict(load_adapters(plain, path), x), _predict(net, x))
+
+
+def test_factors_live_on_the_layers_contexts_and_are_named_after_it(tmp_path):
+    """A model on cpu(1) and cpu(2) (distinct devices to MXNet): the factors of Gluon and graph layers
+    live on the layer's contexts, and so do merged weights; their MXNet names extend the layer's
+    (the plan's 'mxnet name' column)."""
+    ctxs = [mx.cpu(1), mx.cpu(2)]
+    net = _tiny()
+    net.collect_params().reset_ctx(ctxs)
+    net, plan = _adapt(net, TINY_RULES)
+    rows = plan.by_name()
+    for layer, block in (("0", net[0]), ("1.0", net[1][0])):
+        for f in ("lora_a", "lora_b"):
+            assert rows[f"{layer}.{f}.weight"].global_name == f"{block.prefix}{f}_weight"
+            assert named_params(net)[f"{layer}.{f}.weight"].param.list_ctx() == ctxs
+    assert named_params(merge_adapters(net))["0.weight"].param.list_ctx() == ctxs
+    graph = gluontl.load_model(_onnx_file(tmp_path, "conv"))
+    graph.collect_params().reset_ctx(ctxs)
+    graph = add_lora(graph, {"conv1": LORA})
+    assert named_params(graph)["conv1.lora_a.weight"].param.list_ctx() == ctxs
+    assert named_params(merge_adapters(graph))["w1"].param.list_ctx() == ctxs
+
+
+def test_the_adapted_graph_keeps_the_layers_node_names():
+    """Hybridized, an adapted layer's own op keeps the node name Gluon gives it (``<prefix>fwd``: what
+    frozen-prefix boundaries and profiles name), with the factors' nodes named after the layer."""
+    net = mx.gluon.nn.HybridSequential()
+    net.add(mx.gluon.nn.Conv2D(4, 3, in_channels=2, use_bias=False), mx.gluon.nn.Conv2D(4, 1, in_channels=4),
+            mx.gluon.nn.Dense(3, in_units=36, use_bias=False), mx.gluon.nn.Dense(2, in_units=3))
+    net.initialize()
+
+    def nodes(block):
+        return {n["name"] for n in json.loads(block(mx.sym.var("data")).tojson())["nodes"] if n["op"] != "null"}
+
+    base = nodes(net)
+    x = mx.nd.array(np.random.RandomState(1).randn(2, 2, 5, 5))
+    want = _predict(net, x)
+    net = add_lora(net, {"0": LORA, "1": LORA, "2": LORA, "3": LORA})
+    np.testing.assert_array_equal(_predict(net, x), want)  # with and without bias, Conv and Dense
+    added = nodes(net) - base
+    assert base <= nodes(net)
+    assert added >= {f"{layer.prefix}{f}_fwd" for layer in net for f in ("lora_a", "lora_b")}
+
+
+def test_a_users_own_subclass_without_a_forward_is_adapted_and_merged_back():
+    class Mine(mx.gluon.nn.Dense):  # a new class each run: the adapted class is made, not found cached
+        pass
+
+    net = mx.gluon.nn.HybridSequential()
+    net.add(Mine(3, in_units=2), Mine(2, in_units=3))
+    net.initialize()
+    net = add_lora(net, {"0": LORA, "1": LORA})
+    assert type(net[0]) is type(net[1]) and type(net[0]).__name__ == "LoraMine"
+    assert isinstance(net[0], Mine) and type(net[0]).__bases__ == (gluontl.adapters._LoraLayer, Mine)
+    merged = merge_adapters(net)
+    assert type(merged[0]) is Mine and type(merged[1]) is Mine
+
+
+def test_add_lora_names_what_it_refuses():
+    net = _tiny()
+    with pytest.raises(AdapterError) as e:
+        add_lora(net, {"0": 4})
+    assert str(e.value) == ("adapter of layer '0' is a int; give it as a dict with the recipe's keys (e.g. "
+                            "{'rank': 8, 'alpha': 16}) or as a gluontl.recipe.AdapterSpec.")
+    with pytest.raises(AdapterError, match="adapter of layer '0' is invalid: .*rank"):
+        add_lora(net, {"0": {"rank": 0}})
+    with pytest.raises(AdapterError) as e:
+        add_lora(net, {"nope": LORA})
+    assert "the model has no layer 'nope' to put an adapter on (layers look like: 0, 1.0, 1.1);" in str(e.value)
+    with pytest.raises(AdapterError) as e:
+        add_lora(net, {"1.1": LORA})
+    assert str(e.value) == "layer '1.1' is a BatchNorm layer; LoRA adapts Conv and Dense layers."
+    deferred = mx.gluon.nn.HybridSequential()
+    deferred.add(mx.gluon.nn.Dense(3))
+    deferred.initialize()
+    with pytest.raises(AdapterError, match=r"layer '0' does not know its input size yet \(weight shape \(3, 0\)\)"):
+        add_lora(deferred, {"0": LORA})
+    assert not adapters_of(net)
+
+
+def test_graph_layers_lora_cannot_adapt_are_refused_by_name():
+    """A weight read through an op (an explicit transpose, a scaling, a plain transpose under a
+    convolution) is not a layer weight an adapter could be merged into; a channel-last graph
+    convolution is refused like a Gluon one."""
+    data = mx.sym.var("data")
+    w = mx.sym.var("w", shape=(3, 4))
+    cases = {
+        "t": mx.sym.FullyConnected(data, mx.sym.transpose(w, axes=(1, 0), name="t"), num_hidden=4, no_bias=True),
+        "m": mx.sym.FullyConnected(data, mx.sym.elemwise_mul(w, w, name="m"), num_hidden=3, no_bias=True),
+        "k": mx.sym.Convolution(data, mx.sym.transpose(mx.sym.var("w", shape=(3, 3, 2, 4)), name="k"),
+                                kernel=(3, 3), num_filter=4, no_bias=True),
+    }
+    for name, sym in cases.items():
+        with pytest.raises(AdapterError) as e:
+            add_lora(_graph(sym), {name: LORA})
+        assert str(e.value) == f"layer '{name}' is a parameterized layer; LoRA adapts Conv and Dense layers."
+    nhwc = _graph(mx.sym.Convolution(data, kernel=(3, 3), num_filter=4, layout="NHWC", name="n"))
+    with pytest.raises(AdapterError, match="layer 'n' has layout NHWC"):
+        add_lora(nhwc, {"n": LORA})
+
+
+def test_graph_adapters_read_the_right_output_and_keep_the_dilation():
+    """A convolution dilated by 2 reading the second output of a split: equal to the base at step 0,
+    and the merged graph equals the adapted one once B has moved."""
+    halves = mx.sym.split(mx.sym.var("data"), num_outputs=2, axis=1, name="s")
+    net = _graph(mx.sym.Convolution(halves[1], kernel=(3, 3), dilate=(2, 2), pad=(1, 1), num_filter=3, name="c"))
+    rs = np.random.RandomState(3)
+    x = mx.nd.array(rs.randn(2, 4, 9, 9))
+    base = _predict(net, x)
+    net = add_lora(net, {"c": {"rank": 2, "alpha": 2}})
+    np.testing.assert_array_equal(_predict(net, x), base)
+    b = named_params(net)["c.lora_b.weight"].param
+    b.set_data(mx.nd.array(rs.randn(*b.shape)))
+    got = _predict(net, x)
+    assert got.shape == (2, 3, 7, 7) and not np.allclose(got, base)
+    assert_f32_close(_predict(merge_adapters(net), x), got, terms=18, depth=2)
+
+
+@pytest.mark.parametrize("graph", [False, True])
+def test_adapter_dropout_drops_its_rate_and_rescales(graph):
+    """Training-mode adapter output on an all-ones input: each element is 0 (dropped, at rate p) or
+    scale / (1 - p); the base path (weight 0) adds nothing."""
+    p, n = 0.25, 20000
+    x = mx.nd.ones((n, 1))
+    if graph:
+        net = _graph(mx.sym.FullyConnected(mx.sym.var("data"), num_hidden=1, no_bias=True, name="fc"))
+        net(x)
+        net = add_lora(net, {"fc": {"rank": 1, "alpha": 3, "dropout": p}})
+        weight = "fc_weight"
+    else:
+        net = mx.gluon.nn.Dense(1, in_units=1, use_bias=False)
+        net.initialize()
+        net = add_lora(net, {"": {"rank": 1, "alpha": 3, "dropout": p}})
+        weight = "weight"
+    params = {k: e.param for k, e in named_params(net).items()}
+    params[weight].set_data(mx.nd.zeros((1, 1)))
+    for f in ("lora_a", "lora_b"):
+        params[f"{'fc.' if graph else ''}{f}.weight"].set_data(mx.nd.ones((1, 1)))
+    mx.random.seed(0)
+    with mx.autograd.record(train_mode=True):
+        out = net(x).asnumpy().ravel()
+    kept = out != 0
+    np.testing.assert_allclose(out[kept], 3.0 / (1 - p), rtol=1e-6)
+    assert abs((~kept).mean() - p) < 0.02  # binomial: sd 0.003
 
 
 # ----------------------------------------------------------------- files
 
+def _tiny_adapted(base_file, rules=TINY_RULES[:2]):
+    net = _tiny(seed=9)
+    net.load_parameters(str(base_file))
+    return _adapt(net, rules)[0] if rules else net
+
+
 def test_save_load_adapters_round_trip_and_refuse_another_base(tmp_path):
     base_file = tmp_path / "base.params"
-    _resnet().save_parameters(str(base_file))
-
-    def base():
-        net = _resnet()
-        net.load_parameters(str(base_file))
-        return net
-
-    rules = RESNET_RULES[:2]
-    net, _ = _adapt(base(), rules, (3, 32, 32))
-    x, y = batch(n=4, hw=32)
-    sgd_step(net, x, y, lr=0.05, steps=2)
+    _tiny().save_parameters(str(base_file))
+    net = _tiny_adapted(base_file)
+    x, y = batch(n=4, hw=8, classes=3)
+    sgd_step(net, x, y, lr=0.5, steps=2)
     path = save_adapters(net, tmp_path / "adapters.params")
+    assert path == tmp_path / "adapters.params"
     saved = mx.nd.load(str(path))
-    assert sorted(saved) == sorted(n for n in named_params(net) if ".lora_" in n)  # adapters only
+    assert sorted(saved) == ["0.lora_a.weight", "0.lora_b.weight", "1.0.lora_a.weight", "1.0.lora_b.weight"]
     config = json.loads((tmp_path / "adapters.json").read_text())
-    assert config["layers"]["features.7.0.body.0"]["rank"] == 4
+    assert config["format"] == "gluontl-lora/1"
+    assert config["layers"]["1.0"] == {
+        "source": "1.0", "kind": "lora", "rank": 4, "alpha": 8.0, "dropout": 0.0, "weight": "1.0.weight",
+        "weight_shape": [5, 6, 1, 1], "weight_sha256": hashlib.sha256(
+            _values(net)["1.0.weight"].astype(np.float32).tobytes()).hexdigest()}
 
-    loaded = load_adapters(base(), path)  # a plain base model: adapters added from the file
+    loaded = load_adapters(_tiny_adapted(base_file, None), path)  # a plain base model: adapters added from the file
+    assert sorted(adapters_of(loaded)) == ["0", "1.0"]
     want, got = _values(net), _values(loaded)
+    assert sorted(got) == sorted(want)
     for n in saved:
         np.testing.assert_array_equal(got[n], want[n])
     np.testing.assert_array_equal(_predict(loaded, x), _predict(net, x))
-    again, _ = _adapt(base(), rules, (3, 32, 32))  # a model with the same adapter rules
+    again = _tiny_adapted(base_file)  # a model with the same adapter rules
     np.testing.assert_array_equal(_predict(load_adapters(again, path), x), _predict(net, x))
 
-    ranked, _ = _adapt(base(), [RESNET_RULES[0], {**RESNET_RULES[1], "adapter": {**LORA, "rank": 2}}], (3, 32, 32))
-    with pytest.raises(AdapterError, match="differs in rank") as e:
+    ranked = _tiny_adapted(base_file, [{"type": ["Conv"], "adapter": {**LORA, "rank": 2}}])
+    with pytest.raises(AdapterError) as e:
         load_adapters(ranked, path)
-    assert str(path) in str(e.value)
-    other = base()  # same architecture, one base weight fine-tuned elsewhere
-    w = named_params(other)["features.7.0.body.0.weight"].param
+    assert f"'{path}' holds adapters that do not fit this model's: layer '0' differs in rank/alpha/dropout" \
+        in str(e.value)
+    more = _tiny_adapted(base_file, [{"type": ["Conv", "Dense"], "adapter": LORA}])
+    with pytest.raises(AdapterError, match="layer '3' is in only one"):
+        load_adapters(more, path)
+    one = _tiny_adapted(base_file, [{"match": "1.*", "type": ["Conv"], "adapter": LORA}])
+    with pytest.raises(AdapterError, match="layer '0' is in only one"):
+        load_adapters(one, path)
+    other = _tiny_adapted(base_file, None)  # same architecture, one base weight fine-tuned elsewhere
+    w = named_params(other)["1.0.weight"].param
     w.set_data(w.data() * 1.01)
     with pytest.raises(AdapterError) as e:
         load_adapters(other, path)
-    assert str(path) in str(e.value) and "features.7.0.body.0.weight" in str(e.value)
+    assert f"'{path}' was trained on other base weights: parameter '1.0.weight' of layer '1.0'" in str(e.value)
     small = mx.gluon.nn.HybridSequential()
     small.add(mx.gluon.nn.Dense(2, in_units=3))
     small.initialize()
-    with pytest.raises(AdapterError, match="another base model") as e:
+    with pytest.raises(AdapterError) as e:
         load_adapters(small, path)
-    assert str(path) in str(e.value)
-    with pytest.raises(AdapterError, match="does not exist"):
-        load_adapters(base(), tmp_path / "none.params")
+    assert f"'{path}' holds adapters for layer '1.0', which this model does not have: they were made for another " \
+        f"base model." in str(e.value)
+    with pytest.raises(AdapterError, match="adapter file '.*none.params' does not exist"):
+        load_adapters(_tiny(), tmp_path / "none.params")
     config_file = tmp_path / "adapters.json"
     config_file.write_text(json.dumps({**config, "format": "other/1"}))
-    with pytest.raises(AdapterError, match="not a gluontl adapter file pair"):
-        load_adapters(base(), path)
+    with pytest.raises(AdapterError, match="not a gluontl adapter file pair \\(format 'other/1'"):
+        load_adapters(_tiny(), path)
     config_file.write_text(json.dumps(config))
-    mx.nd.save(str(path), {k: (v[:1] if k == "features.7.1.body.3.lora_b.weight" else v) for k, v in saved.items()})
-    with pytest.raises(AdapterError, match="no tensor 'features.7.1.body.3.lora_b.weight' of shape"):
-        load_adapters(base(), path)
-    with pytest.raises(AdapterError, match="no adapters"):
-        save_adapters(base(), tmp_path / "x.params")
+    mx.nd.save(str(path), {k: (v[:1] if k == "1.0.lora_b.weight" else v) for k, v in saved.items()})
+    with pytest.raises(AdapterError, match=r"no tensor '1.0.lora_b.weight' of shape \(5, 4, 1, 1\) "
+                                           r"\(it has \(1, 4, 1, 1\)\)"):
+        load_adapters(_tiny_adapted(base_file, None), path)
+    mx.nd.save(str(path), {k: v for k, v in saved.items() if k != "0.lora_a.weight"})
+    with pytest.raises(AdapterError, match=r"no tensor '0.lora_a.weight' of shape \(4, 3, 3, 3\) \(missing\)"):
+        load_adapters(_tiny_adapted(base_file, None), path)
+    with pytest.raises(AdapterError, match="the model has no adapters to save to '.*x.params'"):
+        save_adapters(_tiny(), tmp_path / "x.params")
+    with pytest.raises(AdapterError, match=f"Cannot write '{tmp_path / 'missing' / 'a.params'}'"):
+        save_adapters(net, tmp_path / "missing" / "a.params")
+    (tmp_path / "b.json").mkdir()  # the configuration cannot be written where a folder is
+    with pytest.raises(AdapterError, match="b.json"):
+        save_adapters(net, tmp_path / "b.params")
 
 
 # ----------------------------------------------------------------- the recipe

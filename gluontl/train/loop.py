@@ -296,6 +296,18 @@ class Stepper:
                 p.zero_grad()
 
 
+def _check_finite(net, step: int, run_dir: Path) -> None:
+    """A trained weight gone NaN/Inf stops the run even when the loss stays finite: MXNet's relu and
+    max pooling turn NaN into numbers, so a diverged layer before one (a LoRA factor, say) hides
+    from the loss check and the run would finish, and export, a broken model."""
+    for name, p in trainable_params(net).items():
+        if not np.isfinite(p.data().asnumpy()).all():
+            raise TrainError(f"Parameter '{name}' holds NaN/Inf after step {step}, though the loss may not show it "
+                             f"(relu and max pooling turn NaN into 0); nothing was checkpointed, the last good "
+                             f"checkpoint is in {run_dir / 'checkpoints'}. Lower train.lr (or the lr_mult of the "
+                             f"rule that trains '{name}') or set train.clip_gradient.")
+
+
 def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Path | None = None,
              quiet: bool = False, stop_after_steps: int | None = None) -> RunResult:
     """Fine-tune per the recipe into a run folder; ``resume`` continues a run folder.
@@ -509,6 +521,7 @@ class _Run:
         return freeze_bn_stats(p, "train.distributed.batch_norm") if self.frozen_bn else p
 
     def save(self, tag: str, **counters: Any) -> None:
+        _check_finite(self.net, self.global_step, self.run_dir)  # before writing: the last good checkpoint stays
         if self.root:  # a distributed run's BatchNorm statistics were made rank 0's everywhere before
             checkpoint.save(self.run_dir / "checkpoints", tag, self.net, self.trainer, dict(self.state, **counters),
                             None if self.ema is None else (self.ema.arrays(), self.ema.record()))

@@ -36,3 +36,32 @@ def test_diverging_run_stops_with_last_good_checkpoint(tiny, tmp_path):
     assert all(np.isfinite(v.asnumpy()).all() for v in params.values())
     epochs = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines() if '"epoch"' in l]
     assert [row["epoch"] for row in epochs] == [1]
+
+
+def test_a_lora_factor_gone_nan_behind_a_relu_stops_the_run_naming_it(tiny, tmp_path, capsys):
+    """B of conv0's adapter set to NaN after step 1: conv0 outputs NaN, its relu turns that into 0, so
+    every loss stays finite (this run used to finish silently); the weights check stops it before
+    any checkpoint is written, naming the parameter, and the CLI exits 2."""
+    from gluontl.runfolder import checkpoint_files, file_sha256
+
+    r = parse_recipe({"name": "lora", "model": {"source": f"symbol:{tiny}", "input_shape": [3, 16, 16]},
+                      "rules": [{"match": "conv0*", "type": ["Conv"], "adapter": {"rank": 2}}],
+                      "data": DATA, "train": {"epochs": 1, "lr": 0.01}, "export": {"formats": []}})
+    finetune(r, runs_root=tmp_path, quiet=True, stop_after_steps=1)
+    folder = tmp_path / "lora" / "checkpoints"
+    meta = json.loads((folder / "last.json").read_text())
+    path = checkpoint_files(folder, "last", meta)["params"]
+    params = mx.nd.load(str(path))
+    b = "conv0_fwd.lora_b.weight"
+    assert params[b].asnumpy().any()  # step 1 moved it
+    params[b] = mx.nd.full(params[b].shape, np.nan)
+    mx.nd.save(str(path), params)
+    (folder / "last.json").write_text(json.dumps({**meta, "params_sha256": file_sha256(path)}))
+    recorded = (folder / "last.json").read_text()
+    code, out, err = helpers.run_cli(capsys, "finetune", "--resume", str(tmp_path / "lora"))
+    assert code == 2 and "Traceback" not in err
+    # A is named: its gradient Bᵀ·δ is NaN too, and it comes first
+    assert "Parameter 'conv0_fwd.lora_a.weight' holds NaN/Inf after step 44" in err and "train.lr" in err
+    assert str(folder) in err
+    assert (folder / "last.json").read_text() == recorded  # the epoch's NaN weights were not checkpointed
+    assert not (folder / "best.json").exists()
