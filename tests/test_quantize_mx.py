@@ -121,6 +121,13 @@ def test_export_int8_symbol_writes_files_whose_recorded_verdict_recomputes(digit
     assert v["agreement"] == pytest.approx(np.mean(preds[0] == preds[1]), abs=1e-12)
     assert v["agreement"] >= 0.9
 
+    code, printed, err = helpers.run_cli(capsys, "bench", str(out), "--int8", "--batch", "1,2", "--repeat", "2")
+    assert code == 0, err
+    [entry] = json.loads((out / "bench.json").read_text())["models"]
+    assert [r["batch"] for r in entry["int8"]["runs"]] == [1, 2] and set(entry["speedup"]) == {"1", "2"}
+    assert entry["float"]["bytes"] == (out / "t-symbol.json").stat().st_size + (out / "t-0000.params").stat().st_size
+    assert "t-int8-symbol.json" in printed
+
 
 def test_max_drop_refuses_a_mean_gray_calibration_image_for_the_symbol_and_writes_nothing(digits_run, capsys):
     """MXNet's ranges are symmetric around 0, so a black image (about -2 after normalization)

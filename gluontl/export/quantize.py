@@ -327,14 +327,8 @@ def export_with_int8(write_float: Callable[[Path], list[Path]], out_dir: Path, n
     shutil.rmtree(scratch, ignore_errors=True)
     if report_dir is not None:
         for report_name, float_file, int8_file, report in reports:
-            sizes = {"float_bytes": _bytes(out_dir / float_file.name), "int8_bytes": _bytes(out_dir / int8_file.name)}
+            sizes = {"float_bytes": quantize_mx.model_bytes(out_dir / float_file.name),
+                     "int8_bytes": quantize_mx.model_bytes(out_dir / int8_file.name)}
             written.append(write_text(report_dir / report_name, json.dumps(
                 {"file": str(out_dir / int8_file.name), **sizes, **report}, indent=1), ExportError))
     return written
-
-
-def _bytes(model_file: Path) -> int:
-    """An ONNX file's size; a symbol export's is its graph and its params together."""
-    if model_file.name.endswith("-symbol.json"):
-        return model_file.stat().st_size + quantize_mx.params_of(model_file).stat().st_size
-    return model_file.stat().st_size

@@ -56,6 +56,13 @@ def params_of(json_path: Path) -> Path:
     return json_path.with_name(json_path.name[: -len("-symbol.json")] + "-0000.params")
 
 
+def model_bytes(path: Path) -> int:
+    """An ONNX file's size; a symbol export's is its graph's and its params' together."""
+    if path.name.endswith("-symbol.json"):
+        return path.stat().st_size + params_of(path).stat().st_size
+    return path.stat().st_size
+
+
 def int8_names(name: str) -> tuple[str, str]:
     return f"{name}-int8-symbol.json", f"{name}-int8-0000.params"
 
