@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import json
 import logging
 import os
 import shutil
@@ -134,8 +135,6 @@ def layer_names(symbol: mx.sym.Symbol) -> list[str]:
 
 
 def _nodes(symbol: mx.sym.Symbol) -> list[dict[str, Any]]:
-    import json
-
     return json.loads(symbol.tojson())["nodes"]
 
 
