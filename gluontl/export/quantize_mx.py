@@ -269,7 +269,8 @@ def quantize_symbol_verified(json_path: Path, spec: QuantizeSpec, calib_images: 
     flags = cpu.cpu_flags() if flags is None else flags
     dtype, float_ops, dtype_why = activation_policy(flags)
     echo(f"int8 (MXNet oneDNN): {dtype_why}; {gran_why}; calibrating ({spec.method}) on {calib_what}"
-         + (f"; operators kept float: {', '.join(ops)}" if ops else ""))
+         + (f"; only {'/'.join(op_types or [])} layers quantized, {len(ops)} other operator kinds float (listed in "
+            f"the report)" if ops else ""))
     calib = CalibrationIter(tensors(json_path, calib_images), calib_indices, input_name)
     quantized = quantize_block(float_block, calib, spec, exclude_layers=layers, exclude_ops=ops, flags=flags)
     name = json_path.name[: -len("-symbol.json")]
