@@ -75,3 +75,16 @@ def test_int8_metric_is_the_map_change_in_points():
     for d, g in zip(np.concatenate(miss, axis=-1), gts):
         ev.update(d, g)
     assert ev.voc()["map50"] == report["int8"]
+
+
+def test_int8_metric_agreement_is_the_map_of_int8_against_the_confident_float_detections():
+    gts = [np.array([[10, 10, 50, 50, 0, 0]], np.float32), np.array([[20, 20, 60, 60, 1, 0]], np.float32)]
+    ids, boxes = np.array([[[0]], [[1]]], np.float32), np.array([[[10, 10, 50, 50]], [[20, 20, 60, 60]]], np.float32)
+    moved = np.array([[[12, 10, 50, 50]], [[100, 100, 120, 120]]], np.float32)  # IoU 0.95 with image 1's; image 2 off
+    confident = [ids, np.array([[[0.9]], [[0.8]]], np.float32), boxes]
+    # both float detections are truth: int8 finds class a's (IoU >= 0.5), misses class b's -> (1 + 0) / 2
+    assert int8_metric(["a", "b"])(confident, [ids, confident[1], moved], gts)["agreement"] == 0.5
+    assert int8_metric(["a", "b"])(confident, confident, gts)["agreement"] == 1.0
+    # a float detection scoring below 0.5 is no truth: class b has none and is left out of the mean
+    unsure = [ids, np.array([[[0.9]], [[0.3]]], np.float32), boxes]
+    assert int8_metric(["a", "b"])(unsure, [ids, unsure[1], moved], gts)["agreement"] == 1.0
