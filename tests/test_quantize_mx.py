@@ -126,7 +126,7 @@ def test_export_int8_symbol_writes_files_whose_recorded_verdict_recomputes(digit
     [entry] = json.loads((out / "bench.json").read_text())["models"]
     assert [r["batch"] for r in entry["int8"]["runs"]] == [1, 2] and set(entry["speedup"]) == {"1", "2"}
     assert entry["float"]["bytes"] == (out / "t-symbol.json").stat().st_size + (out / "t-0000.params").stat().st_size
-    assert "t-int8-symbol.json" in printed
+    assert "t-int8-symbol.json" in printed and "MXNet" in printed
 
 
 def test_max_drop_refuses_a_mean_gray_calibration_image_for_the_symbol_and_writes_nothing(digits_run, capsys):

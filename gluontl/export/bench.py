@@ -193,8 +193,11 @@ def bench(target: str | Path, *, int8: bool = False, batches: Sequence[int] = (1
 
 def table(report: dict[str, Any]) -> str:
     """The report as aligned text: one row per file and batch, the int8 speed-up beside int8 rows."""
-    lines = [f"CPU: {report['cpu']['described']}; onnxruntime {report['onnxruntime']}, {report['threads']} "
-             f"thread(s), median of {report['repeat']} runs after {report['warmup']} warm-up runs"]
+    engines = f"onnxruntime {report['onnxruntime']}, {report['threads']} thread(s)"
+    if "mxnet" in report:
+        engines += f"; MXNet {report['mxnet']['version']}, OMP_NUM_THREADS={report['mxnet']['omp_threads']}"
+    lines = [f"CPU: {report['cpu']['described']}; {engines}, median of {report['repeat']} runs after "
+             f"{report['warmup']} warm-up runs"]
     header = ("file", "batch", "median ms", "p10-p90 ms", "images/s", "int8 speed-up")
     rows = []
     for entry in report["models"]:
