@@ -5,7 +5,8 @@ still answers like the float one on the validation split.
 The float export's rtol check cannot judge int8 (every activation moves by up to half a
 quantization step). The judge is the task's own metric on real images: a ``Metric`` gets the
 float and int8 outputs of the same batches and the labels and says how much was lost, so a task
-(classification here; detection's mAP, segmentation's mIoU) plugs in its measure.
+(classification here; detection's mAP, segmentation's mIoU) plugs in its measure. A symbol
+export beside the ONNX file gets its int8 pair from ``quantize_mx``, judged the same way.
 """
 from __future__ import annotations
 
