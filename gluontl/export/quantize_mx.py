@@ -23,8 +23,6 @@ import fnmatch
 import json
 import logging
 import os
-import shutil
-import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -277,13 +275,11 @@ def quantize_symbol_verified(json_path: Path, spec: QuantizeSpec, calib_images: 
     files = tuple(out_dir / f for f in int8_names(name))
     calib.reset()
     quantized(calib.next().data[0])  # export() writes the parameters of the graph a forward pass built: none before
-    with tempfile.TemporaryDirectory(prefix="gluontl-int8-mx-") as tmp:
-        try:
-            quantized.export(os.fspath(Path(tmp) / f"{name}-int8"), epoch=0)
-        except (OSError, mx.base.MXNetError) as err:
-            raise ExportError(f"Cannot write the int8 symbol files: {err}. Check free space and permissions.") from err
-        for made, target in zip((Path(tmp) / int8_names(name)[0], Path(tmp) / int8_names(name)[1]), files):
-            shutil.move(os.fspath(made), os.fspath(target))
+    try:
+        quantized.export(os.fspath(out_dir / f"{name}-int8"), epoch=0)  # writes exactly ``files``
+    except (OSError, mx.base.MXNetError) as err:
+        raise ExportError(f"Cannot write the int8 symbol files into {out_dir}: {err}. Check free space and "
+                          f"permissions.") from err
     int8_block = load_symbol(files[0], files[1], input_name)
     float_out, int8_out = paired_outputs(float_block, int8_block, tensors(json_path, val), len(val), outputs)
     verdict = metric(float_out, int8_out, labels)
