@@ -40,7 +40,7 @@ except ImportError as err:  # onnxruntime imports ml_dtypes there without declar
                       f"install what it names (gluontl's setup.cfg lists ml_dtypes>=0.5,<0.6 for it; `bash "
                       f"scripts/env.sh` installs it).") from None
 from gluontl.recipe import QuantizeSpec
-from gluontl.train.transforms import onnx_preprocess
+from gluontl.train.transforms import load_preprocess, onnx_preprocess
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +90,17 @@ def file_tensors(float_path: Path, images: Images) -> Callable[[int], np.ndarray
     """Image ``i`` through the preprocessing ``float_path`` records: exactly the tensor
     ``gluontl predict`` feeds the file."""
     preprocess, _ = onnx_preprocess(float_path)
+    return lambda i: preprocess(images.image(i))
+
+
+def symbol_tensors(json_path: Path, images: Images) -> Callable[[int], np.ndarray]:
+    """Image ``i`` through the preprocessing recorded beside a symbol export (``NAME-preprocess.json``):
+    what a deployment of the symbol files feeds them."""
+    card = json_path.with_name(json_path.name[: -len("-symbol.json")] + "-preprocess.json")
+    if not card.is_file():
+        raise ExportError(f"int8 of {json_path.name} calibrates through the preprocessing recorded beside it, but "
+                          f"{card.name} is missing; export a run (whose card it is), not a bare model.")
+    preprocess, _ = load_preprocess(card)
     return lambda i: preprocess(images.image(i))
 
 
@@ -311,9 +322,9 @@ def export_with_int8(write_float: Callable[[Path], list[Path]], out_dir: Path, n
             reports.append((f"{name}.int8.json", float_onnx, scratch / targets[0], result.report))
         if float_json is not None:
             mx_result = quantize_mx.quantize_symbol_verified(
-                float_json, spec, *calib, val, labels, metric, out_dir=scratch, op_types=op_types,
-                outputs=symbol_outputs or (lambda outs: outs), strict_exclude=float_onnx is None, echo=echo,
-                **({"tensors": tensors} if tensors else {}))
+                float_json, spec, *calib, val, labels, metric, tensors or symbol_tensors, out_dir=scratch,
+                op_types=op_types, outputs=symbol_outputs or (lambda outs: outs), strict_exclude=float_onnx is None,
+                echo=echo)
             reports.append((f"{name}-int8-symbol.report.json", float_json, mx_result.files[0], mx_result.report))
         written = [atomic_write(out_dir / p.name, lambda t, src=p: shutil.copyfile(src, t), ExportError)
                    for p in [*made, *(scratch / t for t in targets)]]

@@ -34,7 +34,6 @@ import numpy as np
 from gluontl.errors import ExportError, short_reason
 from gluontl.export import cpu
 from gluontl.recipe import QuantizeSpec
-from gluontl.train.transforms import load_preprocess
 
 log = logging.getLogger(__name__)
 
@@ -64,17 +63,6 @@ def model_bytes(path: Path) -> int:
 
 def int8_names(name: str) -> tuple[str, str]:
     return f"{name}-int8-symbol.json", f"{name}-int8-0000.params"
-
-
-def symbol_tensors(json_path: Path, images: Any) -> Callable[[int], np.ndarray]:
-    """Image ``i`` through the preprocessing recorded beside the symbol (``NAME-preprocess.json``):
-    what a deployment of the symbol files feeds them."""
-    card = json_path.with_name(json_path.name[: -len("-symbol.json")] + "-preprocess.json")
-    if not card.is_file():
-        raise ExportError(f"int8 of {json_path.name} calibrates through the preprocessing recorded beside it, but "
-                          f"{card.name} is missing; export a run (whose card it is), not a bare model.")
-    preprocess, _ = load_preprocess(card)
-    return lambda i: preprocess(images.image(i))
 
 
 class CalibrationIter(mx.io.DataIter):
@@ -248,8 +236,7 @@ class SymbolInt8:
 
 def quantize_symbol_verified(json_path: Path, spec: QuantizeSpec, calib_images: Any,
                              calib_indices: Sequence[int], calib_what: str, val: Any, labels: Any, metric: Any,
-                             *, out_dir: Path,
-                             tensors: Callable[[Path, Any], Callable[[int], np.ndarray]] = symbol_tensors,
+                             tensors: Callable[[Path, Any], Callable[[int], np.ndarray]], *, out_dir: Path,
                              op_types: Sequence[str] | None = None, outputs: Outputs = lambda outs: outs,
                              strict_exclude: bool = True, flags: set[str] | None = None,
                              echo: Callable[[str], None] = log.info) -> SymbolInt8:
