@@ -128,6 +128,24 @@ def test_export_int8_symbol_writes_files_whose_recorded_verdict_recomputes(digit
     assert "t-int8-symbol.json" in printed and "MXNet" in printed
 
 
+def export_symbol_edited(run, capsys, out, changes):
+    """``gluontl export RUN --int8 --format symbol`` with ``changes`` merged into the run's recipe
+    (restored after): (exit code, stderr on one line)."""
+    def merge(into, new):
+        for key, value in new.items():
+            merge(into[key], value) if isinstance(value, dict) else into.__setitem__(key, value)
+
+    recipe = (run / "recipe.yaml").read_text()
+    edited = yaml.safe_load(recipe)
+    merge(edited, changes)
+    (run / "recipe.yaml").write_text(yaml.safe_dump(edited))
+    try:
+        code, _, err = helpers.run_cli(capsys, "export", str(run), "--int8", "--out", str(out), "--format", "symbol")
+    finally:
+        (run / "recipe.yaml").write_text(recipe)
+    return code, " ".join(err.split())
+
+
 def test_max_drop_refuses_a_mean_gray_calibration_image_for_the_symbol_and_writes_nothing(digits_run, capsys):
     """MXNet's ranges are symmetric around 0, so a black image (about -2 after normalization)
     still spans most inputs; the mean color normalizes to about 0 and squeezes every range."""
@@ -136,19 +154,10 @@ def test_max_drop_refuses_a_mean_gray_calibration_image_for_the_symbol_and_write
     shutil.copytree(d / "digits", broken)
     for png in (broken / "train").rglob("*.png"):
         Image.new("RGB", (16, 16), (124, 116, 104)).save(png)
-    recipe = (run / "recipe.yaml").read_text()
-    edited = yaml.safe_load(recipe)
-    edited["data"]["source"] = f"folder:{broken}"
-    edited["export"]["quantize"]["calibration"] = 1
-    (run / "recipe.yaml").write_text(yaml.safe_dump(edited))
     before = sorted(p.name for p in run.iterdir())
-    try:
-        code, out, err = helpers.run_cli(capsys, "export", str(run), "--int8", "--out", str(d / "bad"),
-                                         "--format", "symbol")
-    finally:
-        (run / "recipe.yaml").write_text(recipe)
+    code, err = export_symbol_edited(run, capsys, d / "bad", {"data": {"source": f"folder:{broken}"},
+                                                              "export": {"quantize": {"calibration": 1}}})
     assert code == 2, err
-    err = " ".join(err.split())
     assert "t-int8-symbol.json was not written" in err and "max_drop" in err and "Traceback" not in err
     assert "1 training images" in err
     assert not (d / "bad").exists()
@@ -157,16 +166,7 @@ def test_max_drop_refuses_a_mean_gray_calibration_image_for_the_symbol_and_write
 
 def test_percentile_calibration_is_refused_for_the_symbol_by_name(digits_run, capsys):
     d, run = digits_run
-    recipe = (run / "recipe.yaml").read_text()
-    edited = yaml.safe_load(recipe)
-    edited["export"]["quantize"]["method"] = "percentile"
-    (run / "recipe.yaml").write_text(yaml.safe_dump(edited))
-    try:
-        code, out, err = helpers.run_cli(capsys, "export", str(run), "--int8", "--out", str(d / "pct"),
-                                         "--format", "symbol")
-    finally:
-        (run / "recipe.yaml").write_text(recipe)
+    code, err = export_symbol_edited(run, capsys, d / "pct", {"export": {"quantize": {"method": "percentile"}}})
     assert code == 2
-    err = " ".join(err.split())
     assert "percentile has no MXNet counterpart" in err and "--format onnx" in err and "Traceback" not in err
     assert not (d / "pct").exists()
