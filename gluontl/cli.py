@@ -151,9 +151,11 @@ def export(source: str = typer.Argument(..., help="run folder (runs/NAME) or mod
            force: bool = typer.Option(False, "--force", help="overwrite existing files"),
            input_shape: Optional[List[str]] = ShapeOpt,
            checkpoint: str = CheckpointOpt,
-           int8: bool = typer.Option(False, "--int8", help="also write NAME.int8.onnx (a run's export only): "
-                                     "calibrated on the run's images, refused if top-1 drops by more than "
-                                     "export.quantize.max_drop points on its validation split")) -> None:
+           int8: bool = typer.Option(False, "--int8", help="also write NAME.int8.onnx (onnxruntime) and/or "
+                                     "NAME-int8-symbol.json + NAME-int8-0000.params (MXNet oneDNN), a run's "
+                                     "export only: calibrated on the run's images, refused if top-1 (mAP, mIoU) "
+                                     "drops by more than export.quantize.max_drop points on its validation "
+                                     "split")) -> None:
     """Export a run or a model to MXNet symbol/params and/or ONNX, verified against onnxruntime."""
     formats = FORMATS[_choice(fmt, list(FORMATS), "--format")]
     _choice(checkpoint, CHECKPOINTS, "--checkpoint")
@@ -181,9 +183,9 @@ def export(source: str = typer.Argument(..., help="run folder (runs/NAME) or mod
 def _exported(paths: list[Path]) -> None:
     """Every ONNX export was checked against onnxruntime before it was kept; say so."""
     for p in paths:
-        if p.name.endswith(".int8.onnx"):
+        if p.name.endswith((".int8.onnx", "-int8-symbol.json")):
             typer.echo(f"exported {p} (int8, checked on the validation split)")
-        elif p.name.endswith(".int8.json"):
+        elif p.name.endswith((".int8.json", "-int8-symbol.report.json")):
             typer.echo(f"int8 report {p}")
         else:
             typer.echo(f"exported {p} (verified)" if p.suffix == ".onnx" else f"exported {p}")
@@ -283,16 +285,17 @@ def inspect(model: str = typer.Argument(..., help="NAME, PREFIX, PATH.onnx or zo
 
 
 @app.command()
-def bench(model: Path = typer.Argument(..., help="an exported .onnx file, a folder of them, or a run folder "
-                                       "(its export/)"),
-          int8: bool = typer.Option(False, "--int8", help="require an int8 partner (NAME.int8.onnx) for every "
-                                    "float file and compare the two"),
+def bench(model: Path = typer.Argument(..., help="an exported .onnx or -symbol.json file, a folder of them, or "
+                                       "a run folder (its export/)"),
+          int8: bool = typer.Option(False, "--int8", help="require an int8 partner (NAME.int8.onnx, "
+                                    "NAME-int8-symbol.json) for every float file and compare the two"),
           batch: str = typer.Option("1,32", "--batch", help="batch sizes, comma-separated"),
-          threads: int = typer.Option(1, "--threads", help="onnxruntime intra-op threads"),
+          threads: int = typer.Option(1, "--threads", help="onnxruntime intra-op threads (MXNet: OMP_NUM_THREADS)"),
           repeat: int = typer.Option(20, "--repeat", help="timed runs per file and batch (after 3 warm-up runs)"),
           out: Optional[Path] = typer.Option(None, "--json", help="report path (default: bench.json beside the "
                                              "models)")) -> None:
-    """Latency and throughput of ONNX exports in onnxruntime, float against int8, with the CPU's flags."""
+    """Latency and throughput of exports, float against int8 (ONNX in onnxruntime, symbol/params in MXNet), with
+    the CPU's flags."""
     try:
         batches = [int(b) for b in batch.split(",")]
     except ValueError:

@@ -631,16 +631,17 @@ class TrainSpec(Strict):
 
 
 class QuantizeSpec(Strict):
-    """Post-training int8 of the ONNX export (docs/export.md, "int8"): calibrated on the run's own
-    images through the file's recorded preprocessing, refused when accuracy drops by more than
-    ``max_drop`` points on the validation split."""
+    """Post-training int8 of the ONNX export (onnxruntime) and of the symbol export (MXNet oneDNN)
+    (docs/export.md, "int8"): calibrated on the run's own images through the recorded
+    preprocessing, refused when accuracy drops by more than ``max_drop`` points on the validation
+    split."""
 
     calibration: Literal["train", "val"] | Annotated[int, Field(gt=0, le=100_000)] = Field(
         default=256, description="train | val (the whole split) | N (that many training images, a fixed draw)")
     method: Literal["minmax", "entropy", "percentile"] = "minmax"
     per_channel: Literal["auto", True, False] = Field(default="auto", description="auto: per-tensor for "
                                                 "depthwise-heavy models (onnxruntime #11415), else per-channel")
-    exclude: list[str] = Field(default_factory=list, description="globs of ONNX node names kept float")
+    exclude: list[str] = Field(default_factory=list, description="globs of ONNX node (or MXNet layer) names kept float")
     max_drop: float = Field(default=1.0, ge=0.0, le=100.0, description="allowed top-1 (or mAP) drop, in points")
 class SegmentationSpec(Strict):
     """The segmenter (task: segmentation) and its joint image + mask augmentation. ``arch`` fcn,

@@ -157,17 +157,37 @@ def int8_metric(class_names: Sequence[str]):
     VOC mAP@0.5 of the float and the int8 file on the same images, against ``gts`` (one
     ``(N, 6)`` ground-truth array per image); ``drop`` in points."""
     def metric(float_out: list[np.ndarray], int8_out: list[np.ndarray], gts: Sequence[np.ndarray]) -> dict[str, Any]:
+        dets = [np.concatenate(out[:3], axis=-1) for out in (float_out, int8_out)]
         maps = []
-        for ids, scores, boxes in (float_out[:3], int8_out[:3]):
+        for found in dets:
             ev = DetectionEval(class_names)
-            for det, gt in zip(np.concatenate([ids, scores, boxes], axis=-1), gts):
+            for det, gt in zip(found, gts):
                 ev.update(det, gt)
             maps.append(ev.voc()["map50"])
+        ev = DetectionEval(class_names)  # agreement: the float file's confident detections as the truth
+        for det, truth in zip(dets[1], dets[0]):
+            ev.update(det, _as_truth(truth, AGREEMENT_SCORE))
+        agree = ev.voc()["map50"]
+        agree = None if math.isnan(agree) else agree
         change = 100 * (maps[1] - maps[0])
         return {"metric": "mAP@0.5", "images": len(gts), "float": maps[0], "int8": maps[1], "drop": -change,
-                "summary": f"mAP@0.5 {100 * maps[0]:.2f} float, {100 * maps[1]:.2f} int8 ({change:+.2f} points) "
-                           f"on {len(gts)} validation images"}
+                "agreement": agree, "agreement_measure": f"mAP@0.5 of the int8 detections against the float "
+                                                         f"ones scoring >= {AGREEMENT_SCORE}",
+                "summary": f"mAP@0.5 {100 * maps[0]:.2f} float, {100 * maps[1]:.2f} int8 ({change:+.2f} points), "
+                           + (f"agreement {100 * agree:.2f} (mAP@0.5 of int8 against the float detections "
+                              f"scoring >= {AGREEMENT_SCORE}) " if agree is not None else "")
+                           + f"on {len(gts)} validation images"}
     return metric
+
+
+AGREEMENT_SCORE = 0.5
+
+
+def _as_truth(det: np.ndarray, score: float) -> np.ndarray:
+    """Detections ``(N, 6)`` [class, score, box] scoring at least ``score`` as ground truth rows
+    [box, class, difficult=0] (padding rows, class -1, dropped)."""
+    keep = det[(det[:, 0] >= 0) & (det[:, 1] >= score)]
+    return np.concatenate([keep[:, 2:6], keep[:, :1], np.zeros((len(keep), 1), keep.dtype)], axis=1)
 
 
 def table(voc: dict[str, Any], coco: dict[str, Any] | None = None) -> str:

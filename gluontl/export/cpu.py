@@ -45,3 +45,22 @@ def reduce_range(flags: set[str]) -> tuple[bool, str]:
                        f"in int32 without saturating")
     return True, ("reduce_range on (7-bit weights): this CPU has no VNNI (no avx512_vnni / avx_vnni flag), and "
                   "onnxruntime's uint8×int8 kernels without it saturate int16 pair sums")
+
+
+# oneDNN ISA caps (DNNL_MAX_CPU_ISA) below which its int8 kernels have no VNNI instruction
+_NO_VNNI_ISAS = {"SSE41", "AVX", "AVX2", "AVX512_MIC", "AVX512_MIC_4OPS", "AVX512_CORE"}
+
+
+def onednn_vnni(flags: set[str], max_isa: str | None = None) -> tuple[bool, str]:
+    """Whether MXNet's oneDNN int8 kernels run with VNNI here, and why: the CPU must have it and
+    ``DNNL_MAX_CPU_ISA`` (``max_isa``; default: the environment's) must not cap oneDNN below it."""
+    import os
+
+    isa = (os.environ.get("DNNL_MAX_CPU_ISA") or os.environ.get("MKLDNN_MAX_CPU_ISA") or ""
+           if max_isa is None else max_isa).upper()
+    vnni = [f for f in _VNNI if f in flags]
+    if not vnni:
+        return False, "this CPU has no VNNI (no avx512_vnni / avx_vnni flag)"
+    if isa in _NO_VNNI_ISAS or (isa == "AVX2_VNNI" and "avx_vnni" not in flags):
+        return False, f"DNNL_MAX_CPU_ISA={isa} keeps oneDNN off this CPU's VNNI ({', '.join(vnni)})"
+    return True, f"this CPU has VNNI ({', '.join(vnni)})" + (f" and DNNL_MAX_CPU_ISA={isa} allows it" if isa else "")

@@ -5,7 +5,8 @@ still answers like the float one on the validation split.
 The float export's rtol check cannot judge int8 (every activation moves by up to half a
 quantization step). The judge is the task's own metric on real images: a ``Metric`` gets the
 float and int8 outputs of the same batches and the labels and says how much was lost, so a task
-(classification here; detection's mAP, segmentation's mIoU) plugs in its measure.
+(classification here; detection's mAP, segmentation's mIoU) plugs in its measure. A symbol
+export beside the ONNX file gets its int8 pair from ``quantize_mx``, judged the same way.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ import onnxruntime as ort
 
 from gluontl.atomic import atomic_write, write_text
 from gluontl.errors import ExportError, short_reason
-from gluontl.export import cpu
+from gluontl.export import cpu, quantize_mx
 from gluontl.export.exporters import check_target, set_metadata
 from gluontl.export.verify import deploy_session
 
@@ -39,7 +40,7 @@ except ImportError as err:  # onnxruntime imports ml_dtypes there without declar
                       f"install what it names (gluontl's setup.cfg lists ml_dtypes>=0.5,<0.6 for it; `bash "
                       f"scripts/env.sh` installs it).") from None
 from gluontl.recipe import QuantizeSpec
-from gluontl.data.transforms import onnx_preprocess
+from gluontl.data.transforms import load_preprocess, onnx_preprocess
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +90,17 @@ def file_tensors(float_path: Path, images: Images) -> Callable[[int], np.ndarray
     """Image ``i`` through the preprocessing ``float_path`` records: exactly the tensor
     ``gluontl predict`` feeds the file."""
     preprocess, _ = onnx_preprocess(float_path)
+    return lambda i: preprocess(images.image(i))
+
+
+def symbol_tensors(json_path: Path, images: Images) -> Callable[[int], np.ndarray]:
+    """Image ``i`` through the preprocessing recorded beside a symbol export (``NAME-preprocess.json``):
+    what a deployment of the symbol files feeds them."""
+    card = json_path.with_name(json_path.name[: -len("-symbol.json")] + "-preprocess.json")
+    if not card.is_file():
+        raise ExportError(f"int8 of {json_path.name} calibrates through the preprocessing recorded beside it, but "
+                          f"{card.name} is missing; export a run (whose card it is), not a bare model.")
+    preprocess, _ = load_preprocess(card)
     return lambda i: preprocess(images.image(i))
 
 
@@ -267,13 +279,19 @@ def quantize_verified(float_path: Path, spec: QuantizeSpec, train: Images, val: 
 def export_with_int8(write_float: Callable[[Path], list[Path]], out_dir: Path, name: str, spec: QuantizeSpec,
                      train: Images, val: Images, labels: Any, metric: Metric, *, force: bool = False,
                      report_dir: Path | None = None, echo: Callable[[str], None] = log.info,
-                     **options: Any) -> list[Path]:
+                     tensors: Callable[[Path, Any], Callable[[int], np.ndarray]] | None = None,
+                     op_types: Sequence[str] | None = None, outputs: Sequence[str] | None = None,
+                     symbol_outputs: quantize_mx.Outputs | None = None) -> list[Path]:
     """The float export (``write_float(folder)`` writes it, verified, and returns its files) and
-    ``NAME.int8.onnx`` beside it; both are made in a scratch folder and moved into ``out_dir``
-    only once the int8 file passed, so a refused int8 leaves ``out_dir`` as it was. The report
-    also goes to ``report_dir/NAME.int8.json`` (a run folder). ``options``: quantize_verified's
-    (a task's ``tensors`` and ``op_types``)."""
-    target = out_dir / f"{name}.int8.onnx"
+    its int8 partners beside it: ``NAME.int8.onnx`` for an ONNX file (onnxruntime),
+    ``NAME-int8-symbol.json`` / ``NAME-int8-0000.params`` for symbol files (MXNet oneDNN). All
+    are made in a scratch folder and moved into ``out_dir`` only once every int8 model passed,
+    so a refused one leaves ``out_dir`` as it was. The reports also go to ``report_dir`` (a run
+    folder) as ``NAME.int8.json`` and ``NAME-int8-symbol.report.json``. ``tensors(float_file,
+    images)``: a task's model inputs (default: the preprocessing each file records); ``op_types``
+    limits quantization to those ONNX op types (MXNet: the operators computing them);
+    ``outputs``: the ONNX outputs the metric reads, ``symbol_outputs`` the same of the symbol's
+    outputs of one batch (a segmenter's arg-max)."""
     created = not out_dir.exists()
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -281,22 +299,35 @@ def export_with_int8(write_float: Callable[[Path], list[Path]], out_dir: Path, n
         raise ExportError(f"Cannot create the output folder '{out_dir}': {e.strerror}. Pick a writable place "
                           f"with --out.") from None
     scratch = None
+    reports: list[tuple[str, Path, Path, dict[str, Any]]] = []  # (report name, float file, int8 file, report)
     try:
-        check_target(target, force)
         scratch = Path(tempfile.mkdtemp(dir=out_dir, prefix=f".{name}.int8."))
         made = write_float(scratch)
         float_onnx = next((p for p in made if p.suffix == ".onnx"), None)
-        if float_onnx is None:
-            raise ExportError("int8 needs the ONNX export; add onnx to export.formats (or --format onnx/both).")
-        for p in made:
+        float_json = next((p for p in made if p.name.endswith("-symbol.json")), None)
+        if float_onnx is None and float_json is None:
+            raise ExportError("int8 quantizes the ONNX or the symbol export; add onnx or symbol to export.formats "
+                              "(or --format onnx/symbol/both).")
+        if float_json is not None:
+            quantize_mx.check_method(spec)
+        targets = [f"{name}.int8.onnx"] * (float_onnx is not None)
+        targets += list(quantize_mx.int8_names(name)) * (float_json is not None)
+        for p in [*made, *(scratch / t for t in targets)]:
             check_target(out_dir / p.name, force)
-        if any(p.name.endswith("-symbol.json") for p in made):
-            echo("int8: only the ONNX file is quantized; the MXNet symbol/params files stay float")
-        result = quantize_verified(float_onnx, spec, train, val, labels, metric, echo=echo, **options)
-        data = result.model.SerializeToString()
+        calib = calibration_indices(spec.calibration, train, val)
+        if float_onnx is not None:
+            result = quantize_verified(float_onnx, spec, train, val, labels, metric, echo=echo, op_types=op_types,
+                                       outputs=outputs, **({"tensors": tensors} if tensors else {}))
+            (scratch / targets[0]).write_bytes(result.model.SerializeToString())
+            reports.append((f"{name}.int8.json", float_onnx, scratch / targets[0], result.report))
+        if float_json is not None:
+            mx_result = quantize_mx.quantize_symbol_verified(
+                float_json, spec, *calib, val, labels, metric, tensors or symbol_tensors, out_dir=scratch,
+                op_types=op_types, outputs=symbol_outputs or (lambda outs: outs), strict_exclude=float_onnx is None,
+                echo=echo)
+            reports.append((f"{name}-int8-symbol.report.json", float_json, mx_result.files[0], mx_result.report))
         written = [atomic_write(out_dir / p.name, lambda t, src=p: shutil.copyfile(src, t), ExportError)
-                   for p in made]
-        written.append(atomic_write(target, lambda t: t.write_bytes(data), ExportError))
+                   for p in [*made, *(scratch / t for t in targets)]]
     except BaseException as err:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -307,8 +338,9 @@ def export_with_int8(write_float: Callable[[Path], list[Path]], out_dir: Path, n
         raise
     shutil.rmtree(scratch, ignore_errors=True)
     if report_dir is not None:
-        sizes = {"float_bytes": (out_dir / float_onnx.name).stat().st_size, "int8_bytes": target.stat().st_size}
-        written.append(write_text(report_dir / f"{name}.int8.json",
-                                  json.dumps({"file": str(target), **sizes, **result.report}, indent=1), ExportError))
+        for report_name, float_file, int8_file, report in reports:
+            sizes = {"float_bytes": quantize_mx.model_bytes(out_dir / float_file.name),
+                     "int8_bytes": quantize_mx.model_bytes(out_dir / int8_file.name)}
+            written.append(write_text(report_dir / report_name, json.dumps(
+                {"file": str(out_dir / int8_file.name), **sizes, **report}, indent=1), ExportError))
     return written
-

@@ -203,6 +203,7 @@ class Segmentation(EndToEnd):
         return export_with_int8(write, out_dir, recipe.name, quantize, train, val, labels,
                                 int8_metric(len(card["classes"]), seg.ignore_label), force=force, report_dir=run,
                                 echo=echo, op_types=["Conv"], outputs=["mask"],
+                                symbol_outputs=lambda outs: [np.argmax(outs[0], axis=1)],
                                 tensors=lambda _, ds: lambda i: ds[(i, 0)][0])
 
 

@@ -5,6 +5,7 @@ import json
 import helpers
 import numpy as np
 import onnx
+import pytest
 
 from gluontl.detect.export import OUTPUT_NAMES
 from gluontl.detect.metrics import DetectionEval, int8_metric
@@ -12,7 +13,9 @@ from gluontl.recipe import parse_recipe
 from gluontl.train.loop import finetune
 
 
-def test_detector_int8_quantizes_convolutions_only_and_reports_map(small_voc, tmp_path, capsys):
+@pytest.fixture(scope="module")
+def det_run(small_voc, tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("det_int8")
     recipe = parse_recipe({
         "name": "det", "task": "detection",
         "model": {"source": "zoo:ssd_300_mobilenet0.25_custom", "input_shape": [3, 128, 128]},
@@ -20,7 +23,11 @@ def test_detector_int8_quantizes_convolutions_only_and_reports_map(small_voc, tm
         "data": {"source": f"voc:{small_voc}", "classes": ["0", "1", "2", "3", "4"], "batch_size": 8},
         "train": {"epochs": 2, "lr": 0.01, "seed": 3, "guards": "off"},  # 1 epoch leaves score ties NMS orders
         "export": {"formats": ["onnx"], "quantize": {"max_drop": 100}}}, origin="test")  # either way (AVX2)
-    run = finetune(recipe, runs_root=tmp_path, quiet=True).run_dir
+    return tmp_path, finetune(recipe, runs_root=tmp_path, quiet=True).run_dir
+
+
+def test_detector_int8_quantizes_convolutions_only_and_reports_map(det_run, capsys):
+    tmp_path, run = det_run
     code, out, err = helpers.run_cli(capsys, "export", str(run), "--out", str(tmp_path / "out"), "--format", "onnx")
     assert code == 0, err
     q = onnx.load(str(tmp_path / "out" / "det.int8.onnx"))
@@ -39,6 +46,23 @@ def test_detector_int8_quantizes_convolutions_only_and_reports_map(small_voc, tm
     assert report["metric"] == "mAP@0.5" and report["images"] == 24
 
 
+def test_detector_int8_symbol_quantizes_convolutions_only_and_keeps_nms_float(det_run, capsys):
+    """MXNet's oneDNN path on the same run: only the (fused) convolutions carry int8 ranges;
+    box decoding and GluonCV's per-class box_nms run in float on dequantized scores and boxes."""
+    tmp_path, run = det_run
+    code, out, err = helpers.run_cli(capsys, "export", str(run), "--out", str(tmp_path / "sym"), "--format", "symbol",
+                                     "--int8")
+    assert code == 0, err
+    nodes = json.loads((tmp_path / "sym" / "det-int8-symbol.json").read_text())["nodes"]
+    quantized = [n for n in nodes if n.get("attrs", {}).get("quantized") == "true"]
+    assert quantized and all(n["op"] == "_sg_mkldnn_conv" for n in quantized)
+    assert not any(n["op"].startswith("_contrib_quantized") for n in nodes), "only convolutions are int8"
+    assert any(n["op"] == "_contrib_box_nms" for n in nodes)
+    report = json.loads((run / "det-int8-symbol.report.json").read_text())
+    assert report["verification"]["metric"] == "mAP@0.5" and report["verification"]["images"] == 24
+    assert "_contrib_box_nms" in report["float_operators"]
+
+
 def test_int8_metric_is_the_map_change_in_points():
     gts = [np.array([[10, 10, 50, 50, 0, 0]], np.float32), np.array([[20, 20, 60, 60, 1, 0]], np.float32)]
     hit = [np.array([[[0]], [[1]]], np.float32), np.array([[[0.9]], [[0.8]]], np.float32),
@@ -51,3 +75,16 @@ def test_int8_metric_is_the_map_change_in_points():
     for d, g in zip(np.concatenate(miss, axis=-1), gts):
         ev.update(d, g)
     assert ev.voc()["map50"] == report["int8"]
+
+
+def test_int8_metric_agreement_is_the_map_of_int8_against_the_confident_float_detections():
+    gts = [np.array([[10, 10, 50, 50, 0, 0]], np.float32), np.array([[20, 20, 60, 60, 1, 0]], np.float32)]
+    ids, boxes = np.array([[[0]], [[1]]], np.float32), np.array([[[10, 10, 50, 50]], [[20, 20, 60, 60]]], np.float32)
+    moved = np.array([[[12, 10, 50, 50]], [[100, 100, 120, 120]]], np.float32)  # IoU 0.95 with image 1's; image 2 off
+    confident = [ids, np.array([[[0.9]], [[0.8]]], np.float32), boxes]
+    # both float detections are truth: int8 finds class a's (IoU >= 0.5), misses class b's -> (1 + 0) / 2
+    assert int8_metric(["a", "b"])(confident, [ids, confident[1], moved], gts)["agreement"] == 0.5
+    assert int8_metric(["a", "b"])(confident, confident, gts)["agreement"] == 1.0
+    # a float detection scoring below 0.5 is no truth: class b has none and is left out of the mean
+    unsure = [ids, np.array([[[0.9]], [[0.3]]], np.float32), boxes]
+    assert int8_metric(["a", "b"])(unsure, [ids, unsure[1], moved], gts)["agreement"] == 1.0
