@@ -207,6 +207,11 @@ def _set_batch_dims(graph: onnx.GraphProto, traced: TracedBlock) -> None:
 
 
 def finish_model(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
+    """The export at ``opset``, checked, with every node named: mx.onnx leaves some nodes nameless, and
+    a node only ``export.quantize.exclude`` can match by name (its first output's, unique in a graph)."""
+    for node in model.graph.node:
+        if not node.name and node.output:
+            node.name = node.output[0]
     if opset > _MX_ONNX_MAX_OPSET:
         try:
             model = version_converter.convert_version(model, opset)

@@ -1,11 +1,13 @@
 """A detection run's int8 export: the convolutions go int8, box decoding and the per-class NMS
 stay float, and the verdict is the change in val mAP@0.5 of the two files."""
 import json
+import shutil
 
 import helpers
 import numpy as np
 import onnx
 import pytest
+import yaml
 
 from gluontl.detect.export import OUTPUT_NAMES
 from gluontl.detect.metrics import DetectionEval, int8_metric
@@ -88,3 +90,28 @@ def test_int8_metric_agreement_is_the_map_of_int8_against_the_confident_float_de
     # a float detection scoring below 0.5 is no truth: class b has none and is left out of the mean
     unsure = [ids, np.array([[[0.9]], [[0.3]]], np.float32), boxes]
     assert int8_metric(["a", "b"])(unsure, [ids, unsure[1], moved], gts)["agreement"] == 1.0
+
+
+def test_every_node_of_a_detector_export_is_named_so_exclude_keeps_a_conv_float(det_run, capsys, tmp_path):
+    """mx.onnx leaves nodes nameless; the export names each after its first output, so an
+    ``export.quantize.exclude`` glob can keep the stem convolution float (and only it)."""
+    _, trained = det_run
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    code, _, err = helpers.run_cli(capsys, "export", str(run), "--out", str(tmp_path / "float"), "--format", "onnx")
+    assert code == 0, err
+    names = [n.name for n in onnx.load(str(tmp_path / "float" / "det.onnx")).graph.node]
+    assert all(names) and len(set(names)) == len(names)
+    stem = next(n for n in onnx.load(str(tmp_path / "float" / "det.onnx")).graph.node if n.op_type == "Conv").name
+    recipe = yaml.safe_load((run / "recipe.yaml").read_text())
+    recipe["export"]["quantize"]["exclude"] = [stem]
+    (run / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    code, _, err = helpers.run_cli(capsys, "export", str(run), "--out", str(tmp_path / "int8"), "--format", "onnx",
+                                   "--int8")
+    assert code == 0, err
+    q = onnx.load(str(tmp_path / "int8" / "det.int8.onnx"))
+    produced_by = {o: n for n in q.graph.node for o in n.output}
+    fed_by = {n.name: produced_by[n.input[1]].op_type if n.input[1] in produced_by else "initializer"
+              for n in q.graph.node if n.op_type == "Conv"}
+    assert fed_by[stem] == "initializer"  # float weights, no DequantizeLinear in front
+    assert sum(v == "DequantizeLinear" for v in fed_by.values()) == len(fed_by) - 1
