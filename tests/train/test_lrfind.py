@@ -79,7 +79,7 @@ def lrs_of(steps, n):
 
 
 @pytest.mark.parametrize("last, stops", [(3.9, False), (4.1, True)])
-def test_the_sweep_stops_once_the_smoothed_loss_passes_4x_its_minimum(last, stops):
+def test_sweep_stops_once_the_smoothed_loss_passes_4x_its_minimum(last, stops):
     """Losses fall to 1, rise to 2, then jump on the last step so that the smoothed loss lands at
     `last` x its minimum: 4x the minimum, not 4x the latest or the first, ends the test."""
     raw = [10 - 9 * i / 25 for i in range(26)] + [1 + i / 13 for i in range(1, 14)]
@@ -165,7 +165,7 @@ def found_by_hand(**kw):
     return Found(lrs, losses, [l + 0.5 for l in losses], lrs[12], lrs[14], lrs[20] / 10, "all 100 steps", **kw)
 
 
-def test_the_record_holds_the_suggestions_and_the_curves(tmp_path):
+def test_record_holds_the_suggestions_and_the_curves(tmp_path):
     f = found_by_hand(seconds=1.23456, feed={"cache": False})
     assert f.to_json() == {"suggested": f.minimum, "method": "minimum", "valley": f.valley, "steep": f.steep,
                            "minimum": f.minimum, "stopped": "all 100 steps", "seconds": 1.235, "lrs": f.lrs,
@@ -174,7 +174,7 @@ def test_the_record_holds_the_suggestions_and_the_curves(tmp_path):
     assert f.to_json()["plot"] == str(tmp_path / "p.png")
 
 
-def test_the_plot_shows_both_curves_the_three_suggestions_and_fills_with_the_smoothed_one(tmp_path):
+def test_plot_shows_both_curves_the_three_suggestions_and_fills_with_the_smoothed_one(tmp_path):
     import matplotlib.pyplot as plt
     from matplotlib.ticker import LogFormatter
     from PIL import Image
@@ -281,6 +281,7 @@ def test_lr_find_needs_training_data_and_a_writable_place(tiny_symbol, tmp_path)
 
 
 def test_twenty_steps_from_start_write_the_plot_and_the_record(tiny_symbol, tmp_path):
+    (tmp_path / "t-lr-find").mkdir()  # a folder an earlier range test left
     found = lr_find(parse_recipe(recipe_dict(tiny_symbol)), runs_root=tmp_path, steps=20, start=1e-4, end=1.0,
                     quiet=True)
     np.testing.assert_allclose(found.lrs, [1e-4 * 1e4 ** (i / 20) for i in range(len(found.lrs))], rtol=1e-12)
@@ -288,3 +289,50 @@ def test_twenty_steps_from_start_write_the_plot_and_the_record(tiny_symbol, tmp_
     assert found.record == tmp_path / "t-lr-find" / "lr_find.json"
     assert json.loads(found.record.read_text()) == json.loads(json.dumps(found.to_json()))
     assert found.seconds > 0
+
+
+def test_weights_from_are_made_first_and_lr_find_chatters_unless_quiet(tiny_symbol, tmp_path, monkeypatch,
+                                                                            capsys):
+    """``model.weights_from`` runs first, as finetune runs it; ``quiet`` drops the chatter of both,
+    and a second range test writes over the first one's folder."""
+    monkeypatch.setenv("GLUONTL_HOME", str(tmp_path))
+    source = tmp_path / "source.yaml"
+    source.write_text(yaml.safe_dump(recipe_dict(tiny_symbol)))
+    r = recipe_dict(tiny_symbol)
+    r["model"].update(weights=str(tmp_path / "w" / "made.params"), weights_from=str(source))
+    found = lr_find(parse_recipe(r), runs_root=tmp_path / "runs", steps=20, quiet=True)
+    assert (tmp_path / "w" / "made.params").is_file() and found.plot.is_file()
+    out = capsys.readouterr().out  # the weights' run logs its epochs, as finetune -q does; no chatter
+    assert "epoch 1/1 " in out and "does not exist yet" not in out and "feature cache" not in out
+    again = lr_find(parse_recipe(r), runs_root=tmp_path / "runs", steps=20)  # the weights exist now
+    assert again.plot == found.plot and "feature cache: " in capsys.readouterr().out
+
+
+def test_two_contexts_accumulating_half_batches_find_as_one_context_on_whole_batches(tiny_symbol, tmp_path):
+    """Batches of 8 on cpu:1,2 (4 images each), 2 batches a step: each step is the mean over the 16
+    images one context sees in a batch of 16 (the same images: the order is the sampler's, batches
+    are its consecutive slices). Only float32 summation order differs: at most one gradient's
+    rounding (the tiny net's largest sum, 16 images x 16 x 16 positions) per step."""
+    one = lr_find(parse_recipe(recipe_dict(tiny_symbol)), runs_root=tmp_path / "a", steps=20, start=1e-3,
+                  end=0.1, quiet=True)
+    r = recipe_dict(tiny_symbol, ctx="cpu:1,2", accumulate=2)
+    r["data"] = {**r["data"], "batch_size": 8}
+    two = lr_find(parse_recipe(r), runs_root=tmp_path / "b", steps=20, start=1e-3, end=0.1, quiet=True)
+    assert len(two.raw) == len(one.raw) == 20
+    np.testing.assert_allclose(two.raw, one.raw, rtol=0, atol=20 * helpers.f32_tol(1.0, 16 * 16 * 16))
+
+
+def test_the_feature_cache_changes_nothing_but_the_time_over_more_than_one_pass(tiny_symbol, tmp_path):
+    """The first convolution frozen: its features cached (and dropped after) or recomputed each
+    step, over 60 steps of batches of 16 (the training split is about 44: a second pass, in a new
+    order, is read from the cache too). Only float32 summation order may differ."""
+    found = {}
+    for cache in ("on", "off"):
+        r = {**recipe_dict(tiny_symbol, cache_features=cache, prefix_engine="mxnet"),
+             "rules": [{"match": "conv0_*", "grad_req": "null"}]}
+        found[cache] = lr_find(parse_recipe(r), runs_root=tmp_path / cache, steps=60, start=1e-4, end=0.1,
+                               quiet=True)
+        assert sorted(p.name for p in (tmp_path / cache / "t-lr-find").iterdir()) == ["lr_find.json", "lr_find.png"]
+    assert found["on"].feed["cache"] and not found["off"].feed["cache"]
+    assert len(found["on"].raw) == len(found["off"].raw) == 60
+    np.testing.assert_allclose(found["on"].raw, found["off"].raw, rtol=0, atol=60 * helpers.f32_tol(1.0, 16 * 16 * 16))
