@@ -336,3 +336,25 @@ def test_the_feature_cache_changes_nothing_but_the_time_over_more_than_one_pass(
     assert found["on"].feed["cache"] and not found["off"].feed["cache"]
     assert len(found["on"].raw) == len(found["off"].raw) == 60
     np.testing.assert_allclose(found["on"].raw, found["off"].raw, rtol=0, atol=60 * helpers.f32_tol(1.0, 16 * 16 * 16))
+
+
+def test_each_step_draws_dropout_and_reads_the_batch_that_finetune_does(tmp_path):
+    """A net with dropout, at learning rates too small to move it (1e-9): lr-find's raw loss of
+    step i is finetune's loss of step i (the same batch, the same dropout draw), over 50 steps
+    (into the second pass over the 44 batches, in its new order). Seed 2**31 makes the draws'
+    seeds wrap: modulo 2**31 they start at 0, modulo 2**32 they would start at 2**31."""
+    mx.random.seed(2)
+    net = mx.gluon.nn.HybridSequential()
+    net.add(mx.gluon.nn.Conv2D(8, 3, padding=1, activation="relu"), mx.gluon.nn.Dropout(0.5),
+            mx.gluon.nn.GlobalAvgPool2D(), mx.gluon.nn.Dense(5))
+    net.initialize(mx.init.Xavier())
+    net.hybridize()
+    net(mx.nd.zeros((1, 3, 16, 16)))
+    net.export(str(tmp_path / "drop"))
+    r = recipe_dict(tmp_path / "drop", lr=1e-9, epochs=2, seed=2**31, guards="off")
+    steps = [m["loss"] for m in api.finetune(r, runs_root=tmp_path / "ft", quiet=True, stop_after_steps=50).metrics
+             if "loss" in m]
+    found = lr_find(parse_recipe(r), runs_root=tmp_path, steps=50, start=1e-9, end=2e-9, quiet=True)
+    assert len(steps) == len(found.raw) == 50
+    # the two runs differ only in float32 rounding of the same few additions
+    np.testing.assert_allclose(found.raw, steps, rtol=0, atol=helpers.f32_tol(2.0, 16 * 16 * 16))
