@@ -1,6 +1,7 @@
 """lr-find: the range test against a quadratic whose best lr is known by hand, fastai's
 suggestions on hand-made curves, the CLI, weights untouched, and train.lr: auto."""
 import json
+import time
 
 import mxnet as mx
 import numpy as np
@@ -151,6 +152,7 @@ def test_valley_is_fastais_on_more_hand_made_curves():
     assert valley(np.array([5.0, 4.0, 3.0, 9.0, 8.0, 7.0])) == 0
     # a longer run past a rise: 9, 8, 7, 6, 5, 4 (0, 1, 2, 4, 5, 6; length 6, end 6): 0 + 2 + 1 = 3
     assert valley(np.array([9.0, 8.0, 7.0, 10.0, 6.0, 5.0, 4.0])) == 3
+    assert valley(np.array([1.0, 2.0, 3.0])) == 0  # nothing falls: the first point
 
 
 def test_steep_measures_the_fall_against_log_lr():
@@ -185,7 +187,8 @@ def test_plot_shows_both_curves_the_three_suggestions_and_fills_with_the_smoothe
     raw, smooth, *marks = ax.lines
     assert list(raw.get_xdata()) == f.lrs and list(raw.get_ydata()) == f.raw
     assert (raw.get_linewidth(), raw.get_alpha(), raw.get_label()) == (0.6, 0.4, "loss")
-    assert list(smooth.get_ydata()) == f.losses and smooth.get_linewidth() == 1.5
+    assert list(smooth.get_xdata()) == f.lrs and list(smooth.get_ydata()) == f.losses
+    assert smooth.get_linewidth() == 1.5
     assert smooth.get_label() == f"smoothed (β {BETA})" == "smoothed (β 0.98)"
     assert [(m.get_marker(), m.get_label()) for m in marks] == [
         ("o", f"valley {f.valley:.2g}"), ("s", f"steep {f.steep:.2g}"), ("^", f"minimum {f.minimum:.2g}")]
@@ -210,6 +213,20 @@ def test_plot_shows_both_curves_the_three_suggestions_and_fills_with_the_smoothe
     assert path == tmp_path / "lr_find.png" and plt.get_fignums() == before  # saved and closed
     with Image.open(path) as im:
         assert (im.format, im.size) == ("PNG", (704, 440))  # 6.4 x 4 inches at 110 dpi
+    assert path.read_bytes() == png_of(figure(f, "t"))  # the figure with its title
+    with pytest.raises(TrainError):
+        plot(f, tmp_path / "missing" / "lr_find.png", "t")
+
+
+def png_of(fig) -> bytes:
+    import io
+
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    return buf.getvalue()
 
 
 def test_a_loss_that_diverges_at_once_is_a_clear_error():
@@ -282,13 +299,15 @@ def test_lr_find_needs_training_data_and_a_writable_place(tiny_symbol, tmp_path)
 
 def test_twenty_steps_from_start_write_the_plot_and_the_record(tiny_symbol, tmp_path):
     (tmp_path / "t-lr-find").mkdir()  # a folder an earlier range test left
+    began = time.perf_counter()
     found = lr_find(parse_recipe(recipe_dict(tiny_symbol)), runs_root=tmp_path, steps=20, start=1e-4, end=1.0,
                     quiet=True)
+    assert 0 < found.seconds <= time.perf_counter() - began
+    assert found.plot.read_bytes() == png_of(figure(found, "t: lr-find"))
     np.testing.assert_allclose(found.lrs, [1e-4 * 1e4 ** (i / 20) for i in range(len(found.lrs))], rtol=1e-12)
     assert found.plot == tmp_path / "t-lr-find" / "lr_find.png" and found.plot.is_file()
     assert found.record == tmp_path / "t-lr-find" / "lr_find.json"
     assert json.loads(found.record.read_text()) == json.loads(json.dumps(found.to_json()))
-    assert found.seconds > 0
 
 
 def test_weights_from_are_made_first_and_lr_find_chatters_unless_quiet(tiny_symbol, tmp_path, monkeypatch,
