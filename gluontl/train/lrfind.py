@@ -88,7 +88,7 @@ def sweep(step: Callable[[float], float], steps: int, start: float, end: float) 
 def suggest(lrs: list[float], losses: list[float], raw: list[float], steps: int, stopped: str) -> Found:
     lo = steps // 10
     x, y = np.array(lrs[lo:-5]), np.array(losses[lo:-5])
-    if len(y) < 3 or not np.isfinite(y).all():
+    if len(y) < 3:  # sweep stops at the first non-finite loss, which the last five leave out
         raise TrainError(f"lr-find: the loss {stopped} after {len(lrs)} steps, leaving {max(len(y), 0)} points to "
                          f"suggest from (the first tenth and the last five are left out). Lower --end, or raise "
                          f"--steps, so the range test sees the loss fall before it diverges.")
@@ -116,7 +116,8 @@ def steep(lrs: np.ndarray, losses: np.ndarray) -> int:
     return int(np.argmin(np.diff(losses) / np.diff(np.log(lrs))))
 
 
-def plot(found: Found, path: Path, title: str) -> Path:
+def figure(found: Found, title: str):
+    """The range test's matplotlib Figure (open: :func:`plot` saves and closes it)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -136,6 +137,13 @@ def plot(found: Found, path: Path, title: str) -> Path:
     ax.xaxis.set_major_formatter(LogFormatter())  # 1e-05, not mathtext (whose fonts a lean install may lack)
     ax.legend()
     fig.tight_layout()
+    return fig
+
+
+def plot(found: Found, path: Path, title: str) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig = figure(found, title)
     out = atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110), TrainError)
     plt.close(fig)
     return out

@@ -1,5 +1,6 @@
 """train.ema: the average against numpy, resume bit for bit, ema_* metrics, the best checkpoint and
 export holding the average, the feature cache, BatchNorm statistics, several contexts."""
+import contextlib
 import json
 
 import mxnet as mx
@@ -8,8 +9,9 @@ import pytest
 import helpers
 
 from gluontl.errors import RecipeError
+from gluontl.naming import named_params
 from gluontl.recipe import EmaSpec, parse_recipe
-from gluontl.rules import make_plan, apply_plan
+from gluontl.rules import make_plan, apply_plan, trainable_params
 from gluontl.train.ema import Ema
 from gluontl.train.loop import finetune
 from gluontl.train.runs import export_run
@@ -83,6 +85,214 @@ def test_the_average_equals_numpy_over_sgd_steps_with_warmup():
     np.testing.assert_array_equal(net[0].weight.data().asnumpy(), frozen)
     no_warmup = Ema(EmaSpec(decay=0.95, warmup=False))
     assert no_warmup.decay() == 0.95
+
+
+def two_layers(ctx=None, frozen_first=True):
+    mx.random.seed(3)
+    net = mx.gluon.nn.HybridSequential()
+    net.add(mx.gluon.nn.Dense(5, in_units=4), mx.gluon.nn.Dense(3, in_units=5))
+    net.initialize(mx.init.Xavier(), ctx=ctx)
+    if frozen_first:
+        apply_plan(net, make_plan(net, [{"match": "0.*", "grad_req": "null"}]))
+    return net
+
+
+def test_warmup_decay_by_hand_and_capped_by_the_recipes_decay():
+    ema = Ema(EmaSpec(decay=0.5, warmup=True))
+    got = []
+    for t in range(11):
+        ema.updates = t
+        got.append(ema.decay())
+    # (1 + t) / (10 + t): 1/10, 2/11, ..., 9/18 = 0.5 at t = 8, then 10/19 > 0.5 is capped
+    assert got == [(1 + t) / (10 + t) for t in range(9)] + [0.5, 0.5]
+    ema.updates = 0
+    assert Ema(EmaSpec(decay=0.05, warmup=True)).decay() == 0.05  # below 1/10 from the start
+    assert Ema(EmaSpec(decay=0.95, warmup=False)).decay() == 0.95
+
+
+def test_one_update_without_warmup_moves_the_average_by_one_minus_decay():
+    net = two_layers()
+    ema = Ema(EmaSpec(decay=0.75, warmup=False))
+    ema.track(net)
+    start = {n: a.asnumpy().astype(np.float64) for n, a in ema.avg.items()}
+    rs = np.random.RandomState(1)
+    for p in (net[1].weight, net[1].bias):  # the weights move by hand, as a step would
+        p.set_data(p.data() + mx.nd.array(rs.randn(*p.shape)))
+    ema.update(net)
+    assert ema.updates == 1
+    for n, p in (("1.weight", net[1].weight), ("1.bias", net[1].bias)):
+        want = 0.75 * start[n] + 0.25 * p.data().asnumpy()
+        helpers.assert_f32_close(ema.avg[n].asnumpy(), want, terms=2, err_msg=n)
+
+
+def test_track_copies_each_parameter_when_it_starts_training_and_keeps_older_averages():
+    net = two_layers()
+    ema = Ema(EmaSpec(decay=0.9))
+    ema.track(net)
+    assert sorted(ema.avg) == ["1.bias", "1.weight"]
+    w1 = net[1].weight.data().asnumpy().copy()
+    np.testing.assert_array_equal(ema.avg["1.weight"].asnumpy(), w1)
+    net[1].weight.set_data(net[1].weight.data() * 2)  # the average is a copy, not the weight's array
+    np.testing.assert_array_equal(ema.avg["1.weight"].asnumpy(), w1)
+    ema.avg["1.bias"][:] = 7.0
+    apply_plan(net, make_plan(net, []))  # the first layer starts training (a later from_epoch rule)
+    ema.track(net)
+    assert sorted(ema.avg) == ["0.bias", "0.weight", "1.bias", "1.weight"]
+    np.testing.assert_array_equal(ema.avg["0.weight"].asnumpy(), net[0].weight.data().asnumpy())
+    np.testing.assert_array_equal(ema.avg["1.bias"].asnumpy(), np.full(3, 7.0, np.float32))  # not restarted
+    np.testing.assert_array_equal(ema.avg["1.weight"].asnumpy(), w1)
+
+
+def test_the_plan_line_says_how_the_average_is_made():
+    net = two_layers()
+    ema = Ema(EmaSpec(decay=0.99))
+    ema.track(net)
+    assert ema.line() == ("ema: 2 trained parameters averaged, decay min(0.99, (1+t)/(10+t)) at step t; "
+                          "BatchNorm statistics copied from the model")
+    ema = Ema(EmaSpec(decay=0.9, warmup=False, batch_norm="recompute", recompute_batches=7))
+    assert ema.line() == ("ema: 0 trained parameters averaged, decay 0.9; BatchNorm statistics recomputed with "
+                          "the averaged weights on 7 training batches each epoch")
+
+
+def test_record_and_arrays_load_onto_the_weights_context_as_copies():
+    net = two_layers(ctx=[mx.cpu(1), mx.cpu(2)])
+    ema = Ema(EmaSpec(decay=0.9))
+    ema.track(net)
+    ema.updates = 4
+    assert ema.record() == {"format": 1, "updates": 4, "names": ["1.bias", "1.weight"]}
+    arrays = ema.arrays()
+    assert all(a.context == mx.cpu() for a in arrays.values())
+    arrays["1.bias"][:] = 3.0  # a copy: the average is not touched
+    assert not (ema.avg["1.bias"].asnumpy() == 3.0).any()
+    other = Ema(EmaSpec(decay=0.9))
+    other.load({"format": 1, "updates": 0, "names": ["1.bias", "1.weight"]}, arrays, net, "x")
+    assert other.updates == 0  # 0 updates is a valid record (saved before the first step)
+    assert all(a.context == mx.cpu(1) for a in other.avg.values())  # the weight's first context
+    np.testing.assert_array_equal(other.avg["1.bias"].asnumpy(), np.full(3, 3.0, np.float32))
+    same = {n: a.as_in_context(mx.cpu(1)) for n, a in arrays.items()}  # already there: still copied
+    other.load(ema.record(), same, net, "x")
+    assert other.updates == 4
+    same["1.weight"][:] = 0.0
+    np.testing.assert_array_equal(other.avg["1.weight"].asnumpy(), ema.avg["1.weight"].asnumpy())
+
+
+@pytest.mark.parametrize("record, edit, bad", [
+    (["not", "a", "dict"], None, None), ({"format": 2}, None, None), ({"updates": True}, None, None),
+    ({"updates": 1.0}, None, None), ({"updates": -1}, None, None), ({"names": ["1.weight"]}, None, None),
+    (None, "2.weight", "2.weight"), (None, "shape", "1.bias")])
+def test_load_refuses_a_record_or_arrays_that_do_not_fit_naming_the_array(record, edit, bad):
+    from gluontl.errors import TrainError
+
+    net = two_layers()
+    ema = Ema(EmaSpec(decay=0.9))
+    ema.track(net)
+    arrays = ema.arrays()
+    if edit == "shape":
+        arrays["1.bias"] = mx.nd.zeros(4)
+    elif edit:
+        arrays[edit] = mx.nd.zeros(net[0].weight.shape)  # a parameter the model does not have
+    full = {"format": 1, "updates": 2, "names": sorted(arrays)}
+    record = record if isinstance(record, list) else {**full, **(record or {})}
+    fresh = Ema(EmaSpec(decay=0.9))
+    with pytest.raises(TrainError) as e:
+        fresh.load(record, arrays, net, "'here.json'")
+    msg = str(e.value)
+    assert msg.startswith("Checkpoint 'here.json' has an ema record that does not fit this model")
+    assert msg.endswith("it was edited by hand or written by something other than gluontl. Refusing it; start a "
+                        "new run from its weights with --init-from.")
+    assert (f"model ({bad});" in msg) if bad else ("model;" in msg)
+    assert fresh.updates == 0 and fresh.avg == {}
+
+
+def test_applied_puts_the_average_in_every_copy_and_the_weights_and_statistics_back_bit_for_bit():
+    mx.random.seed(4)
+    net = mx.gluon.nn.HybridSequential()
+    net.add(mx.gluon.nn.Dense(5, in_units=4), mx.gluon.nn.BatchNorm(in_channels=5))
+    net.initialize(mx.init.Xavier(), ctx=[mx.cpu(1), mx.cpu(2)])
+    ema = Ema(EmaSpec(decay=0.9))
+    ema.track(net)
+    assert sorted(ema.avg) == ["0.bias", "0.weight", "1.beta", "1.gamma"]
+    for a in ema.avg.values():
+        a[:] = a + 0.5
+    before = {n: [c.asnumpy().copy() for c in e.param.list_data()] for n, e in named_params(net).items()}
+    for fail in (False, True):  # the second time a failure inside the block: put back all the same
+        with pytest.raises(KeyError) if fail else contextlib.nullcontext():
+            with ema.applied(net, ["1.running_mean"]):
+                for n, e in named_params(net).items():
+                    for c in e.param.list_data():
+                        want = ema.avg[n].asnumpy() if n in ema.avg else before[n][0]
+                        np.testing.assert_array_equal(c.asnumpy(), want, err_msg=n)
+                for c in net[1].running_mean.list_data():  # what a recompute does to the statistics
+                    c[:] = 9.0
+                if fail:
+                    raise KeyError("inside")
+        for n, e in named_params(net).items():
+            for got, want in zip(e.param.list_data(), before[n]):
+                np.testing.assert_array_equal(got.asnumpy(), want, err_msg=n)
+
+
+def bn_net():
+    """A frozen Dense, dropout, a BatchNorm with frozen gamma and beta, a trained Dense: only the
+    input's gradient carries the backward pass to the BatchNorm."""
+    mx.random.seed(5)
+    net = mx.gluon.nn.HybridSequential()
+    net.add(mx.gluon.nn.Dense(5, in_units=4), mx.gluon.nn.Dropout(0.5), mx.gluon.nn.BatchNorm(in_channels=5),
+            mx.gluon.nn.Dense(3, in_units=5))
+    net.initialize(mx.init.Xavier())
+    apply_plan(net, make_plan(net, [{"match": ["0.*", "2.gamma", "2.beta"], "grad_req": "null"}]))
+    return net
+
+
+def forward(net, xs, ys):
+    return [mx.gluon.loss.SoftmaxCrossEntropyLoss()(net(x), y) for x, y in zip(xs, ys)], None
+
+
+def split(x, ctxs):
+    return mx.gluon.utils.split_and_load(x, ctxs)
+
+
+def bn_batches(n=3):
+    rs = np.random.RandomState(2)
+    return [(mx.nd.array(rs.randn(8, 4)), mx.nd.array(rs.randint(0, 3, 8))) for _ in range(n)]
+
+
+def test_recompute_runs_the_first_batches_through_the_model_and_leaves_no_gradient():
+    """Without dropout (p = 0) the statistics are numpy's: MXNet's momentum 0.9, biased variance."""
+    net = bn_net()
+    net[1]._rate = 0.0
+    ema = Ema(EmaSpec(decay=0.9, batch_norm="recompute", recompute_batches=2))
+    params = list(trainable_params(net).values())
+    ema.recompute_bn(net, params, forward, iter(bn_batches()), [mx.cpu()], split, seed=1)
+    w, b = net[0].weight.data().asnumpy().astype(np.float64), net[0].bias.data().asnumpy().astype(np.float64)
+    mean, var = np.zeros(5), np.ones(5)
+    for x, _ in bn_batches()[:2]:  # two of the three
+        h = x.asnumpy() @ w.T + b
+        mean, var = 0.9 * mean + 0.1 * h.mean(0), 0.9 * var + 0.1 * h.var(0)
+    helpers.assert_f32_close(net[2].running_mean.data().asnumpy(), mean, scale=4.0, terms=8)
+    helpers.assert_f32_close(net[2].running_var.data().asnumpy(), var, scale=16.0, terms=8)
+    for p in params:
+        assert not p.grad().asnumpy().any(), p.name
+
+
+def test_recompute_draws_batch_i_with_seed_plus_i_and_does_nothing_under_copy():
+    """Batch i runs under mx.random.seed((seed + i) mod 2**31), so a resumed run's dropout draws the
+    same: replayed by hand from the largest seed, where the second batch's wraps to 0."""
+    net, ref = bn_net(), bn_net()
+    copy = Ema(EmaSpec(decay=0.9, batch_norm="copy"))
+    copy.recompute_bn(net, [], forward, iter(bn_batches()), [mx.cpu()], split, seed=0)
+    np.testing.assert_array_equal(net[2].running_mean.data().asnumpy(), np.zeros(5, np.float32))
+    ema = Ema(EmaSpec(decay=0.9, batch_norm="recompute", recompute_batches=2))
+    mx.random.seed(123)  # whatever the global generator was doing before
+    ema.recompute_bn(net, [], forward, iter(bn_batches()), [mx.cpu()], split, seed=2**31 - 1)
+    for seed, (x, y) in zip((2**31 - 1, 0), bn_batches()):
+        mx.random.seed(seed)
+        x.attach_grad()
+        with mx.autograd.record():
+            losses, _ = forward(ref, [x], [y])
+        mx.autograd.backward(losses)
+    for name in ("running_mean", "running_var"):
+        got, want = getattr(net[2], name).data().asnumpy(), getattr(ref[2], name).data().asnumpy()
+        np.testing.assert_array_equal(got, want, err_msg=name)
 
 
 def test_a_stopped_and_resumed_ema_run_is_the_uninterrupted_one_bit_for_bit(tiny_symbol, tmp_path):
