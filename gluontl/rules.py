@@ -12,9 +12,9 @@ see ``param_kinds``). Running mean/var are auxiliary states: they take no grad_r
 whether they move is the layer's ``bn`` mode.
 
 A rule's ``adapter`` puts LoRA factors on the Conv/Dense layers it selects (added to the model by
-``attach_adapters`` before planning, see gluontl/adapters.py): they train, decided by that rule
-(later rules change them as they change any parameter), and the adapted layers' own parameters
-are frozen whatever other rules say.
+``attach_adapters`` before planning, see gluontl/adapters.py): they train, at that rule's ``lr_mult``
+and ``wd_mult`` if it sets them (later rules change them as they change any parameter), and the
+adapted layers' own parameters are frozen whatever other rules say.
 """
 from __future__ import annotations
 
@@ -331,6 +331,9 @@ def make_plan(block: HybridBlock, rules: Iterable[RuleLike], *, epoch: int | Non
                 bn_rank[id(e.layer)] = (pr.rule.bn, pr.label)
         for n in (n for label, t in targets.values() if label == pr.label for n in (t.a, t.b)):
             values[n]["grad_req"], decided[n]["grad_req"] = "write", pr.label
+            for f in ("lr_mult", "wd_mult"):  # the rule's base weights are frozen: its multipliers mean the factors
+                if getattr(pr.rule, f) is not None:
+                    values[n][f], decided[n][f] = getattr(pr.rule, f), pr.label
     adapter_text = {}
     for label, t in targets.values():  # an adapted layer's own parameters are frozen whatever other rules say
         for n in t.frozen:

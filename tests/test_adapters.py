@@ -836,3 +836,20 @@ def test_the_plan_shows_an_adapter_rule_with_its_settings_even_when_they_are_the
     rule = {"match": "*", "adapter": {}}  # rank 8, alpha 16: the defaults, which the plan must still say
     text = format_plan(make_plan(attach_adapters(net, [rule]), [rule]))
     assert "adapter={'kind': 'lora', 'rank': 8, 'alpha': 16.0, 'dropout': 0.0}" in text
+
+
+def test_an_adapter_rules_multipliers_go_to_its_factors_and_later_rules_still_win():
+    """The layers an adapter rule selects are frozen, so its lr_mult/wd_mult can only mean the factors
+    (LoRA under the recipe's SGD at lr 0.1 diverges where the same layers trained in full do not)."""
+    rules = [TINY_RULES[0], {"type": ["Conv"], "adapter": LORA, "lr_mult": 0.1, "wd_mult": 0.0},
+             {"match": "1.0.lora_b.weight", "lr_mult": 2.0}, TINY_RULES[2]]
+    net, plan = _adapt(_tiny(), rules)
+    rows = plan.by_name()
+    got = {n: (r.lr_mult, r.wd_mult, r.decided_by["lr_mult"], r.decided_by["wd_mult"])
+           for n, r in rows.items() if "lora" in n}
+    assert got == {"0.lora_a.weight": (0.1, 0.0, "2", "2"), "0.lora_b.weight": (0.1, 0.0, "2", "2"),
+                   "1.0.lora_a.weight": (0.1, 0.0, "2", "2"), "1.0.lora_b.weight": (2.0, 0.0, "3", "2")}
+    params = {n: e.param for n, e in named_params(net).items()}
+    assert [params[n].lr_mult for n in sorted(got)] == [0.1, 0.1, 0.1, 2.0]
+    assert [params[n].wd_mult for n in sorted(got)] == [0.0] * 4
+    assert rows["0.weight"].grad_req == "null"
