@@ -37,7 +37,7 @@ def _cpu(pid: int) -> float:
     return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
-def _timed(cmd: list[str], env: dict[str, str], metrics: Path | None = None
+def _timed(cmd: list[str], env: dict[str, str], cwd: Path, metrics: Path | None = None
            ) -> tuple[float, float, str, list[tuple[float, float, int]]]:
     """Wall seconds, CPU seconds (user + system, children included) and stdout of ``cmd``, and
     samples (wall, CPU, epoch rows in ``metrics`` DIR/*/metrics.jsonl so far) every 0.2 s: when
@@ -47,7 +47,7 @@ def _timed(cmd: list[str], env: dict[str, str], metrics: Path | None = None
     t0 = time.perf_counter()
     samples = []
     with tempfile.TemporaryFile("w+") as out:
-        proc = subprocess.Popen(cmd, env=env, stdout=out, text=True)
+        proc = subprocess.Popen(cmd, env=env, stdout=out, text=True, cwd=cwd)
         while proc.poll() is None:
             rows = 0
             if metrics is not None:
@@ -89,13 +89,13 @@ def main() -> None:
     code = args.code.resolve()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(code), os.environ.get("PYTHONPATH")])))
     env.setdefault("GLUONTL_HOME", str(Path.home() / ".cache" / "gluontl"))
-    runs = args.runs or Path(tempfile.mkdtemp(prefix="bench-demo-"))
+    runs = (args.runs or Path(tempfile.mkdtemp(prefix="bench-demo-"))).resolve()
     recipe = code / "recipes" / "elpv_efficientnet_lite0.yaml"
     sets = [a for s in args.sets for a in ("--set", s)]
     ft_wall, ft_cpu, out, samples = _timed([sys.executable, "-m", "gluontl", "finetune", "--recipe", str(recipe),
-                                            "--runs", str(runs), "-q", *sets], env, runs)
+                                            "--runs", str(runs), "-q", *sets], env, code, runs)
     run = Path(re.findall(r"^done: .*; run folder (.*)$", out, re.M)[-1])
-    ev_wall, ev_cpu, ev_out, _ = _timed([sys.executable, "-m", "gluontl", "evaluate", str(run)], env)
+    ev_wall, ev_cpu, ev_out, _ = _timed([sys.executable, "-m", "gluontl", "evaluate", str(run)], env, code)
     summary = json.loads((run / "summary.json").read_text())
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     seconds = [r["seconds"] for r in rows if "epoch" in r]
