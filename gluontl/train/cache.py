@@ -39,7 +39,7 @@ from ..errors import TrainError
 from ..naming import named_params
 from ..recipe import Recipe, TrainSpec, TransformSpec
 from ..rules import Plan
-from .data import ImageDataset, Loaders
+from .data import ImageDataset, Loaders, load_split
 from .prefix import Engine, Int8Engine, MxEngine, Split, check_images, choose_engine, split_frozen_prefix
 from .sampler import EpochSampler
 
@@ -408,8 +408,6 @@ def stored_val(run: Path, recipe: Recipe, net: HybridBlock, plan: Plan, val: Ima
     split = split_frozen_prefix(net, plan, recipe.model.input_shape, ctx)
     if split.prefix is None:
         return None
-    from .data import load_split
-
     train = load_split(recipe.data, recipe.data.train, check=False)  # listed: its names and labels are keyed
     with autograd.predict_mode():
         row_shape = split.prefix(mx.nd.zeros((1, *recipe.model.input_shape), ctx=ctx)).shape[1:]
