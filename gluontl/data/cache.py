@@ -39,8 +39,8 @@ from ..errors import TrainError
 from ..naming import named_params
 from ..recipe import Recipe, TrainSpec, TransformSpec
 from ..rules import Plan
-from .datasets import ImageDataset, Loaders
-from .prefix import Engine, MxEngine, Split, check_images, choose_engine, split_frozen_prefix
+from .datasets import ImageDataset, Loaders, load_split
+from .prefix import Engine, Int8Engine, MxEngine, Split, check_images, choose_engine, split_frozen_prefix
 from .sampler import EpochSampler
 
 _RANDOM_STEPS = ("random_resized_crop", "flip", "color_jitter")
@@ -87,23 +87,23 @@ def decide(t: TrainSpec, split: Split, train_transform: TransformSpec) -> Decisi
     return Decision(True, views, f"{split.reason}{more}")
 
 
-def cache_key(recipe: Recipe, split: Split, row_shape: tuple[int, ...], loaders: Loaders) -> dict[str, Any]:
+def cache_key(recipe: Recipe, split: Split, row_shape: tuple[int, ...], train: ImageDataset, val: ImageDataset,
+              engine: Engine | None = None) -> dict[str, Any]:
     """What cached features are the output of (see the module docstring). The images are named by
     their items and labels: a data folder renamed or relabelled between a stop and its resume
-    (same recipe, same count) must not pair old features with new labels."""
+    (same recipe, same count) must not pair old features with new labels. The float engines
+    agree within 1e-4 and share a key; an int8 prefix's features are others, and which ones
+    depends on ``reduce_range`` (the CPU's), so the engine that ran keys them (``engine.key``)."""
     h = hashlib.sha256()
     for name, e in sorted(named_params(split.prefix).items()):
         h.update(name.encode())
         h.update(e.param.list_data()[0].asnumpy().tobytes())
     items = hashlib.sha256()
-    for ds in (loaders.train._dataset, loaders.val._dataset):
+    for ds in (train, val):
         items.update("\n".join(ds.name(i) for i in range(len(ds))).encode() + b"\0" + ds.labels.tobytes() + b"\0")
-    key = {"format": 1, "boundary": split.boundary, "prefix_sha256": h.hexdigest(), "items_sha256": items.hexdigest(),
-           "recipe": recipe.digest("model", "surgery", "data"), "seed": recipe.train.seed,
-           "dtype": recipe.train.cache_dtype, "row_shape": list(row_shape)}
-    if recipe.train.prefix_engine == "onnxruntime-int8":  # other features than the float engines' (same within 1e-4)
-        key["engine"] = recipe.train.prefix_engine
-    return key
+    return {"format": 1, "boundary": split.boundary, "prefix_sha256": h.hexdigest(), "items_sha256": items.hexdigest(),
+            "recipe": recipe.digest("model", "surgery", "data"), "seed": recipe.train.seed,
+            "dtype": recipe.train.cache_dtype, "row_shape": list(row_shape), **(engine.key if engine else {})}
 
 
 class Calibration:
@@ -121,6 +121,24 @@ class Calibration:
 
     def __getitem__(self, b: int) -> np.ndarray:
         return np.stack([self.ds[key][0] for key in self.keys[b]])
+
+
+def _files(folder: Path, what: str) -> tuple[Path, Path]:
+    name = what.replace(" ", "_")
+    return folder / f"{name}.npy", folder / f"{name}.json"
+
+
+def stored_features(folder: Path, what: str, record: dict[str, Any], dtype: np.dtype) -> np.ndarray | None:
+    """The features in ``folder`` for ``what`` (memory-mapped), if their record is ``record``
+    and the file holds what it says; None otherwise (missing, another key, damaged)."""
+    data, path = _files(folder, what)
+    try:
+        if json.loads(path.read_text(encoding="utf-8")) != record:
+            return None
+        out = np.load(data, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError):
+        return None
+    return out if out.dtype == dtype and out.shape == (record["rows"], *record["row_shape"]) else None
 
 
 class FeatureCache:
@@ -142,22 +160,13 @@ class FeatureCache:
         self.on_disk: set[str] = set()  # what is in the run folder under this cache's record
 
     def _files(self, what: str) -> tuple[Path, Path]:
-        name = what.replace(" ", "_")
-        return self.folder / f"{name}.npy", self.folder / f"{name}.json"
+        return _files(self.folder, what)
 
     def _record(self, what: str, rows: int) -> dict[str, Any]:
         return {**self.key, "what": what, "rows": rows}
 
     def _on_file(self, what: str, rows: int) -> np.ndarray | None:
-        """The features a stopped run left for ``what`` (memory-mapped), if their record is this cache's."""
-        data, record = self._files(what)
-        try:
-            if json.loads(record.read_text(encoding="utf-8")) != self._record(what, rows):
-                return None
-            out = np.load(data, mmap_mode="r", allow_pickle=False)
-        except (OSError, ValueError):
-            return None
-        return out if out.dtype == self.dtype and out.shape == (rows, *self.key["row_shape"]) else None
+        return stored_features(self.folder, what, self._record(what, rows), self.dtype)
 
     def complete(self) -> bool:
         """Whether every view and val are in the run folder under this cache's record."""
@@ -231,22 +240,27 @@ class FeatureCache:
         ds = self.loaders.val._dataset
         if self.val is None:
             self.val = self._fill(ds, list(range(len(ds))), "val")
-        for i in range(0, len(ds), self.batch_size):
-            yield (mx.nd.array(self.val[i:i + self.batch_size], dtype=np.float32),
-                   mx.nd.array(ds.labels[i:i + self.batch_size], dtype=np.float32))
+        return feature_batches(self.val, ds.labels, self.batch_size)
 
-    def close(self, keep: bool = False) -> None:
+    def close(self, keep: bool = False, keep_val: bool = False) -> None:
         """Drop the features. ``keep`` (the run stopped before its end) leaves them in the run
-        folder with their records, for its resume; otherwise the folder goes. Keeping is a
-        convenience: a write that fails (a full disk) only means the resume recomputes."""
+        folder with their records, for its resume; ``keep_val`` (a finished run) leaves only val's,
+        when a float prefix made them, for ``gluontl evaluate`` (``stored_val``). Keeping is a
+        convenience: a write that fails (a full disk) only means the resume or evaluate computes
+        them again."""
         filled = [(f"train view {v}", a) for v, a in sorted(self.train.items())]
         filled += [("val", self.val)] if self.val is not None else []
         self.train.clear()
         self.val = None
         if not keep:
+            filled = [(w, a) for w, a in filled if keep_val and w == "val" and "engine" not in self.key]
+            kept = {p.name for p in self._files("val")} if filled else set()
             if self.folder.is_dir():
-                shutil.rmtree(self.folder, ignore_errors=True)
-            return
+                for path in self.folder.iterdir():
+                    if path.name not in kept:
+                        path.unlink(missing_ok=True)
+                if not kept:
+                    shutil.rmtree(self.folder, ignore_errors=True)
         for what, features in filled:
             if what in self.on_disk:  # memory-mapped, or read from there
                 continue
@@ -261,6 +275,15 @@ class FeatureCache:
         where = "memory" if self.bytes <= self.max_bytes else f"memory-mapped files in {self.folder}"
         reused = f", {', '.join(self.reused)} read from {self.folder}" if self.reused else ""
         return f"{self.bytes / 2**20:.1f} MiB of {self.dtype.name} features in {where}{reused}"
+
+
+def feature_batches(features: np.ndarray, labels: np.ndarray, batch_size: int
+                    ) -> Iterator[tuple[mx.nd.NDArray, mx.nd.NDArray]]:
+    """Cached features and their labels in batches of ``batch_size``, in order, as float32 (the
+    validation of ``finetune`` and of ``evaluate`` from the cache: the same batches, the same numbers)."""
+    for i in range(0, len(features), batch_size):
+        yield (mx.nd.array(features[i:i + batch_size], dtype=np.float32),
+               mx.nd.array(labels[i:i + batch_size], dtype=np.float32))
 
 
 def _save_npy(path: Path, features: np.ndarray) -> None:
@@ -309,9 +332,9 @@ class Feed:
         for x, y in loader:
             yield mx.nd.array(self.engine(x.asnumpy()), ctx=x.context), y
 
-    def close(self, keep: bool = False) -> None:
+    def close(self, keep: bool = False, keep_val: bool = False) -> None:
         if self.val_cache is not None:
-            self.val_cache.close(keep)
+            self.val_cache.close(keep, keep_val)
 
     def summary(self) -> dict[str, Any]:
         return {"cache": self.cache is not None, "prefix_engine": self.engine.name if self.engine else None,
@@ -347,15 +370,19 @@ def build_feed(net: HybridBlock, plan: Plan, recipe: Recipe, loaders: Loaders, c
         split.suffix.hybridize(static_alloc=True, static_shape=True)
     # per step, onnxruntime must clearly beat MXNet's own step, which skips backward through the prefix
     # val transforms are deterministic, so val features are cached whenever the suffix trains
+    float_key = cache_key(recipe, split, one.shape[1:], train_ds, loaders.val._dataset)
     cache = FeatureCache(None, loaders, max(decision.views, 1), t, folder, recipe.data.batch_size,
-                         recipe.data.workers, quiet, cache_key(recipe, split, one.shape[1:], loaders))
-    if decision.train and cache.complete():  # a resume with every feature at hand: skip the engines' probe
+                         recipe.data.workers, quiet, float_key)
+    made_by = _complete_under(cache, [float_key] + [{**float_key, **Int8Engine.key_for(reduce)} for reduce in
+                                                    (False, True) if t.prefix_engine == "onnxruntime-int8"])
+    if decision.train and made_by is not None:  # a resume with every feature at hand: skip the engines' probe
         engine, engine_log = MxEngine(split.prefix, recipe.model.input_shape, ctx, t.hybridize), \
-            f"prefix engine: none run (every feature is in {folder})"
+            f"prefix engine: none run (every feature is in {folder}{made_by})"
     else:
         engine, engine_log = choose_engine(t.prefix_engine, split.prefix, recipe.model.input_shape, ctx, probe,
                                            t.hybridize, margin=1.0 if decision.train else PER_STEP_MARGIN,
                                            calibration=Calibration(train_ds, max(decision.views, 1)))
+        cache.key = {**float_key, **engine.key}  # the engine that runs, not the one asked for
     cache.engine = engine
     if decision.train:
         return Feed(split.suffix, loaders, split, cache=cache, engine=engine,
@@ -365,6 +392,45 @@ def build_feed(net: HybridBlock, plan: Plan, recipe: Recipe, loaders: Loaders, c
                     input_shape=recipe.model.input_shape)
     return Feed(split.suffix, loaders, split, engine=engine, val_cache=cache,
                 log=f"feature cache: off ({decision.reason}); {engine_log}, run every step (val features cached)")
+
+
+def stored_val(run: Path, recipe: Recipe, net: HybridBlock, plan: Plan, val: ImageDataset, ctx: mx.Context
+               ) -> tuple[HybridBlock, np.ndarray] | None:
+    """The trained suffix of ``net`` and the val features ``finetune`` left in ``RUN/feature_cache``
+    when their record is the key this model, recipe and data give now under a float prefix engine:
+    evaluate then runs only the suffix, on the very features and batches of finetune's own
+    validation (the same numbers, without decoding val or running the prefix again). None — run
+    the whole network — when the folder is gone, the record differs in anything (weights, cut,
+    images, labels, seed, dtype), or the prefix was int8 (evaluate reports the float network)."""
+    folder = run / "feature_cache"
+    if recipe.data is None or not _files(folder, "val")[1].is_file():
+        return None
+    split = split_frozen_prefix(net, plan, recipe.model.input_shape, ctx)
+    if split.prefix is None:
+        return None
+    train = load_split(recipe.data, recipe.data.train, check=False)  # listed: its names and labels are keyed
+    with autograd.predict_mode():
+        row_shape = split.prefix(mx.nd.zeros((1, *recipe.model.input_shape), ctx=ctx)).shape[1:]
+    key = cache_key(recipe, split, row_shape, train, val)
+    features = stored_features(folder, "val", {**key, "what": "val", "rows": len(val)},
+                               np.dtype(recipe.train.cache_dtype))
+    if features is None:
+        return None
+    if recipe.train.hybridize:  # as finetune validated it
+        split.suffix.hybridize(static_alloc=True, static_shape=True)
+    return split.suffix, features
+
+
+def _complete_under(cache: FeatureCache, keys: list[dict[str, Any]]) -> str | None:
+    """Whether a complete set of features is in the run folder under one of ``keys`` (a complete
+    set is never a mix of engines): None if not, else what to tell of the engine that made them;
+    ``cache`` is left under that key."""
+    for key in keys:
+        cache.key = key
+        if cache.complete():
+            return f", made by {key['engine']} with reduce_range {key['reduce_range']}" if "engine" in key else ""
+    cache.key = keys[0]
+    return None
 
 
 def _check_room(decision: Decision, t: TrainSpec, per_row: int, rows: int, folder: Path) -> Decision:

@@ -213,6 +213,7 @@ def check_images(shape: tuple[int, ...], input_shape: tuple[int, ...], where: st
 
 class Engine(Protocol):
     name: str
+    key: dict  # what it adds to the feature cache's key (``cache.cache_key``)
 
     def __call__(self, x: np.ndarray) -> np.ndarray: ...
 
@@ -221,6 +222,7 @@ class MxEngine:
     """The prefix in MXNet, hybridized, in predict mode."""
 
     name = "mxnet"
+    key: dict = {}
 
     def __init__(self, prefix: HybridBlock, input_shape: tuple[int, ...], ctx: mx.Context,
                  hybridize: bool = True) -> None:
@@ -240,6 +242,7 @@ class OrtEngine:
     check, before any feature is kept."""
 
     name = "onnxruntime"
+    key: dict = {}
 
     def __init__(self, prefix: HybridBlock, input_shape: tuple[int, ...], ctx: mx.Context,
                  model: bytes | None = None) -> None:
@@ -280,6 +283,12 @@ class Int8Engine(OrtEngine):
         model, images = quantize(float_engine.model, float_engine.input, calibration, reduce)
         super().__init__(None, float_engine.input_shape, ctx, model)
         self.note = f"QDQ int8 calibrated on {images} training images, {why}"
+        self.key = self.key_for(reduce)
+
+    @staticmethod
+    def key_for(reduce: bool) -> dict:
+        """Its features depend on ``reduce_range`` (u8xs8 kernels with or without VNNI)."""
+        return {"engine": Int8Engine.name, "reduce_range": reduce}
 
 
 def _median_seconds(engine: Engine, x: np.ndarray, reps: int = 3) -> float:

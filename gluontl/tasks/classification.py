@@ -91,13 +91,24 @@ class Classification:
         return block
 
     def evaluate_run(self, run: Path, recipe: Recipe, net, split: str, tag: str) -> Report:
+        from ..data.cache import feature_batches, stored_val
         from ..data.card import recipe_data
         from ..data.datasets import load_split
+        from ..rules import make_plan
 
-        ds = load_split(recipe_data(recipe, run), split)
-        loader = mx.gluon.data.DataLoader(ds, batch_size=recipe.data.batch_size, shuffle=False)
+        data = recipe_data(recipe, run)
+        ds = load_split(data, split)
+        cached = None
+        if split == data.val:  # the features of the run's last cut (its last epoch's plan)
+            plan = make_plan(net, recipe.rules, epoch=recipe.train.epochs - 1, input_shape=recipe.model.input_shape)
+            cached = stored_val(run, recipe, net, plan, ds, mx.cpu())
+        if cached is None:
+            net_, batches = net, mx.gluon.data.DataLoader(ds, batch_size=data.batch_size, shuffle=False)
+        else:
+            net_, batches = cached[0], feature_batches(cached[1], ds.labels, data.batch_size)
         with mx.autograd.predict_mode():
-            out = evaluate_loader(net, loader, [mx.cpu()], len(ds.class_names), gluon.loss.SoftmaxCrossEntropyLoss())
+            out = evaluate_loader(net_, batches, [mx.cpu()], len(ds.class_names),
+                                  gluon.loss.SoftmaxCrossEntropyLoss())
         out["class_names"] = names = ds.class_names
         out["images"] = len(ds)
         support = out["confusion"].sum(axis=1)
@@ -110,6 +121,10 @@ class Classification:
                  "confusion (rows: true, columns: predicted)",
                  " " * width + " " + " ".join(f"{n:>{width}}" for n in names)]
         lines += [f"{n:>{width}} " + " ".join(f"{v:>{width}}" for v in row) for n, row in zip(names, out["confusion"])]
+        out["from_feature_cache"] = cached is not None
+        if cached is not None:
+            lines.append(f"(the frozen prefix's {split} features finetune computed, {run / 'feature_cache'}, through "
+                         f"the trained rest: the numbers of finetune's own validation)")
         return Report(out, lines)
 
     def predict_run(self, run: Path, recipe: Recipe, net, images: list[str], opts: PredictOptions) -> Report:

@@ -674,7 +674,8 @@ class _Run:
     def close(self, completed: bool) -> None:
         self.log.close()
         if self.feed is not None:
-            self.feed.close(keep=not completed)
+            # a finished run keeps its val features for evaluate (one folder: a single worker's)
+            self.feed.close(keep=not completed, keep_val=completed and self.dist.size == 1)
 
     def summary(self, stop: _Stop) -> RunResult:
         """The result, and (a run that trained to its end) summary.json."""

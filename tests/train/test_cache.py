@@ -37,6 +37,10 @@ def curve(result):
                      for r in rows])
 
 
+def kept_files(result):
+    return sorted(p.name for p in (result.run_dir / "feature_cache").iterdir())
+
+
 def summary(result):
     return json.loads((result.run_dir / "summary.json").read_text())["feature_cache"]
 
@@ -128,7 +132,7 @@ def test_a_resume_reads_the_features_the_stopped_run_left(weights, tmp_path):
     np.testing.assert_array_equal(curve(done), curve(full))
     for k, v in _params(full.run_dir / "checkpoints" / "last.params").items():
         np.testing.assert_array_equal(_params(done.run_dir / "checkpoints" / "last.params")[k], v, err_msg=k)
-    assert not (part.run_dir / "feature_cache").exists()  # a finished run removes it
+    assert kept_files(part) == ["val.json", "val.npy"]  # a finished run keeps only val's, for evaluate
 
 
 def test_cached_features_are_reused_only_under_their_own_record(weights, tmp_path):
@@ -151,7 +155,8 @@ def test_cached_features_are_reused_only_under_their_own_record(weights, tmp_pat
         cache.close(keep=True)
         return features, cache.reused
 
-    key = cache_key(r, split, (512, 1, 1), loaders)
+    sets = loaders.train._dataset, loaders.val._dataset
+    key = cache_key(r, split, (512, 1, 1), *sets)
     first, reused = fill(key)
     assert reused == [] and first.shape == (len(loaders.train._dataset), 512, 1, 1)
     again, reused = fill(key)
@@ -159,9 +164,9 @@ def test_cached_features_are_reused_only_under_their_own_record(weights, tmp_pat
     np.testing.assert_array_equal(again, first)
     labels = loaders.train._dataset.labels
     labels[0] = (labels[0] + 1) % 5  # one image relabelled between the stop and the resume
-    relabelled = cache_key(r, split, (512, 1, 1), loaders)
+    relabelled = cache_key(r, split, (512, 1, 1), *sets)
     labels[0] = (labels[0] - 1) % 5
-    assert relabelled["items_sha256"] != key["items_sha256"] and cache_key(r, split, (512, 1, 1), loaders) == key
+    assert relabelled["items_sha256"] != key["items_sha256"] and cache_key(r, split, (512, 1, 1), *sets) == key
     for other in ({**key, "boundary": "features.7"}, {**key, "prefix_sha256": "0" * 64}, relabelled):
         assert fill(other)[1] == []
         assert fill(key)[1] == []  # the recompute replaced the file and its record
@@ -171,6 +176,58 @@ def test_cached_features_are_reused_only_under_their_own_record(weights, tmp_pat
     assert fill(key)[1] == []
     features, _ = fill(key)
     np.testing.assert_array_equal(features, first)
+
+
+def test_the_key_names_the_engine_that_ran_and_its_reduce_range(weights):
+    """Float engines agree within 1e-4 and keep the key they always had (caches left by earlier
+    versions stay valid); an int8 prefix's features depend on reduce_range (VNNI or not), so a
+    resume on another CPU, or after the int8 prefix was refused, recomputes instead of mixing."""
+    from gluontl.data.cache import cache_key
+    from gluontl.data.prefix import Int8Engine, MxEngine, split_frozen_prefix
+    from gluontl.tasks import get_task
+
+    r = recipe(weights)
+    prep, loaders = get_task(r).setup(r, mx.cpu(), seed=0)
+    split = split_frozen_prefix(prep.block, prep.plan, r.model.input_shape, mx.cpu())
+    sets = loaders.train._dataset, loaders.val._dataset
+    key = cache_key(r, split, (512, 1, 1), *sets)
+    assert sorted(key) == ["boundary", "dtype", "format", "items_sha256", "prefix_sha256", "recipe", "row_shape",
+                           "seed"]
+    assert cache_key(r, split, (512, 1, 1), *sets, MxEngine(split.prefix, r.model.input_shape, mx.cpu())) == key
+    int8 = r.model_copy(update={"train": r.train.model_copy(update={"prefix_engine": "onnxruntime-int8"})})
+    assert cache_key(int8, split, (512, 1, 1), *sets) == key  # asked for, not run: the float key
+    keys = [cache_key(r, split, (512, 1, 1), *sets, type("Ran", (), {"key": Int8Engine.key_for(reduce)})())
+            for reduce in (False, True)]
+    assert keys[0] != keys[1] and key not in keys
+    assert [(k["engine"], k["reduce_range"]) for k in keys] == [("onnxruntime-int8", False), ("onnxruntime-int8", True)]
+
+
+def test_evaluate_reads_the_val_features_finetune_left_and_only_under_their_key(weights, tmp_path):
+    """A finished run keeps its val features; evaluate then runs only the trained rest on them and
+    reports finetune's own validation of that checkpoint to the last bit. Without them, or with a
+    record that is not the key of this model and data, it runs the whole network on the decoded
+    images, whose numbers the cached ones equal within float rounding."""
+    from gluontl.train.runs import evaluate
+
+    run = finetune(recipe(weights, cache_dtype="float16"), runs_root=tmp_path, quiet=True).run_dir
+    best = json.loads((run / "checkpoints" / "best.json").read_text())["best"]
+    cached = evaluate(run)
+    assert cached["from_feature_cache"] is True
+    assert (cached["val_top1"], cached["val_balanced_acc"], cached["val_loss"]) == \
+        (best["val_top1"], best["val_balanced_acc"], best["val_loss"])
+    record = run / "feature_cache" / "val.json"
+    good = record.read_text()
+    for field, value in (("prefix_sha256", "0" * 64), ("seed", 1), ("dtype", "float32"), ("boundary", "features.7")):
+        record.write_text(json.dumps({**json.loads(good), field: value}))
+        assert evaluate(run)["from_feature_cache"] is False, field
+    record.write_text(good)
+    assert evaluate(run)["from_feature_cache"] is True
+    shutil.rmtree(run / "feature_cache")
+    whole = evaluate(run)
+    assert whole["from_feature_cache"] is False
+    np.testing.assert_array_equal(whole["confusion"], cached["confusion"])
+    assert abs(whole["val_loss"] - cached["val_loss"]) <= 8 * FLOAT16_FEATURES * whole["val_loss"]
+    assert json.loads((run / "summary.json").read_text())["feature_cache"]["cache"] is True
 
 
 def test_random_augmentation_turns_the_cache_off_unless_views_are_asked_for(weights, tmp_path):
@@ -195,7 +252,7 @@ def test_why_the_cache_is_off_when_everything_trains(weights, tmp_path):
 def test_memory_mapped_float16_cache(weights, uncached, tmp_path):
     on = finetune(recipe(weights, cache_dtype="float16", cache_max_bytes=1), runs_root=tmp_path, quiet=True)
     assert "memory-mapped" in summary(on)["cache_size"] and "float16" in summary(on)["cache_size"]
-    assert not (on.run_dir / "feature_cache").exists()  # removed when the run ends
+    assert kept_files(on) == ["val.json", "val.npy"]  # the train views removed when the run ends
     assert_same_run(uncached, on, weights, FLOAT16_FEATURES)
 
 

@@ -119,3 +119,5 @@ def test_the_run_folder_records_the_int8_engine(tmp_path):
         "onnxruntime-int8 refused: "
     assert said in cache["log"] and said in (run / "plan.txt").read_text()
     assert json.loads((run / "plan.json").read_text())["feature_cache"]["prefix_engine"] == cache["prefix_engine"]
+    # int8 val features are not the float network's: none are kept for evaluate
+    assert (run / "feature_cache").exists() == (cache["prefix_engine"] == "onnxruntime")
