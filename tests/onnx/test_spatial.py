@@ -1,0 +1,140 @@
+"""An ONNX classifier bound at another image size than it declares, up to the nodes a dense head
+reads (gluontl.onnx.spatial through sources.build_model): the features equal onnxruntime's float
+run of the same file with its input dims changed, while what lies past them (a Flatten -> Gemm
+made for the declared size) is cut off; a graph that is not fully convolutional up to the taps
+is refused, naming the node."""
+from __future__ import annotations
+
+import mxnet as mx
+import numpy as np
+import onnx
+import onnx.utils
+import onnxruntime as ort
+import pytest
+from helpers import assert_f32_close
+from onnx import TensorProto, helper, numpy_helper
+
+from gluontl.errors import GluontlError, OnnxImportError
+from gluontl.naming import named_params
+from gluontl.recipe import ModelSpec
+from gluontl.sources import build_model
+from gluontl.surgery import tap
+
+DECLARED = 32
+
+
+def _init(rng, name: str, *shape: int, scale: float = 0.3) -> onnx.TensorProto:
+    return numpy_helper.from_array((rng.normal(size=shape) * scale).astype(np.float32), name)
+
+
+def classifier(path, *, middle: str = "plain") -> str:
+    """A 32x32 classifier: conv (stride 2, explicit pads) -> BN -> Clip, a residual depthwise conv,
+    max pool, a x2 Resize by scales, a channel Concat (tap 'cat'), a stride-2 conv (tap 'deep'),
+    then Flatten -> Gemm over the 8x8 map, which holds the whole file to 32x32. ``middle``:
+    'flatten' puts Flatten -> Gemm -> Reshape before 'deep', 'sizes' makes the Resize one to
+    fixed sizes, 'bias' adds a constant of the map's own H x W."""
+    rng = np.random.default_rng(7)
+    inits = [_init(rng, "w1", 8, 3, 3, 3), _init(rng, "dw", 8, 1, 3, 3), _init(rng, "w2", 8, 16, 3, 3),
+             numpy_helper.from_array(rng.uniform(0.5, 1.5, 8).astype(np.float32), "g"),
+             _init(rng, "b", 8), _init(rng, "m", 8, scale=0.1),
+             numpy_helper.from_array(rng.uniform(0.5, 1.5, 8).astype(np.float32), "v"),
+             numpy_helper.from_array(np.float32(0), "lo"), numpy_helper.from_array(np.float32(6), "hi"),
+             numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales"),
+             _init(rng, "fc_w", 10, 8 * 8 * 8, scale=0.05), _init(rng, "fc_b", 10)]
+    nodes = [helper.make_node("Conv", ["input", "w1"], ["c1"], name="stem", strides=[2, 2], pads=[0, 0, 1, 1]),
+             helper.make_node("BatchNormalization", ["c1", "g", "b", "m", "v"], ["bn"], name="stem.bn"),
+             helper.make_node("Clip", ["bn", "lo", "hi"], ["act"], name="stem.relu6"),
+             helper.make_node("Conv", ["act", "dw"], ["dwo"], name="dw", group=8, pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["act", "dwo"], ["res"], name="res"),
+             helper.make_node("MaxPool", ["res"], ["pool"], name="pool", kernel_shape=[2, 2], strides=[2, 2])]
+    if middle == "sizes":
+        inits.append(numpy_helper.from_array(np.array([1, 8, 16, 16], np.int64), "sizes"))
+        nodes.append(helper.make_node("Resize", ["pool", "", "", "sizes"], ["up"], name="up", mode="nearest"))
+    else:
+        nodes.append(helper.make_node("Resize", ["pool", "", "scales"], ["up"], name="up", mode="nearest"))
+    nodes.append(helper.make_node("Concat", ["up", "res"], ["cat"], name="cat", axis=1))
+    head = "cat"
+    if middle == "flatten":
+        inits += [_init(rng, "mid_w", 16 * 16 * 16, 16 * 16 * 16, scale=0.01),
+                  numpy_helper.from_array(np.array([1, 16, 16, 16], np.int64), "mid_shape")]
+        nodes += [helper.make_node("Flatten", ["cat"], ["flat0"], name="squash"),
+                  helper.make_node("Gemm", ["flat0", "mid_w"], ["mid"], name="mix"),
+                  helper.make_node("Reshape", ["mid", "mid_shape"], ["mid4"], name="unsquash")]
+        head = "mid4"
+    if middle == "bias":
+        inits.append(_init(rng, "pos", 1, 16, 16, 16))
+        nodes.append(helper.make_node("Add", ["cat", "pos"], ["posed"], name="posed"))
+        head = "posed"
+    nodes += [helper.make_node("Conv", [head, "w2"], ["deep"], name="deep", strides=[2, 2], pads=[1, 1, 1, 1]),
+              helper.make_node("Flatten", ["deep"], ["flat"], name="flatten"),
+              helper.make_node("Gemm", ["flat", "fc_w", "fc_b"], ["logits"], name="fc", transB=1)]
+    graph = helper.make_graph(nodes, "classifier", [helper.make_tensor_value_info(
+        "input", TensorProto.FLOAT, ["N", 3, DECLARED, DECLARED])], [helper.make_tensor_value_info(
+            "logits", TensorProto.FLOAT, ["N", 10])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return f"onnx:{path}"
+
+
+def ort_features(path: str, hw: tuple[int, int], taps: list[str], x: np.ndarray) -> list[np.ndarray]:
+    """onnxruntime (float kernels, basic rewrites) on the file with its input's H, W set to ``hw``,
+    cut at ``taps`` by onnx's own extractor (onnxruntime would refuse the Gemm past them)."""
+    model = onnx.load(path)
+    for d, size in zip(model.graph.input[0].type.tensor_type.shape.dim[2:], hw):
+        d.Clear()
+        d.dim_value = size
+    model = onnx.utils.Extractor(model).extract_model(["input"], taps)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    so.intra_op_num_threads = 1
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(
+        taps, {"input": x})
+
+
+@pytest.mark.parametrize("hw", [(48, 40), (16, 64), (DECLARED, DECLARED)])
+def test_bound_up_to_the_taps_the_features_equal_onnxruntime_at_that_size(hw, tmp_path):
+    source = classifier(tmp_path / "c.onnx")
+    taps = ["cat", "deep"]
+    net, _ = build_model(ModelSpec(source=source, input_shape=(3, *hw)), ends=taps)
+    x = np.random.default_rng(1).normal(size=(2, 3, *hw)).astype(np.float32)
+    with mx.autograd.predict_mode():
+        got = [f.asnumpy() for f in tap(net, taps)(mx.nd.array(x))]
+    want = ort_features(source[5:], hw, taps, x)
+    for g, w, name in zip(got, want, taps):
+        assert g.shape == w.shape == (2, 16 if name == "cat" else 8, hw[0] // (2 if name == "cat" else 4),
+                                      hw[1] // (2 if name == "cat" else 4))
+        assert_f32_close(g, w, terms=16 * 9, depth=3, err_msg=name)
+    names = set(named_params(net))
+    if hw == (DECLARED, DECLARED):  # the size the file declares: imported whole, as always
+        assert {"fc_w", "fc_b"} <= names
+    else:  # cut after the taps: the Gemm made for 8x8 maps is neither imported nor computed
+        assert "fc_w" not in names and {"w1", "dw", "w2"} <= names
+
+
+@pytest.mark.parametrize("middle, node, op", [("flatten", "squash", "Flatten"), ("sizes", "up", "Resize"),
+                                              ("bias", "posed", "Add")])
+def test_a_graph_not_fully_convolutional_up_to_the_taps_is_refused_naming_the_node(middle, node, op, tmp_path):
+    source = classifier(tmp_path / "c.onnx", middle=middle)
+    with pytest.raises(OnnxImportError) as err:
+        build_model(ModelSpec(source=source, input_shape=(3, 48, 48)), ends=["deep"])
+    text = str(err.value)
+    assert f"node '{node}' ({op})" in text and "48x48" in text and "model.input_shape" in text, text
+    assert isinstance(err.value, GluontlError)  # the CLI: one paragraph, exit code 2
+    # before the refused node the graph is convolutional: bound there, it runs at 48x48
+    net, _ = build_model(ModelSpec(source=source, input_shape=(3, 48, 48)), ends=["res"])
+    with mx.autograd.predict_mode():
+        assert tap(net, ["res"])(mx.nd.zeros((1, 3, 48, 48))).shape == (1, 8, 24, 24)
+
+
+def test_without_taps_another_size_is_refused_as_before(tmp_path):
+    source = classifier(tmp_path / "c.onnx")
+    with pytest.raises(GluontlError, match="model.input_shape"):
+        build_model(ModelSpec(source=source, input_shape=(3, 48, 48)))
+
+
+def test_a_tap_that_is_no_node_is_named(tmp_path):
+    source = classifier(tmp_path / "c.onnx")
+    with pytest.raises(OnnxImportError, match="no node or tensor 'blocks.9'"):
+        build_model(ModelSpec(source=source, input_shape=(3, 48, 48)), ends=["blocks.9"])
