@@ -138,3 +138,38 @@ def test_a_tap_that_is_no_node_is_named(tmp_path):
     source = classifier(tmp_path / "c.onnx")
     with pytest.raises(OnnxImportError, match="no node or tensor 'blocks.9'"):
         build_model(ModelSpec(source=source, input_shape=(3, 48, 48)), ends=["blocks.9"])
+
+
+def _seg_recipe(folder, source: str, taps: list[str]):
+    """A segmentation recipe at 48x48 on ``source`` with an images/ + masks/ folder of 4 pairs."""
+    from PIL import Image
+
+    from gluontl.segment.formats import write_mask
+
+    for sub in ("images", "masks"):
+        (folder / sub).mkdir()
+    rng = np.random.default_rng(0)
+    for k in range(4):
+        Image.fromarray(rng.integers(0, 255, (48, 48, 3)).astype(np.uint8)).save(folder / "images" / f"{k}.png")
+        write_mask(folder / "masks" / f"{k}.png", rng.integers(0, 2, (48, 48)).astype(np.uint8))
+    recipe = folder / "seg.yaml"
+    recipe.write_text(
+        f"name: seg\ntask: segmentation\nmodel: {{source: '{source}', input_shape: [3, 48, 48]}}\n"
+        f"segmentation: {{arch: lraspp, taps: {taps}, head_channels: 8}}\n"
+        f"data: {{source: 'masks:{folder}', classes: [background, thing]}}\n")
+    return str(recipe)
+
+
+def test_the_plan_says_the_backbone_is_bound_at_another_size_and_a_refusal_exits_2(tmp_path, capsys):
+    from helpers import run_cli
+
+    good = _seg_recipe(tmp_path, classifier(tmp_path / "c.onnx"), ["cat", "deep"])
+    code, out, err = run_cli(capsys, "plan", "--recipe", good)
+    assert code == 0, err
+    assert "declares 32x32; bound at 48x48 up to the taps" in out
+    (tmp_path / "bad").mkdir()
+    bad = _seg_recipe(tmp_path / "bad", classifier(tmp_path / "f.onnx", middle="flatten"), ["cat", "deep"])
+    code, out, err = run_cli(capsys, "plan", "--recipe", bad)
+    assert code == 2 and "Traceback" not in err
+    assert "node 'squash' (Flatten)" in " ".join(err.split()), err
+    assert err.startswith("error: ") and err.count("error:") == 1 and "\n\n" not in err.strip()  # one paragraph
