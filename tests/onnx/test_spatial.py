@@ -173,3 +173,27 @@ def test_the_plan_says_the_backbone_is_bound_at_another_size_and_a_refusal_exits
     assert code == 2 and "Traceback" not in err
     assert "node 'squash' (Flatten)" in " ".join(err.split()), err
     assert err.startswith("error: ") and err.count("error:") == 1 and "\n\n" not in err.strip()  # one paragraph
+
+
+def test_a_classifier_file_restores_into_a_backbone_bound_at_another_size(tmp_path):
+    """restore.type: classification from the classifier's own file (its Gemm past the taps
+    included): the backbone takes the file's values, and the cut-off names are not 'unexpected'."""
+    from gluontl.segment.models import SegmenterSpec, build_segmenter
+    from gluontl.sources.restore import snapshot
+    from gluontl.train.checkpoint import save_params
+
+    source = classifier(tmp_path / "c.onnx")
+    whole, _ = build_model(ModelSpec(source=source, input_shape=(3, DECLARED, DECLARED)))
+    rng = np.random.default_rng(2)
+    for e in named_params(whole).values():
+        e.param.set_data(mx.nd.array(rng.normal(size=e.param.data().shape).astype(np.float32)))
+    save_params(whole, tmp_path / "cls.params")
+    file = snapshot(whole)
+    spec = ModelSpec(source=source, input_shape=(3, 48, 48), weights=str(tmp_path / "cls.params"),
+                     restore={"type": "classification"})
+    net, report = build_segmenter(spec, SegmenterSpec("lraspp", taps=("cat", "deep"), head_channels=8), 3)
+    got = snapshot(net)
+    backbone = {n[len("backbone."):] for n in got if n.startswith("backbone.")}
+    assert backbone and "fc_w" not in backbone
+    assert all(np.array_equal(got[f"backbone.{n}"], file[n]) for n in backbone)
+    assert not report.unexpected and not report.missing
