@@ -197,3 +197,23 @@ def test_a_classifier_file_restores_into_a_backbone_bound_at_another_size(tmp_pa
     assert backbone and "fc_w" not in backbone
     assert all(np.array_equal(got[f"backbone.{n}"], file[n]) for n in backbone)
     assert not report.unexpected and not report.missing
+
+
+def test_a_segmenter_on_a_backbone_bound_at_another_size_exports_to_onnx_that_matches(tmp_path):
+    """export_segmenter writes the file only when onnxruntime reproduces MXNet on the samples; the
+    logits of the written file are compared here once more, at the bound size."""
+    from gluontl.segment.export import export_segmenter
+    from gluontl.segment.models import SegmenterSpec, build_segmenter
+
+    mx.random.seed(4)
+    net, _ = build_segmenter(ModelSpec(source=classifier(tmp_path / "c.onnx"), input_shape=(3, 48, 48)),
+                             SegmenterSpec("lraspp", taps=("cat", "deep"), head_channels=8), 3)
+    x = np.random.default_rng(5).normal(size=(4, 3, 48, 48)).astype(np.float32)
+    [path] = export_segmenter(net, tmp_path / "out", "seg", (3, 48, 48), formats=["onnx"], sample=x)
+    with mx.autograd.predict_mode():
+        logits = net(mx.nd.array(x)).asnumpy()
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    got_logits, _ = session.run(None, {session.get_inputs()[0].name: x})
+    assert_f32_close(got_logits, logits, terms=16 * 9, depth=5)
