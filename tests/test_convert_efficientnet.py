@@ -11,8 +11,10 @@ import matplotlib.cbook
 import mxnet as mx
 import numpy as np
 import onnx
+import onnx.utils
 import onnxruntime as ort
 import pytest
+from helpers import assert_f32_close
 from onnx import helper
 from sklearn.datasets import load_sample_image
 
@@ -20,6 +22,8 @@ import gluontl
 from gluontl.convert import efficientnet_lite as E
 from gluontl.errors import ModelSourceError
 from gluontl.naming import named_params
+from gluontl.recipe import ModelSpec
+from gluontl.segment.models import SegmenterSpec, build_segmenter
 from gluontl.stages import stage_map
 from gluontl.data.transforms import Preprocess, preprocess
 
@@ -118,6 +122,26 @@ def test_gluontl_import_gives_the_same_logits(onnx_path, batch, ort_logits):
     # logits' scale (observed: 7e-7).
     np.testing.assert_allclose(logits, ort_logits, rtol=0, atol=1e-4 * np.abs(ort_logits).max())
     np.testing.assert_array_equal(logits.argmax(1), ort_logits.argmax(1))
+
+
+def test_the_segmentation_demo_backbone_at_128_equals_onnxruntime_at_128(onnx_path):
+    """recipes/segment_digits.yaml binds the 224x224 file at the demo images' own 128x128 up to its
+    taps (the Flatten -> Gemm past them is cut): the taps equal onnxruntime's float run of the file
+    with its input dims set to 128, cut at the taps by onnx's extractor."""
+    taps = ["blocks.5.expand.relu6", "blocks.11.expand.relu6"]
+    net, _ = build_segmenter(ModelSpec(source=f"onnx:{onnx_path}", input_shape=(3, 128, 128)),
+                             SegmenterSpec("lraspp", taps=tuple(taps)), 11)
+    x = np.concatenate([_input(img, 146, 128) for img in _photos().values()])
+    with mx.autograd.predict_mode():
+        got = [f.asnumpy() for f in net.backbone(mx.nd.array(x))]
+    model = onnx.load(str(onnx_path))
+    for d in model.graph.input[0].type.tensor_type.shape.dim[2:]:
+        d.Clear()
+        d.dim_value = 128
+    want = _session(onnx.utils.Extractor(model).extract_model(["input"], taps)).run(taps, {"input": x})
+    assert [w.shape for w in want] == [(3, 240, 16, 16), (3, 672, 8, 8)]
+    for g, w, depth in zip(got, want, (17, 35)):  # conv + BN layers up to each tap; dot products <= 672 long
+        assert_f32_close(g, w, terms=672, depth=depth)
 
 
 def test_gluontl_sees_named_conv_and_batchnorm_layers_in_stages(onnx_path):

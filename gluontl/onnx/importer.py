@@ -79,17 +79,19 @@ def _carried(value):
 
 def import_model(model: str | os.PathLike | onnx.ModelProto,
                  input_shapes: Mapping[str, Sequence[int | None]] | None = None,
-                 ctx: mx.Context | None = None, *, fixed_batch: bool = False) -> OnnxBlock:
+                 ctx: mx.Context | None = None, *, fixed_batch: bool = False,
+                 source: str | None = None) -> OnnxBlock:
     """Import an ONNX model as a SymbolBlock whose weights are Gluon parameters.
 
     ``input_shapes`` fills unknown dimensions of graph inputs. A first dimension the file
     leaves symbolic stays free (any batch size works, as in onnxruntime), and None there
     frees a batch size the exporter pinned. ``fixed_batch`` pins every batch to the size
     in ``input_shapes``; only models that compute values from their batch size in ways
-    a batch-free graph cannot express need that.
+    a batch-free graph cannot express need that. ``source`` names a ModelProto in messages and
+    in ``ImportInfo.source`` (the file it was read from, when it is an edited copy).
     """
-    proto, source = load(model)
-    return _Importer(proto, source, input_shapes or {}, fixed_batch).build(ctx or mx.cpu())
+    proto, name = load(model)
+    return _Importer(proto, source or name, input_shapes or {}, fixed_batch).build(ctx or mx.cpu())
 
 
 # --------------------------------------------------------------------------- loading

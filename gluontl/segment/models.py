@@ -36,7 +36,7 @@ from mxnet.gluon import HybridBlock, nn
 from ..errors import ModelSourceError, RestoreError
 from ..naming import named_params, shape_of
 from ..recipe import HEAD, STEM, ModelSpec
-from ..sources import build_model, materialize
+from ..sources import build_model, declared_shape, materialize, weight_names
 from ..sources.restore import RestoreReport, file_key, old_classes, read_params_file, reuse_map
 from ..stages import register_stage_mapper, stage_map
 from ..surgery import feature_shapes, list_nodes, tap
@@ -303,8 +303,15 @@ def _gluoncv(spec: ModelSpec, seg: SegmenterSpec, backbone: str, classes: int, c
 def _on_source(spec: ModelSpec, seg: SegmenterSpec, classes: int, ctx) -> tuple[Segmenter, set[str]]:
     if seg.arch not in ("fcn", "lraspp"):
         raise ModelSourceError(f"{SECTION}.arch {seg.arch} needs a GluonCV backbone; on {spec.source} use fcn or lraspp.")
-    full, _ = build_model(spec.model_copy(update={"weights": None}), ctx=ctx)
-    taps = list(seg.taps) or default_taps(full, seg.arch, seg.aux, spec.input_shape)
+    weightless, full = spec.model_copy(update={"weights": None}), None
+    taps = list(seg.taps)
+    if not taps:  # the same nodes at any size the graph runs at: found at the size it declares
+        shape = declared_shape(spec)
+        probe, _ = build_model(weightless.model_copy(update={"input_shape": shape}), ctx=ctx)
+        taps = default_taps(probe, seg.arch, seg.aux, shape)
+        full = probe if shape == tuple(spec.input_shape) else None
+    if full is None:  # an ONNX file asked for another size than it declares: bound there up to the taps
+        full, _ = build_model(weightless, ctx=ctx, ends=taps)
     shapes = _check_taps(full, taps, spec.input_shape, seg, spec.source)
     backbone = tap(full, taps, input_shape=spec.input_shape)
     width = int(seg.head_channels)
@@ -313,7 +320,10 @@ def _on_source(spec: ModelSpec, seg: SegmenterSpec, classes: int, ctx) -> tuple[
     else:
         head = FCNHead(fcn_block(shapes[-1][1], width, classes))
     aux = FCNHead(fcn_block(shapes[0][1], width, classes)) if seg.aux else None
-    return Segmenter(backbone, head, aux, seg.arch), set(named_params(full))
+    keys = set(named_params(full))
+    if declared_shape(spec) != tuple(spec.input_shape):  # cut at the taps: the file's own names past them
+        keys |= weight_names(spec.source)
+    return Segmenter(backbone, head, aux, seg.arch), keys
 
 
 def _feature_maps(block: HybridBlock, input_shape: tuple[int, ...]) -> list[tuple[str, tuple[int, ...]]]:

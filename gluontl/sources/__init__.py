@@ -10,7 +10,7 @@ import io
 import re
 import warnings
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import mxnet as mx
 from mxnet.gluon import HybridBlock
@@ -225,13 +225,40 @@ def _check_shape(source: str, name: str, given: tuple[int, ...], declared: Shape
             f"{clash[0]}.{hint} Give {option} in the model's order (after the batch): {_dims(declared[1:])}.")
 
 
-def check_input_shape(spec: ModelSpec, name: str) -> None:
+def check_input_shape(spec: ModelSpec, name: str, ends: Sequence[str] = ()) -> None:
     """A recipe's ``model.input_shape`` against the shape an ONNX source declares for input ``name``
-    (other sources declare none), before the model is built: the error names the recipe key."""
+    (other sources declare none), before the model is built: the error names the recipe key.
+    With ``ends`` (the nodes a dense head reads) H and W are free: ``load_model`` binds the graph
+    up to them at another size where it is fully convolutional, and says why where it is not."""
     shape = (1, *spec.input_shape)
     declared = dict(model_inputs(spec.source)).get(name) if spec.source.startswith("onnx:") else None
+    if ends and declared is not None and len(declared) == 4:
+        declared = (*declared[:2], None, None)
     if declared is None or len(declared) == len(shape):  # a rank mismatch: import's own message
         _check_shape(spec.source, name, shape, declared, "model.input_shape")
+
+
+def declared_shape(spec: ModelSpec) -> tuple[int, ...]:
+    """The C, H, W an ONNX source declares for the recipe's input when it declares every one of
+    them, else ``model.input_shape``."""
+    if spec.source.startswith("onnx:"):
+        declared = dict(model_inputs(spec.source)).get(model_input_name(spec))
+        if declared is not None and len(declared) == 1 + len(spec.input_shape) and \
+                all(isinstance(d, int) for d in declared[1:]):
+            return tuple(declared[1:])
+    return tuple(spec.input_shape)
+
+
+def weight_names(source: str) -> set[str]:
+    """The names of an ONNX source's initializers (its parameters keep them), empty for other
+    sources: what a classifier file of the source may hold past a cut."""
+    scheme, _, rest = resolve_source(source).partition(":")
+    if scheme != "onnx":
+        return set()
+    from ..convert.efficientnet_lite import ensure_onnx_file
+    from ..onnx.importer import read_proto
+
+    return {t.name for t in read_proto(ensure_onnx_file(rest)).graph.initializer}
 
 
 def _dims(shape: tuple, batch: int | None = None) -> str:
@@ -241,7 +268,7 @@ def _dims(shape: tuple, batch: int | None = None) -> str:
 
 
 def load_model(spec: str | ModelSpec | Mapping[str, Any], *, classes: int | None = None, ctx=None,
-               input_shapes: Mapping[str, tuple] | None = None) -> HybridBlock:
+               input_shapes: Mapping[str, tuple] | None = None, ends: Sequence[str] = ()) -> HybridBlock:
     """A model from ``zoo:NAME``, ``symbol:PREFIX`` or ``onnx:PATH`` (or a bare name or path),
     parameters initialized; ``input_shapes`` names a symbol's or ONNX file's inputs, batch
     first (N,C,H,W) as ``export_onnx`` takes them (ONNX files, whose rank is declared, also take
@@ -251,6 +278,11 @@ def load_model(spec: str | ModelSpec | Mapping[str, Any], *, classes: int | None
     ``classes`` rebuilds a zoo model's classifier for N classes (its own head layer,
     GluonCV ``reset_class`` style). Weights of zoo models come from ``pretrained`` (the
     zoo's download cache) — other weights are restored by ``build_model``.
+
+    ``ends``: the nodes a dense head will read. An ONNX file asked for another H, W than it
+    declares is then cut after them and bound at that size, where the graph up to them is
+    fully convolutional (``gluontl.onnx.spatial``); a classifier's Flatten -> Gemm past them
+    no longer holds it to its training size.
     """
     if isinstance(spec, str):
         spec = ModelSpec(source=resolve_source(spec))  # a bad spec: ModelSourceError, not pydantic's
@@ -274,24 +306,44 @@ def load_model(spec: str | ModelSpec | Mapping[str, Any], *, classes: int | None
     from ..convert.efficientnet_lite import ensure_onnx_file
     from ..onnx import import_model
 
-    return import_model(ensure_onnx_file(rest), input_shapes=input_shapes, ctx=ctx)
+    path = ensure_onnx_file(rest)
+    if ends and input_shapes:
+        return _bound(path, ends, input_shapes, ctx)
+    return import_model(path, input_shapes=input_shapes, ctx=ctx)
+
+
+def _bound(path: str, ends: Sequence[str], input_shapes: Mapping[str, tuple], ctx) -> HybridBlock:
+    """The ONNX file imported up to ``ends`` at the H, W its first input is given, when that
+    differs from the size the file declares (else imported whole, as it is)."""
+    from ..onnx import import_model, rebind_spatial
+    from ..onnx.importer import load
+
+    proto, _ = load(path)
+    name, shape = next(iter(input_shapes.items()))
+    declared = next(([d.dim_value if d.HasField("dim_value") else None for d in i.type.tensor_type.shape.dim]
+                     for i in proto.graph.input if i.name == name), None)
+    hw = tuple(int(d) for d in shape[-2:])
+    if declared is None or len(declared) != 4 or len(shape) != 4 or tuple(declared[2:]) == hw:
+        return import_model(proto, input_shapes=input_shapes, ctx=ctx, source=path)
+    return import_model(rebind_spatial(proto, ends, name, hw, path), input_shapes=input_shapes, ctx=ctx,
+                        source=path)
 
 
 def build_model(spec: ModelSpec, *, classes: int | None = None, head_init: str = "xavier", ctx=None,
-                input_shapes: Mapping[str, tuple[int, ...]] | None = None
+                input_shapes: Mapping[str, tuple[int, ...]] | None = None, ends: Sequence[str] = ()
                 ) -> tuple[HybridBlock, RestoreReport | None]:
     """``load_model`` + shapes made concrete + ``weights`` restored and checked against expectations.
 
     ``input_shapes`` (batch-first, every input in call order) defaults to the spec's one
     input, named by ``model.input_name`` or else by the model itself. Parameters that are
     not restored keep a fresh ``head_init`` initialization, so a new head is initialized
-    the way the recipe says.
+    the way the recipe says. ``ends``: as ``load_model``'s.
     """
     ctx = ctx or mx.cpu()
     shapes = dict(input_shapes or {model_input_name(spec): (1, *spec.input_shape)})
     if input_shapes is None:
-        check_input_shape(spec, next(iter(shapes)))
-    net = load_model(spec, classes=classes, ctx=ctx, input_shapes=shapes)
+        check_input_shape(spec, next(iter(shapes)), ends)
+    net = load_model(spec, classes=classes, ctx=ctx, input_shapes=shapes, ends=ends)
     if not spec.source.startswith("zoo:"):  # load_model ran zoo models at these shapes already
         materialize(net, shapes, ctx, spec.source)
     if spec.random_init:

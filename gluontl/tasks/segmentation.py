@@ -23,6 +23,7 @@ from ..naming import named_params
 from ..pipeline import Prepared, planned
 from ..recipe import QuantizeSpec, Recipe, SegmentationSpec
 from ..rules import attach_adapters
+from ..sources import declared_shape
 from . import EndToEnd, PredictOptions, Report, split, transform_record
 
 
@@ -49,7 +50,13 @@ class Segmentation(EndToEnd):
                 + (f", auxiliary head (loss weight {seg.aux_weight:g})" if seg.aux else "")
                 + f"; train crop {crop[0]}x{crop[1]}, val {hw[0]}x{hw[1]}, padded to a multiple of {seg.stride}; "
                 f"ignore label {seg.ignore_label}")
-        return self.feed_note, [line], {"segmentation": seg.model_dump(mode="json")}
+        lines = [line]
+        declared = declared_shape(recipe.model)[-2:]
+        if declared != hw:
+            lines.append(f"backbone: {recipe.model.source} declares {declared[0]}x{declared[1]}; bound at "
+                         f"{hw[0]}x{hw[1]} up to the taps, the graph being fully convolutional up to there (what "
+                         f"lies past them is cut)")
+        return self.feed_note, lines, {"segmentation": seg.model_dump(mode="json")}
 
     def setup(self, recipe: Recipe, ctx: mx.Context, *, seed: int):
         from ..segment.data import make_segmentation_loaders
