@@ -180,7 +180,7 @@ def test_a_classifier_file_restores_into_a_backbone_bound_at_another_size(tmp_pa
     included): the backbone takes the file's values, and the cut-off names are not 'unexpected'."""
     from gluontl.segment.models import SegmenterSpec, build_segmenter
     from gluontl.sources.restore import snapshot
-    from gluontl.train.checkpoint import save_params
+    from gluontl.data.checkpoint import save_params
 
     source = classifier(tmp_path / "c.onnx")
     whole, _ = build_model(ModelSpec(source=source, input_shape=(3, DECLARED, DECLARED)))
