@@ -8,9 +8,11 @@ of the house: data loading shows progress too, not only the training loop.
 """
 from __future__ import annotations
 
+import contextlib
+import logging
 import sys
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 
 def bars_on(quiet: bool) -> bool:
@@ -95,3 +97,15 @@ def progress(items: Iterable, quiet: bool, **bar: Any) -> Iterable:
     from tqdm import tqdm
 
     return tqdm(items, leave=False, dynamic_ncols=True, **bar)
+
+
+@contextlib.contextmanager
+def root_log_level(level: int) -> Iterator[None]:
+    """Libraries that log on the root logger (onnxruntime's and MXNet's quantizers): raise its level for a while."""
+    root = logging.getLogger()
+    before = root.level
+    root.setLevel(level)
+    try:
+        yield
+    finally:
+        root.setLevel(before)

@@ -26,6 +26,7 @@ import onnx
 import onnxruntime as ort
 
 from gluontl.atomic import atomic_write, write_text
+from gluontl.console import root_log_level
 from gluontl.errors import ExportError, short_reason
 from gluontl.export import cpu, quantize_mx
 from gluontl.export.exporters import check_target, set_metadata
@@ -183,14 +184,8 @@ def prepare(float_path: Path, out: Path) -> None:
 @contextlib.contextmanager
 def quiet_onnxruntime() -> Iterator[None]:
     """The quantizer logs advice at WARNING on the root logger and prints per-batch progress."""
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.ERROR)
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            yield
-    finally:
-        root.setLevel(level)
+    with root_log_level(logging.ERROR), contextlib.redirect_stdout(io.StringIO()):
+        yield
 
 
 def paired_outputs(float_model: str | Path | bytes, int8_model: bytes, tensor: Callable[[int], np.ndarray], n: int,

@@ -31,6 +31,7 @@ from typing import Any, Callable, Iterator, Sequence
 import mxnet as mx
 import numpy as np
 
+from gluontl.console import root_log_level
 from gluontl.errors import ExportError, short_reason
 from gluontl.export import cpu
 from gluontl.recipe import QuantizeSpec
@@ -168,15 +169,9 @@ def granularity(setting: str | bool) -> tuple[str, str]:
 @contextlib.contextmanager
 def _quiet_mxnet() -> Iterator[None]:
     """quantize_net_v2 logs each layer it calibrates at INFO on the root logger."""
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.WARNING)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            yield
-    finally:
-        root.setLevel(level)
+    with root_log_level(logging.WARNING), warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        yield
 
 
 def check_method(spec: QuantizeSpec) -> None:
