@@ -301,7 +301,7 @@ def _check_finite(net, step: int, run_dir: Path) -> None:
     max pooling turn NaN into numbers, so a diverged layer before one (a LoRA factor, say) hides
     from the loss check and the run would finish, and export, a broken model."""
     for name, p in trainable_params(net).items():
-        if not np.isfinite(p.data().asnumpy()).all():
+        if not all(np.isfinite(copy.asnumpy()).all() for copy in p.list_data()):  # every context's copy
             raise TrainError(f"Parameter '{name}' holds NaN/Inf after step {step}, though the loss may not show it "
                              f"(relu and max pooling turn NaN into 0); nothing was checkpointed, the last good "
                              f"checkpoint is in {run_dir / 'checkpoints'}. Lower train.lr (or the lr_mult of the "
