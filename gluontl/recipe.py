@@ -660,6 +660,10 @@ class SegmentationSpec(Strict):
     ignore_label: int = Field(default=255, ge=0, le=255, description="mask value that counts in neither loss "
                               "nor metric (VOC draws object borders with 255)")
     head_channels: int = Field(default=128, gt=0, le=4096)
+    class_weights: Literal["none", "balanced"] | list[Annotated[float, Field(ge=0.0, le=1e6)]] = Field(
+        default="none", description="per-class weights of the pixel loss: none (GluonCV's loss), balanced "
+        "(median-frequency balancing over the training masks, as in SegNet) or one weight per class in "
+        "class order; each image's loss is then sum(w * nll) / sum(w) over its labelled pixels")
     crop: tuple[Annotated[int, Field(gt=0, le=1 << 16)], Annotated[int, Field(gt=0, le=1 << 16)]] | None = Field(
         default=None, description="training crop H, W after the random scale (default: model.input_shape's "
         "H, W); images and masks smaller than it are padded (masks with ignore_label)")
@@ -685,6 +689,9 @@ class SegmentationSpec(Strict):
     def _fits(self) -> "SegmentationSpec":
         if self.scale[0] > self.scale[1]:
             raise ValueError(f"scale {list(self.scale)} is [low, high]; give the smaller factor first")
+        if isinstance(self.class_weights, list) and not any(self.class_weights):
+            raise ValueError("class_weights are all 0: no pixel would count in the loss; give each class a weight "
+                             "> 0 that should be learned (or balanced / none)")
         want = 2 if self.arch == "lraspp" or self.aux else 1
         if self.taps and len(self.taps) != want:
             role = ("arch lraspp reads a shallow and a deep map" if self.arch == "lraspp" else

@@ -23,6 +23,7 @@ resized to ``model.input_shape``'s H x W; both padded to a multiple of ``segment
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Literal, Sequence
 
@@ -49,11 +50,11 @@ class SegmentationDataset(gluon.data.Dataset):
     """One split: ``ds[(i, epoch)]`` -> ``(float32 CHW image, float32 HW class ids)``."""
 
     def __init__(self, samples: list[Sample], class_names: list[str], transform: SegmentationTransform,
-                 seed: int, ignore: int, bad: BadImageReport, present: list[np.ndarray],
+                 seed: int, ignore: int, bad: BadImageReport, pixels: np.ndarray,
                  held_out: bool = False) -> None:
         self.samples, self.class_names, self.transform = samples, class_names, transform
         self.seed, self.ignore, self.bad, self.held_out = seed, ignore, bad, held_out
-        self.present = present  # per sample: the class ids its mask holds (split.json's counts)
+        self.pixels = pixels  # (samples, classes) labelled pixels: split.json's counts, balanced class weights
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -101,14 +102,22 @@ def load_segmentation_split(spec: DataSpec, seg: SegmentationSpec, split: str, i
     samples = [s for s, k in zip(samples, keep) if k]
     if not samples:
         raise DataError(f"{what} has no usable images. Check data.source and the split names data.train / data.val.")
-    present = [_checked(s, len(classes), seg.ignore_label) for s in samples]
+    pixels = np.stack([_checked(s, len(classes), seg.ignore_label) for s in samples])
     return SegmentationDataset(samples, classes, transform_for(spec, seg, input_shape, train), seed,
-                               seg.ignore_label, bad, present, held_out)
+                               seg.ignore_label, bad, pixels, held_out)
+
+
+@dataclass
+class SegmentationLoaders(Loaders):
+    """Loaders plus the training masks' (images, classes) labelled-pixel counts, which balanced
+    class weights are computed from (None without a train loader)."""
+
+    train_pixels: np.ndarray | None = None
 
 
 def make_segmentation_loaders(spec: DataSpec, seg: SegmentationSpec, input_shape: Sequence[int], *, seed: int,
                               shuffle_train: bool = True,
-                              which: Iterable[Literal["train", "val"]] = ("train", "val")) -> Loaders:
+                              which: Iterable[Literal["train", "val"]] = ("train", "val")) -> SegmentationLoaders:
     """Train/val loaders (see the module doc for the batches)."""
     sets = {w: load_segmentation_split(spec, seg, getattr(spec, w), input_shape, train=(w == "train"), seed=seed)
             for w in dict.fromkeys(which)}
@@ -121,10 +130,12 @@ def make_segmentation_loaders(spec: DataSpec, seg: SegmentationSpec, input_shape
         loaders[w] = CpuLoader(ds, batch_sampler=samplers[w], batchify_fn=_stack, num_workers=spec.workers,
                                thread_pool=False)
     names = next(iter(sets.values())).class_names
-    return Loaders(train=loaders["train"], val=loaders["val"], class_names=names, num_classes=len(names),
-                   train_size=len(sets["train"]) if "train" in sets else 0,
-                   val_size=len(sets["val"]) if "val" in sets else 0, bad=bad,
-                   train_sampler=samplers["train"], val_sampler=samplers["val"], split=_split_record(spec, sets))
+    return SegmentationLoaders(train=loaders["train"], val=loaders["val"], class_names=names, num_classes=len(names),
+                               train_size=len(sets["train"]) if "train" in sets else 0,
+                               val_size=len(sets["val"]) if "val" in sets else 0, bad=bad,
+                               train_sampler=samplers["train"], val_sampler=samplers["val"],
+                               split=_split_record(spec, sets),
+                               train_pixels=sets["train"].pixels if "train" in sets else None)
 
 
 def class_names(spec: DataSpec) -> list[str]:
@@ -135,7 +146,7 @@ def class_names(spec: DataSpec) -> list[str]:
 def _split_record(spec: DataSpec, sets: dict[str, SegmentationDataset]) -> SplitRecord | None:
     if "val" not in sets or not sets["val"].held_out:
         return None
-    counts = {w: {c: sum(bool(np.any(p == i)) for p in ds.present) for i, c in enumerate(ds.class_names)}
+    counts = {w: {c: int((ds.pixels[:, i] > 0).sum()) for i, c in enumerate(ds.class_names)}
               for w, ds in sets.items()}
     val = sets["val"]
     return SplitRecord(spec.source, spec.val_fraction, counts, [val.name(i) for i in range(len(val))])
@@ -146,7 +157,8 @@ def _problem(path: Path) -> str | None:
 
 
 def _checked(sample: Sample, num_classes: int, ignore: int) -> np.ndarray:
-    """The class ids ``sample``'s mask holds; a bad value or a size that is not the image's is an error."""
+    """The labelled pixels of each class in ``sample``'s mask; a bad value or a size that is not the
+    image's is an error."""
     mask = read_mask(sample.mask, num_classes, ignore)
     with Image.open(sample.image) as im:
         w, h = im.size
@@ -154,8 +166,7 @@ def _checked(sample: Sample, num_classes: int, ignore: int) -> np.ndarray:
         raise DataError(f"The mask '{sample.mask}' is {mask.shape[1]}x{mask.shape[0]} (W x H) but its image "
                         f"'{sample.image}' is {w}x{h}; a mask labels its image's pixels one to one. Fix or "
                         f"remove the pair.")
-    values = np.unique(mask)
-    return values[values != ignore]
+    return np.bincount(mask[mask != ignore].ravel(), minlength=num_classes)[:num_classes]
 
 
 # ---------------------------------------------------------------- sources

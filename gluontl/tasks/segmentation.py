@@ -66,7 +66,8 @@ class Segmentation(EndToEnd):
         loaders = make_segmentation_loaders(recipe.data, seg, recipe.model.input_shape, seed=seed)
         prep = prepare(recipe, loaders.class_names, ctx)
         self.class_names, self.seg = loaders.class_names, seg
-        self.loss = SegmentationLoss(seg.aux_weight if seg.aux else None, seg.ignore_label)
+        self.loss = SegmentationLoss(seg.aux_weight if seg.aux else None, seg.ignore_label,
+                                     class_weights(seg, loaders.class_names, loaders.train_pixels))
         return prep, loaders
 
     def forward(self, net, xs, ys):
@@ -86,7 +87,8 @@ class Segmentation(EndToEnd):
         from ..data.card import run_card
 
         return {**run_card(recipe, recipe.data, loaders.class_names), "task": "segmentation",
-                "ignore_label": seg_spec(recipe).ignore_label, "transforms": self.transforms(recipe)}
+                "ignore_label": seg_spec(recipe).ignore_label, "class_weights": self.loss.class_weights,
+                "transforms": self.transforms(recipe)}
 
     def transforms(self, recipe: Recipe) -> dict[str, dict[str, str | None]]:
         from ..data.transforms import describe_normalize
@@ -241,6 +243,21 @@ def prepare(recipe: Recipe, classes: list[str] | None = None, ctx=None, apply: b
     if report is not None:
         loaded |= set(report.restored) | {n for n, _ in report.rebuilt}
     return Prepared(net, report, plan, loaded)
+
+
+def class_weights(seg: SegmentationSpec, classes: list[str], pixels) -> list[float] | None:
+    """The loss's per-class weights ``segmentation.class_weights`` asks for (None: unweighted)."""
+    from ..segment.loss import median_frequency_weights
+
+    if seg.class_weights == "none":
+        return None
+    if seg.class_weights == "balanced":
+        return [float(w) for w in median_frequency_weights(pixels)]
+    if len(seg.class_weights) != len(classes):
+        raise RecipeError(f"segmentation.class_weights lists {len(seg.class_weights)} weights but the data has "
+                          f"{len(classes)} classes ({', '.join(classes)}); give one weight per class in that order, "
+                          f"or balanced / none.")
+    return list(seg.class_weights)
 
 
 # ---------------------------------------------------------------- evaluation

@@ -320,3 +320,34 @@ def test_an_int8_symbol_export_of_a_segmenter_is_judged_by_the_miou_of_its_logit
         m = SegmentationMetric(len(CLASSES))
         m.update(y, block(x).asnumpy().argmax(axis=1).reshape(y.shape))
         assert report["verification"][key] == pytest.approx(m.get()[1], abs=0.01), key
+
+
+def test_balanced_class_weights_are_median_frequency_over_the_training_masks(pairs, backbone):
+    recipe = _recipe(pairs, backbone, {"class_weights": "balanced"})
+    task = get_task(recipe)
+    _, loaders = task.setup(recipe, mx.cpu(), seed=0)
+    held = {p.rsplit("/", 1)[-1] for p in loaders.split.val}  # the held-out images
+    masks = [read_mask(m, len(CLASSES), 255) for m in sorted((pairs / "masks").glob("*.png")) if m.name not in held]
+    assert len(masks) == loaders.train_size
+    pixels = np.array([[(m == c).sum() for c in range(len(CLASSES))] for m in masks], np.float64)
+    freq = pixels.sum(0) / np.array([pixels[pixels[:, c] > 0].sum() for c in range(len(CLASSES))])
+    np.testing.assert_allclose(task.loss.class_weights, np.median(freq) / freq, rtol=1e-12)
+    assert task.loss.class_weights[0] < 1 < max(task.loss.class_weights)  # the background is the frequent class
+
+
+def test_class_weights_of_the_wrong_length_exit_2_naming_the_key(pairs, backbone, tmp_path, monkeypatch, capsys):
+    import sys
+
+    import yaml
+
+    from gluontl import cli
+
+    recipe = _recipe(pairs, backbone, {"class_weights": [1.0, 2.0]}).model_dump(mode="json", exclude_unset=True)
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(recipe))
+    monkeypatch.setattr(sys, "argv", ["gluontl", "finetune", "--recipe", str(tmp_path / "r.yaml"), "--runs",
+                                      str(tmp_path / "runs")])
+    with pytest.raises(SystemExit) as e:
+        cli.main()
+    err = " ".join(capsys.readouterr().err.split())
+    assert e.value.code == 2 and "Traceback" not in err
+    assert "segmentation.class_weights lists 2 weights but the data has 3 classes" in err
