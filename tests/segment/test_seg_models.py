@@ -23,7 +23,7 @@ from gluontl.naming import named_params
 from gluontl.recipe import ModelSpec
 from gluontl.rules import apply_plan, make_plan, trainable_params
 from gluontl.segment.loss import SegmentationLoss
-from gluontl.segment.models import SegmenterSpec, Segmenter, build_segmenter
+from gluontl.segment.models import SegmenterSpec, Segmenter, bilinear_matmul, build_segmenter
 from gluontl.sources.restore import snapshot
 from gluontl.stages import stage_map
 from gluontl.data import checkpoint
@@ -103,6 +103,60 @@ def test_logits_are_the_heads_output_resized_half_pixel_to_the_input(hw):
         out = net(x).asnumpy()
     assert small.shape[2:] == tuple(-(-d // 32) for d in hw)
     assert_f32_close(out, _bilinear_half_pixel(small, *hw), terms=4)
+
+
+def _bilinear_matrix(n_in: int, n_out: int) -> np.ndarray:
+    """(n_out, n_in) float64 matrix of the half-pixel resize along one axis (the reference above)."""
+    return _bilinear_half_pixel(np.eye(n_in)[None, None], n_out, n_in)[0, 0]  # the identity's rows resized
+
+
+RESIZES = [(16, 16, 128, 128), (5, 7, 61, 75), (8, 8, 4, 4), (3, 5, 3, 5), (1, 1, 4, 6), (24, 20, 192, 160)]
+
+
+@pytest.mark.parametrize("h0, w0, h, w", RESIZES, ids=[f"{a}x{b}-{c}x{d}" for a, b, c, d in RESIZES])
+@pytest.mark.parametrize("hybrid", [False, True])
+def test_the_training_resize_is_the_half_pixel_bilinear_forward_and_backward(h0, w0, h, w, hybrid):
+    """``bilinear_matmul`` (training graphs' resize) against float64 numpy: the forward, and the
+    gradient, which is the adjoint A_h^T g A_w of the resize y = A_h x A_w^T."""
+    class Up(mx.gluon.HybridBlock):
+        def hybrid_forward(self, F, x, like):
+            return bilinear_matmul(F, x, like)
+
+    rng = np.random.default_rng(h0 * 100 + w)
+    x0 = rng.normal(size=(2, 3, h0, w0)).astype(np.float32)
+    g = rng.normal(size=(2, 3, h, w)).astype(np.float32)
+    up = Up()
+    up.hybridize(hybrid)
+    x = mx.nd.array(x0)
+    x.attach_grad()
+    with mx.autograd.record():
+        y = up(x, mx.nd.zeros((2, 3, h, w)))
+    y.backward(mx.nd.array(g))
+    assert_f32_close(y.asnumpy(), _bilinear_half_pixel(x0, h, w), terms=4)
+    a_h, a_w = _bilinear_matrix(h0, h), _bilinear_matrix(w0, w)
+    want = np.einsum("ih,nciw,wj->nchj", a_h, g.astype(np.float64), a_w)
+    assert_f32_close(x.grad.asnumpy(), want, terms=-(-h // h0) * -(-w // w0) * 4)
+
+
+def test_the_training_graph_resizes_by_matrices_and_the_predict_graph_by_bilinearresize2d():
+    """Training-mode logits are the head's resized (a 61 x 75 input, not a multiple of the stride),
+    and switching modes rebuilds the cached graph: the predict graph, which exports read, holds
+    BilinearResize2D and no dot."""
+    net, _ = build_segmenter(ModelSpec(source="zoo:mobilenetv2_0.25", input_shape=(3, 64, 64)),
+                             SegmenterSpec("lraspp", head_channels=8), 4)
+    net.hybridize(static_alloc=True, static_shape=True)
+    x = mx.nd.array(np.random.default_rng(2).normal(size=(2, 3, 61, 75)))
+    with mx.autograd.train_mode():  # no backward: the BatchNorm statistics stay
+        feats = net.backbone(x)
+        small = net.head(feats[0], feats[-1]).asnumpy()
+        train = net(x).asnumpy()
+    ops = {n["op"] for n in json.loads(net._cached_graph[1].tojson())["nodes"]}
+    assert "dot" in ops and "_contrib_BilinearResize2D" not in ops
+    assert_f32_close(train, _bilinear_half_pixel(small, 61, 75), terms=4)
+    with mx.autograd.predict_mode():
+        net(x)
+    ops = {n["op"] for n in json.loads(net._cached_graph[1].tojson())["nodes"]}
+    assert "_contrib_BilinearResize2D" in ops and "dot" not in ops
 
 
 def test_gluoncv_fcn_answers_at_crop_size_and_psp_fails_off_the_stride_ours_at_the_input_size():
