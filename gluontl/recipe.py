@@ -580,6 +580,9 @@ class TrainSpec(Strict):
                                  "go to a memory-mapped file in the run folder")
     prefix_engine: Literal["auto", "mxnet", "onnxruntime", "onnxruntime-int8"] = "auto"
     log_every: int = Field(default=10, gt=0, le=1 << 30)
+    val_every: int = Field(default=1, gt=0, le=100_000, description="validate after every N-th epoch and after "
+                           "the last (Lightning's check_val_every_n_epoch); the best checkpoint is chosen among "
+                           "those; every epoch still logs its training numbers and checkpoints as last")
     max_bad_steps: int = Field(default=10, ge=0, le=1 << 30)
     guards: GuardsSpec = GuardsSpec()
     distributed: DistributedSpec = DistributedSpec()
@@ -906,10 +909,11 @@ class Recipe(Strict):
 
     def digest(self, *sections: str) -> str:
         """Hash of the sections that decide what a run computes (for resume checks); guards
-        only watch a run, so a resume may change them. Transforms count as the recipe wrote them
+        only watch a run and validation only reads it, so a resume may change them. Transforms count as the recipe wrote them
         (what is derived from them is a function of the rest), so digests are those of before
         defaults existed."""
-        data = self.model_dump(mode="json", include=set(sections) or None, exclude={"train": {"guards"}})
+        data = self.model_dump(mode="json", include=set(sections) or None,
+                               exclude={"train": {"guards", "val_every"}})
         for key, spec in (self.data._given if self.data is not None and "data" in data else {}).items():
             data["data"][key] = (spec or TransformSpec()).model_dump(mode="json")
         for path in KEYS_SINCE_20:  # sections and keys added later count when set: runs from before them agree

@@ -615,17 +615,20 @@ class _Run:
     # ------------------------------------------------------------------ validate + checkpoint
 
     def validate(self, epoch: int, sums: tuple[float, int, int | None, float], stop: _Stop) -> bool:
-        """Validate the epoch, log it, checkpoint best and last; whether a stop request ends the run here."""
+        """Validate the epoch (every ``train.val_every``-th and the last), log it, checkpoint best
+        and last; whether a stop request ends the run here."""
         t, dist = self.t, self.dist
         run_loss, run_n, run_correct, t0 = sums
         with dist.guard("the last step of the epoch"):  # a dead peer shows here, not in validation
             mx.nd.waitall()
         _share_bn_stats(self.net, self.plan, dist, t.distributed.batch_norm)  # validation sees rank 0's
         gs = self.global_step
-        val = self._evaluate()
-        ema_best = t.select.startswith("ema_")
-        with contextlib.nullcontext() if self.ema is None else self._ema_applied(epoch):
-            if self.ema is not None:  # the average's metrics and, when selected, its best checkpoint
+        validating = (epoch + 1) % t.val_every == 0 or epoch + 1 == t.epochs
+        val = self._evaluate() if validating else {}
+        ema_best = validating and t.select.startswith("ema_")
+        averaged = self.ema is not None and validating
+        with self._ema_applied(epoch) if averaged else contextlib.nullcontext():
+            if averaged:  # the average's metrics and, when selected, its best checkpoint
                 val.update({f"ema_{k}": v for k, v in self._evaluate().items()})
             row = {"step": gs, "epoch": epoch + 1, "train_loss": run_loss / max(run_n, 1),
                    **({} if run_correct is None else {"train_acc": run_correct / max(run_n, 1)}), **val,
@@ -635,7 +638,7 @@ class _Run:
                 self._keep_best(row, epoch)
         self.log.write(row)
         show(epoch_line(row, t.epochs), self.quiet)
-        if not ema_best:
+        if validating and not ema_best:
             self._keep_best(row, epoch)
         self.save("last", epoch=epoch + 1, batch_in_epoch=0, global_step=gs, best=self.best)
         if epoch == 0 and self.meta is None:

@@ -225,6 +225,44 @@ def test_the_best_checkpoint_is_the_epoch_train_select_ranks_first(tiny_symbol, 
     assert meta["epoch"] == want and meta["best"]["select"] == select
 
 
+def test_val_every_validates_every_nth_and_the_last_epoch_with_the_same_training(tiny_symbol, tmp_path):
+    """``train.val_every: 2`` over 5 epochs validates after epochs 2, 4 and 5; the others log their
+    training numbers only. Training is the same as validating every epoch (validation reads the
+    weights, never writes them), the best is picked among the validated epochs, every epoch
+    checkpoints as last, and plot draws the gaps."""
+    from gluontl.train.runs import plot
+
+    every = finetune(recipe(tiny_symbol, epochs=5, lr=0.2), runs_root=tmp_path / "a", quiet=True)
+    some = finetune(recipe(tiny_symbol, epochs=5, lr=0.2, val_every=2), runs_root=tmp_path / "b", quiet=True)
+    rows, all_rows = [r for r in some.metrics if "epoch" in r], [r for r in every.metrics if "epoch" in r]
+    assert [r["epoch"] for r in rows if "val_top1" in r] == [2, 4, 5]
+    assert [r["epoch"] for r in rows] == [1, 2, 3, 4, 5]
+    for r, full in zip(rows, all_rows):
+        assert r["train_loss"] == full["train_loss"] and r["lr"] == full["lr"]
+        if "val_top1" in r:
+            assert r["val_top1"] == full["val_top1"] and r["val_loss"] == full["val_loss"]
+        else:
+            assert not any(k.startswith("val_") for k in r)
+    for k, v in final_params(some.run_dir).items():
+        np.testing.assert_array_equal(v, final_params(every.run_dir)[k], err_msg=k)
+    validated = [r for r in rows if "val_top1" in r]
+    best = max(validated, key=lambda r: r["val_top1"])  # max keeps the first of ties, as the loop does
+    assert some.best["epoch"] == best["epoch"] and some.best["val_top1"] == best["val_top1"]
+    assert json.loads((some.run_dir / "checkpoints" / "best.json").read_text())["epoch"] == best["epoch"]
+    assert json.loads((some.run_dir / "checkpoints" / "last.json").read_text())["epoch"] == 5
+    assert plot(some.run_dir).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_val_every_changes_no_resume_digest(tiny_symbol, tmp_path):
+    """Validation only reads the weights: a resume may validate more or less often."""
+    from gluontl.train.loop import _resume_digest
+
+    assert _resume_digest(recipe(tiny_symbol, val_every=3)) == _resume_digest(recipe(tiny_symbol))
+    part = finetune(recipe(tiny_symbol, epochs=3), runs_root=tmp_path, quiet=True, stop_after_steps=13)
+    done = finetune(recipe(tiny_symbol, epochs=3, val_every=3), runs_root=tmp_path, resume=part.run_dir, quiet=True)
+    assert [r["epoch"] for r in done.metrics if "val_top1" in r] == [3]
+
+
 def test_better_ranks_by_the_selected_metric_alone():
     from gluontl.train.loop import _better
 
