@@ -909,9 +909,9 @@ class Recipe(Strict):
 
     def digest(self, *sections: str) -> str:
         """Hash of the sections that decide what a run computes (for resume checks); guards
-        only watch a run and validation only reads it, so a resume may change them. Transforms count as the recipe wrote them
-        (what is derived from them is a function of the rest), so digests are those of before
-        defaults existed."""
+        only watch a run and validation (``val_every``) only reads it, so a resume may change
+        them. Transforms count as the recipe wrote them (what is derived from them is a function
+        of the rest), so digests are those of before defaults existed."""
         data = self.model_dump(mode="json", include=set(sections) or None,
                                exclude={"train": {"guards", "val_every"}})
         for key, spec in (self.data._given if self.data is not None and "data" in data else {}).items():
