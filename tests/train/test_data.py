@@ -425,6 +425,26 @@ def test_two_workers_give_the_same_batches_as_none(digits_like):
     assert base.val is not None and _same(_batches(base.val), _batches(multi.val))
 
 
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_two_workers_under_spawn_and_forkserver_give_the_same_batches_as_none(digits_like, method):
+    """Python 3.14 (Linux) and macOS start workers by forkserver/spawn: the workers import gluontl
+    and mxnet afresh and get the dataset (transforms, seed) by pickle, and MXNet's pool takes the
+    process's default start method, which this test sets."""
+    base = make_loaders(_spec(digits_like), seed=5, which=["train"])
+    before = multiprocessing.get_start_method(allow_none=True)
+    multiprocessing.set_start_method(method, force=True)
+    try:
+        multi = make_loaders(_spec(digits_like, workers=2), seed=5, which=["train"])
+        pool = multi.train._worker_pool
+        assert isinstance(pool, multiprocessing.pool.Pool) and pool._ctx.get_start_method() == method
+        for lo in (base, multi):
+            lo.train_sampler.set_epoch(1)
+        got = _batches(multi.train)
+    finally:
+        multiprocessing.set_start_method(before, force=True)
+    assert len(got) == 4 and _same(_batches(base.train), got)
+
+
 def test_epoch_sampler_keep_and_discard():
     keep = EpochSampler(7, 3, seed=0, shuffle=False, last_batch="keep")
     assert [[i for i, _ in b] for b in keep] == [[0, 1, 2], [3, 4, 5], [6]]
