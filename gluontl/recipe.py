@@ -23,6 +23,7 @@ from pydantic_core import PydanticCustomError
 from .errors import GluontlError, ModelSourceError, RecipeError, RuleError, hwc_hint
 from .home import gluontl_home
 from .zoo import zoo_input_shape, zoo_names
+from .readers import SafeYamlLoader, parse_yaml
 
 SpecT = TypeVar("SpecT", bound=BaseModel)
 
@@ -1077,7 +1078,7 @@ def _apply_override(data: dict[str, Any], spec: str) -> tuple[str | int, ...]:
         raise RecipeError(f"--set '{spec}' must look like section.key=value, e.g. --set train.epochs=3 or "
                           f"--set rules.1.lr_mult=0.1.")
     try:
-        value = yaml.load(raw, Loader=_NoAliasLoader)
+        value = parse_yaml(raw, _NoAliasLoader)
         if value is None and parts[-1] == "grad_req":  # YAML reads a bare null as "no value"
             value = "null"
     except yaml.YAMLError as e:
@@ -1114,14 +1115,8 @@ def _apply_override(data: dict[str, Any], spec: str) -> tuple[str | int, ...]:
     return tuple(path)
 
 
-class _NoAliasLoader(yaml.SafeLoader):
-    """Safe loader that refuses anchors/aliases: they enable billion-laughs bombs."""
-
-    def compose_node(self, parent, index):  # type: ignore[override]
-        if self.check_event(yaml.AliasEvent):
-            ev = self.peek_event()
-            raise yaml.YAMLError(f"aliases (*{ev.anchor}) are not allowed in recipes, line {ev.start_mark.line + 1}")
-        return super().compose_node(parent, index)
+class _NoAliasLoader(SafeYamlLoader):
+    """The reading policy's YAML loader (no aliases, tags or deep nesting) with YAML 1.2 booleans."""
 
 
 # YAML 1.2 booleans: only true/false. YAML 1.1 also reads on/off/yes/no as booleans, which turned
@@ -1144,7 +1139,7 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
     if p.stat().st_size > MAX_RECIPE_BYTES:
         raise RecipeError(f"Recipe file '{p}' is {p.stat().st_size} bytes; recipes are small YAML files (< 1 MiB).")
     try:
-        data = yaml.load(p.read_text(encoding="utf-8"), Loader=_NoAliasLoader)
+        data = parse_yaml(p.read_text(encoding="utf-8"), _NoAliasLoader)
     except UnicodeDecodeError:
         raise RecipeError(f"Recipe file '{p}' is not UTF-8 text; a recipe is a YAML text file "
                           f"(see recipes/).") from None

@@ -5,11 +5,12 @@ writes it (``data/checkpoint.py``)."""
 from __future__ import annotations
 
 import hashlib
-import json
+import shutil
 from pathlib import Path
 from typing import Any
 
 from .errors import TrainError
+from .readers import read_json
 
 
 def file_sha256(path: Path) -> str:
@@ -39,10 +40,7 @@ def read_checkpoint(folder: Path, tag: str) -> dict[str, Any]:
     if not meta_path.is_file():
         raise TrainError(f"No checkpoint '{tag}' in {folder}: '{meta_path.name}' is missing. "
                          f"Resume needs a run folder written by gluontl finetune.")
-    try:
-        meta = json.loads(meta_path.read_text())
-    except (OSError, ValueError) as e:
-        raise TrainError(f"Checkpoint file '{meta_path}' is unreadable ({e}).") from None
+    meta = read_json(meta_path, TrainError, "the checkpoint record")
     if not isinstance(meta, dict):
         raise TrainError(f"Checkpoint file '{meta_path}' is not a checkpoint record (a JSON object); refusing it.")
     for kind, path in checkpoint_files(folder, tag, meta).items():
@@ -66,3 +64,12 @@ def run_weights(ref: str | Path) -> Path | None:
                          f"it stopped before finishing an epoch. Finish it with `gluontl finetune --resume {path}`"
                          f"{', or name RUN/last' if tag == 'best' and (folder / 'last.json').is_file() else ''}.")
     return checkpoint_files(folder, tag, read_checkpoint(folder, tag))["params"]
+
+
+def discard_unstarted(run_dir: Path) -> bool:
+    """Remove a new run's folder when the run ended before its first checkpoint: nothing in it can
+    be resumed, and each failed attempt would leave one more (``NAME``, ``NAME-2``, ...)."""
+    if (run_dir / "checkpoints" / "last.json").exists():
+        return False
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return True

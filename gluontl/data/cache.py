@@ -37,6 +37,7 @@ from mxnet.gluon import HybridBlock
 from ..atomic import atomic_write, write_text
 from ..errors import TrainError
 from ..naming import named_params
+from ..readers import name_bytes, read_json
 from ..recipe import Recipe, TrainSpec, TransformSpec
 from ..rules import Plan
 from .datasets import ImageDataset, Loaders, load_split
@@ -100,7 +101,7 @@ def cache_key(recipe: Recipe, split: Split, row_shape: tuple[int, ...], train: I
         h.update(e.param.list_data()[0].asnumpy().tobytes())
     items = hashlib.sha256()
     for ds in (train, val):
-        items.update("\n".join(ds.name(i) for i in range(len(ds))).encode() + b"\0" + ds.labels.tobytes() + b"\0")
+        items.update(name_bytes("\n".join(ds.name(i) for i in range(len(ds)))) + b"\0" + ds.labels.tobytes() + b"\0")
     return {"format": 1, "boundary": split.boundary, "prefix_sha256": h.hexdigest(), "items_sha256": items.hexdigest(),
             "recipe": recipe.digest("model", "surgery", "data"), "seed": recipe.train.seed,
             "dtype": recipe.train.cache_dtype, "row_shape": list(row_shape), **(engine.key if engine else {})}
@@ -133,10 +134,10 @@ def stored_features(folder: Path, what: str, record: dict[str, Any], dtype: np.d
     and the file holds what it says; None otherwise (missing, another key, damaged)."""
     data, path = _files(folder, what)
     try:
-        if json.loads(path.read_text(encoding="utf-8")) != record:
+        if read_json(path, TrainError, "the feature-cache record") != record:
             return None
         out = np.load(data, mmap_mode="r", allow_pickle=False)
-    except (OSError, ValueError):
+    except (OSError, ValueError, TrainError):
         return None
     return out if out.dtype == dtype and out.shape == (record["rows"], *record["row_shape"]) else None
 

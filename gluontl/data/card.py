@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ModelSourceError, TrainError
+from ..readers import read_json
 from ..recipe import DataSpec, Recipe
 from ..sources import model_input_name
 from .datasets import load_split
@@ -35,7 +36,7 @@ def stored_card(run_dir: str | Path, recipe: Recipe) -> dict[str, Any]:
         if load_preprocess(path)[1] is None:  # which also refuses an edited or foreign record
             raise TrainError(f"'{path}' has no \"classes\" list; it was edited. Delete it to have it computed "
                              f"from {Path(run_dir) / 'recipe.yaml'} and the training data.")
-        return json.loads(path.read_text(encoding="utf-8"))
+        return read_json(path, TrainError, "the run card")
     if recipe.task != "classification":  # runs from before the card were classifiers; a card is the task's
         raise TrainError(f"'{path}' is missing: a {recipe.task} run writes it when it starts, with the class names "
                          f"and preprocessing its model was trained on. Put it back from a copy of the run folder.")

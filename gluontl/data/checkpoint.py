@@ -30,6 +30,7 @@ from mxnet.gluon import HybridBlock
 from ..atomic import atomic_write, link_or_copy, write_text
 from ..errors import TrainError, short_reason
 from ..naming import named_params
+from ..readers import read_json
 from ..runfolder import checkpoint_files, file_sha256, read_checkpoint as load  # load: the resume's read
 
 
@@ -73,7 +74,7 @@ def _link(src: Path, dst: Path) -> None:
 
 
 def restore_into(folder: Path, tag: str, block: HybridBlock, trainer: mx.gluon.Trainer | None, ctx) -> None:
-    meta = json.loads((folder / f"{tag}.json").read_text())
+    meta = read_json(folder / f"{tag}.json", TrainError, "the checkpoint record")
     files = checkpoint_files(folder, tag, meta)
     if trainer is not None and not isinstance(meta.get("optimizer"), dict):
         run = folder.parent

@@ -26,6 +26,7 @@ from ..atomic import write_text
 from ..console import show
 from ..errors import TrainError
 from ..naming import named_params
+from ..readers import read_json
 from ..pipeline import Prepared
 from ..recipe import GuardsSpec, Recipe
 from ..rules import Plan, make_plan
@@ -240,9 +241,10 @@ class GuardLog:
         earlier = run_dir / "warnings.json"
         if not self.warnings and earlier.is_file():
             try:
-                self.warnings = json.loads(earlier.read_text(encoding="utf-8"))
-            except (OSError, ValueError):
-                pass  # a damaged file only loses the record of old warnings; training goes on
+                loaded = read_json(earlier, TrainError, "the warnings record")
+            except TrainError:
+                loaded = None  # a damaged file only loses the record of old warnings; training goes on
+            self.warnings = loaded if isinstance(loaded, list) else []
         self.save()
 
     def save(self) -> None:

@@ -47,6 +47,7 @@ from PIL import Image, ImageFile, UnidentifiedImageError
 from ..deploy_preprocess import FORMAT as PREPROCESS_FORMAT, INTERPOLATION, VERSION as PREPROCESS_VERSION, \
     center_crop, make_record, resize_shorter, to_rgb
 from ..errors import DataError, ModelSourceError
+from ..readers import parse_json, read_json, shown
 from ..recipe import TransformSpec, as_spec
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -56,6 +57,45 @@ _SAMPLE_TAG = 0x5A3E  # keeps per-sample streams apart from the loader's order s
 
 
 # ---------------------------------------------------------------- image files
+
+# Pillow's own refusal (2 x Image.MAX_IMAGE_PIXELS: a 13,377 x 13,377 image), made ours: a library
+# that lifts Pillow's global limit (or sets it to None) does not lift gluontl's.
+MAX_IMAGE_PIXELS = 178_956_970
+
+
+@contextlib.contextmanager
+def open_image(source: str | Path | bytes | BinaryIO, name: str | None = None, what: str = "image",
+               hint: str = "Replace or delete the file.") -> Iterator[Image.Image]:
+    """The one door gluontl opens images and masks by: strict decoding (truncated files fail), at
+    most ``MAX_IMAGE_PIXELS`` pixels (a decompression bomb is refused from its header, before any
+    pixel is decoded), and every failure inside, decoding included, a DataError naming the file."""
+    where = shown(name if name is not None else "<bytes>" if isinstance(source, bytes) else source)
+    try:
+        with _strict_decoding(), _open(source) as im:
+            if (problem := _too_large(im)) is not None:
+                raise DataError(f"Cannot read {what} '{where}': {problem}. {hint}")
+            yield im
+    except DataError:
+        raise
+    except Exception as e:  # PIL raises many types (OSError, SyntaxError, struct.error, DecompressionBombError...)
+        raise DataError(f"Cannot read {what} '{where}': {_reason(e)}. {hint}") from None
+
+
+def _too_large(im: Image.Image) -> str | None:
+    pixels = im.width * im.height
+    return None if pixels <= MAX_IMAGE_PIXELS else \
+        f"{im.width}x{im.height} is {pixels:,} pixels, over the {MAX_IMAGE_PIXELS:,} gluontl decodes (a " \
+        f"decompression bomb, or an image far larger than a network's input: shrink it first)"
+
+
+def _reason(e: Exception) -> str:
+    if isinstance(e, Image.DecompressionBombError):
+        return (f"too many pixels, over the {MAX_IMAGE_PIXELS:,} gluontl decodes ({e}; a decompression bomb, or "
+                f"an image far larger than a network's input: shrink it first)")
+    if isinstance(e, UnidentifiedImageError):
+        return "not an image file (no known image format)"
+    return f"corrupt or truncated image ({shown(str(e))})"
+
 
 def image_problem(source: str | Path | bytes) -> str | None:
     """Why ``source`` (a path or encoded bytes) cannot be used as an image, or None.
@@ -68,16 +108,16 @@ def image_problem(source: str | Path | bytes) -> str | None:
         return "empty file (0 bytes)"
     try:
         with _strict_decoding(), _open(source) as im:
+            if (problem := _too_large(im)) is not None:
+                return problem
             if im.format == "PNG":
                 im.verify()
             else:
                 if im.format == "JPEG":
                     im.draft("RGB", (max(1, im.width // 8), max(1, im.height // 8)))
                 im.load()
-    except UnidentifiedImageError:
-        return "not an image file (no known image format)"
     except Exception as e:  # PIL raises many types (OSError, SyntaxError, struct.error...)
-        return f"corrupt or truncated image ({e})"
+        return _reason(e)
     return None
 
 
@@ -88,13 +128,9 @@ def decode_image(source: str | Path | bytes, name: str | None = None) -> np.ndar
     conversion; 16-bit grayscale is scaled by 255/65535 (PIL's own conversion would clip it).
     EXIF orientation is applied so phone photos are upright.
     """
-    try:
-        with _strict_decoding(), _open(source) as im:
-            return to_rgb(im)  # the deployable reference's decoding, so the two cannot drift apart
-    except Exception as e:
-        where = name or str(source)
-        raise DataError(f"Cannot read image '{where}': {e}. Replace or delete the file (datasets are "
-                        f"checked when loaded, so a file failing later was changed or removed since).") from None
+    with open_image(source, name, hint="Replace or delete the file (datasets are checked when loaded, so a file "
+                                       "failing later was changed or removed since).") as im:
+        return to_rgb(im)  # the deployable reference's decoding, so the two cannot drift apart
 
 
 def load_image(path: str | Path) -> np.ndarray:
@@ -334,10 +370,7 @@ def load_preprocess(spec: SpecInput) -> tuple[Preprocess, list[str] | None]:
     if not path.is_file():
         raise ModelSourceError(f"'{path}' does not exist. Pass an exported .onnx file, a NAME-preprocess.json "
                                f"written beside a symbol export, or a run folder with preprocess.json.")
-    try:
-        card = _json(path.read_text(encoding="utf-8"), str(path))
-    except (OSError, UnicodeDecodeError) as e:
-        raise ModelSourceError(f"Cannot read '{path}': {e}. Re-export the model.") from None
+    card = read_json(path, ModelSourceError, "the preprocessing record")
     if not isinstance(card, dict) or "preprocess" not in card:
         raise ModelSourceError(f"'{path}' has no \"preprocess\" entry; pass the NAME-preprocess.json of a "
                                f"gluontl export or a run folder's preprocess.json.")
@@ -369,7 +402,7 @@ def onnx_card(path: str | Path) -> dict[str, Any]:
     a file without it, or with text that is no JSON, is refused naming the file."""
     meta = onnx_metadata(path)
     try:
-        return {"preprocess": json.loads(meta[META_PREPROCESS]), "classes": json.loads(meta[META_CLASSES])}
+        return {"preprocess": parse_json(meta[META_PREPROCESS]), "classes": parse_json(meta[META_CLASSES])}
     except ValueError as e:
         raise ModelSourceError(f"The metadata of '{path}' is not valid JSON ({e}); export the run again.") from None
 
@@ -404,7 +437,7 @@ def onnx_metadata(path: str | Path) -> dict[str, str]:
 
 def _json(text: str, where: str) -> Any:
     try:
-        return json.loads(text)
+        return parse_json(text)
     except ValueError as e:
         raise ModelSourceError(f"{where} is not valid JSON ({e}); re-export the model.") from None
 

@@ -48,6 +48,7 @@ import numpy as np
 from mxnet import gluon, nd
 
 from ..errors import DataError
+from ..readers import read_text
 from ..recipe import DataSpec, suggest
 from ..data.datasets import BadImageReport, Loaders, SplitRecord, require_classes, screen_images, split_sampler
 from ..data.sampler import EpochSampler
@@ -209,7 +210,7 @@ def _voc_split(root: Path, split: str, where: str) -> tuple[list[Annotation], li
         have = sorted(p.stem for p in listing.parent.glob("*.txt"))
         raise DataError(f"{where} has no split file '{listing}'; split files found: {', '.join(have) or 'none'}. "
                         f"Fix data.train / data.val.")
-    ids = [line.split()[0] for line in listing.read_text(encoding="utf-8").splitlines() if line.strip()]
+    ids = [line.split()[0] for line in read_text(listing, DataError, "the VOC split list").splitlines() if line.strip()]
     missing = [i for i in ids if not (root / "Annotations" / f"{i}.xml").is_file()]
     if missing:
         raise DataError(f"{listing} lists {len(missing)} image id(s) without an annotation file, e.g. "

@@ -49,14 +49,16 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 import yaml
-from PIL import Image
 
 from ..atomic import link_or_copy
+from ..data.transforms import open_image
 from ..errors import DataError
+from ..readers import read_json, read_text, read_yaml
 from ..recipe import suggest
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".gif")
 _EPS = 1e-3  # px: how far outside the image float rounding may put an edge
+MAX_COCO_BYTES = 1 << 30  # COCO 2017's train instances file is 448 MB
 _EXIF_ORIENTATION = 274
 _EXIF_SWAPS = (5, 6, 7, 8)  # orientations that rotate by 90 degrees
 
@@ -75,10 +77,10 @@ class Annotation:
 def image_size(path: Path) -> tuple[int, int] | None:
     """(width, height) after EXIF orientation, from the header only; None if unreadable."""
     try:
-        with Image.open(path) as im:
+        with open_image(path) as im:
             w, h = im.size
             return (h, w) if im.getexif().get(_EXIF_ORIENTATION) in _EXIF_SWAPS else (w, h)
-    except Exception:  # PIL raises many types; the bad-image pass says why
+    except DataError:  # the bad-image pass says why
         return None
 
 
@@ -218,10 +220,7 @@ def _place(src: Path, dst: Path) -> None:
 def read_coco(json_path: Path, image_dir: Path) -> tuple[list[Annotation], list[str]]:
     """All images of one COCO instances file (images without annotations included), classes
     the categories in id order."""
-    try:
-        data = json.loads(json_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise DataError(f"Cannot read COCO annotations '{json_path}': {e}. Fix or replace the file.") from None
+    data = read_json(json_path, DataError, "COCO annotations", max_bytes=MAX_COCO_BYTES)
     if not isinstance(data, dict) or not all(isinstance(data.get(k), list) for k in ("images", "annotations",
                                                                                   "categories")):
         raise DataError(f"'{json_path}' is not a COCO instances file: it needs lists 'images', 'annotations' "
@@ -291,18 +290,16 @@ def yolo_names(root: Path) -> list[str]:
     ``classes.txt`` (one per line)."""
     yml, txt = root / "data.yaml", root / "classes.txt"
     if yml.is_file():
-        try:
-            names = (yaml.safe_load(yml.read_text(encoding="utf-8")) or {}).get("names")
-        except (yaml.YAMLError, AttributeError, UnicodeDecodeError) as e:
-            raise DataError(f"Cannot read '{yml}': {e}. It must be a YAML mapping with 'names'.") from None
-        if isinstance(names, dict) and sorted(names) == list(range(len(names))):
+        card = read_yaml(yml, DataError, "the YOLO card")
+        names = card.get("names") if isinstance(card, dict) else None
+        if isinstance(names, dict) and set(names) == set(range(len(names))):
             names = [names[i] for i in range(len(names))]
         if not (isinstance(names, list) and names):
             raise DataError(f"'{yml}' needs 'names': a list of class names, or a mapping 0: name, 1: name, ... "
                             f"with ids from 0 without gaps.")
         return [str(n) for n in names]
     if txt.is_file():
-        names = [line.strip() for line in txt.read_text(encoding="utf-8").splitlines() if line.strip()]
+        names = [line.strip() for line in read_text(txt, DataError, "the class list").splitlines() if line.strip()]
         if names:
             return names
     raise DataError(f"YOLO folder '{root}' has no class names: add data.yaml with 'names: [cat, dog]' (or "
@@ -313,7 +310,7 @@ def read_yolo_txt(txt: Path, image: Path, num_classes: int) -> Annotation:
     """One image's label file (absent: no objects)."""
     size = image_size(image)
     rows: list[list[float]] = []
-    lines = txt.read_text(encoding="utf-8").splitlines() if txt.is_file() else []
+    lines = read_text(txt, DataError, "the YOLO label file").splitlines() if txt.is_file() else []
     for n, line in enumerate(lines, 1):
         fields = line.split()
         if not fields:

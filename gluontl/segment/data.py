@@ -29,14 +29,14 @@ from typing import Iterable, Literal, Sequence
 
 import numpy as np
 from mxnet import gluon
-from PIL import Image
 
 from ..detect.data import CpuLoader
 from ..errors import DataError
+from ..readers import read_text
 from ..recipe import DataSpec, SegmentationSpec
 from ..data.datasets import BadImageReport, Loaders, SplitRecord, screen_images, split_sampler
 from ..data.splits import stratified_holdout
-from ..data.transforms import decode_image, image_problem, mean_std, sample_rng
+from ..data.transforms import decode_image, image_problem, mean_std, open_image, sample_rng
 from .augment import SegmentationTransform
 from .formats import Sample, read_mask, read_pairs, read_voc
 
@@ -160,7 +160,7 @@ def _checked(sample: Sample, num_classes: int, ignore: int) -> np.ndarray:
     """The labelled pixels of each class in ``sample``'s mask; a bad value or a size that is not the
     image's is an error."""
     mask = read_mask(sample.mask, num_classes, ignore)
-    with Image.open(sample.image) as im:
+    with open_image(sample.image) as im:
         w, h = im.size
     if mask.shape != (h, w):
         raise DataError(f"The mask '{sample.mask}' is {mask.shape[1]}x{mask.shape[0]} (W x H) but its image "
@@ -210,7 +210,7 @@ def _classes(spec: DataSpec, root: Path, default: list[str] | None) -> list[str]
         return list(spec.classes)
     listing = root / "classes.txt"
     if listing.is_file():
-        names = [line.strip() for line in listing.read_text(encoding="utf-8").splitlines() if line.strip()]
+        names = [line.strip() for line in read_text(listing, DataError, "the class list").splitlines() if line.strip()]
         if names:
             return names
     if default is None:

@@ -16,7 +16,9 @@ import numpy as np
 from PIL import Image
 
 from ..atomic import atomic_write, write_text
+from ..data.transforms import open_image
 from ..errors import DataError
+from ..readers import read_text
 
 IGNORE = 255
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp")
@@ -58,13 +60,10 @@ def write_mask(path: str | Path, mask: np.ndarray) -> Path:
 def read_mask(path: str | Path, num_classes: int, ignore: int = IGNORE) -> np.ndarray:
     """The (H, W) uint8 class ids of a palette or grey PNG, checked against ``num_classes``."""
     path = Path(path)
-    try:
-        with Image.open(path) as im:
-            mode = im.mode
-            mask = np.asarray(im) if mode in ("P", "L") else None
-    except (OSError, SyntaxError) as e:
-        raise DataError(f"Cannot read the mask '{path}': {e}. Masks are single-channel PNGs of class "
-                        f"ids; replace or remove the file.") from None
+    with open_image(path, what="the mask", hint="Masks are single-channel PNGs of class ids; replace or remove "
+                                                "the file.") as im:
+        mode = im.mode
+        mask = np.asarray(im) if mode in ("P", "L") else None
     if mask is None:
         raise DataError(f"The mask '{path}' is a {mode} image; masks are single-channel PNGs (palette or "
                         f"8-bit grey) whose pixel values are class ids. Convert colour masks to ids "
@@ -83,12 +82,11 @@ def read_voc(root: str | Path, split: str) -> list[Sample]:
     """The samples of ``ImageSets/Segmentation/<split>.txt`` under a VOC root."""
     root = Path(root)
     listing = root / "ImageSets" / "Segmentation" / f"{split}.txt"
-    try:
-        ids = listing.read_text(encoding="utf-8").split()
-    except OSError as e:
-        raise DataError(f"Cannot read the VOC split list '{listing}': {e.strerror}. A VOC segmentation "
+    if not listing.is_file():
+        raise DataError(f"Cannot read the VOC split list '{listing}': it does not exist. A VOC segmentation "
                         f"root holds JPEGImages/, SegmentationClass/ and ImageSets/Segmentation/"
-                        f"{{train,val}}.txt.") from None
+                        f"{{train,val}}.txt.")
+    ids = read_text(listing, DataError, "the VOC split list").split()
     samples = [Sample(root / "JPEGImages" / f"{i}.jpg", root / "SegmentationClass" / f"{i}.png") for i in ids]
     missing = [str(p) for s in samples for p in (s.image, s.mask) if not p.is_file()]
     if missing:

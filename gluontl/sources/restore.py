@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import fnmatch
-import json
 from pathlib import Path
 
 import mxnet as mx
@@ -18,6 +17,7 @@ from mxnet.gluon import HybridBlock
 
 from ..errors import ModelSourceError, RestoreError, short_reason
 from ..naming import named_params, shape_of
+from ..readers import read_json
 from ..runfolder import run_weights
 
 
@@ -148,11 +148,8 @@ def old_classes(weights: str) -> list[str] | None:
     p = Path(weights)
     for card in (p / "preprocess.json", p.parent / "preprocess.json", p.parent.parent / "preprocess.json"):
         if card.is_file():
-            try:
-                classes = json.loads(card.read_text(encoding="utf-8")).get("classes")
-            except (ValueError, AttributeError, UnicodeDecodeError) as e:
-                raise RestoreError(f"'{card}' is not a run card ({short_reason(e)}); put back the preprocess.json "
-                                   f"of the run '{weights}' or restore without reuse by class name.") from None
+            data = read_json(card, RestoreError, "the run card")
+            classes = data.get("classes") if isinstance(data, dict) else None
             return [str(c) for c in classes] if isinstance(classes, list) else None
     return None
 

@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from ..atomic import write_text
+from ..console import show
 from ..errors import TrainError
+from ..readers import read_json_lines
 
 
 # (label on the line, metrics key, format); val_acc is val_top1, the name people grep logs for
@@ -39,18 +41,17 @@ def epoch_line(row: dict[str, Any], epochs: int) -> str:
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        return []
-    rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            rows.append(json.loads(line))
-        except ValueError:
-            break  # a torn last line from kill -9
-    return rows
+    """The complete rows of ``metrics.jsonl`` (a broken row, torn by kill -9 or damaged, is left out)."""
+    return read_json_lines(path, TrainError, "the metrics log")[0]
 
 
 _NOT_SCALARS = ("step", "epoch", "epoch_f")
+
+
+def _step(row: dict[str, Any]) -> float:
+    """A row's global step; a row whose step is no number sorts after every checkpoint (dropped on resume)."""
+    step = row.get("step", -1)
+    return step if isinstance(step, (int, float)) and not isinstance(step, bool) else float("inf")
 
 
 class MetricsLog:
@@ -63,12 +64,16 @@ class MetricsLog:
 
     def __init__(self, run_dir: Path, resume_step: int | None = None, record: bool = True) -> None:
         self.path = run_dir / "metrics.jsonl"
-        self.rows: list[dict[str, Any]] = read_metrics(self.path)
+        self.rows, self.skipped = read_json_lines(self.path, TrainError, "the metrics log")
         self.record = record  # False: rows in memory only (a distributed worker other than rank 0)
         if not record:
             return
         if resume_step is not None:
-            self.rows = [r for r in self.rows if r.get("step", -1) <= resume_step]
+            self.rows = [r for r in self.rows if _step(r) <= resume_step]
+            if self.skipped:  # the complete rows stay; the broken ones are said, not kept
+                show(f"{self.path}: skipped {self.skipped} broken row{'s' * (self.skipped != 1)} (not JSON "
+                     f"objects); kept the {len(self.rows)} complete row{'s' * (len(self.rows) != 1)} up to "
+                     f"step {resume_step}.")
             write_text(self.path, "".join(json.dumps(r) + "\n" for r in self.rows), TrainError)
         from tensorboardX import SummaryWriter
 

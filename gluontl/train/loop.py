@@ -28,6 +28,7 @@ from mxnet import autograd, gluon
 
 from ..atomic import write_text
 from ..console import WorkerLog, alert, bars_on, progress, say, show
+from ..runfolder import discard_unstarted
 from ..dist.backend import Backend, connect
 from ..errors import Interrupted, TrainError, resume_command
 from ..pipeline import with_input_name
@@ -339,11 +340,19 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
         # a worker's lines go to RUN/logs/worker-RANK.log once the run folder is known; rank 0's also to the console
         worker_log = logs.enter_context(WorkerLog(echo=dist.is_root)) if dist.size > 1 else None
 
+        made: list[Path] = []
+
         def logged(run_dir: Path) -> None:
+            made.append(run_dir)
             if worker_log is not None:
                 worker_log.open(run_dir / "logs" / f"worker-{dist.rank}.log")
 
-        return _finetune(recipe, dist, ctxs, runs_root, resume, quiet, stop_after_steps, logged)
+        try:
+            return _finetune(recipe, dist, ctxs, runs_root, resume, quiet, stop_after_steps, logged)
+        except BaseException as e:  # a new run that ends before its first checkpoint leaves no folder
+            if made and resume is None and dist.size == 1 and not isinstance(e, Interrupted):
+                discard_unstarted(made[0])
+            raise
 
 
 def _alone(recipe: Recipe) -> None:
