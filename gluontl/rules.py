@@ -125,6 +125,7 @@ class PlannedRule:
 
     label: str
     rule: Rule
+    preset: str | None = None  # the preset this rule stands for a part of: a model may lack its layer types
 
 
 RuleLike = Rule | Mapping[str, Any]
@@ -140,7 +141,7 @@ def expand(rules: Iterable[RuleLike], order: list[Stage] | None = None) -> list[
             for j, sub in enumerate(PRESETS[r.preset](r, order), 1):
                 sub = sub.model_copy(update={"from_epoch": r.from_epoch + sub.from_epoch,
                                              "optional": r.optional or sub.optional})
-                out.append(PlannedRule(f"{i}.{j}", sub))
+                out.append(PlannedRule(f"{i}.{j}", sub, r.preset))
         else:
             out.append(PlannedRule(str(i), r))
     return out
@@ -303,22 +304,31 @@ def make_plan(block: HybridBlock, rules: Iterable[RuleLike], *, epoch: int | Non
     decided = {n: {f: "default" for f in FIELDS} for n in entries}
     bn_rank: dict[int, tuple[str, str]] = {}  # id(layer) → (value, label) of the last rule setting bn
     targets, errors, adapter_notes = _adapter_targets(block, planned, entries, stages, kind_of)
+    preset_notes: list[str] = []
     missing = _adapters_missing(block, targets)
     if missing:
         raise RuleError("The rules do not fit this model: " + "; ".join(missing) + ".")
     for pr in planned:
         hits = [e for e in entries.values()
                 if _selects(pr.rule, e, stages.get(e.name), kind_of.get(e.name, frozenset()))]
+        missing_type = pr.preset is not None and pr.rule.type is not None and \
+            not any(e.layer and e.layer.type in pr.rule.type for e in entries.values())
         if not hits:
-            if not pr.rule.optional:
+            if missing_type:  # a preset's rule for a layer type the model lacks: nothing to apply, nothing wrong
+                preset_notes.append(_nothing_to_do(pr, "/".join(pr.rule.type), "in this model"))
+            elif not pr.rule.optional:
                 errors.append(_no_match(pr, entries, stages, kind_of))
             continue
         if pr.rule.bn is not None and not any(e.layer and e.layer.type == "BatchNorm" for e in hits):
-            kinds = sorted({(e.layer.type or "other") if e.layer else "other" for e in hits})
-            errors.append(f"rule {pr.label} sets bn: {pr.rule.bn} but matches no BatchNorm layer "
-                          f"(it matches {len(hits)} parameters of {', '.join(kinds)} layers); bn applies "
-                          f"only to BatchNorm — add type: BatchNorm or fix match")
-            continue
+            if pr.preset is None:
+                kinds = sorted({(e.layer.type or "other") if e.layer else "other" for e in hits})
+                errors.append(f"rule {pr.label} sets bn: {pr.rule.bn} but matches no BatchNorm layer "
+                              f"(it matches {len(hits)} parameters of {', '.join(kinds)} layers); bn applies "
+                              f"only to BatchNorm — add type: BatchNorm or fix match")
+                continue
+            has_bn = any(e.layer and e.layer.type == "BatchNorm" for e in entries.values())
+            preset_notes.append(_nothing_to_do(pr, "BatchNorm", "among the parameters it selects" if has_bn
+                                               else "in this model"))  # its other settings still apply
         if epoch is not None and pr.rule.from_epoch > epoch:
             continue
         for e in hits:
@@ -364,7 +374,7 @@ def make_plan(block: HybridBlock, rules: Iterable[RuleLike], *, epoch: int | Non
                         stage=stages.get(n), aux=aux,
                         grad_req="null" if aux else v["grad_req"], lr_mult=v["lr_mult"], wd_mult=v["wd_mult"],
                         bn=bn, decided_by=d, adapter=adapter_text.get(n)))
-    notes = _notes(rows) + adapter_notes + ([no_stages] if no_stages else [])
+    notes = preset_notes + _notes(rows) + adapter_notes + ([no_stages] if no_stages else [])
     return Plan(rows=rows, rules=planned, epoch=epoch or 0, notes=notes)
 
 
@@ -479,6 +489,13 @@ def _no_match(pr: PlannedRule, entries: dict[str, ParamEntry], stages: dict[str,
         parts.append(f"kind {r.kind} (this model has {', '.join(present) or 'none of them'})")
     example = ", ".join(list(entries)[:3])
     return f"rule {pr.label} ({' and '.join(parts)}) matches no parameter (names look like: {example})"
+
+
+def _nothing_to_do(pr: PlannedRule, layer_type: str, where: str) -> str:
+    """The plan's word on a preset's rule for a layer type the model lacks (a BN-less ViT, BN folded
+    into convolutions): the user cannot edit a preset's rules, so this is no error."""
+    what = "bn: " + pr.rule.bn if pr.rule.bn is not None and layer_type == "BatchNorm" else (pr.rule.note or "")
+    return f"rule {pr.label} ({pr.preset}{': ' + what if what else ''}): no {layer_type} layer {where}, nothing to do"
 
 
 def _notes(rows: list[Row]) -> list[str]:
