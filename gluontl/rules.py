@@ -202,7 +202,7 @@ def _row_json(row: Row) -> dict[str, Any]:
 
 
 def _selects(rule: Rule, e: ParamEntry, stage: Stage | None, kinds: frozenset[str]) -> bool:
-    if rule.match is not None and not any(fnmatch.fnmatchcase(e.name, g) for g in rule.match):
+    if rule.match is not None and not any(fnmatch.fnmatchcase(n, g) for g in rule.match for n in (e.name, *e.aliases)):
         return False
     if rule.type is not None and (e.layer is None or e.layer.type not in rule.type):
         return False
@@ -339,17 +339,17 @@ def make_plan(block: HybridBlock, rules: Iterable[RuleLike], *, epoch: int | Non
                     decided[e.name][f] = pr.label
             if pr.rule.bn is not None and e.layer is not None and e.layer.type == "BatchNorm":
                 bn_rank[id(e.layer)] = (pr.rule.bn, pr.label)
-        for n in (n for label, t in targets.values() if label == pr.label for n in (t.a, t.b)):
+        for n in (entries[n].name for label, t in targets.values() if label == pr.label for n in (t.a, t.b)):
             values[n]["grad_req"], decided[n]["grad_req"] = "write", pr.label
             for f in ("lr_mult", "wd_mult"):  # the rule's base weights are frozen: its multipliers mean the factors
                 if getattr(pr.rule, f) is not None:
                     values[n][f], decided[n][f] = getattr(pr.rule, f), pr.label
     adapter_text = {}
     for label, t in targets.values():  # an adapted layer's own parameters are frozen whatever other rules say
-        for n in t.frozen:
+        for n in (entries[n].name for n in t.frozen):  # the graph's names: an imported model's alias
             values[n]["grad_req"], decided[n]["grad_req"] = "null", label
             adapter_text[n] = f"base of lora on {t.layer}"
-        for n, f in ((t.a, "lora_a"), (t.b, "lora_b")):
+        for n, f in ((entries[t.a].name, "lora_a"), (entries[t.b].name, "lora_b")):
             adapter_text[n] = f"{f} rank {t.spec.rank} alpha {t.spec.alpha:g}" + \
                 (f" dropout {t.spec.dropout:g}" if t.spec.dropout else "")
     if errors:
@@ -597,6 +597,21 @@ def format_plan(plan: Plan) -> str:
                f"frozen {t['frozen']:,} ({t['frozen_bytes'] / 2**20:.1f} MiB)")
     out += [f"note: {n}" for n in plan.notes]
     return "\n".join(out)
+
+
+def format_params(plan: Plan) -> str:
+    """What ``gluontl inspect`` lists: every parameter with the names rules match it by (an imported
+    graph's own tensor name beside the module path it takes), shape, layer type and stage."""
+    head = ("name", "mxnet name", "shape", "count", "type", "stage")
+    lines = [(r.name, r.global_name, "x".join(map(str, r.shape)), f"{r.size:,}",
+              ("aux " if r.aux else "") + (r.layer_type or "-"), "" if r.stage is None else str(r.stage))
+             for r in plan.rows]
+    widths = [max(len(h), *(len(l[i]) for l in lines)) if lines else len(h) for i, h in enumerate(head)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    t = plan.totals()
+    return "\n".join([fmt.format(*head), fmt.format(*("-" * w for w in widths)),
+                      *(fmt.format(*l).rstrip() for l in lines), f"{t['params']} parameters, {t['trainable'] + t['frozen']:,} values",
+                      *(f"note: {n}" for n in plan.notes)]).rstrip()
 
 
 def _rule_text(r: Rule) -> str:

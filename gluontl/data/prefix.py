@@ -133,7 +133,7 @@ def _split_graph(net: SymbolBlock, plan: Plan) -> Split:
         return whole
     graph = json.loads(sym.tojson())
     nodes, heads = graph["nodes"], [h[0] for h in graph["heads"]]
-    trainable = {r.name for r in plan.rows if r.trainable}
+    trainable = {r.global_name for r in plan.rows if r.trainable}  # the graph's own names
     bn_train = {r.layer for r in plan.rows if r.bn == "train"}
     data = next(i for i, n in enumerate(nodes) if n["op"] == "null" and n["name"] == inputs[0].name)
     why: dict[int, str] = {}
