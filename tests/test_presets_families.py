@@ -148,3 +148,16 @@ def test_the_note_names_the_presets_rule_on_a_model_without_batchnorm():
                      input_shape=shape)
     assert plan.notes[0] == "rule 2.1 (freeze_all_but_head: bn: frozen): no BatchNorm layer in this model, nothing to do"
     assert plan.by_name()["head.weight"].lr_mult == 10.0  # the other rules apply as written
+
+
+@pytest.mark.parametrize("file", [f for f in MANIFEST if f.split("_")[0] in ("vit", "swin") or
+                                  f.startswith(("tv_vit", "tv_swin"))])
+def test_freeze_all_but_head_on_every_vit_and_swin_export(file):
+    """The issue's case: ViT and Swin have no BatchNorm, and freeze_all_but_head used to refuse them."""
+    net, shape, _ = _model(file)
+    plan = make_plan(net, [Rule(preset="freeze_all_but_head")], input_shape=shape, epoch=0)
+    last_gemm = [n for n in onnx.load(str(FIXTURES / file), load_external_data=False).graph.node
+                 if n.op_type in ("Gemm", "MatMul")][-1]
+    rows = {r.global_name: r for r in plan.rows}
+    assert all(rows[x].trainable for x in last_gemm.input[1:] if x in rows)  # the classifier trains
+    assert plan.notes[0] == "rule 1.1 (freeze_all_but_head: bn: frozen): no BatchNorm layer in this model, nothing to do"
