@@ -161,3 +161,20 @@ def test_freeze_all_but_head_on_every_vit_and_swin_export(file):
     rows = {r.global_name: r for r in plan.rows}
     assert all(rows[x].trainable for x in last_gemm.input[1:] if x in rows)  # the classifier trains
     assert plan.notes[0] == "rule 1.1 (freeze_all_but_head: bn: frozen): no BatchNorm layer in this model, nothing to do"
+
+
+def test_a_presets_bn_setting_on_a_part_without_batchnorm_says_where():
+    """freeze_until_stage: stem on a model whose BatchNorm comes after its stem: the stem is frozen,
+    the BatchNorm is left as it was, and the note says the selection (not the model) has none."""
+    net = mx.gluon.nn.HybridSequential()
+    net.add(mx.gluon.nn.Conv2D(4, 3, padding=1, in_channels=3), mx.gluon.nn.Conv2D(4, 3, strides=4, padding=1,
+                                                                                   in_channels=4),
+            mx.gluon.nn.BatchNorm(in_channels=4), mx.gluon.nn.GlobalAvgPool2D(), mx.gluon.nn.Dense(2, in_units=4))
+    net.initialize()
+    net(mx.nd.zeros((1, 3, 16, 16)))
+    plan = make_plan(net, [Rule(preset="freeze_until_stage", until_stage="stem")], input_shape=(3, 16, 16))
+    rows = plan.by_name()
+    assert {n for n, r in rows.items() if not r.trainable} == {"0.weight", "0.bias", "2.running_mean",
+                                                               "2.running_var"}
+    assert rows["2.gamma"].bn == "train" and plan.notes[0] == (
+        "rule 1.1 (freeze_until_stage: bn: frozen): no BatchNorm layer among the parameters it selects, nothing to do")
