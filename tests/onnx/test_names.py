@@ -10,7 +10,7 @@ import mxnet as mx
 import numpy as np
 import onnx
 import pytest
-from helpers import run_cli
+from helpers import assert_f32_close, run_cli
 
 from gluontl.errors import RuleError
 from gluontl.naming import module_names, named_params
@@ -140,3 +140,18 @@ def test_inspect_json_on_an_onnx_file_with_open_sizes_says_why_no_parameters(cap
                         "--input-shape", "x=1,3,32,32")
     assert code == 0, err
     assert [p["name"] for p in json.loads(out)["params"]][:2] == ["conv1.weight", "conv1.bias"]
+
+
+def test_frozen_prefix_of_a_renamed_graph_ends_where_the_plan_says():
+    """The feature cache reads the plan by the graph's own names: the prefix ends before the first
+    node reading a trainable parameter, named as the plan names it."""
+    from gluontl.data.prefix import split_frozen_prefix
+
+    block = _load("resnet_legacy_op13.onnx")
+    plan = make_plan(block, [Rule(match=["conv1.*", "layer1.*"], grad_req="null")])
+    split = split_frozen_prefix(block, plan, (3, 32, 32), mx.cpu())
+    assert split.boundary == "/layer1/layer1.1/Relu_1" and split.reason.endswith(
+        "node /layer2/layer2.0/conv1/Conv trains (layer2.0.conv1.weight has grad_req write)")
+    x = mx.nd.array(np.random.RandomState(0).uniform(-1, 1, (2, 3, 32, 32)).astype(np.float32))
+    # the same convolutions split in two graphs: equal up to float32 sums of <= 288 products, 6 deep
+    assert_f32_close(split.suffix(split.prefix(x)).asnumpy(), block(x).asnumpy(), terms=288, depth=6)
