@@ -236,6 +236,21 @@ def _model(text: str, input_shape: Optional[List[str]],
     return spec, block, shapes
 
 
+def _onnx_params(source: str, input_shape: Optional[List[str]], classes: int | None,
+                 as_json: bool) -> tuple[object, str | None]:
+    """An ONNX file's parameter table (text and JSON in one: the plan of no rules, with stages) and
+    None, or None and why it cannot be listed (input sizes the file leaves open)."""
+    from .errors import ModelSourceError
+    from .rules import format_params, make_plan
+
+    try:
+        spec, block, shapes = _model(source, input_shape, classes)
+    except ModelSourceError as e:
+        return None, f"not listed: {e}"
+    p = make_plan(block, [], input_shape=spec.input_shape if len(shapes) == 1 else None)
+    return (p.to_json()["params"] if as_json else format_params(p)), None
+
+
 @app.command()
 def inspect(model: str = typer.Argument(..., help="NAME, PREFIX, PATH.onnx or zoo:/symbol:/onnx:"),
             input_shape: Optional[List[str]] = ShapeOpt,
@@ -254,12 +269,23 @@ def inspect(model: str = typer.Argument(..., help="NAME, PREFIX, PATH.onnx or zo
         if input_shape:  # not needed here, but a wrong name, rank or size is still worth saying
             input_shapes(source, _shapes(input_shape))
         report = inspect_onnx(source[5:])
-        typer.echo(format_report(report))
+        if not as_json:
+            typer.echo(format_report(report))
         if report.problems:
             from .errors import OnnxImportError
 
+            if as_json:
+                typer.echo(json.dumps({"report": dataclasses.asdict(report), "params": None}, indent=1))
             raise OnnxImportError(f"{source[5:]} cannot be imported ({len(report.problems)} problem(s), listed "
                                   f"first in the report above): " + " ".join(report.problems))
+        params, why = _onnx_params(source, input_shape, classes, as_json)
+        if as_json:
+            typer.echo(json.dumps({"report": dataclasses.asdict(report), "params": params,
+                                   **({"params_note": why} if why else {})}, indent=1))
+        else:
+            typer.echo("parameters (names: the exporter's module paths where the file records them; the graph's "
+                       "own name, in the mxnet name column, still matches in rules):")
+            typer.echo(params if why is None else f"  {why}")
         return
     spec, block, shapes = _model(source, input_shape, classes)
     if nodes:
@@ -275,13 +301,13 @@ def inspect(model: str = typer.Argument(..., help="NAME, PREFIX, PATH.onnx or zo
             dims = "x".join(map(str, r.shape)) if r.shape else "?"
             typer.echo(f"{r.name:<{width}}  {r.op:<{op_width}}  {dims}")
         return
-    from .rules import format_plan, make_plan
+    from .rules import format_params, make_plan
 
     p = make_plan(block, [], input_shape=spec.input_shape if len(shapes) == 1 else None)
     if as_json:
         typer.echo(json.dumps(p.to_json()["params"], indent=1))
     else:
-        typer.echo(format_plan(p))
+        typer.echo(format_params(p))
 
 
 @app.command()

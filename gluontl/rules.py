@@ -125,6 +125,7 @@ class PlannedRule:
 
     label: str
     rule: Rule
+    preset: str | None = None  # the preset this rule stands for a part of: a model may lack its layer types
 
 
 RuleLike = Rule | Mapping[str, Any]
@@ -140,7 +141,7 @@ def expand(rules: Iterable[RuleLike], order: list[Stage] | None = None) -> list[
             for j, sub in enumerate(PRESETS[r.preset](r, order), 1):
                 sub = sub.model_copy(update={"from_epoch": r.from_epoch + sub.from_epoch,
                                              "optional": r.optional or sub.optional})
-                out.append(PlannedRule(f"{i}.{j}", sub))
+                out.append(PlannedRule(f"{i}.{j}", sub, r.preset))
         else:
             out.append(PlannedRule(str(i), r))
     return out
@@ -201,7 +202,7 @@ def _row_json(row: Row) -> dict[str, Any]:
 
 
 def _selects(rule: Rule, e: ParamEntry, stage: Stage | None, kinds: frozenset[str]) -> bool:
-    if rule.match is not None and not any(fnmatch.fnmatchcase(e.name, g) for g in rule.match):
+    if rule.match is not None and not any(fnmatch.fnmatchcase(n, g) for g in rule.match for n in (e.name, *e.aliases)):
         return False
     if rule.type is not None and (e.layer is None or e.layer.type not in rule.type):
         return False
@@ -303,22 +304,31 @@ def make_plan(block: HybridBlock, rules: Iterable[RuleLike], *, epoch: int | Non
     decided = {n: {f: "default" for f in FIELDS} for n in entries}
     bn_rank: dict[int, tuple[str, str]] = {}  # id(layer) → (value, label) of the last rule setting bn
     targets, errors, adapter_notes = _adapter_targets(block, planned, entries, stages, kind_of)
+    preset_notes: list[str] = []
     missing = _adapters_missing(block, targets)
     if missing:
         raise RuleError("The rules do not fit this model: " + "; ".join(missing) + ".")
     for pr in planned:
         hits = [e for e in entries.values()
                 if _selects(pr.rule, e, stages.get(e.name), kind_of.get(e.name, frozenset()))]
+        missing_type = pr.preset is not None and pr.rule.type is not None and \
+            not any(e.layer and e.layer.type in pr.rule.type for e in entries.values())
         if not hits:
-            if not pr.rule.optional:
+            if missing_type:  # a preset's rule for a layer type the model lacks: nothing to apply, nothing wrong
+                preset_notes.append(_nothing_to_do(pr, "/".join(pr.rule.type), "in this model"))
+            elif not pr.rule.optional:
                 errors.append(_no_match(pr, entries, stages, kind_of))
             continue
         if pr.rule.bn is not None and not any(e.layer and e.layer.type == "BatchNorm" for e in hits):
-            kinds = sorted({(e.layer.type or "other") if e.layer else "other" for e in hits})
-            errors.append(f"rule {pr.label} sets bn: {pr.rule.bn} but matches no BatchNorm layer "
-                          f"(it matches {len(hits)} parameters of {', '.join(kinds)} layers); bn applies "
-                          f"only to BatchNorm — add type: BatchNorm or fix match")
-            continue
+            if pr.preset is None:
+                kinds = sorted({(e.layer.type or "other") if e.layer else "other" for e in hits})
+                errors.append(f"rule {pr.label} sets bn: {pr.rule.bn} but matches no BatchNorm layer "
+                              f"(it matches {len(hits)} parameters of {', '.join(kinds)} layers); bn applies "
+                              f"only to BatchNorm — add type: BatchNorm or fix match")
+                continue
+            has_bn = any(e.layer and e.layer.type == "BatchNorm" for e in entries.values())
+            preset_notes.append(_nothing_to_do(pr, "BatchNorm", "among the parameters it selects" if has_bn
+                                               else "in this model"))  # its other settings still apply
         if epoch is not None and pr.rule.from_epoch > epoch:
             continue
         for e in hits:
@@ -329,17 +339,17 @@ def make_plan(block: HybridBlock, rules: Iterable[RuleLike], *, epoch: int | Non
                     decided[e.name][f] = pr.label
             if pr.rule.bn is not None and e.layer is not None and e.layer.type == "BatchNorm":
                 bn_rank[id(e.layer)] = (pr.rule.bn, pr.label)
-        for n in (n for label, t in targets.values() if label == pr.label for n in (t.a, t.b)):
+        for n in (entries[n].name for label, t in targets.values() if label == pr.label for n in (t.a, t.b)):
             values[n]["grad_req"], decided[n]["grad_req"] = "write", pr.label
             for f in ("lr_mult", "wd_mult"):  # the rule's base weights are frozen: its multipliers mean the factors
                 if getattr(pr.rule, f) is not None:
                     values[n][f], decided[n][f] = getattr(pr.rule, f), pr.label
     adapter_text = {}
     for label, t in targets.values():  # an adapted layer's own parameters are frozen whatever other rules say
-        for n in t.frozen:
+        for n in (entries[n].name for n in t.frozen):  # the graph's names: an imported model's alias
             values[n]["grad_req"], decided[n]["grad_req"] = "null", label
             adapter_text[n] = f"base of lora on {t.layer}"
-        for n, f in ((t.a, "lora_a"), (t.b, "lora_b")):
+        for n, f in ((entries[t.a].name, "lora_a"), (entries[t.b].name, "lora_b")):
             adapter_text[n] = f"{f} rank {t.spec.rank} alpha {t.spec.alpha:g}" + \
                 (f" dropout {t.spec.dropout:g}" if t.spec.dropout else "")
     if errors:
@@ -364,7 +374,7 @@ def make_plan(block: HybridBlock, rules: Iterable[RuleLike], *, epoch: int | Non
                         stage=stages.get(n), aux=aux,
                         grad_req="null" if aux else v["grad_req"], lr_mult=v["lr_mult"], wd_mult=v["wd_mult"],
                         bn=bn, decided_by=d, adapter=adapter_text.get(n)))
-    notes = _notes(rows) + adapter_notes + ([no_stages] if no_stages else [])
+    notes = preset_notes + _notes(rows) + adapter_notes + ([no_stages] if no_stages else [])
     return Plan(rows=rows, rules=planned, epoch=epoch or 0, notes=notes)
 
 
@@ -481,6 +491,13 @@ def _no_match(pr: PlannedRule, entries: dict[str, ParamEntry], stages: dict[str,
     return f"rule {pr.label} ({' and '.join(parts)}) matches no parameter (names look like: {example})"
 
 
+def _nothing_to_do(pr: PlannedRule, layer_type: str, where: str) -> str:
+    """The plan's word on a preset's rule for a layer type the model lacks (a BN-less ViT, BN folded
+    into convolutions): the user cannot edit a preset's rules, so this is no error."""
+    what = "bn: " + pr.rule.bn if pr.rule.bn is not None and layer_type == "BatchNorm" else (pr.rule.note or "")
+    return f"rule {pr.label} ({pr.preset}{': ' + what if what else ''}): no {layer_type} layer {where}, nothing to do"
+
+
 def _notes(rows: list[Row]) -> list[str]:
     """Warn where MXNet will not do what the plan seems to say."""
     notes = []
@@ -580,6 +597,21 @@ def format_plan(plan: Plan) -> str:
                f"frozen {t['frozen']:,} ({t['frozen_bytes'] / 2**20:.1f} MiB)")
     out += [f"note: {n}" for n in plan.notes]
     return "\n".join(out)
+
+
+def format_params(plan: Plan) -> str:
+    """What ``gluontl inspect`` lists: every parameter with the names rules match it by (an imported
+    graph's own tensor name beside the module path it takes), shape, layer type and stage."""
+    head = ("name", "mxnet name", "shape", "count", "type", "stage")
+    lines = [(r.name, r.global_name, "x".join(map(str, r.shape)), f"{r.size:,}",
+              ("aux " if r.aux else "") + (r.layer_type or "-"), "" if r.stage is None else str(r.stage))
+             for r in plan.rows]
+    widths = [max(len(h), *(len(l[i]) for l in lines)) if lines else len(h) for i, h in enumerate(head)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    t = plan.totals()
+    return "\n".join([fmt.format(*head), fmt.format(*("-" * w for w in widths)),
+                      *(fmt.format(*l).rstrip() for l in lines), f"{t['params']} parameters, {t['trainable'] + t['frozen']:,} values",
+                      *(f"note: {n}" for n in plan.notes)]).rstrip()
 
 
 def _rule_text(r: Rule) -> str:

@@ -332,10 +332,14 @@ def test_presets_take_the_rules_from_epoch_and_optional():
     net = mx.gluon.nn.HybridSequential()
     net.add(mx.gluon.nn.Dense(3, in_units=4))
     net.initialize()
-    with pytest.raises(RuleError, match=r"rule 1\.1 \(type \['BatchNorm'\] \(this model has Dense\)\) matches no "
-                                        r"parameter \(names look like: 0\.weight, 0\.bias\)"):
-        make_plan(net, [Rule(preset="freeze_bn")])
+    # a preset's rule for a layer type the model lacks is no error: the plan says there is nothing to do
+    plan = make_plan(net, [Rule(preset="freeze_bn")])
+    assert all(r.trainable for r in plan.rows) and plan.notes == [
+        "rule 1.1 (freeze_bn: bn: frozen): no BatchNorm layer in this model, nothing to do"]
     assert all(r.trainable for r in make_plan(net, [Rule(preset="freeze_bn", optional=True)]).rows)
+    with pytest.raises(RuleError, match=r"rule 1 \(type \['BatchNorm'\] \(this model has Dense\)\) matches no "
+                                        r"parameter \(names look like: 0\.weight, 0\.bias\)"):
+        make_plan(net, [Rule(type=["BatchNorm"], bn="frozen")])  # the user's own rule stays strict
     big = zoo("resnet18_v1")
     rules = [Rule(preset="freeze_all_but_head", from_epoch=2)]
     assert all(r.trainable for r in make_plan(big, rules, epoch=1, input_shape=SHAPE).rows if not r.aux)

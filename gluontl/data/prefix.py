@@ -133,14 +133,14 @@ def _split_graph(net: SymbolBlock, plan: Plan) -> Split:
         return whole
     graph = json.loads(sym.tojson())
     nodes, heads = graph["nodes"], [h[0] for h in graph["heads"]]
-    trainable = {r.name for r in plan.rows if r.trainable}
+    trainable = {r.global_name: r.name for r in plan.rows if r.trainable}  # the graph's names → the plan's
     bn_train = {r.layer for r in plan.rows if r.bn == "train"}
     data = next(i for i, n in enumerate(nodes) if n["op"] == "null" and n["name"] == inputs[0].name)
     why: dict[int, str] = {}
     for i, n in enumerate(nodes):
         if n["op"] == "null":
             continue
-        params = [nodes[j[0]]["name"] for j in n["inputs"] if nodes[j[0]]["name"] in trainable]
+        params = [trainable[nodes[j[0]]["name"]] for j in n["inputs"] if nodes[j[0]]["name"] in trainable]
         if params:
             why[i] = f"node {n['name']} trains ({params[0]} has grad_req write)"
         elif n["name"] in bn_train:

@@ -25,6 +25,7 @@ from onnx import external_data_helper, helper, numpy_helper
 
 from ..errors import OnnxImportError, short_reason
 from ..graphblock import GraphBlock
+from ..naming import module_names
 from . import fold
 from .layout import plain_conv_gradients
 from .ops.quantize import integer_as_float
@@ -59,6 +60,8 @@ class ImportInfo:
     model: onnx.ModelProto | None = None  # the graph as imported (functions inlined); export patches it
     bypass: tuple[tuple[str, str], ...] = ()  # surgery ``ignore``: readers of tensor a read tensor b
     head: Any = None  # surgery's Head block, appended after ``outputs``
+    param_names: dict[str, str] = dataclasses.field(default_factory=dict)  # graph name -> module path
+    # the file records (naming.module_names): the name users see; the graph name stays an alias
 
 
 class OnnxBlock(GraphBlock):
@@ -923,7 +926,8 @@ class _Importer:
             outputs=tuple(o.name for o in self.graph.output),
             constants=frozenset(n for n in params if self._is_constant(n)),
             node_outputs=self._node_outputs(nodes, group), tensor_outputs=self._tensor_outputs(group),
-            passthrough=self._passthrough(nodes), model=self._skeleton(set(params.keys())))
+            passthrough=self._passthrough(nodes), model=self._skeleton(set(params.keys())),
+            param_names=module_names((p for _, p in nodes), (n for n in params if not self._is_constant(n))))
         return block
 
     def _skeleton(self, held: set[str]) -> onnx.ModelProto:

@@ -35,7 +35,7 @@ class OnnxReport:
     outputs: list[tuple[str, Shape, str]]
     ops: list[OpUse]
     parameter_count: int  # elements of float weights (initializers and Constant nodes)
-    cut_points: list[tuple[str, str, str]]  # node name, op type, first output tensor
+    cut_points: list[tuple[str, str, str]]  # node name, op type, first output tensor: near the classifier
     problems: list[str] = dataclasses.field(default_factory=list)  # why import refuses the file
     checker: str | None = None  # onnx.checker's first finding (import may still work)
 
@@ -94,6 +94,22 @@ def _checker(path: str) -> str | None:
     return None
 
 
+_PLUMBING = ("Constant", "Shape", "Gather", "Unsqueeze", "Concat", "Identity")  # never a useful cut
+_POOLS = ("GlobalAveragePool", "GlobalMaxPool", "ReduceMean")  # PyTorch exports pool with ReduceMean
+
+
+def cut_points(nodes, last: int = 8) -> list[tuple[str, str, str]]:
+    """Where a new head goes, in file order: the last global pool, the last Flatten, and the last
+    ``last`` nodes (the classifier's neighbourhood); a cut in the stem is rarely what anyone wants."""
+    named = [n for n in nodes if n.name and n.op_type not in _PLUMBING]
+    picks = {id(n) for n in named[-last:]}
+    for ops in (_POOLS, ("Flatten",)):
+        found = [n for n in named if n.op_type in ops]
+        if found:
+            picks.add(id(found[-1]))
+    return [(n.name, n.op_type, n.output[0] if n.output else "") for n in named if id(n) in picks]
+
+
 def inspect_onnx(path: str | os.PathLike, *, check: bool = True) -> OnnxReport:
     """The report; ``check=False`` skips ``problems`` and ``checker`` (callers after the inputs only)."""
     proto = inline_functions(read_proto(os.fspath(path)), os.fspath(path))  # as import sees it
@@ -112,14 +128,12 @@ def inspect_onnx(path: str | os.PathLike, *, check: bool = True) -> OnnxReport:
         producer=f"{proto.producer_name} {proto.producer_version}".strip(), opsets=opsets,
         inputs=[_value(i) for i in g.input if i.name not in inits],
         outputs=[_value(o) for o in g.output], ops=ops, parameter_count=params,
-        cut_points=[(n.name, n.op_type, n.output[0] if n.output else "") for n in g.node
-                    if n.name and n.op_type not in ("Constant", "Shape", "Gather", "Unsqueeze",
-                                                    "Concat", "Identity")],
+        cut_points=cut_points(g.node),
         problems=problems if check else [],
         checker=_checker(os.fspath(path)) if check else None)
 
 
-def format_report(report: OnnxReport, max_cut_points: int = 40) -> str:
+def format_report(report: OnnxReport) -> str:
     """Human-readable summary for the CLI."""
     fmt = lambda vals: "\n".join(f"  {n}  {list(s) if s is not None else '?'}  {t}" for n, s, t in vals)
     lines = [f"problems ({len(report.problems)}, import refuses the model):"] if report.problems else []
@@ -135,8 +149,6 @@ def format_report(report: OnnxReport, max_cut_points: int = 40) -> str:
     for o in report.ops:
         dom = "" if o.domain == "ai.onnx" else f" [{o.domain}]"
         lines.append(f"  {o.op_type}{dom} x{o.count}{'' if o.supported else '  UNSUPPORTED'}")
-    shown = report.cut_points[:max_cut_points]
-    lines.append(f"cut points ({len(report.cut_points)} nodes"
-                 + (f", first {len(shown)} shown" if len(shown) < len(report.cut_points) else "") + "):")
-    lines += [f"  {n}  ({op} -> {out})" for n, op, out in shown]
+    lines.append("cut points near the classifier (surgery.cut_at; `inspect --nodes` lists every node):")
+    lines += [f"  {n}  ({op} -> {out})" for n, op, out in report.cut_points]
     return "\n".join(lines)
