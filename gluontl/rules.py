@@ -339,11 +339,13 @@ def make_plan(block: HybridBlock, rules: Iterable[RuleLike], *, epoch: int | Non
                     decided[e.name][f] = pr.label
             if pr.rule.bn is not None and e.layer is not None and e.layer.type == "BatchNorm":
                 bn_rank[id(e.layer)] = (pr.rule.bn, pr.label)
-        for n in (entries[n].name for label, t in targets.values() if label == pr.label for n in (t.a, t.b)):
+        for t, n in ((t, entries[n].name) for label, t in targets.values() if label == pr.label for n in (t.a, t.b)):
             values[n]["grad_req"], decided[n]["grad_req"] = "write", pr.label
             for f in ("lr_mult", "wd_mult"):  # the rule's base weights are frozen: its multipliers mean the factors
                 if getattr(pr.rule, f) is not None:
                     values[n][f], decided[n][f] = getattr(pr.rule, f), pr.label
+            if pr.rule.lr_mult is None:  # the factors' own default rate (Adapted.default_lr_mult)
+                values[n]["lr_mult"], decided[n]["lr_mult"] = t.default_lr_mult, pr.label
     adapter_text = {}
     for label, t in targets.values():  # an adapted layer's own parameters are frozen whatever other rules say
         for n in (entries[n].name for n in t.frozen):  # the graph's names: an imported model's alias
@@ -374,7 +376,7 @@ def make_plan(block: HybridBlock, rules: Iterable[RuleLike], *, epoch: int | Non
                         stage=stages.get(n), aux=aux,
                         grad_req="null" if aux else v["grad_req"], lr_mult=v["lr_mult"], wd_mult=v["wd_mult"],
                         bn=bn, decided_by=d, adapter=adapter_text.get(n)))
-    notes = preset_notes + _notes(rows) + adapter_notes + ([no_stages] if no_stages else [])
+    notes = preset_notes + _notes(rows) + adapter_notes + _factor_lr_notes(planned, targets) + ([no_stages] if no_stages else [])
     return Plan(rows=rows, rules=planned, epoch=epoch or 0, notes=notes)
 
 
@@ -384,6 +386,18 @@ def _entries(block: HybridBlock) -> dict[str, ParamEntry]:
     for n in adapter_params(block):
         entries[n] = dataclasses.replace(entries[n], layer=Layer(n.removesuffix(".weight"), LORA_TYPE, [n]))
     return entries
+
+
+def _factor_lr_notes(planned: list[PlannedRule], targets: dict[str, tuple[str, Adapted]]) -> list[str]:
+    """Where adapter factors train at the adapter default lr_mult rather than one a rule gave."""
+    notes = []
+    for pr in planned:
+        mults = sorted({t.default_lr_mult for label, t in targets.values() if label == pr.label})
+        if pr.rule.adapter is not None and pr.rule.lr_mult is None and mults:
+            notes.append(f"rule {pr.label}'s LoRA factors train at lr_mult {'/'.join(f'{m:g}' for m in mults)}, "
+                         f"the adapter default 0.4 / (alpha/rank)^2 (small factors run away at a full "
+                         f"fine-tune's rate); set lr_mult in the rule to choose another")
+    return notes
 
 
 def _adapter_targets(block: HybridBlock, planned: list[PlannedRule], entries: dict[str, ParamEntry],

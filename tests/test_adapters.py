@@ -853,3 +853,32 @@ def test_an_adapter_rules_multipliers_go_to_its_factors_and_later_rules_still_wi
     assert [params[n].lr_mult for n in sorted(got)] == [0.1, 0.1, 0.1, 2.0]
     assert [params[n].wd_mult for n in sorted(got)] == [0.0] * 4
     assert rows["0.weight"].grad_req == "null"
+
+
+@pytest.mark.parametrize("rank, alpha, want", [(4, 8, 0.1), (4, 16, 0.025), (8, 16, 0.1), (8, 1, 1.0)])
+def test_factors_default_to_a_smaller_rate_that_scales_with_alpha_over_rank(rank, alpha, want):
+    """Without lr_mult in the adapter rule the factors train at 0.4 / (alpha/rank)^2 (capped at 1):
+    scale 2 at 0.1 is what trained recipes/resnet18_freeze.yaml where lr_mult 1 diverged."""
+    rules = [TINY_RULES[0], {"type": ["Conv"], "adapter": {"rank": rank, "alpha": alpha}}, TINY_RULES[2]]
+    net, plan = _adapt(_tiny(), rules)
+    rows = {n: r for n, r in plan.by_name().items() if "lora" in n}
+    assert len(rows) == 4 and {(r.lr_mult, r.decided_by["lr_mult"]) for r in rows.values()} == {(want, "2")}
+    params = {n: e.param for n, e in named_params(net).items()}
+    assert {params[n].lr_mult for n in rows} == {want}  # what the Trainer gets
+    assert any(f"rule 2's LoRA factors train at lr_mult {want:g}" in note for note in plan.notes)
+    # a later rule still wins, and a rule's own lr_mult replaces the default (no note then)
+    later = make_plan(net, [*rules, {"match": "*.lora_a.weight", "lr_mult": 0.5}])
+    assert {r.lr_mult for n, r in later.by_name().items() if "lora_a" in n} == {0.5}
+    own = make_plan(net, [rules[0], {**rules[1], "lr_mult": 0.3}, rules[2]])
+    assert {r.lr_mult for n, r in own.by_name().items() if "lora" in n} == {0.3}
+    assert not any("LoRA factors train" in note for note in own.notes)
+
+
+def test_the_divergence_hint_names_the_adapter_rule_and_its_lr_mult():
+    from gluontl.train.loop import lower_lr_hint
+
+    _, plan = _adapt(_tiny(), TINY_RULES)
+    hint = lower_lr_hint(plan)
+    assert "4 LoRA factors at lr_mult 0.1" in hint and "rule 2" in hint and "lr_mult: 0.01" in hint
+    plain = make_plan(_tiny(), [TINY_RULES[0], TINY_RULES[2]])
+    assert lower_lr_hint(plain) == "Lower train.lr or set train.clip_gradient."

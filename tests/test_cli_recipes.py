@@ -166,3 +166,24 @@ def test_recipes_cannot_write_outside_the_working_directory(tmp_path, capsys, mo
     (tmp_path / "n.yaml").write_text(GOOD.replace("name: t", "name: '..'"))
     code, _, err = run_cli(capsys, "plan", "--recipe", "n.yaml")
     assert code == 2 and "'name'" in " ".join(err.split())
+
+
+@pytest.mark.parametrize("command", ["plan", "finetune"])
+def test_one_class_folder_is_refused_before_training(command, tmp_path, capsys, weights, monkeypatch):
+    """One class: softmax over one logit is 1.0 for any image, so a run would 'reach' val_acc 1.0."""
+    import numpy as np
+    from PIL import Image
+
+    rs = np.random.RandomState(0)
+    for i in range(6):
+        (tmp_path / "imgs" / "cat").mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rs.randint(0, 256, (32, 32, 3), dtype=np.uint8)).save(tmp_path / "imgs" / "cat" / f"{i}.png")
+    path = tmp_path / "r.yaml"
+    path.write_text(GOOD.replace('input_shape: [3, 32, 32]', f'input_shape: [3, 32, 32], weights: "{weights}"')
+                    + f"data: {{source: 'folder:{tmp_path / 'imgs'}', batch_size: 2}}\ntrain: {{epochs: 1}}\n")
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(capsys, command, "--recipe", str(path))
+    text = " ".join(err.split())
+    assert code == 2, (out, err)
+    assert "one class ('cat')" in text and "at least two" in text and "Traceback" not in err
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())

@@ -116,6 +116,12 @@ def test_zoo_errors_are_clear(tmp_path, monkeypatch):
         with pytest.raises(ModelSourceError, match=r"Downloading pretrained weights for "
                                                    r"'squeezenet1.0' failed \(ConnectionError"):
             load_model(ModelSpec(source="zoo:squeezenet1.0", pretrained=True))
+        assert list(tmp_path.iterdir()) == []  # no .lock, no partial .zip, no empty models/ folder
+        (tmp_path / "models").mkdir()
+        (tmp_path / "models" / "mine.params").write_bytes(b"x")
+        with pytest.raises(ModelSourceError, match="Downloading pretrained weights"):
+            load_model(ModelSpec(source="zoo:squeezenet1.0", pretrained=True))
+        assert [p.name for p in (tmp_path / "models").iterdir()] == ["mine.params"]  # what was there stays
     with pytest.raises(ModelSourceError, match="does not exist"):
         load_model(ModelSpec(source="symbol:/nonexistent/model"))
 

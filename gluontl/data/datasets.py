@@ -179,6 +179,7 @@ def make_loaders(spec: DataSpec, *, seed: int, shuffle_train: bool = True,
     sets = {w: load_split(spec, getattr(spec, w), train=(w == "train"), seed=seed)
             for w in dict.fromkeys(which)}
     class_names = max((ds.class_names for ds in sets.values()), key=len)
+    require_two_classes(spec, class_names)
     bad = BadImageReport()
     loaders: dict[str, gluon.data.DataLoader | None] = {"train": None, "val": None}
     samplers: dict[str, EpochSampler | None] = {"train": None, "val": None}
@@ -195,6 +196,25 @@ def make_loaders(spec: DataSpec, *, seed: int, shuffle_train: bool = True,
                    train_size=len(sets["train"]) if "train" in sets else 0,
                    val_size=len(sets["val"]) if "val" in sets else 0, bad=bad,
                    train_sampler=samplers["train"], val_sampler=samplers["val"], split=_split_record(spec, sets))
+
+
+def require_two_classes(spec: DataSpec, class_names: list[str] | None = None) -> None:
+    """A classifier of one class has nothing to learn: softmax over one logit is 1.0 whatever the
+    image, so training reaches val_acc 1.0 and predict answers that class for anything. Refused
+    (``plan`` and ``finetune``) rather than trained; ``class_names`` lists the train split when not given."""
+    if class_names is None:
+        if spec.source.startswith("demo:"):  # the demo sets have their classes
+            return
+        class_names = load_split(spec, spec.train, check=False).class_names
+    if len(class_names) >= 2:
+        return
+    found = f"one class ({class_names[0]!r})" if class_names else "no class"
+    raise DataError(f"data.source {spec.source} has {found}, but a classifier needs at least two: with one "
+                    f"class every image scores 1.0 for it, so training learns nothing (val accuracy 1.0) and "
+                    f"predict answers that class for any image. Add a folder of images that are not "
+                    f"{class_names[0] if class_names else 'the class'} (e.g. 'other'), or list two or more in "
+                    f"data.classes; to flag unusual images use a detector of outliers, not a one-class "
+                    f"classifier.")
 
 
 def split_sampler(spec: DataSpec, which: Literal["train", "val"], n: int, *, seed: int,

@@ -7,7 +7,9 @@ from __future__ import annotations
 import contextlib
 import difflib
 import io
+import os
 import re
+import shutil
 import warnings
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -37,6 +39,9 @@ def zoo_block(name: str, classes: int | None, kwargs: dict[str, Any], pretrained
     args = dict(kwargs)
     if classes is not None:
         args["classes"] = classes
+    cache = Path(os.environ.get("MXNET_HOME") or "~/.mxnet").expanduser() / "models"
+    before = set(os.listdir(cache)) if cache.is_dir() else None
+    made = [d for d in (cache, cache.parent) if not d.exists()]  # folders the download may create
     try:
         from gluoncv.model_zoo import get_model
 
@@ -50,6 +55,7 @@ def zoo_block(name: str, classes: int | None, kwargs: dict[str, Any], pretrained
                     raise
                 net = get_model(key, pretrained=False, ctx=ctx, **args)
     except (OSError, ConnectionError) as e:
+        _tidy_zoo_cache(cache, before, made)
         raise ModelSourceError(
             f"Downloading pretrained weights for '{name}' failed ({type(e).__name__}: {str(e)[:160]}). Without "
             f"network access, put the zoo's .params file in the zoo cache (~/.mxnet/models) or set "
@@ -99,6 +105,23 @@ def _load_symbol(sym_file: Path) -> mx.sym.Symbol:
     except Exception as e:  # MXNetError for bad JSON, UnicodeDecodeError for binary files
         raise ModelSourceError(f"Symbol file '{sym_file}' is not a valid MXNet symbol JSON "
                                f"({short_reason(e)}).") from None
+
+
+def _tidy_zoo_cache(cache: Path, before: set[str] | None, made: list[Path]) -> None:
+    """Remove what a failed zoo download left in the model cache: the download's ``.lock`` file
+    (GluonCV's ``portalocker`` leaves it), a partial ``.zip`` and its temporary folders, and the
+    folders the download made. Entries that were there before stay."""
+    if not cache.is_dir():
+        return
+    for name in set(os.listdir(cache)) - (before or set()):
+        path = cache / name
+        if not (name.endswith((".lock", ".zip")) or ".zip" in name or path.is_dir()):
+            continue  # a finished .params file of another process: keep it
+        with contextlib.suppress(OSError):
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    for folder in made:
+        with contextlib.suppress(OSError):
+            folder.rmdir()  # only when empty
 
 
 def _symbol(prefix: str, input_names: list[str], epoch: int | None, ctx) -> HybridBlock:

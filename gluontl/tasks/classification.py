@@ -22,8 +22,10 @@ class Classification:
 
     def plan_notes(self, recipe: Recipe, prep: Prepared) -> tuple[str, list[str], dict[str, Any]]:
         from ..data.cache import preview
-        from ..data.datasets import split_preview
+        from ..data.datasets import require_two_classes, split_preview
 
+        if recipe.data is not None:
+            require_two_classes(recipe.data)
         split = split_preview(recipe.data) if recipe.data is not None else None
         if not split:
             return preview(recipe, prep.block, prep.plan), [], {}

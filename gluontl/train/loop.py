@@ -297,7 +297,24 @@ class Stepper:
                 p.zero_grad()
 
 
-def _check_finite(net, step: int, run_dir: Path) -> None:
+def lower_lr_hint(plan) -> str:
+    """What to lower when training diverged: with LoRA factors in the plan, their lr_mult first
+    (small tensors at a full fine-tune's rate are what runs away; docs/recipes.md 'Adapters')."""
+    factors = _factors(plan)
+    if not factors:
+        return "Lower train.lr or set train.clip_gradient."
+    rules = sorted({r.decided_by["lr_mult"] for r in factors})
+    mults = sorted({r.lr_mult for r in factors})
+    return (f"The plan trains {len(factors)} LoRA factors at lr_mult {'/'.join(f'{m:g}' for m in mults)} (decided "
+            f"by rule {', '.join(rules)}): lower the adapter's lr_mult in that rule (e.g. lr_mult: "
+            f"{min(mults) / 10:g}), or train.lr, or set train.clip_gradient.")
+
+
+def _factors(plan) -> list:
+    return [r for r in plan.rows if r.adapter and r.adapter.startswith("lora_") and r.grad_req != "null"]
+
+
+def _check_finite(net, step: int, run_dir: Path, plan=None) -> None:
     """A trained weight gone NaN/Inf stops the run even when the loss stays finite: MXNet's relu and
     max pooling turn NaN into numbers, so a diverged layer before one (a LoRA factor, say) hides
     from the loss check and the run would finish, and export, a broken model."""
@@ -305,8 +322,10 @@ def _check_finite(net, step: int, run_dir: Path) -> None:
         if not all(np.isfinite(copy.asnumpy()).all() for copy in p.list_data()):  # every context's copy
             raise TrainError(f"Parameter '{name}' holds NaN/Inf after step {step}, though the loss may not show it "
                              f"(relu and max pooling turn NaN into 0); nothing was checkpointed, the last good "
-                             f"checkpoint is in {run_dir / 'checkpoints'}. Lower train.lr (or the lr_mult of the "
-                             f"rule that trains '{name}') or set train.clip_gradient.")
+                             f"checkpoint is in {run_dir / 'checkpoints'}. " + (
+                                 lower_lr_hint(plan) if plan is not None and _factors(plan) else
+                                 f"Lower train.lr (or the lr_mult of the rule that trains '{name}') or set "
+                                 f"train.clip_gradient."))
 
 
 def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Path | None = None,
@@ -530,7 +549,7 @@ class _Run:
         return freeze_bn_stats(p, "train.distributed.batch_norm") if self.frozen_bn else p
 
     def save(self, tag: str, **counters: Any) -> None:
-        _check_finite(self.net, self.global_step, self.run_dir)  # before writing: the last good checkpoint stays
+        _check_finite(self.net, self.global_step, self.run_dir, self.plan)  # before writing: the last good checkpoint stays
         if self.root:  # a distributed run's BatchNorm statistics were made rank 0's everywhere before
             checkpoint.save(self.run_dir / "checkpoints", tag, self.net, self.trainer, dict(self.state, **counters),
                             None if self.ema is None else (self.ema.arrays(), self.ema.record()))
@@ -591,8 +610,7 @@ class _Run:
                 self.bad_steps += 1
                 if self.bad_steps > t.max_bad_steps:
                     raise TrainError(f"Loss was NaN/Inf in {self.bad_steps} steps (epoch {epoch}); the last good "
-                                     f"checkpoint is in {self.run_dir / 'checkpoints'}. Lower train.lr or set "
-                                     f"train.clip_gradient.")
+                                     f"checkpoint is in {self.run_dir / 'checkpoints'}. {lower_lr_hint(self.plan)}")
                 continue
             if stepper.updated:
                 self.global_step += 1
