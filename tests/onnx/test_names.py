@@ -99,7 +99,8 @@ def test_module_names_reads_both_exporters_and_keeps_real_names():
     nodes = [_Node("/features/features.3/conv/conv.0/Conv", "Conv", ["x", "onnx::Conv_402", "onnx::Conv_403"]),
              _Node("/head/MatMul", "MatMul", ["h", "onnx::MatMul_9"]),
              _Node("/head/Add", "Add", ["m", "head.bias"]),
-             _Node("node_linear", "MatMul", ["h2", "val_13"], ["", "blocks", "blocks.0", "blocks.0.attn.qkv", "linear"]),
+             _Node("node_linear", "MatMul", ["h2", "val_13"],
+                   ["", "blocks", "blocks.0", "blocks.0.attn.qkv", "linear"]),
              _Node("node_expand", "Expand", ["cls_token", "s"], ["", "expand"]),
              _Node("conv0", "Conv", ["x", "w0"]),  # a hand-made graph: no module path recorded
              _Node("/stem/Conv", "Conv", ["x", "onnx::Conv_1"]), _Node("/stem/Conv_1", "Conv", ["x", "onnx::Conv_2"])]
