@@ -146,9 +146,10 @@ _LEAVES = {  # ONNX op → parameter name by input position, as torch names the 
     "MatMul": {1: "weight"}, "Add": {0: "bias", 1: "bias"}, "PRelu": {1: "weight"},
     "BatchNormalization": {1: "weight", 2: "bias", 3: "running_mean", 4: "running_var"},
     "LayerNormalization": {1: "weight", 2: "bias"}, "InstanceNormalization": {1: "weight", 2: "bias"},
-    "GroupNormalization": {1: "weight", 2: "bias"},
+    "GroupNormalization": {1: "weight", 2: "bias"}, "LSTM": {1: "weight_ih", 2: "weight_hh", 3: "bias"},
+    "GRU": {1: "weight_ih", 2: "weight_hh", 3: "bias"}, "RNN": {1: "weight_ih", 2: "weight_hh", 3: "bias"},
 }
-_MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.\w+)*")
+_MODULE_NAME = re.compile(r"[A-Za-z_][\w-]*(\.[\w-]+)*")  # torchvision's RegNet has block1-0
 _GENERATED = re.compile(r"(val|_val)_\d+")  # the dynamo exporter's names for values it computed
 
 

@@ -202,7 +202,8 @@ def _row_json(row: Row) -> dict[str, Any]:
 
 
 def _selects(rule: Rule, e: ParamEntry, stage: Stage | None, kinds: frozenset[str]) -> bool:
-    if rule.match is not None and not any(fnmatch.fnmatchcase(n, g) for g in rule.match for n in (e.name, *e.aliases)):
+    if rule.match is not None and not any(fnmatch.fnmatchcase(n, g) for g in rule.match
+                                          for n in (e.name, *e.aliases)):  # an imported graph's own name too
         return False
     if rule.type is not None and (e.layer is None or e.layer.type not in rule.type):
         return False
@@ -624,7 +625,8 @@ def format_params(plan: Plan) -> str:
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
     t = plan.totals()
     return "\n".join([fmt.format(*head), fmt.format(*("-" * w for w in widths)),
-                      *(fmt.format(*l).rstrip() for l in lines), f"{t['params']} parameters, {t['trainable'] + t['frozen']:,} values",
+                      *(fmt.format(*l).rstrip() for l in lines),
+                      f"{t['params']} parameters, {t['trainable'] + t['frozen']:,} values",
                       *(f"note: {n}" for n in plan.notes)]).rstrip()
 
 

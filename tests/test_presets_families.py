@@ -35,6 +35,7 @@ FAMILIES = {  # file → families it stands for
     "swin_dynamo_op18.onnx": "layernorm only, attention",
     "efficientformer_attn_legacy_op17.onnx": "folded batchnorm, attention",
 }
+NOTHING = "no BatchNorm layer in this model, nothing to do"
 HEAD_IS_CLEAR = {"resnet_legacy_op13_nofold.onnx", "resnet_legacy_op13.onnx", "zoo:resnet18_v1"}
 PRESETS = [Rule(preset="freeze_all_but_head"), Rule(preset="freeze_until_stage", until_stage="neck"),
            Rule(preset="freeze_bn"), Rule(preset="no_weight_decay_1d"), Rule(preset="layer_decay", rate=0.5),
@@ -114,7 +115,7 @@ def test_every_preset_plans_on_every_family_with_a_hand_count(model, rule):
     trainable = {n for n, r in rows.items() if r.trainable}
     total = count.size(count.learnable)
     has_bn = bool(count.bn_affine)
-    bn_note = [n for n in plan.notes if "no BatchNorm layer in this model, nothing to do" in n]
+    bn_note = [n for n in plan.notes if NOTHING in n]
     if rule.preset == "freeze_bn":
         assert trainable == count.learnable - count.bn_affine
         assert plan.totals()["trainable"] == total - count.size(count.bn_affine)
@@ -146,7 +147,7 @@ def test_the_note_names_the_presets_rule_on_a_model_without_batchnorm():
     net, shape, _ = _model("vit_legacy_op13.onnx")
     plan = make_plan(net, [Rule(match=["head.*"], lr_mult=10.0), Rule(preset="freeze_all_but_head")],
                      input_shape=shape)
-    assert plan.notes[0] == "rule 2.1 (freeze_all_but_head: bn: frozen): no BatchNorm layer in this model, nothing to do"
+    assert plan.notes[0] == f"rule 2.1 (freeze_all_but_head: bn: frozen): {NOTHING}"
     assert plan.by_name()["head.weight"].lr_mult == 10.0  # the other rules apply as written
 
 
@@ -160,7 +161,7 @@ def test_freeze_all_but_head_on_every_vit_and_swin_export(file):
                  if n.op_type in ("Gemm", "MatMul")][-1]
     rows = {r.global_name: r for r in plan.rows}
     assert all(rows[x].trainable for x in last_gemm.input[1:] if x in rows)  # the classifier trains
-    assert plan.notes[0] == "rule 1.1 (freeze_all_but_head: bn: frozen): no BatchNorm layer in this model, nothing to do"
+    assert plan.notes[0] == f"rule 1.1 (freeze_all_but_head: bn: frozen): {NOTHING}"
 
 
 def test_a_presets_bn_setting_on_a_part_without_batchnorm_says_where():

@@ -99,16 +99,21 @@ def test_module_names_reads_both_exporters_and_keeps_real_names():
     nodes = [_Node("/features/features.3/conv/conv.0/Conv", "Conv", ["x", "onnx::Conv_402", "onnx::Conv_403"]),
              _Node("/head/MatMul", "MatMul", ["h", "onnx::MatMul_9"]),
              _Node("/head/Add", "Add", ["m", "head.bias"]),
-             _Node("node_linear", "MatMul", ["h2", "val_13"], ["", "blocks", "blocks.0", "blocks.0.attn.qkv", "linear"]),
+             _Node("node_linear", "MatMul", ["h2", "val_13"],
+                   ["", "blocks", "blocks.0", "blocks.0.attn.qkv", "linear"]),
              _Node("node_expand", "Expand", ["cls_token", "s"], ["", "expand"]),
              _Node("conv0", "Conv", ["x", "w0"]),  # a hand-made graph: no module path recorded
-             _Node("/stem/Conv", "Conv", ["x", "onnx::Conv_1"]), _Node("/stem/Conv_1", "Conv", ["x", "onnx::Conv_2"])]
+             _Node("/stem/Conv", "Conv", ["x", "onnx::Conv_1"]), _Node("/stem/Conv_1", "Conv", ["x", "onnx::Conv_2"]),
+             _Node("/trunk_output/block1/block1-0/proj/proj.0/Conv", "Conv", ["x", "onnx::Conv_7"]),  # torchvision
+             _Node("/rnn/LSTM", "LSTM", ["x", "onnx::LSTM_5", "onnx::LSTM_6", "onnx::LSTM_4"])]
     names = ["onnx::Conv_402", "onnx::Conv_403", "onnx::MatMul_9", "head.bias", "val_13", "cls_token", "w0",
-             "onnx::Conv_1", "onnx::Conv_2"]
+             "onnx::Conv_1", "onnx::Conv_2", "onnx::Conv_7", "onnx::LSTM_4", "onnx::LSTM_5", "onnx::LSTM_6"]
     assert module_names(nodes, names) == {
         "onnx::Conv_402": "features.3.conv.0.weight", "onnx::Conv_403": "features.3.conv.0.bias",
         "onnx::MatMul_9": "head.weight", "val_13": "blocks.0.attn.qkv.weight",
-        "onnx::Conv_1": "stem.weight", "onnx::Conv_2": "stem.weight_1"}  # a collision gets a suffix
+        "onnx::Conv_1": "stem.weight", "onnx::Conv_2": "stem.weight_1",  # a collision gets a suffix
+        "onnx::Conv_7": "trunk_output.block1.block1-0.proj.0.weight", "onnx::LSTM_4": "rnn.bias",
+        "onnx::LSTM_5": "rnn.weight_ih", "onnx::LSTM_6": "rnn.weight_hh"}
 
 
 def test_inspect_lists_parameters_and_cut_points_near_the_classifier(capsys):
