@@ -192,3 +192,38 @@ def test_omp_num_threads_counts_only_before_import(when, honoured):
               "print(ctypes.CDLL('libgomp.so.1').omp_get_max_threads())\n")
     threads = int(_python(code).stdout.split()[-1])
     assert (threads == wanted) == honoured, threads
+
+
+def test_mxnet_dataloader_takes_no_multiprocessing_context():
+    """MXNet 1.9.1's DataLoader starts ``multiprocessing.Pool`` in the process's default start
+    method and has no argument for another, so gluontl cannot pass one: workers under spawn and
+    forkserver (the default on Python 3.14 and macOS) work because the dataset pickles and the
+    workers import gluontl's compat layer (tests/train/test_data.py runs both)."""
+    import inspect
+
+    from mxnet.gluon.data import dataloader
+
+    params = set(inspect.signature(dataloader.DataLoader.__init__).parameters)
+    assert not params & {"context", "mp_context", "multiprocessing_context", "start_method"}
+    assert "multiprocessing.Pool(" in inspect.getsource(dataloader.DataLoader.__init__)
+
+
+def test_mxnet_metadata_and_recordio_need_the_numpy_2_repack_and_patch():
+    """Why scripts/mxnet_np2_wheel.py and npcompat's recordio patch exist: mxnet 1.9.1 declares
+    ``numpy<2`` (the repacked 1.9.1+np2 declares ``numpy>1.16.0``), and its ``pack``/``pack_img``
+    call ``ndarray.tostring``, which numpy 2.3 removed."""
+    import importlib.metadata
+    import inspect
+
+    from gluontl import npcompat
+
+    meta = importlib.metadata.distribution("mxnet")
+    numpy_req = [r for r in meta.requires or [] if r.startswith("numpy")]
+    if meta.version == "1.9.1+np2":
+        assert numpy_req == ["numpy (>1.16.0)"]
+    else:
+        assert meta.version == "1.9.1" and numpy_req == ["numpy (<2.0.0,>1.16.0)"]
+    recordio = importlib.import_module("mxnet.recordio")
+    own = (recordio.pack, recordio.pack_img) if not npcompat.NEEDS_TOBYTES else None
+    if own is not None:  # numpy still has tostring: mxnet's own functions, which call it
+        assert all(".tostring()" in inspect.getsource(f) for f in own)
