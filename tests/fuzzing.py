@@ -341,8 +341,9 @@ def _checkpoint(root: Path) -> None:
 
     net = mx.gluon.nn.Dense(2, in_units=3, prefix="dense0_")
     net.initialize()
+    trainer = mx.gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1, "momentum": 0.9})
     checkpoint.load(root / "checkpoints", "last")
-    checkpoint.restore_into(root / "checkpoints", "last", net, None, mx.cpu())
+    checkpoint.restore_into(root / "checkpoints", "last", net, trainer, mx.cpu())
 
 
 def _card(root: Path) -> None:
