@@ -129,6 +129,7 @@ def seeds(run) -> dict[str, bytes]:
              "feature_cache/train_view_0.npy")}
 
 
+@pytest.mark.fuzz
 @fuzz_settings(40)
 @given(data=st.data())
 def test_fuzz_metrics_log(tmp_path_factory, seeds, data):
@@ -136,6 +137,7 @@ def test_fuzz_metrics_log(tmp_path_factory, seeds, data):
     fuzz("metrics", tmp_path_factory.getbasetemp(), {"metrics.jsonl": metrics}, data.draw(st.integers(-1, 100)))
 
 
+@pytest.mark.fuzz
 @fuzz_settings(40)
 @given(data=st.data())
 def test_fuzz_run_card(tmp_path_factory, seeds, data):
@@ -143,6 +145,7 @@ def test_fuzz_run_card(tmp_path_factory, seeds, data):
     fuzz("card", tmp_path_factory.getbasetemp(), {"preprocess.json": card, "recipe.yaml": seeds["recipe.yaml"]})
 
 
+@pytest.mark.fuzz
 @fuzz_settings(40)
 @given(data=st.data())
 def test_fuzz_feature_cache_record(tmp_path_factory, seeds, data):
@@ -177,6 +180,7 @@ def checkpoint_files(tmp_path_factory) -> dict[str, bytes]:
     return {f"checkpoints/{p.name}": p.read_bytes() for p in folder.iterdir()}
 
 
+@pytest.mark.fuzz
 @fuzz_settings(40)
 @given(data=st.data())
 def test_fuzz_checkpoint(tmp_path_factory, checkpoint_files, data):
