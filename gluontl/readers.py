@@ -131,6 +131,12 @@ def read_json_lines(path: str | Path, error: type[Exception], what: str = "JSON 
     return rows, skipped
 
 
+def read_bytes(path: str | Path, error: type[Exception], what: str = "file", *,
+               max_bytes: int = MAX_TEXT_BYTES) -> bytes:
+    """The bytes of a file of at most ``max_bytes``, or ``error`` naming it."""
+    return _bytes(Path(path), max_bytes, error, what)
+
+
 def _bytes(path: Path, limit: int, error: type[Exception], what: str) -> bytes:
     try:
         size = path.stat().st_size
@@ -143,4 +149,4 @@ def _bytes(path: Path, limit: int, error: type[Exception], what: str) -> bytes:
 
 
 __all__ = ["MAX_JSON_BYTES", "MAX_JSON_LINES_BYTES", "MAX_TEXT_BYTES", "MAX_YAML_BYTES", "MAX_YAML_DEPTH", "SafeYamlLoader",
-           "name_bytes", "parse_json", "parse_yaml", "read_json", "read_json_lines", "read_text", "read_yaml", "shown"]
+           "name_bytes", "parse_json", "parse_yaml", "read_bytes", "read_json", "read_json_lines", "read_text", "read_yaml", "shown"]

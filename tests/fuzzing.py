@@ -86,6 +86,22 @@ def mutated(draw, seed: bytes, extra: tuple[bytes, ...] = ()) -> bytes:
     return bytes(data)
 
 
+def bomb_png(w: int = 30000, h: int = 30000) -> bytes:
+    """A valid 1-bit grey PNG of ``w`` x ``h`` zero pixels: ~110 kB on disk for 30000 x 30000, 900
+    million pixels once decoded (a decompression bomb), written chunk by chunk as the format says."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    pack = zlib.compressobj(9)
+    row = b"\0" * (1 + (w + 7) // 8)  # filter byte 0, then the row's bits
+    idat = b"".join(pack.compress(row) for _ in range(h)) + pack.flush()
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 1, 0, 0, 0, 0))
+            + chunk(b"IDAT", idat) + chunk(b"IEND", b""))
+
+
 NAMES = st.one_of(
     st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="/\x00"), min_size=1, max_size=12),
     st.binary(min_size=1, max_size=12).filter(lambda b: b"/" not in b and b"\x00" not in b).map(os.fsdecode),
@@ -341,8 +357,9 @@ def _checkpoint(root: Path) -> None:
 
     net = mx.gluon.nn.Dense(2, in_units=3, prefix="dense0_")
     net.initialize()
+    trainer = mx.gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1, "momentum": 0.9})
     checkpoint.load(root / "checkpoints", "last")
-    checkpoint.restore_into(root / "checkpoints", "last", net, None, mx.cpu())
+    checkpoint.restore_into(root / "checkpoints", "last", net, trainer, mx.cpu())
 
 
 def _card(root: Path) -> None:

@@ -137,8 +137,8 @@ def stored_features(folder: Path, what: str, record: dict[str, Any], dtype: np.d
         if read_json(path, TrainError, "the feature-cache record") != record:
             return None
         out = np.load(data, mmap_mode="r", allow_pickle=False)
-    except (OSError, ValueError, TrainError):
-        return None
+    except Exception:  # numpy's header parser raises many types (ValueError, SyntaxError, TokenError...)
+        return None  # a damaged cache is computed again, never trusted
     return out if out.dtype == dtype and out.shape == (record["rows"], *record["row_shape"]) else None
 
 

@@ -53,12 +53,13 @@ import yaml
 from ..atomic import link_or_copy
 from ..data.transforms import open_image
 from ..errors import DataError
-from ..readers import read_json, read_text, read_yaml
+from ..readers import read_bytes, read_json, read_text, read_yaml
 from ..recipe import suggest
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".gif")
 _EPS = 1e-3  # px: how far outside the image float rounding may put an edge
 MAX_COCO_BYTES = 1 << 30  # COCO 2017's train instances file is 448 MB
+MAX_XML_BYTES = 16 << 20  # a VOC annotation is a few kB
 _EXIF_ORIENTATION = 274
 _EXIF_SWAPS = (5, 6, 7, 8)  # orientations that rotate by 90 degrees
 
@@ -114,9 +115,10 @@ def unknown_class(name: Any, valid: Iterable[str], where: str) -> DataError:
 def read_voc_xml(xml: Path, image_dir: Path) -> tuple[Annotation, list[str]]:
     """One VOC annotation file; class_id indexes the returned per-object names (the caller maps
     names to ids, since VOC declares no class list)."""
-    try:
-        root = ET.parse(xml).getroot()
-    except (ET.ParseError, OSError) as e:
+    text = read_bytes(xml, DataError, "the VOC annotation", max_bytes=MAX_XML_BYTES)
+    try:  # expat (>= 2.4) bounds entity expansion, the billion-laughs bomb of XML
+        root = ET.fromstring(text)
+    except ET.ParseError as e:
         raise DataError(f"Cannot read VOC annotation '{xml}': {e}. Fix or delete the file.") from None
     image = _voc_image(root.findtext("filename"), xml, image_dir)
     size_el = root.find("size")

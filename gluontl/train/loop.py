@@ -609,8 +609,10 @@ class _Run:
             if not np.isfinite(batch_loss):
                 self.bad_steps += 1
                 if self.bad_steps > t.max_bad_steps:
-                    raise TrainError(f"Loss was NaN/Inf in {self.bad_steps} steps (epoch {epoch}); the last good "
-                                     f"checkpoint is in {self.run_dir / 'checkpoints'}. {lower_lr_hint(self.plan)}")
+                    saved = (self.run_dir / "checkpoints" / "last.json").is_file()  # else the folder goes
+                    raise TrainError(f"Loss was NaN/Inf in {self.bad_steps} steps (epoch {epoch}); " + (
+                                     f"the last good checkpoint is in {self.run_dir / 'checkpoints'}" if saved else
+                                     "no checkpoint was written yet") + f". {lower_lr_hint(self.plan)}")
                 continue
             if stepper.updated:
                 self.global_step += 1

@@ -67,3 +67,15 @@ def test_yolo_card_alias_bomb_is_refused_in_bounded_memory(tmp_path):
     result = run_reader("yolo_card", tmp_path)
     assert result["outcome"] == "input_error", result
     assert str(tmp_path / "data.yaml") in result["message"] and "aliases" in result["message"]
+
+
+def test_voc_xml_entity_bomb_is_refused_in_bounded_memory(tmp_path):
+    """XML's billion laughs: expat (>= 2.4) stops the expansion; a DataError naming the file."""
+    ents = '<!ENTITY a0 "' + "x" * 10 + '">' + "".join(
+        f'<!ENTITY a{i} "{f"&a{i - 1};" * 10}">' for i in range(1, 10))
+    xml = tmp_path / "Annotations" / "a.xml"
+    xml.parent.mkdir()
+    xml.write_text(f'<?xml version="1.0"?><!DOCTYPE annotation [{ents}]><annotation><filename>&a9;</filename>'
+                   f'</annotation>')
+    result = run_reader("voc_xml", tmp_path)
+    assert result["outcome"] == "input_error" and str(xml) in result["message"], result

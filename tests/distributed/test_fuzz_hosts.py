@@ -1,0 +1,17 @@
+"""Fuzzing ``gluontl launch --hosts`` files (tests/fuzzing.py): a real hosts file, mutated, is read
+or refused with a LaunchError, within the worker's memory and time bounds."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+
+from fuzzing import fuzz, fuzz_settings, mutated
+
+HOSTS = b"# the lab's machines\nnode1 cpus=8\nuser@node2.example.org cpus=16\n10.0.0.7\nlocalhost  # here\n"
+
+
+@pytest.mark.fuzz
+@fuzz_settings(60)
+@given(mutated(HOSTS, (b"node3 cpus=" + b"9" * 5000 + b"\n", b"node4 cpus=-1\n", b"n\xc3\xb6de cpus=2\n")))
+def test_fuzz_hosts_file(tmp_path_factory, data):
+    fuzz("hosts", tmp_path_factory.getbasetemp(), {"hosts": data})
