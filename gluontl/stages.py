@@ -188,7 +188,10 @@ def graph_stage_map(net: SymbolBlock, input_shape: tuple[int, ...]) -> StageMap:
             is_data[i] = node["name"] in data_inputs
             shapes[i] = (1, *input_shape) if is_data[i] else ()
             continue
+        refs = node["inputs"][-1:] if node["op"].endswith("_like") else []  # read for its shape only
         for j, *_ in node["inputs"]:
+            if [j, *_] in refs:
+                continue
             consumers[j].append(i)
             if is_data[j]:
                 data_in[i].append(j)
@@ -220,8 +223,7 @@ def graph_stage_map(net: SymbolBlock, input_shape: tuple[int, ...]) -> StageMap:
         if not _collapses(nodes[i], shapes[i], shapes[data_in[i][0]]):
             continue
         merges = [k for k in _bits(desc[i] & ~(1 << i)) if any(
-            not (desc[i] >> j) & 1 and _extent(shapes[j]) > 1 for j in data_in[k]
-            if not nodes[k]["op"].endswith("_like"))]
+            not (desc[i] >> j) & 1 and _extent(shapes[j]) > 1 for j in data_in[k])]
         if not merges:
             head |= desc[i]
         else:
@@ -229,6 +231,9 @@ def graph_stage_map(net: SymbolBlock, input_shape: tuple[int, ...]) -> StageMap:
             for k in merges:
                 after |= desc[k]
             pooled |= desc[i] & ~after
+
+    if head and not any((head >> i) & 1 for i in range(n) if params_of[i]):
+        head |= _classifier_conv(head, nodes, data_in, params_of)
 
     in_h, in_w = input_shape[1], input_shape[2]
     param_nodes = [i for i in range(n) if is_data[i] and params_of[i]]
@@ -254,12 +259,13 @@ def graph_stage_map(net: SymbolBlock, input_shape: tuple[int, ...]) -> StageMap:
     node_stage: dict[int, Stage] = dict(stride_stage)
     how = f"output stride, {len(numbered)} stage{'s' * (len(numbered) != 1)}"
     units = _residual_units(nodes, is_data, data_in, desc, anc, param_nodes, head) if len(numbered) == 1 else None
-    if units:  # one stride after the patch embedding: number the repeated units
+    if units and units[1] > 1:  # one stride after the patch embedding: number the repeated units
         node_stage, count = units
         how = f"repeated residual blocks, {count}"
     else:
-        if all(_order(node_stage.get(i, STEM)) <= 1 for i in stem_chain) and \
-                sum(nodes[i]["op"] == "Convolution" and node_stage.get(i) == 1 for i in stem_chain) <= 1:
+        lead = [i for i in stem_chain if nodes[i]["op"] == "Convolution" and node_stage.get(i) == 1]
+        strided = [i for i in lead if max(map(int, re.findall(r"\d+", nodes[i].get("attrs", {}).get("stride", "1")))) > 1]
+        if all(_order(node_stage.get(i, STEM)) <= 1 for i in stem_chain) and len(lead) <= 1 and lead == strided:
             node_stage.update({i: STEM for i in stem_chain if i in node_stage})
     for i in range(n):
         if (head >> i) & 1 and is_data[i]:
@@ -317,6 +323,24 @@ def _block_lead(i, nodes, data_in, consumers, params_of, desc, anc, with_params)
         if nodes[p]["op"] in ("Convolution", "FullyConnected") and params_of[p]:
             break
         j = p
+    return out
+
+
+def _classifier_conv(head: int, nodes, data_in, params_of) -> int:
+    """No weights after the last global pool (SqueezeNet: a 1×1 conv classifies every position,
+    then the pool averages): the weighted layer right before the pool, and what lies between."""
+    out = 0
+    for i in _bits(head):
+        if any((head >> j) & 1 for j in data_in[i]):
+            continue  # not where the head starts
+        j = i
+        while len(data_in[j]) == 1:
+            j = data_in[j][0]
+            out |= 1 << j
+            if params_of[j] or nodes[j]["op"] == "null":
+                break
+        if not params_of[j]:
+            return 0
     return out
 
 
