@@ -21,6 +21,7 @@ parameters (elements), as users count what they train; the tensor count is repor
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 from pathlib import Path
 
@@ -30,7 +31,7 @@ import pytest
 from gluontl.naming import named_params
 from gluontl.onnx import import_model
 from gluontl.recipe import HEAD, STEM
-from gluontl.rules import make_plan
+from gluontl.rules import format_plan, make_plan
 from gluontl.stages import stage_map
 
 FIXTURES = Path(__file__).parent / "fixtures" / "timm"
@@ -105,6 +106,8 @@ def test_every_architecture_and_exporter_is_there():
     assert {m for m, _ in have} == set(STAGE_OF)
     assert have == {(m, x) for m in STAGE_OF for x in ("legacy", "dynamo")}, MANIFEST["exporter_failures"]
     assert sum(e["bytes"] for e in MANIFEST["fixtures"]) < 15e6
+    for e in MANIFEST["fixtures"]:  # the files are the ones the references were computed on
+        assert hashlib.sha256((FIXTURES / e["file"]).read_bytes()).hexdigest() == e["sha256"], e["file"]
 
 
 @pytest.mark.parametrize("entry", CASES)
@@ -176,6 +179,7 @@ def test_head_of_real_exports_is_the_classifier(entry):
     trained = {r.name for r in plan.rows if r.grad_req == "write"}
     head = REAL_HEADS[entry["model"]]
     assert {n for n in head if n.endswith("weight")} <= trained <= head, (trained, plan.stages_from)
+    assert f"stages: {plan.stages_from}" in format_plan(plan).splitlines()
     assert plan.stages_from.startswith(("output stride", "repeated residual blocks"))
 
 
@@ -194,3 +198,16 @@ def test_head_of_paddleocr_classifier_is_its_fc():
     assert {r.name for r in plan.rows if r.trainable} == {"fc_0.w_0", "fc_0.b_0"}
     assert plan.totals()["trainable"] == 402
     assert plan.stages_from == "output stride, 2 stages, head after the last global pool"
+
+
+def test_plan_says_how_a_zoo_map_was_found():
+    """Zoo (Gluon) models keep their forward-pass map; the plan names it, and plan.json has it."""
+    import mxnet as mx
+    from gluoncv.model_zoo import get_model
+
+    net = get_model("resnet18_v1", classes=5)
+    net.initialize(mx.init.Xavier())
+    plan = make_plan(net, [{"stage": "head", "grad_req": "write"}], input_shape=(3, 32, 32))
+    assert plan.stages_from == "output stride of the top-level blocks, 4 stages"
+    assert plan.to_json()["stages_from"] == plan.stages_from
+    assert {r.name for r in plan.rows if r.stage == HEAD} == {"output.weight", "output.bias"}
