@@ -175,6 +175,7 @@ class Plan:
     rules: list[PlannedRule]
     epoch: int
     notes: list[str]
+    stages_from: str = ""  # how the stage column was found ("output stride, 4 stages", …)
 
     def by_name(self) -> dict[str, Row]:
         return {r.name: r for r in self.rows}
@@ -186,7 +187,7 @@ class Plan:
                 "frozen_bytes": 4 * f}
 
     def to_json(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "totals": self.totals(), "notes": self.notes,
+        return {"epoch": self.epoch, "totals": self.totals(), "notes": self.notes, "stages_from": self.stages_from,
                 "rules": [{"label": r.label, **r.rule.model_dump(exclude_defaults=True),
                            **({"adapter": r.rule.adapter.model_dump()} if r.rule.adapter else {})} for r in self.rules],
                 "params": [_row_json(r) for r in self.rows]}
@@ -378,7 +379,7 @@ def make_plan(block: HybridBlock, rules: Iterable[RuleLike], *, epoch: int | Non
                         grad_req="null" if aux else v["grad_req"], lr_mult=v["lr_mult"], wd_mult=v["wd_mult"],
                         bn=bn, decided_by=d, adapter=adapter_text.get(n)))
     notes = preset_notes + _notes(rows) + adapter_notes + _factor_lr_notes(planned, targets) + ([no_stages] if no_stages else [])
-    return Plan(rows=rows, rules=planned, epoch=epoch or 0, notes=notes)
+    return Plan(rows=rows, rules=planned, epoch=epoch or 0, notes=notes, stages_from=getattr(stages, "how", ""))
 
 
 def _entries(block: HybridBlock) -> dict[str, ParamEntry]:
@@ -604,6 +605,7 @@ def format_plan(plan: Plan) -> str:
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
     out = [f"rules (epoch {plan.epoch}):"]
     out += [f"  {p.label}: {_rule_text(p.rule)}" for p in plan.rules]
+    out += [f"stages: {plan.stages_from}"] if plan.stages_from else []
     out += ["", fmt.format(*head), fmt.format(*("-" * w for w in widths))]
     out += [fmt.format(*l) for l in lines]
     t = plan.totals()

@@ -151,7 +151,10 @@ def test_gluontl_sees_named_conv_and_batchnorm_layers_in_stages(onnx_path):
     assert len(params) == 247 and types.count("BatchNorm") == 49 * 4 and types.count("Conv") == 49
     stages = stage_map(net, (3, 224, 224))
     assert {stages[n] for n in ("stem.weight", "stem.bn.running_var", "blocks.0.project.weight")} == {"stem"}
-    assert stages["blocks.3.expand.weight"] == 1 and stages["blocks.14.depthwise.bn.weight"] == 4
+    # blocks.3 opens the stride-8 stage: its 1×1 expansion (still at stride 4) belongs to the stage
+    # its strided depthwise conv opens, as timm's group_matcher has it
+    assert stages["blocks.2.project.weight"] == 1 and stages["blocks.3.expand.weight"] == 2
+    assert stages["blocks.14.depthwise.bn.weight"] == 4
     assert stages["blocks.15.project.weight"] == stages["conv_head.bn.weight"] == 4
     assert stages["fc.weight"] == stages["fc.bias"] == "head"
 
