@@ -14,6 +14,7 @@ import functools
 import heapq
 import io
 import os
+import re
 from collections import Counter, defaultdict
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -95,7 +96,13 @@ def import_model(model: str | os.PathLike | onnx.ModelProto,
     in ``ImportInfo.source`` (the file it was read from, when it is an edited copy).
     """
     proto, name = load(model)
-    return _Importer(proto, source or name, input_shapes or {}, fixed_batch).build(ctx or mx.cpu())
+    name = source or name
+    try:
+        return _Importer(proto, name, input_shapes or {}, fixed_batch).build(ctx or mx.cpu())
+    except OnnxImportError as e:  # a converter's refusal names its node; the file too, then
+        if name in str(e):
+            raise
+        raise OnnxImportError(f"'{name}': {e}") from None
 
 
 # --------------------------------------------------------------------------- loading
@@ -110,10 +117,12 @@ def load(model: str | os.PathLike | onnx.ModelProto) -> tuple[onnx.ModelProto, s
                     f"that was not loaded; pass the model's file path instead so the data is "
                     f"found next to it.")
         check_size(model, "<ModelProto>")
+        check_names(model, "<ModelProto>")
         return inline_functions(model, "<ModelProto>"), "<ModelProto>"
     path = os.fspath(model)
     proto = read_proto(path)
     check_size(proto, path)
+    check_names(proto, path)
     _load_external(proto, path)
     return inline_functions(proto, path), path
 
@@ -234,6 +243,24 @@ def check_size(proto: onnx.ModelProto, source: str) -> None:
         raise OnnxImportError(f"'{source}': its initializers need {need:,} bytes, more than the "
                               f"{free:,} bytes of memory available; the file is corrupt, or the "
                               f"model needs a machine with more memory.")
+
+
+def check_names(proto: onnx.ModelProto, source: str) -> None:
+    """Names become MXNet's, and MXNet writes control characters unescaped into the graph JSON
+    every graph pass reads: refuse them by name (no exporter writes them)."""
+    g = proto.graph
+    tensors = (x for n in g.node for x in (*n.input, *n.output))
+    for kind, names in (("node", (n.name for n in g.node)), ("tensor", tensors),
+                        ("initializer", (t.name for t in g.initializer)),
+                        ("graph input", (v.name for v in g.input)), ("graph output", (v.name for v in g.output))):
+        for name in names:
+            if _CONTROL.search(name):
+                raise OnnxImportError(f"'{source}': {kind} name {name!r} contains control characters, which "
+                                      f"gluontl cannot carry into MXNet's graph; rename it (e.g. with onnx.compose"
+                                      f".add_prefix or by editing the model's names).")
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def available_memory() -> int | None:

@@ -49,6 +49,12 @@ def outputs_model(n: int) -> onnx.ModelProto:
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
 
 
+def _renamed(m: onnx.ModelProto, old: str, new: str) -> onnx.ModelProto:
+    for n in m.graph.node:
+        n.name = new if n.name == old else n.name
+    return m
+
+
 CASES = {
     "negative dims": (lambda d: onnx.save(conv_model(np.zeros((2, 3, 1, 1), np.float32), [-2, 3, 1, 1]),
                                           str(d / "m.onnx")), ["initializer 'w'", "impossible dims [-2, 3, 1, 1]"]),
@@ -63,6 +69,8 @@ CASES = {
     "external short file": (lambda d: external(d, data=b"\0" * 20), ["20 bytes at offset 0", "needs 24"]),
     "external negative offset": (lambda d: external(d, offset=-8, length=24), ["offset -8"]),
     "external malformed offset": (lambda d: external(d, offset="12abc"), ["malformed external data"]),
+    "control character": (lambda d: onnx.save(_renamed(outputs_model(2), "n0", "n\x1f0"), str(d / "m.onnx")),
+                          ["node name 'n\\x1f0' contains control characters"]),  # was a JSONDecodeError
     "external missing": (lambda d: (external(d), os.remove(d / "w.bin")), ["'w.bin'", "is missing"]),
 }
 
@@ -156,3 +164,15 @@ def test_few_copies_keep_the_pass(tmp_path, monkeypatch):
     _Spy.passes = []
     import_model(path)(mx.nd.ones((1, 4)))
     assert _Spy.passes and set(_Spy.passes) == {"1"}
+
+
+def test_converter_refusals_name_the_file(tmp_path):
+    """A converter's refusal names its node; import adds the file (found by test_onnx_fuzz)."""
+    path = str(tmp_path / "m.onnx")
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="r")], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 0])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 0])])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), path)
+    with pytest.raises(OnnxImportError, match="Relu node 'r'") as e:
+        import_model(path)
+    assert str(e.value).startswith(f"'{path}': ")
