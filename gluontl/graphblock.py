@@ -6,12 +6,23 @@ loads names without a '.' by prepending the block's own prefix instead, so
 as ``conv0_weight`` and looked up as ``symbolblock0_conv0_weight``). And ``SymbolBlock.imports``
 loads data into parameters whose ``shape`` stays None. A GraphBlock saves and loads its
 parameters under their graph names, and every parameter knows its shape.
+
+MXNet's common-subexpression pass (run when a cached graph is built) takes time cubic in the
+number of structurally identical nodes: 250, 500 and 1,000 copies of ``relu(x)`` cost 0.5, 4.5
+and 34 s (``scripts/bench_onnx_outputs.py``). ONNX graphs with thousands of outputs have such
+copies (each output an op on the same input, or an identity of an aliased tensor), so a
+GraphBlock counts them first, in linear time, and builds without that pass when there are more
+than ``CSE_MAX_DUPLICATES``: the copies are then computed separately, as the graph says.
 """
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 
 import mxnet as mx
+
+CSE_MAX_DUPLICATES = 128  # 128 copies cost MXNet's pass about 0.05 s; it grows as the cube
 
 
 class GraphBlock(mx.gluon.SymbolBlock):
@@ -28,6 +39,15 @@ class GraphBlock(mx.gluon.SymbolBlock):
             return
         super().load_parameters(filename, ctx, allow_missing, ignore_extra, cast_dtype, dtype_source)
 
+    def _call_cached_op(self, *args):
+        # MXNet runs the pass when it builds the cached op and again at its first call per context
+        if getattr(self, "_cse_graph", None) is not self._cached_graph[1]:
+            self._cse_graph, self._cse_off = self._cached_graph[1], cse_off(self._cached_graph[1])
+        if not self._cse_off:
+            return super()._call_cached_op(*args)
+        with _without_cse():
+            return super()._call_cached_op(*args)
+
     @classmethod
     def from_files(cls, symbol_file: str, input_names: list[str], param_file: str, ctx=None) -> "GraphBlock":
         """``SymbolBlock.imports`` for a GraphBlock, parameter dtypes as saved."""
@@ -36,3 +56,45 @@ class GraphBlock(mx.gluon.SymbolBlock):
         for p in block.collect_params().values():
             p.shape = p.data().shape
         return block
+
+
+def duplicate_nodes(sym: mx.sym.Symbol) -> int:
+    """How many operator nodes compute what an earlier node computes (same op, attributes and
+    inputs, inputs compared after merging): what MXNet's common-subexpression pass would merge."""
+    nodes = json.loads(sym.tojson())["nodes"]
+    canon: list[int] = []
+    seen: dict[tuple, int] = {}
+    dups = 0
+    for i, n in enumerate(nodes):  # topological order
+        if n["op"] == "null":
+            canon.append(i)
+            continue
+        key = (n["op"], tuple(sorted(n.get("attrs", {}).items())),
+               tuple((canon[a], b) for a, b, *_ in n["inputs"]))
+        dups += key in seen
+        canon.append(seen.setdefault(key, i))
+    return dups
+
+
+def cse_off(sym: mx.sym.Symbol) -> bool:
+    """Whether graphs of ``sym`` are to be built without MXNet's common-subexpression pass."""
+    return duplicate_nodes(sym) > CSE_MAX_DUPLICATES
+
+
+def common_expr_pass(sym: mx.sym.Symbol):
+    """Context for running a block of ``sym`` that GraphBlock does not own (a reloaded export)."""
+    return _without_cse() if cse_off(sym) else contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _without_cse():
+    """MXNet reads MXNET_ELIMINATE_COMMON_EXPR each time it builds a graph; restore it after."""
+    old = os.environ.get("MXNET_ELIMINATE_COMMON_EXPR")
+    os.environ["MXNET_ELIMINATE_COMMON_EXPR"] = "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["MXNET_ELIMINATE_COMMON_EXPR"]
+        else:
+            os.environ["MXNET_ELIMINATE_COMMON_EXPR"] = old

@@ -14,6 +14,7 @@ import functools
 import heapq
 import io
 import os
+import re
 from collections import Counter, defaultdict
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -40,6 +41,10 @@ QUANTIZED_INTEGER_OPS = frozenset({"QLinearAdd", "QLinearMul", "QLinearSigmoid",
                                    "QLinearLeakyRelu", "QLinearGlobalAveragePool",
                                    "QLinearConcat", "QLinearAveragePool", "QLinearSoftmax"})
 _MAX_ELEMENTS = 2 ** 34
+# Graph size limits (docs/onnx-import.md). The largest fixtures have ~4,000 nodes and 3 outputs.
+MAX_NODES = 1_000_000  # nodes of the main graph, functions inlined
+MAX_OUTPUTS = 4096  # graph outputs; onnxruntime's session set-up (export verifies in it) grows faster than linearly
+MAX_PROTO_BYTES = 2 ** 31 - 1  # protobuf's own limit; bigger models keep weights in external data
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +99,13 @@ def import_model(model: str | os.PathLike | onnx.ModelProto,
     in ``ImportInfo.source`` (the file it was read from, when it is an edited copy).
     """
     proto, name = load(model)
-    return _Importer(proto, source or name, input_shapes or {}, fixed_batch).build(ctx or mx.cpu())
+    name = source or name
+    try:
+        return _Importer(proto, name, input_shapes or {}, fixed_batch).build(ctx or mx.cpu())
+    except OnnxImportError as e:  # a converter's refusal names its node; the file too, then
+        if name in str(e):
+            raise
+        raise OnnxImportError(f"'{name}': {e}") from None
 
 
 # --------------------------------------------------------------------------- loading
@@ -108,9 +119,13 @@ def load(model: str | os.PathLike | onnx.ModelProto) -> tuple[onnx.ModelProto, s
                     f"ONNX model object: initializer '{t.name}' keeps its data in an external file "
                     f"that was not loaded; pass the model's file path instead so the data is "
                     f"found next to it.")
+        check_size(model, "<ModelProto>")
+        check_names(model, "<ModelProto>")
         return inline_functions(model, "<ModelProto>"), "<ModelProto>"
     path = os.fspath(model)
     proto = read_proto(path)
+    check_size(proto, path)
+    check_names(proto, path)
     _load_external(proto, path)
     return inline_functions(proto, path), path
 
@@ -130,6 +145,11 @@ def read_proto(path: str) -> onnx.ModelProto:
     """Parse an ONNX file without its external data; errors name the file and the problem."""
     if not os.path.isfile(path):
         raise OnnxImportError(f"ONNX file '{path}' does not exist (or is not a file). Check the path.")
+    if os.path.getsize(path) > MAX_PROTO_BYTES:
+        raise OnnxImportError(
+            f"'{path}' is {os.path.getsize(path):,} bytes, over protobuf's limit of {MAX_PROTO_BYTES:,} for "
+            f"one message; save the model with its weights as external data (onnx.save_model(..., "
+            f"save_as_external_data=True)).")
     try:
         proto = onnx.load(path, load_external_data=False)
     except Exception as e:  # protobuf DecodeError, truncated reads, ...
@@ -159,9 +179,15 @@ def check_external(proto: onnx.ModelProto, path: str) -> str:
     for t in external_data_helper._get_all_tensors(proto):
         if not external_data_helper.uses_external_data(t):
             continue
-        location = external_data_helper.ExternalDataInfo(t).location
-        full = os.path.realpath(os.path.join(base, location))
-        if os.path.commonpath([base, full]) != base:
+        entries = {e.key: e.value for e in t.external_data}
+        location = entries.get("location", "")
+        try:
+            offset, length = (int(entries[k]) if entries.get(k) else None for k in ("offset", "length"))
+            full = os.path.realpath(os.path.join(base, location))
+        except ValueError:  # a non-integer offset/length, or a NUL byte in the location
+            raise OnnxImportError(f"'{path}': initializer '{t.name}' has malformed external data fields "
+                                  f"{entries!r}; the file is corrupt.") from None
+        if not location or os.path.commonpath([base, full]) != base:
             raise OnnxImportError(
                 f"'{path}': initializer '{t.name}' points to external data '{location}' outside "
                 f"the model's folder; refusing to read it. Move the data next to the model.")
@@ -169,7 +195,96 @@ def check_external(proto: onnx.ModelProto, path: str) -> str:
             raise OnnxImportError(
                 f"'{path}': external data file '{location}' of initializer '{t.name}' is missing; "
                 f"copy it next to the model.")
+        size, start = os.path.getsize(full), offset or 0
+        stored = length if length is not None else size - start
+        want = _tensor_bytes(t)
+        if start < 0 or stored < 0 or start + stored > size or want is not None and stored != want:
+            raise OnnxImportError(
+                f"'{path}': initializer '{t.name}' (dims {list(t.dims)}) asks for {stored:,} bytes at offset "
+                f"{start:,} of '{location}', which has {size:,} bytes"
+                + (f", and needs {want:,}" if want is not None else "") + "; the model or its data is "
+                f"corrupt or truncated. Re-export or re-download both.")
     return base
+
+
+def _tensor_bytes(t: onnx.TensorProto) -> int | None:
+    """Bytes of an initializer's data by its dims and type (None for strings and unknown types)."""
+    dtype = _np_dtype(t.data_type) if t.data_type != onnx.TensorProto.STRING else None
+    if dtype is None or dtype.kind == "O":
+        return None
+    bits = 4 if t.data_type in _FOUR_BIT else dtype.itemsize * 8
+    return -(-int(np.prod(t.dims, dtype=np.int64)) * bits // 8)
+
+
+_FOUR_BIT = frozenset(getattr(onnx.TensorProto, n) for n in ("INT4", "UINT4") if hasattr(onnx.TensorProto, n))
+
+
+def check_initializer(t: onnx.TensorProto, source: str) -> None:
+    """Dims that no tensor can have (negative, or more elements than any machine holds)."""
+    if any(d < 0 for d in t.dims) or np.prod(t.dims, dtype=np.float64) > _MAX_ELEMENTS:
+        raise OnnxImportError(f"'{source}': initializer '{t.name}' has impossible "
+                              f"dims {list(t.dims)}; the file is corrupt.")
+
+
+def check_size(proto: onnx.ModelProto, source: str) -> None:
+    """The graph's size against gluontl's limits, and its weights against free memory, before
+    any weight is read: a refusal names the limit (docs/onnx-import.md)."""
+    g = proto.graph
+    for t in g.initializer:
+        check_initializer(t, source)
+    nodes = len(g.node) + sum(len(f.node) for f in proto.functions)
+    if nodes > MAX_NODES:
+        raise OnnxImportError(f"'{source}' has {nodes:,} nodes, over gluontl's limit of {MAX_NODES:,}; "
+                              f"simplify the model (onnxsim) or split it.")
+    if len(g.output) > MAX_OUTPUTS:
+        raise OnnxImportError(f"'{source}' has {len(g.output):,} graph outputs, over gluontl's limit of "
+                              f"{MAX_OUTPUTS:,}; concatenate outputs in the model, or end the graph at "
+                              f"fewer tensors.")
+    need = sum(_tensor_bytes(t) or 0 for t in g.initializer)
+    free = available_memory()
+    if free is not None and need > free:
+        raise OnnxImportError(f"'{source}': its initializers need {need:,} bytes, more than the "
+                              f"{free:,} bytes of memory available; the file is corrupt, or the "
+                              f"model needs a machine with more memory.")
+
+
+def check_names(proto: onnx.ModelProto, source: str) -> None:
+    """Names become MXNet's, and MXNet writes control characters unescaped into the graph JSON
+    every graph pass reads: refuse them by name (no exporter writes them)."""
+    g = proto.graph
+    tensors = (x for n in g.node for x in (*n.input, *n.output))
+    for kind, names in (("node", (n.name for n in g.node)), ("tensor", tensors),
+                        ("initializer", (t.name for t in g.initializer)),
+                        ("graph input", (v.name for v in g.input)), ("graph output", (v.name for v in g.output))):
+        for name in names:
+            if _CONTROL.search(name):
+                raise OnnxImportError(f"'{source}': {kind} name {name!r} contains control characters, which "
+                                      f"gluontl cannot carry into MXNet's graph; rename it (e.g. with onnx.compose"
+                                      f".add_prefix or by editing the model's names).")
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def available_memory() -> int | None:
+    """Memory the process may still use: the kernel's MemAvailable, capped by RLIMIT_AS."""
+    free = None
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    free = int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if soft != resource.RLIM_INFINITY:
+            free = soft if free is None else min(free, soft)
+    except (ImportError, ValueError, OSError):
+        pass
+    return free
 
 
 def opsets_of(proto: onnx.ModelProto, source: str) -> dict[str, int]:
@@ -444,9 +559,7 @@ class _Importer:
         declared = {i.name: _dims(i.type) for i in self.graph.input}
         out = {}
         for t in self.graph.initializer:
-            if any(d < 0 for d in t.dims) or int(np.prod(t.dims, dtype=np.float64)) > _MAX_ELEMENTS:
-                raise OnnxImportError(f"'{self.source}': initializer '{t.name}' has impossible "
-                                      f"dims {list(t.dims)}; the file is corrupt.")
+            check_initializer(t, self.source)
             try:
                 value = numpy_helper.to_array(t)
             except Exception as e:

@@ -11,8 +11,8 @@ import numpy as np
 import onnx
 
 from ..errors import OnnxImportError
-from .importer import (check_external, check_outputs, check_supported, expand, graph_inputs, inline_functions,
-                       opsets_of, read_proto, topological, unsupported_ops)
+from .importer import (check_external, check_names, check_outputs, check_size, check_supported, expand,
+                       graph_inputs, inline_functions, opsets_of, read_proto, topological, unsupported_ops)
 
 Shape = tuple[int | str | None, ...] | None
 
@@ -74,6 +74,8 @@ def _problems(proto: onnx.ModelProto, path: str) -> tuple[list[str], dict[tuple[
             return None
 
     opsets = attempt(lambda: opsets_of(proto, path))
+    attempt(lambda: check_size(proto, path))
+    attempt(lambda: check_names(proto, path))
     attempt(lambda: check_external(proto, path))
     attempt(lambda: graph_inputs(g, path))
     valid = opsets or {"": onnx.defs.onnx_opset_version()}
