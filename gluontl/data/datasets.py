@@ -179,7 +179,6 @@ def make_loaders(spec: DataSpec, *, seed: int, shuffle_train: bool = True,
     sets = {w: load_split(spec, getattr(spec, w), train=(w == "train"), seed=seed)
             for w in dict.fromkeys(which)}
     class_names = max((ds.class_names for ds in sets.values()), key=len)
-    require_two_classes(spec, class_names)
     bad = BadImageReport()
     loaders: dict[str, gluon.data.DataLoader | None] = {"train": None, "val": None}
     samplers: dict[str, EpochSampler | None] = {"train": None, "val": None}
