@@ -423,7 +423,7 @@ class TransformSpec(Strict):
                          for k in ("resize", "random_resized_crop", "center_crop") if (v := getattr(self, k)))
 
 
-def _file_normalize(source: str) -> tuple[Any, str] | False | None:
+def _file_normalize(source: str) -> tuple[Any, str] | Literal[False] | None:
     """The normalization an ONNX model file declares for its input, and where it says so: gluontl's
     own ``gluontl.preprocess`` metadata (its exports, its converted EfficientNet-Lite0). False: an
     ONNX file that declares none; None: not an ONNX file (or one that cannot be read here: the
@@ -442,7 +442,7 @@ def _file_normalize(source: str) -> tuple[Any, str] | False | None:
 
 
 @functools.lru_cache(maxsize=8)
-def _declared_normalize(path: str, mtime: int, size: int) -> tuple[Any, str] | False | None:
+def _declared_normalize(path: str, mtime: int, size: int) -> tuple[Any, str] | Literal[False] | None:
     import onnx
 
     try:
