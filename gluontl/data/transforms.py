@@ -197,7 +197,10 @@ def describe_normalize(spec: TransformSpec) -> str:
     if isinstance(spec.normalize, str):
         return f"normalize {spec.normalize}"
     mean, std = spec.normalize
-    return f"normalize mean {list(mean)} std {list(std)}"
+    text = f"normalize mean [{', '.join(f'{v:.4g}' for v in mean)}] std [{', '.join(f'{v:.4g}' for v in std)}]"
+    if len(set(mean)) == 1 and len(set(std)) == 1:  # one value for every channel: say it in pixels
+        text += f" = (pixel - {255 * mean[0]:.4g}) / {255 * std[0]:.4g}"
+    return text
 
 
 def _geometry(img: np.ndarray, steps: tuple[Step, ...], rng: np.random.Generator | None) -> np.ndarray:
