@@ -316,8 +316,11 @@ def bench(model: Path = typer.Argument(..., help="an exported .onnx or -symbol.j
           int8: bool = typer.Option(False, "--int8", help="require an int8 partner (NAME.int8.onnx, "
                                     "NAME-int8-symbol.json) for every float file and compare the two"),
           batch: str = typer.Option("1,32", "--batch", help="batch sizes, comma-separated"),
-          threads: int = typer.Option(1, "--threads", help="onnxruntime intra-op threads (MXNet: OMP_NUM_THREADS)"),
-          repeat: int = typer.Option(20, "--repeat", help="timed runs per file and batch (after 3 warm-up runs)"),
+          threads: int = typer.Option(1, "--threads", help="threads of every engine: onnxruntime's intra-op "
+                                      "threads and MXNet's OpenMP threads (symbol files are timed in a process "
+                                      "started with OMP_NUM_THREADS=N)"),
+          repeat: int = typer.Option(20, "--repeat", help="timed runs per round, per file and batch (after 3 warm-up "
+                                     "runs); rounds are added until the spread is small"),
           out: Optional[Path] = typer.Option(None, "--json", help="report path (default: bench.json beside the "
                                              "models)")) -> None:
     """Latency and throughput of exports, float against int8 (ONNX in onnxruntime, symbol/params in MXNet), with

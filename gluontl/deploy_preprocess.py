@@ -51,6 +51,8 @@ def preprocess(image: ImageLike, record: Mapping[str, Any]) -> np.ndarray:
     for step in record["steps"]:
         if step["op"] == "resize_shorter":
             img = resize_shorter(img, step["size"])
+        elif step["op"] == "resize_cover":
+            img = resize_cover(img, step["size"])
         elif step["op"] == "center_crop":
             img = center_crop(img, step["size"])
         else:
@@ -61,14 +63,18 @@ def preprocess(image: ImageLike, record: Mapping[str, Any]) -> np.ndarray:
     return (x - mean) / std
 
 
-def make_record(input_name: str, input_shape: Sequence[int | None], steps: Sequence[tuple[str, int]],
+Size = Union[int, Sequence[int]]  # S (S x S) or [H, W]
+
+
+def make_record(input_name: str, input_shape: Sequence[int | None], steps: Sequence[tuple[str, Size]],
                 mean: Sequence[float], std: Sequence[float]) -> dict[str, Any]:
     """The record :func:`preprocess` reads (gluontl writes it into every export, and converted
     models build it here without gluontl's training code); ``input_shape`` batch first (None:
     any batch size, JSON null)."""
     return {"format": FORMAT, "version": VERSION,
             "input": {"name": input_name, "shape": list(input_shape), "layout": "NCHW", "dtype": "float32"},
-            "color": "RGB", "steps": [{"op": op, "size": size} for op, size in steps],
+            "color": "RGB", "steps": [{"op": op, "size": size if isinstance(size, int) else list(size)}
+                                     for op, size in steps],
             "interpolation": dict(INTERPOLATION), "scale": 255.0, "mean": list(mean), "std": list(std),
             "output": "logits"}
 
@@ -114,13 +120,32 @@ def resize_shorter(img: np.ndarray, size: int, resize: Resize = resize) -> np.nd
     return resize(img, size, max(1, round(h * size / w)))
 
 
-def center_crop(img: np.ndarray, size: int, resize: Resize = resize) -> np.ndarray:
-    """The centre ``size`` x ``size``, after :func:`resize_shorter` to ``size`` if smaller."""
-    if min(img.shape[:2]) < size:
-        img = resize_shorter(img, size, resize)
+def resize_cover(img: np.ndarray, size: Size, resize: Resize = resize) -> np.ndarray:
+    """Scaled, keeping the aspect ratio, to the smallest size that covers ``size`` ([H, W]): the side
+    that binds becomes exactly H (or W), the other ``round(side * H / h)`` (Python's round). For
+    S x S this is :func:`resize_shorter` to S."""
+    th, tw = _hw(size)
     h, w = img.shape[:2]
-    y, x = (h - size) // 2, (w - size) // 2
-    return img[y:y + size, x:x + size]
+    if th * w >= tw * h:  # height binds (integer comparison: no float ties)
+        out = (th, max(tw, round(w * th / h)))
+    else:
+        out = (max(th, round(h * tw / w)), tw)
+    return img if out == (h, w) else resize(img, out[1], out[0])
+
+
+def center_crop(img: np.ndarray, size: Size, resize: Resize = resize) -> np.ndarray:
+    """The centre ``size`` x ``size`` (or H x W for ``[H, W]``), after :func:`resize_cover` to it if
+    the image is smaller."""
+    th, tw = _hw(size)
+    if img.shape[0] < th or img.shape[1] < tw:
+        img = resize_cover(img, (th, tw), resize)
+    h, w = img.shape[:2]
+    y, x = (h - th) // 2, (w - tw) // 2
+    return img[y:y + th, x:x + tw]
+
+
+def _hw(size: Size) -> tuple[int, int]:
+    return (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
 
 
 def _area(img: np.ndarray, w: int, h: int) -> np.ndarray:

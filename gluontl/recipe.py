@@ -7,6 +7,7 @@ not a silently ignored setting. ``load_recipe`` turns every validation problem i
 from __future__ import annotations
 
 import difflib
+import functools
 import hashlib
 import json
 import math
@@ -388,23 +389,75 @@ def _stage_name(i: int) -> int | str:
     return {0: STEM, 10**5: NECK, 10**6: HEAD}.get(i, i)
 
 
+Side = Annotated[int, Field(gt=0, le=1 << 16)]
+Size = Side | tuple[Side, Side]  # S (an S x S image) or [H, W]
+
+
+def size_hw(size: int | tuple[int, int] | list[int]) -> tuple[int, int]:
+    """(H, W) of a transform size: S is S x S."""
+    return (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
+
+
 class TransformSpec(Strict):
-    resize: int | None = Field(default=None, gt=0)
-    random_resized_crop: int | None = Field(default=None, gt=0)
-    center_crop: int | None = Field(default=None, gt=0)
+    resize: Size | None = None
+    random_resized_crop: Size | None = None
+    center_crop: Size | None = None
     flip: bool = False
     color_jitter: float = Field(default=0.0, ge=0.0, le=1.0)
     normalize: Literal["imagenet", "none"] | tuple[tuple[float, float, float], tuple[float, float, float]] = "imagenet"
 
-    def out_size(self) -> int | None:
-        """The side of the square image this transform makes (train and evaluation alike: the last
-        crop, else the resize), or None when it keeps each image's own size."""
-        return self.center_crop or self.random_resized_crop or self.resize
+    @field_validator("resize", "random_resized_crop", "center_crop", mode="after")
+    @classmethod
+    def _square_as_one(cls, v: Any) -> Any:
+        """[S, S] is S, so square recipes read (and hash) as they always did."""
+        return v[0] if isinstance(v, tuple) and v[0] == v[1] else v
+
+    def out_size(self) -> tuple[int, int] | None:
+        """(H, W) of the image this transform makes (train and evaluation alike: the last crop,
+        else the resize), or None when it keeps each image's own size."""
+        size = self.center_crop or self.random_resized_crop or self.resize
+        return None if size is None else size_hw(size)
 
     def sizes(self) -> str:
         """The size keys as a recipe writes them, e.g. ``resize: 256, center_crop: 224``."""
-        return ", ".join(f"{k}: {getattr(self, k)}" for k in ("resize", "random_resized_crop", "center_crop")
-                         if getattr(self, k))
+        return ", ".join(f"{k}: {list(v) if isinstance(v, tuple) else v}"
+                         for k in ("resize", "random_resized_crop", "center_crop") if (v := getattr(self, k)))
+
+
+def _file_normalize(source: str) -> tuple[Any, str] | Literal[False] | None:
+    """The normalization an ONNX model file declares for its input, and where it says so: gluontl's
+    own ``gluontl.preprocess`` metadata (its exports, its converted EfficientNet-Lite0). False: an
+    ONNX file that declares none; None: not an ONNX file (or one that cannot be read here: the
+    model source reports that)."""
+    try:
+        source = resolve_source(source)
+        if not source.startswith("onnx:"):
+            return None
+        from .convert.efficientnet_lite import ensure_onnx_file
+
+        path = Path(ensure_onnx_file(source[5:]))
+        stat = path.stat()
+    except (GluontlError, OSError):
+        return None
+    return _declared_normalize(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=8)
+def _declared_normalize(path: str, mtime: int, size: int) -> tuple[Any, str] | Literal[False] | None:
+    import onnx
+
+    try:
+        props = {p.key: p.value for p in onnx.load(path, load_external_data=False).metadata_props}
+    except Exception:  # protobuf has no single parse-error type; the model source reports it
+        return None
+    try:
+        record = json.loads(props["gluontl.preprocess"])
+        mean, std = (tuple(float(v) for v in record[k]) for k in ("mean", "std"))
+    except (KeyError, TypeError, ValueError):
+        return False
+    if record.get("scale") != 255.0 or len(mean) != 3 or len(std) != 3 or min(std) <= 0:
+        return False
+    return (mean, std), "model file metadata gluontl.preprocess"
 
 
 class TaskSchema(BaseModel):
@@ -850,27 +903,35 @@ class Recipe(Strict):
         for key in _TRANSFORMS:
             spec = getattr(self.data, key)
             size = spec.out_size()
-            if size is not None and (size, size) != (h, w):
-                wrong.append((key, f"data.{key} makes {size}x{size} images ({spec.sizes()})"))
-            elif size is None and h == w:
+            if size is not None and size != (h, w):
+                wrong.append((key, f"data.{key} makes {size[0]}x{size[1]} images ({spec.sizes()})"))
+            elif size is None:
                 whole = key not in given  # else a transform without a size: it gets the size only
                 flip = whole and key == "train_transform"
                 one_view = flip and self.train.cache_features == "on" and self.train.cache_views == 0
-                filled[key] = spec.model_copy(update={"resize": h, "flip": spec.flip or (flip and not one_view)})
+                filled[key] = spec.model_copy(update={"resize": h if h == w else (h, w),
+                                                      "flip": spec.flip or (flip and not one_view)})
                 defaults[key] = (f"{'default' if whole else 'size'} from model.input_shape {shape}"
                                  + (", no flip: train.cache_features: on caches one view" if one_view else ""))
-            elif size is None:
-                wrong.append((key, f"data.{key} gives no size, and gluontl's transforms make square images"))
+        declared = _file_normalize(self.model.source) if not wrong else None
+        for key in _TRANSFORMS:  # normalization the model file declares, where the recipe gives none
+            spec = filled.get(key, getattr(self.data, key))
+            if declared and (key not in given or "normalize" not in getattr(self.data, key).model_fields_set):
+                filled[key] = spec.model_copy(update={"normalize": declared[0]})
+                defaults[key] = ", ".join(filter(None, [defaults.get(key), f"normalize from {declared[1]}"]))
+            elif declared is False and key in defaults and spec.normalize == "imagenet":
+                defaults[key] += ", normalize ImageNet default (the model file declares none)"
         hint = hwc_hint(tuple(shape))
         if wrong and hint:  # the transforms do not fit because the channels came last
             raise PydanticCustomError("input_shape_hwc", f"model.input_shape {','.join(map(str, shape))}:{hint} Give "
                                       f"model.input_shape as C,H,W", {"keys": [("model", "input_shape")]})
         if wrong:
-            fix = (f"Give {' and '.join(f'data.{k}' for k, _ in wrong)} the size {h} (resize: {h}; or resize: "
-                   f"N >= {h} with center_crop: {h}), "
-                   f"or leave the sizes out to get the default (shorter side to {h}, centre crop {h}x{w}), or "
-                   f"change model.input_shape to the size the transform makes" if h == w else
-                   "Give a square model.input_shape [C, S, S] and a transform of size S")
+            size = h if h == w else f"[{h}, {w}]"
+            fix = (f"Give {' and '.join(f'data.{k}' for k, _ in wrong)} the size {size} (resize: {size}; or "
+                   f"resize: N >= {min(h, w)} with center_crop: {size}), "
+                   f"or leave the sizes out to get the default ("
+                   + (f"shorter side to {h}" if h == w else f"scaled to cover {h}x{w}") +
+                   f", centre crop {h}x{w}), or change model.input_shape to the size the transform makes")
             raise PydanticCustomError(
                 "transform_size", f"{'; '.join(text for _, text in wrong)}, but model.input_shape {shape} takes "
                 f"{h}x{w} images "
@@ -904,8 +965,8 @@ class Recipe(Strict):
         for key, spec in (self.data._given if self.data is not None else {}).items():
             if spec is None:
                 del out["data"][key]
-            else:
-                out["data"][key] = spec.model_dump(mode="json", exclude_none=True)
+            else:  # as given: a normalize left out is derived again (from the model file, say)
+                out["data"][key] = spec.model_dump(mode="json", exclude_none=True, exclude_unset=True)
         return out
 
     def digest(self, *sections: str) -> str:

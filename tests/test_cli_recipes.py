@@ -187,3 +187,7 @@ def test_one_class_folder_is_refused_before_training(command, tmp_path, capsys, 
     assert code == 2, (out, err)
     assert "one class ('cat')" in text and "at least two" in text and "Traceback" not in err
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+    if command == "plan":  # one class listed of a demo set with ten
+        code, _, err = run_cli(capsys, "plan", "--recipe", str(path), "--set", "data.source=demo:digits",
+                               "--set", "data.classes=[5]")
+        assert code == 2 and "one class ('5')" in " ".join(err.split())

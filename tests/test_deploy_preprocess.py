@@ -52,6 +52,34 @@ def test_reference_is_gluontl_preprocess_bit_for_bit(hw, size, crop, gray):
     assert np.array_equal(got, want), f"{(got != want).sum()} of {got.size} values differ"
 
 
+# non-square models ([H, W] sizes): images of other shapes, square, exact fit, a resize before an H x W crop
+NON_SQUARE = [((40, 170), (48, 192), None), ((100, 100), (48, 192), None), ((300, 90), (48, 192), None),
+              ((48, 192), (48, 192), None), ((20, 500), (32, 64), None), ((60, 300), None, (48, 192)),
+              ((480, 640), 256, (224, 160)), ((7, 9), (12, 40), None)]
+
+
+@pytest.mark.parametrize("hw,size,crop", NON_SQUARE)
+def test_non_square_records_are_reproduced_bit_for_bit(hw, size, crop):
+    spec = TransformSpec(resize=size, center_crop=crop)
+    rec = Preprocess.from_spec(spec).to_json("data", (None, 3, *spec.out_size()))
+    img = np.random.default_rng([hw[0], hw[1]]).integers(0, 256, (*hw, 3), dtype=np.uint8)
+    want, got = gluontl.preprocess(img, rec), ref.preprocess(img, rec)
+    assert want.shape == (3, *spec.out_size()) and np.array_equal(got, want), (got != want).sum()
+    assert Preprocess.from_json(json.loads(json.dumps(rec)), "r") == Preprocess.from_spec(spec)
+
+
+def test_a_non_square_resize_covers_the_model_size_then_takes_its_centre():
+    """By hand: 40x170 to cover 48x192 binds the height (48/40 > 192/170): 48 x round(170 * 1.2) = 204,
+    then columns 6..197; OpenCV enlarges bilinearly."""
+    import cv2
+
+    img = np.random.default_rng(3).integers(0, 256, (40, 170, 3), dtype=np.uint8)
+    want = cv2.resize(img, (204, 48), interpolation=cv2.INTER_LINEAR)[:, 6:198].astype(np.float32) / 255
+    mean, std = np.float32([0.485, 0.456, 0.406]), np.float32([0.229, 0.224, 0.225])
+    got = gluontl.preprocess(img, {"resize": [48, 192]})
+    np.testing.assert_array_equal(got, ((want - mean) / std).transpose(2, 0, 1))
+
+
 def test_opencv_without_its_cpu_specific_code_gives_the_same_pixels():
     """The reference must not match one CPU's SIMD path only: OpenCV's generic code agrees."""
     import cv2

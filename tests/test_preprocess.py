@@ -94,7 +94,12 @@ def edited(**changes):
 
 
 @pytest.mark.parametrize("bad, words", [
-    (edited(steps=[{"op": "rotate", "size": 2}]), ["'rotate'", "resize_shorter and center_crop"]),
+    (edited(steps=[{"op": "rotate", "size": 2}]), ["'rotate'", "resize_shorter with a size > 0, resize_cover "
+                                                   "with [H, W], center_crop with a size or [H, W]"]),
+    (edited(steps=[{"op": "resize_cover", "size": 48}]), ["'resize_cover', 'size': 48"]),
+    (edited(steps=[{"op": "resize_shorter", "size": [48, 192]}]), ["'resize_shorter', 'size': [48, 192]"]),
+    (edited(steps=[{"op": "center_crop", "size": [48, 0]}]), ["'size': [48, 0]"]),
+    (edited(steps=[{"op": "center_crop", "size": [48, 192, 3]}]), ["'size': [48, 192, 3]"]),
     (edited(steps=[{"op": "random_resized_crop", "size": 2}]), ["random_resized_crop"]),
     (edited(steps=[{"op": "center_crop", "size": 0}]), ["'size': 0"]),
     (edited(steps=[{"op": "center_crop", "size": True}]), ["'size': True"]),

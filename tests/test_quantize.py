@@ -249,6 +249,7 @@ def test_export_int8_writes_a_labelled_qdq_file_with_the_float_metadata_and_benc
     assert [r["batch"] for r in entry["int8"]["runs"]] == [1, 2] and set(entry["speedup"]) == {"1", "2"}
     assert entry["float"]["bytes"] == (d / "good" / "t.onnx").stat().st_size
     assert "VNNI" in out and "t.int8.onnx" in out
+    assert {r["threads"] for k in ("float", "int8") for r in entry[k]["runs"]} == {1}
 
 
 def test_max_drop_refuses_a_black_calibration_image_and_writes_nothing(digits_run, capsys):
@@ -357,3 +358,48 @@ except ExportError as e:
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "ml_dtypes" in done.stdout and "setup.cfg" in done.stdout
+
+
+def _clock(durations_ms):
+    """A clock whose successive start/stop readings make the given call durations (warm-up calls untimed)."""
+    readings, t = [], 0.0
+    for d in durations_ms:
+        readings += [t, t + d / 1000]
+        t += 1.0
+    it = iter(readings)
+    return lambda: next(it)
+
+
+def test_bench_repeats_until_the_spread_is_small_or_says_it_is_noisy():
+    from gluontl.export.bench import MAX_ROUNDS, time_runs
+
+    steady = time_runs(lambda: None, 10, clock=_clock([10.0 + 0.01 * i for i in range(10)]))
+    assert steady["runs"] == 10 and steady["steady"] and steady["median_ms"] == pytest.approx(10.045)
+    # a noisy first round (one in five runs slowed 20x), then a quiet machine: rounds are added until it settles
+    noisy_then_quiet = [200.0 if i % 5 == 0 else 10.0 for i in range(10)] + [10.0] * 40
+    settled = time_runs(lambda: None, 10, clock=_clock(noisy_then_quiet))
+    assert settled["steady"] and 10 < settled["runs"] <= 50 and settled["p90_ms"] == pytest.approx(10.0)
+    # noisy throughout: MAX_ROUNDS rounds, then marked so (p10-p90 as numpy computes it)
+    loud = [200.0 if i % 3 == 0 else 10.0 for i in range(10 * MAX_ROUNDS)]
+    stats = time_runs(lambda: None, 10, clock=_clock(loud))
+    assert stats["runs"] == 10 * MAX_ROUNDS and not stats["steady"]
+    assert stats["p90_ms"] == pytest.approx(np.percentile(loud, 90)) and stats["p10_ms"] == pytest.approx(10.0)
+
+
+def test_bench_table_prints_the_spread_and_no_speed_up_from_noisy_figures():
+    from gluontl.export.bench import table
+
+    def row(file, ms, steady):
+        return {"file": file, "batch": 1, "median_ms": ms, "p10_ms": ms * 0.9, "p90_ms": ms * (1.05 if steady else 3),
+                "spread": 0.15 if steady else 2.1, "runs": 20 if steady else 100, "steady": steady,
+                "images_per_s": 1000 / ms, "threads": 1}
+
+    report = {"cpu": {"described": "x86-64"}, "onnxruntime": "1", "threads": 1, "repeat": 20, "warmup": 3,
+              "max_spread": 0.1, "max_rounds": 5,
+              "models": [{"float": {"file": "m.onnx", "bytes": 4, "runs": [row("m.onnx", 120.0, True)]},
+                          "int8": {"file": "m.int8.onnx", "bytes": 1, "runs": [row("m.int8.onnx", 2.0, False)]},
+                          "speedup": {"1": 60.0}, "speedup_steady": {"1": False}, "size_ratio": 4.0}]}
+    text = table(report)
+    assert "each on 1 thread(s)" in text and "108.00-126.00" in text and "15 %" in text
+    assert "? (60.00x, noisy)" in text and "60.00x " not in text.replace("? (60.00x", "")
+    assert "too noisy to tell: m.int8.onnx batch 1" in text

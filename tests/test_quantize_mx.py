@@ -126,6 +126,9 @@ def test_export_int8_symbol_writes_files_whose_recorded_verdict_recomputes(digit
     assert [r["batch"] for r in entry["int8"]["runs"]] == [1, 2] and set(entry["speedup"]) == {"1", "2"}
     assert entry["float"]["bytes"] == (out / "t-symbol.json").stat().st_size + (out / "t-0000.params").stat().st_size
     assert "t-int8-symbol.json" in printed and "MXNet" in printed
+    # MXNet on --threads (default 1) whatever this process's MXNet started with: timed in a child process
+    assert {r["threads"] for k in ("float", "int8") for r in entry[k]["runs"]} == {1}
+    assert all(r["runs"] >= 2 and r["p10_ms"] <= r["median_ms"] <= r["p90_ms"] for r in entry["int8"]["runs"])
 
 
 def export_symbol_edited(run, capsys, out, changes):

@@ -179,7 +179,6 @@ def make_loaders(spec: DataSpec, *, seed: int, shuffle_train: bool = True,
     sets = {w: load_split(spec, getattr(spec, w), train=(w == "train"), seed=seed)
             for w in dict.fromkeys(which)}
     class_names = max((ds.class_names for ds in sets.values()), key=len)
-    require_two_classes(spec, class_names)
     bad = BadImageReport()
     loaders: dict[str, gluon.data.DataLoader | None] = {"train": None, "val": None}
     samplers: dict[str, EpochSampler | None] = {"train": None, "val": None}
@@ -203,9 +202,12 @@ def require_two_classes(spec: DataSpec, class_names: list[str] | None = None) ->
     image, so training reaches val_acc 1.0 and predict answers that class for anything. Refused
     (``plan`` and ``finetune``) rather than trained; ``class_names`` lists the train split when not given."""
     if class_names is None:
-        if spec.source.startswith("demo:"):  # the demo sets have their classes
+        if spec.classes is not None:
+            class_names = spec.classes
+        elif spec.source.startswith("demo:"):  # the demo sets have their classes
             return
-        class_names = load_split(spec, spec.train, check=False).class_names
+        else:
+            class_names = load_split(spec, spec.train, check=False).class_names
     if len(class_names) >= 2:
         return
     found = f"one class ({class_names[0]!r})" if class_names else "no class"

@@ -17,6 +17,9 @@ deterministic stand-in):
    scaling the shorter side to S when no ``resize`` is set.
 3. ``center_crop: C`` takes the centre C x C (scaling the shorter side up to C first if the
    image is smaller).
+   Sizes are S (S x S) or [H, W] for a non-square model (``model.input_shape`` C, H, W): ``resize:
+   [H, W]`` scales the image to cover H x W keeping its aspect ratio, then takes the centre H x W;
+   ``random_resized_crop: [H, W]`` draws aspects around W/H.
 4. ``flip`` mirrors left-right with probability 1/2 (train only).
 5. ``color_jitter: f`` scales brightness, contrast and saturation by factors drawn from
    [1-f, 1+f], in random order (train only).
@@ -45,10 +48,10 @@ import numpy as np
 from PIL import Image, ImageFile, UnidentifiedImageError
 
 from ..deploy_preprocess import FORMAT as PREPROCESS_FORMAT, INTERPOLATION, VERSION as PREPROCESS_VERSION, \
-    center_crop, make_record, resize_shorter, to_rgb
+    center_crop, make_record, resize_cover, resize_shorter, to_rgb
 from ..errors import DataError, ModelSourceError
 from ..readers import parse_json, read_json, shown
-from ..recipe import TransformSpec, as_spec
+from ..recipe import TransformSpec, as_spec, size_hw
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -176,20 +179,25 @@ def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
     return np.random.default_rng([_SAMPLE_TAG, seed % 2**64, epoch, index])
 
 
-Step = tuple[str, int]  # (op, size): resize_shorter, center_crop, random_resized_crop
+Step = tuple[str, Any]  # (op, size): resize_shorter S, resize_cover (H, W), center_crop, random_resized_crop
+
+
+def _resize(size: int | tuple[int, int]) -> Step:
+    """S: the shorter side to S; (H, W): scaled to cover H x W (the same step for H == W)."""
+    return ("resize_shorter", size) if isinstance(size, int) else ("resize_cover", size)
 
 
 def _steps(spec: TransformSpec, train: bool) -> tuple[Step, ...]:
     """The geometric steps of ``spec``; without ``train`` only deterministic ones (see module doc)."""
     steps: list[Step] = []
     if spec.resize:
-        steps.append(("resize_shorter", spec.resize))
+        steps.append(_resize(spec.resize))
     if spec.random_resized_crop:
         if train:
             steps.append(("random_resized_crop", spec.random_resized_crop))
         else:
             if not spec.resize:
-                steps.append(("resize_shorter", spec.random_resized_crop))
+                steps.append(_resize(spec.random_resized_crop))
             steps.append(("center_crop", spec.random_resized_crop))
     if spec.center_crop:
         steps.append(("center_crop", spec.center_crop))
@@ -198,13 +206,22 @@ def _steps(spec: TransformSpec, train: bool) -> tuple[Step, ...]:
     return tuple(steps)
 
 
-_STEP_TEXT = {"resize_shorter": "shorter side to {0}", "center_crop": "centre crop {0}x{0}",
-              "random_resized_crop": "random resized crop to {0}x{0} (area 8-100 %, aspect 3/4-4/3)"}
+_STEP_TEXT = {"resize_shorter": "shorter side to {0}", "resize_cover": "scaled to cover {0}x{1}",
+              "center_crop": "centre crop {0}x{1}",
+              "random_resized_crop": "random resized crop to {0}x{1} (area 8-100 %, aspect {2}-{3})"}
+
+
+def _step_text(op: str, size: int | tuple[int, int]) -> str:
+    h, w = size_hw(size)
+    if op == "resize_shorter":
+        return _STEP_TEXT[op].format(size)
+    lo, hi = ("3/4", "4/3") if h == w else (f"{3 * w / (4 * h):.3g}", f"{4 * w / (3 * h):.3g}")
+    return _STEP_TEXT[op].format(h, w, lo, hi)
 
 
 def describe(spec: TransformSpec, train: bool) -> str:
     """The pipeline ``spec`` runs, in order, as the plan and the run card show it."""
-    parts = [_STEP_TEXT[op].format(size) for op, size in _steps(spec, train)]
+    parts = [_step_text(op, size) for op, size in _steps(spec, train)]
     if train and spec.flip:
         parts.append("horizontal flip (p 1/2)")
     if train and spec.color_jitter:
@@ -216,13 +233,18 @@ def describe_normalize(spec: TransformSpec) -> str:
     if isinstance(spec.normalize, str):
         return f"normalize {spec.normalize}"
     mean, std = spec.normalize
-    return f"normalize mean {list(mean)} std {list(std)}"
+    text = f"normalize mean [{', '.join(f'{v:.4g}' for v in mean)}] std [{', '.join(f'{v:.4g}' for v in std)}]"
+    if len(set(mean)) == 1 and len(set(std)) == 1:  # one value for every channel: say it in pixels
+        text += f" = (pixel - {255 * mean[0]:.4g}) / {255 * std[0]:.4g}"
+    return text
 
 
 def _geometry(img: np.ndarray, steps: tuple[Step, ...], rng: np.random.Generator | None) -> np.ndarray:
     for op, size in steps:
         if op == "resize_shorter":
             img = _shorter_side(img, size)
+        elif op == "resize_cover":
+            img = resize_cover(img, size, resize_image)
         elif op == "center_crop":
             img = _center_crop(img, size)
         else:
@@ -275,12 +297,17 @@ class Preprocess:
                 raise bad(f"asks for {key} {record.get(key)!r} (supported: {want!r})")
         steps = []
         for step in record.get("steps", None) or []:
-            ok = (isinstance(step, Mapping) and step.get("op") in ("resize_shorter", "center_crop")
-                  and isinstance(step.get("size"), int) and not isinstance(step.get("size"), bool)
-                  and step["size"] > 0)
+            size = step.get("size") if isinstance(step, Mapping) else None
+            side = (lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0)
+            two = isinstance(size, list) and len(size) == 2 and all(map(side, size))
+            ok = isinstance(step, Mapping) and (
+                (step.get("op") == "resize_shorter" and side(size))
+                or (step.get("op") == "resize_cover" and two)
+                or (step.get("op") == "center_crop" and (side(size) or two)))
             if not ok:
-                raise bad(f"has a step {step!r} (supported: resize_shorter and center_crop with a size > 0)")
-            steps.append((step["op"], step["size"]))
+                raise bad(f"has a step {step!r} (supported: resize_shorter with a size > 0, resize_cover with "
+                          f"[H, W], center_crop with a size or [H, W])")
+            steps.append((step["op"], tuple(size) if two else size))
         mean, std = record.get("mean"), record.get("std")
         for name, values in (("mean", mean), ("std", std)):
             if not (isinstance(values, list) and len(values) == 3
@@ -484,13 +511,19 @@ def _shorter_side(img: np.ndarray, size: int) -> np.ndarray:
     return resize_shorter(img, size, resize_image)
 
 
-def _center_crop(img: np.ndarray, size: int) -> np.ndarray:
+def _center_crop(img: np.ndarray, size: int | tuple[int, int]) -> np.ndarray:
     return center_crop(img, size, resize_image)
 
 
-def _random_resized_crop(img: np.ndarray, size: int, rng: np.random.Generator,
+def _random_resized_crop(img: np.ndarray, size: int | tuple[int, int], rng: np.random.Generator,
                          scale: tuple[float, float] = (0.08, 1.0),
                          ratio: tuple[float, float] = (3 / 4, 4 / 3)) -> np.ndarray:
+    """Inception's crop; for an H x W output the aspect range is around W/H (torchvision's ratio is
+    of the crop, which is then resized to the output: around the output's own shape, nothing is
+    squeezed more than a square output squeezes it)."""
+    th, tw = size_hw(size)
+    if th != tw:
+        ratio = (ratio[0] * tw / th, ratio[1] * tw / th)
     h, w = img.shape[:2]
     for _ in range(10):
         area = h * w * rng.uniform(*scale)
@@ -498,9 +531,12 @@ def _random_resized_crop(img: np.ndarray, size: int, rng: np.random.Generator,
         cw, ch = round(np.sqrt(area * aspect)), round(np.sqrt(area / aspect))
         if 0 < cw <= w and 0 < ch <= h:
             y, x = int(rng.integers(0, h - ch + 1)), int(rng.integers(0, w - cw + 1))
-            return resize_image(img[y:y + ch, x:x + cw], size, size)
-    side = min(h, w)
-    return resize_image(_center_crop(img, side), size, size)
+            return resize_image(img[y:y + ch, x:x + cw], tw, th)
+    if th == tw:
+        side = min(h, w)
+        return resize_image(_center_crop(img, side), tw, th)
+    ch, cw = (h, max(1, min(w, round(h * tw / th)))) if h * tw <= w * th else (max(1, min(h, round(w * th / tw))), w)
+    return resize_image(_center_crop(img, (ch, cw)), tw, th)  # the largest centre crop of the output's shape
 
 
 def color_jitter_image(img: np.ndarray, f: float, rng: np.random.Generator) -> np.ndarray:

@@ -2,15 +2,22 @@
 onnxruntime, symbol/params pairs in MXNet (oneDNN).
 
 Sessions run as a deployment runs them (onnxruntime: every graph optimization, so an int8 file's
-QDQ pairs fuse into integer kernels; MXNet: a hybridized static graph, its OpenMP threads fixed
-when it started, OMP_NUM_THREADS). Warm-up runs are left out; each figure is the median over
-``repeat`` timed runs, with the 10th-90th percentile range as its spread, because a shared
-machine's noise is one-sided (a run is slowed by others, never sped up).
+QDQ pairs fuse into integer kernels; MXNet: a hybridized static graph). Every engine runs on the
+same ``threads``: onnxruntime's intra-op threads, and MXNet's OpenMP threads, which are fixed when
+MXNet starts, so symbol files are timed in a child process started with OMP_NUM_THREADS=threads
+(comparing MXNet on 2 threads with onnxruntime on 1 once printed a 59x int8 "speed-up").
+Warm-up runs are left out; each figure is the median of the timed runs, with the 10th-90th
+percentile range as its spread, because a shared machine's noise is one-sided (a run is slowed by
+others, never sped up). Runs are added, ``repeat`` at a time, until that spread is within
+``MAX_SPREAD`` of the median or ``MAX_ROUNDS`` rounds are done; a figure whose spread stayed wider
+is marked noisy, and a speed-up from one is not given as a number.
 """
 from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -28,6 +35,8 @@ from gluontl.export.verify import deploy_session
 INT8_SUFFIX = ".int8.onnx"
 SUFFIXES = ((INT8_SUFFIX, ".onnx"), ("-int8-symbol.json", "-symbol.json"))  # (int8, float) endings
 _WARMUP = 3
+MAX_SPREAD = 0.10  # (p90 - p10) / median that counts as a steady figure
+MAX_ROUNDS = 5  # rounds of ``repeat`` timed runs before a figure is called noisy
 
 
 def _kind(path: Path) -> tuple[str, str, bool] | None:
@@ -98,23 +107,31 @@ def _inputs(session: ort.InferenceSession, path: Path, batch: int) -> dict[str, 
     return feeds
 
 
-def time_runs(run: Callable[[], Any], repeat: int, clock: Callable[[], float] = time.perf_counter) -> dict[str, float]:
-    """Milliseconds per call of ``run`` over ``repeat`` timed calls after the warm-up ones."""
+def time_runs(run: Callable[[], Any], repeat: int, clock: Callable[[], float] = time.perf_counter,
+              max_spread: float = MAX_SPREAD, max_rounds: int = MAX_ROUNDS) -> dict[str, Any]:
+    """Milliseconds per call of ``run`` after the warm-up calls: rounds of ``repeat`` timed calls
+    until the p10-p90 spread is within ``max_spread`` of the median (``steady``) or ``max_rounds``
+    rounds are done (not steady: the machine was too noisy to tell)."""
     for _ in range(_WARMUP):
         run()
-    times = []
-    for _ in range(repeat):
-        start = clock()
-        run()
-        times.append(1000 * (clock() - start))
-    t = np.asarray(times)
-    return {"median_ms": float(np.median(t)), "p10_ms": float(np.percentile(t, 10)),
-            "p90_ms": float(np.percentile(t, 90)), "min_ms": float(t.min()), "max_ms": float(t.max())}
+    times: list[float] = []
+    for _ in range(max_rounds):
+        for _ in range(repeat):
+            start = clock()
+            run()
+            times.append(1000 * (clock() - start))
+        t = np.asarray(times)
+        median, p10, p90 = float(np.median(t)), float(np.percentile(t, 10)), float(np.percentile(t, 90))
+        spread = (p90 - p10) / median if median > 0 else 0.0
+        if spread <= max_spread:
+            break
+    return {"median_ms": median, "p10_ms": p10, "p90_ms": p90, "min_ms": float(t.min()), "max_ms": float(t.max()),
+            "runs": len(times), "spread": spread, "steady": spread <= max_spread}
 
 
 def bench_file(path: Path, batches: Sequence[int], threads: int, repeat: int) -> list[dict[str, Any]]:
     if path.name.endswith("-symbol.json"):
-        return bench_symbol(path, batches, repeat)
+        return _bench_symbol_with(path, batches, threads, repeat)
     try:
         session = deploy_session(path, threads)
     except Exception as err:  # onnxruntime's errors share no base class
@@ -123,7 +140,8 @@ def bench_file(path: Path, batches: Sequence[int], threads: int, repeat: int) ->
     for b in batches:
         feeds = _inputs(session, path, b)
         stats = time_runs(lambda: session.run(None, feeds), repeat)
-        rows.append({"file": str(path), "batch": b, **stats, "images_per_s": 1000 * b / stats["median_ms"]})
+        rows.append({"file": str(path), "batch": b, **stats, "images_per_s": 1000 * b / stats["median_ms"],
+                     "threads": session.get_session_options().intra_op_num_threads})
     return rows
 
 
@@ -153,8 +171,24 @@ def bench_symbol(path: Path, batches: Sequence[int], repeat: int) -> list[dict[s
                 o.wait_to_read()
 
         stats = time_runs(run, repeat)
-        rows.append({"file": str(path), "batch": b, **stats, "images_per_s": 1000 * b / stats["median_ms"]})
+        rows.append({"file": str(path), "batch": b, **stats, "images_per_s": 1000 * b / stats["median_ms"],
+                     "threads": int(os.environ.get("OMP_NUM_THREADS", "0")) or None})  # as this MXNet started
     return rows
+
+
+def _bench_symbol_with(path: Path, batches: Sequence[int], threads: int, repeat: int) -> list[dict[str, Any]]:
+    """:func:`bench_symbol` in a child process whose MXNet starts with OMP_NUM_THREADS=``threads``
+    (this process's MXNet kept the thread count it started with)."""
+    here = str(Path(__file__).resolve().parents[2])  # the child imports this gluontl
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MXNET_CPU_WORKER_NTHREADS": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))}
+    args = [sys.executable, "-m", "gluontl.export.bench", str(path), ",".join(map(str, batches)), str(repeat)]
+    done = subprocess.run(args, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise ExportError(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else
+                          f"timing '{path}' in MXNet failed (exit {done.returncode}); run `gluontl bench {path}` "
+                          f"again.")
+    return json.loads(done.stdout)
 
 
 def bench(target: str | Path, *, int8: bool = False, batches: Sequence[int] = (1, 32), threads: int = 1,
@@ -177,15 +211,18 @@ def bench(target: str | Path, *, int8: bool = False, batches: Sequence[int] = (1
         if "float" in entry and "int8" in entry:
             entry["speedup"] = {str(f["batch"]): f["median_ms"] / q["median_ms"]
                                 for f, q in zip(entry["float"]["runs"], entry["int8"]["runs"])}
+            entry["speedup_steady"] = {str(f["batch"]): f["steady"] and q["steady"]
+                                       for f, q in zip(entry["float"]["runs"], entry["int8"]["runs"])}
             entry["size_ratio"] = entry["float"]["bytes"] / entry["int8"]["bytes"]
         results.append(entry)
     report = {"cpu": {**cpu.flag_summary(flags), "described": cpu.describe(flags)}, "threads": threads,
-              "repeat": repeat, "warmup": _WARMUP, "onnxruntime": ort.__version__,
-              "session": "CPUExecutionProvider, all graph optimizations", "models": results}
+              "repeat": repeat, "warmup": _WARMUP, "max_spread": MAX_SPREAD, "max_rounds": MAX_ROUNDS,
+              "onnxruntime": ort.__version__, "session": "CPUExecutionProvider, all graph optimizations",
+              "models": results}
     if any(Path(e[k]["file"]).name.endswith("-symbol.json") for e in results for k in ("float", "int8") if k in e):
-        report["mxnet"] = {"version": mx.__version__, "omp_threads": os.environ.get("OMP_NUM_THREADS", "default"),
-                           "graph": "SymbolBlock hybridized (static_alloc, static_shape); threads from "
-                                    "OMP_NUM_THREADS at start, not --threads"}
+        report["mxnet"] = {"version": mx.__version__, "omp_threads": threads,
+                           "graph": "SymbolBlock hybridized (static_alloc, static_shape), in a child process "
+                                    "started with OMP_NUM_THREADS=threads"}
     folder = target / "export" if (target / "recipe.yaml").is_file() else target if target.is_dir() else target.parent
     path = write_text(Path(out) if out else folder / "bench.json", json.dumps(report, indent=1), ExportError)
     return report, path
@@ -193,27 +230,53 @@ def bench(target: str | Path, *, int8: bool = False, batches: Sequence[int] = (1
 
 def table(report: dict[str, Any]) -> str:
     """The report as aligned text: one row per file and batch, the int8 speed-up beside int8 rows."""
-    engines = f"onnxruntime {report['onnxruntime']}, {report['threads']} thread(s)"
+    engines = f"onnxruntime {report['onnxruntime']}"
     if "mxnet" in report:
-        engines += f"; MXNet {report['mxnet']['version']}, OMP_NUM_THREADS={report['mxnet']['omp_threads']}"
-    lines = [f"CPU: {report['cpu']['described']}; {engines}, median of {report['repeat']} runs after "
-             f"{report['warmup']} warm-up runs"]
-    header = ("file", "batch", "median ms", "p10-p90 ms", "images/s", "int8 speed-up")
-    rows = []
+        engines += f" and MXNet {report['mxnet']['version']}"
+    lines = [f"CPU: {report['cpu']['described']}; {engines}, each on {report['threads']} thread(s); medians of "
+             f"{report['repeat']} runs after {report['warmup']} warm-up runs, more (up to {report['max_rounds']} "
+             f"rounds) until the p10-p90 spread is within {100 * report['max_spread']:.0f} % of the median"]
+    header = ("file", "batch", "median ms", "p10-p90 ms", "spread", "runs", "images/s", "int8 speed-up")
+    rows, noisy = [], []
     for entry in report["models"]:
         for kind in ("float", "int8"):
             if kind not in entry:
                 continue
             for r in entry[kind]["runs"]:
                 ratio = entry.get("speedup", {}).get(str(r["batch"])) if kind == "int8" else None
+                steady = entry.get("speedup_steady", {}).get(str(r["batch"]), True)
+                if not r["steady"]:
+                    noisy.append(f"{Path(r['file']).name} batch {r['batch']}")
                 rows.append((Path(r["file"]).name, str(r["batch"]), f"{r['median_ms']:.2f}",
-                             f"{r['p10_ms']:.2f}-{r['p90_ms']:.2f}", f"{r['images_per_s']:.1f}",
-                             f"{ratio:.2f}x" if ratio else ""))
+                             f"{r['p10_ms']:.2f}-{r['p90_ms']:.2f}", f"{100 * r['spread']:.0f} %"
+                             + ("" if r["steady"] else " noisy"), str(r["runs"]), f"{r['images_per_s']:.1f}",
+                             "" if not ratio else f"{ratio:.2f}x" if steady else f"? ({ratio:.2f}x, noisy)"))
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
         lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+    if noisy:
+        lines.append(f"too noisy to tell: {', '.join(noisy)} kept a p10-p90 spread above "
+                     f"{100 * report['max_spread']:.0f} % of the median after {report['max_rounds']} rounds (other "
+                     f"work on this machine); its times and any speed-up from them are not reliable. Bench again "
+                     f"on a quiet machine, or with more --repeat.")
     for entry in report["models"]:
         if "size_ratio" in entry:
             lines.append(f"{Path(entry['int8']['file']).name}: {entry['int8']['bytes']:,} bytes, "
                          f"the float file is {entry['size_ratio']:.2f}x its size")
     return "\n".join(lines)
+
+
+def _main(argv: list[str]) -> int:
+    """``python -m gluontl.export.bench SYMBOL_JSON BATCHES REPEAT``: :func:`bench_symbol`'s rows as
+    JSON, in the process :func:`_bench_symbol_with` starts with the thread count it wants."""
+    try:
+        rows = bench_symbol(Path(argv[0]), [int(b) for b in argv[1].split(",")], int(argv[2]))
+    except ExportError as err:
+        print(str(err).replace("\n", " "), file=sys.stderr)
+        return 2
+    print(json.dumps(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

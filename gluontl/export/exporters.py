@@ -317,7 +317,7 @@ def _card_props(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]], clas
     if made != tuple(shape[1:]):
         raise ExportError(f"preprocess makes inputs of shape {list(made)} from an image of another size, but the "
                           f"model takes {name} of shape {list(shape[1:])}; end the transform with a crop of that "
-                          f"size (e.g. {{'resize': {shape[2]}}} for a square input).")
+                          f"size (e.g. {{'resize': {shape[2] if shape[2] == shape[3] else [shape[2], shape[3]]}}}).")
     out = model.graph.output[0].type.tensor_type.shape.dim
     width = out[-1].dim_value if len(out) == 2 and out[-1].HasField("dim_value") else None
     if len(model.graph.output) != 1 or width != len(classes):

@@ -58,8 +58,10 @@ def zoo_block(name: str, classes: int | None, kwargs: dict[str, Any], pretrained
         _tidy_zoo_cache(cache, before, made)
         raise ModelSourceError(
             f"Downloading pretrained weights for '{name}' failed ({type(e).__name__}: {str(e)[:160]}). Without "
-            f"network access, put the zoo's .params file in the zoo cache (~/.mxnet/models) or set "
-            f"model.weights to a local file instead of pretrained: true.") from None
+            f"network access, put the zoo's .params file in the zoo cache (~/.mxnet/models), set "
+            f"model.weights to a local file instead of pretrained: true, or start from the ImageNet "
+            f"EfficientNet-Lite0 gluontl makes offline (the README's offline recipe: source "
+            f"\"${{GLUONTL_HOME}}/models/efficientnet_lite0_imagenet.onnx\", surgery cut_at: flatten).") from None
     except TypeError as e:
         raise ModelSourceError(f"zoo model '{name}' does not accept these arguments: {e}. "
                                f"Check model.kwargs in the recipe.") from None

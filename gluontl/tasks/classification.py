@@ -34,10 +34,11 @@ class Classification:
                 {"split": {k: v for k, v in split[0].to_json().items() if k != "val"}})
 
     def setup(self, recipe: Recipe, ctx: mx.Context, *, seed: int):
-        from ..data.datasets import make_loaders
+        from ..data.datasets import make_loaders, require_two_classes
 
         prep = prepare(recipe, ctx=ctx)
         loaders = make_loaders(recipe.data, seed=seed)
+        require_two_classes(recipe.data, loaders.class_names)
         head = recipe.surgery.head
         if head is not None and head.classes != loaders.num_classes:
             raise TrainError(f"surgery.head.classes is {head.classes} but the data has {loaders.num_classes} "

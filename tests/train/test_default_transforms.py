@@ -102,9 +102,23 @@ def test_an_unrelated_set_is_not_blamed(tmp_path):
     assert str(e.value).startswith(f"{path}: invalid recipe: data.val_transform makes 48x48")
 
 
-def test_non_square_input_without_a_size_is_refused():
-    with pytest.raises(RecipeError, match=r"gives no size, and gluontl's transforms make square images"):
-        parse_recipe({**MINIMAL, "model": {"source": "zoo:resnet18_v1", "input_shape": [3, 32, 48]}})
+def test_non_square_input_gets_a_cover_and_centre_crop_of_its_own_shape():
+    r = parse_recipe({**MINIMAL, "model": {"source": "zoo:resnet18_v1", "input_shape": [3, 32, 48]}})
+    assert r.data.val_transform == TransformSpec(resize=(32, 48))
+    assert r.data.train_transform == TransformSpec(resize=(32, 48), flip=True)
+    assert transform_lines({"val": {"steps": __import__("gluontl.data.transforms", fromlist=["describe"]).describe(
+        r.data.val_transform, False), "default": None}}) == [
+        "val transform: scaled to cover 32x48, centre crop 32x48, normalize imagenet"]
+    assert parse_recipe(r.as_written()).digest() == r.digest()
+    given = parse_recipe(_with_data(val_transform={"resize": [40, 60], "center_crop": [32, 48]},
+                                    train_transform={"random_resized_crop": [32, 48]})
+                         | {"model": {"source": "zoo:resnet18_v1", "input_shape": [3, 32, 48]}})
+    assert given.data.val_transform.out_size() == (32, 48) and given.data.transform_default("val_transform") is None
+    with pytest.raises(RecipeError, match=r"data.val_transform makes 48x48 images \(resize: 48\).* Give "
+                                          r"data.val_transform the size \[32, 48\] \(resize: \[32, 48\]"):
+        parse_recipe(_with_data(val_transform={"resize": 48}) | {"model": {"source": "zoo:resnet18_v1",
+                                                                              "input_shape": [3, 32, 48]}})
+    assert TransformSpec(resize=[32, 32]) == TransformSpec(resize=32)  # square recipes read as before
 
 
 @pytest.mark.parametrize("engine", ["mxnet", "onnxruntime"])
@@ -124,11 +138,24 @@ def test_prefix_engines_refuse_images_of_another_size(engine):
 
 # ---------------------------------------------------------------- the README's recipe on a real folder
 
-def _readme_recipe() -> str:
+def _readme_recipe(offline: bool = False) -> str:
+    """The README's shortest recipe (zoo weights, downloaded), or the offline one beside it."""
     blocks = re.findall(r"```yaml\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
-    mine = [b for b in blocks if "folder:photos" in b]
+    mine = [b for b in blocks if "folder:photos" in b and ("pretrained: true" in b) != offline]
     assert len(mine) == 1 and len(mine[0].strip().splitlines()) == 5
     return mine[0]
+
+
+def test_the_readmes_offline_recipe_plans_without_a_download(lite0, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GLUONTL_HOME", str(lite0.parent.parent))  # where gluontl made the EfficientNet-Lite0
+    _photos(tmp_path / "photos", np.random.default_rng(5))
+    Path("r.yaml").write_text(_readme_recipe(offline=True))
+    code, out, err = helpers.run_cli(capsys, "plan", "-r", "r.yaml", "--json")
+    assert code == 0, err
+    plan = json.loads(out)
+    assert plan["totals"]["trainable"] == 1280 * 2 + 2  # the new head only
+    assert plan["transforms"]["val"]["default"].endswith("normalize from model file metadata gluontl.preprocess")
 
 
 def _photos(root: Path, rng: np.random.Generator) -> None:
@@ -208,3 +235,61 @@ def test_an_onnx_file_declares_the_size_when_the_recipe_gives_none():
     # symbolic H, W: the default size
     dynamic = parse_recipe({**MINIMAL, "model": {"source": str(fixtures / "resnet_legacy_op13_dynhw.onnx")}})
     assert dynamic.model.input_shape == (3, 224, 224)
+
+
+@pytest.fixture(scope="module")
+def lite0(tmp_path_factory):
+    from gluontl.convert.efficientnet_lite import ensure_imagenet_onnx
+
+    return ensure_imagenet_onnx(tmp_path_factory.mktemp("home"))
+
+
+def test_an_onnx_files_own_normalization_is_the_default_and_the_plan_says_so(lite0, capsys, tmp_path):
+    """The EfficientNet-Lite0 gluontl writes declares (x - 127) / 128 in gluontl.preprocess; a minimal
+    recipe on it normalizes so, not with ImageNet's mean/std, and says where that came from."""
+    minimal = {"name": "m", "model": {"source": str(lite0)}, "surgery": {"cut_at": "flatten", "head": {"classes": 10}},
+               "rules": [{"preset": "freeze_all_but_head"}], "data": {"source": "demo:digits"}}
+    file_norm = ((127 / 255,) * 3, (128 / 255,) * 3)
+    r = parse_recipe(minimal)
+    for key in ("train_transform", "val_transform"):
+        assert getattr(r.data, key).normalize == file_norm
+        assert r.data.transform_default(key) == ("default from model.input_shape [3, 224, 224], normalize from "
+                                                 "model file metadata gluontl.preprocess")
+    # a transform given without normalize gets the file's too; a given normalize is the recipe's own
+    r = parse_recipe({**minimal, "data": {"source": "demo:digits", "train_transform": {"resize": 224},
+                                          "val_transform": {"resize": 224, "normalize": "imagenet"}}})
+    assert r.data.train_transform.normalize == file_norm and r.data.val_transform.normalize == "imagenet"
+    assert r.data.transform_default("train_transform") == "normalize from model file metadata gluontl.preprocess"
+    assert r.data.transform_default("val_transform") is None
+    # what the tensors are: (pixel - 127) / 128, independently of gluontl's normalize code
+    from gluontl.data.transforms import build
+
+    img = np.random.RandomState(0).randint(0, 256, (224, 224, 3), dtype=np.uint8)
+    got = build(parse_recipe(minimal).data.val_transform, False)(img)
+    want = (img.transpose(2, 0, 1).astype(np.float64) - 127) / 128
+    np.testing.assert_allclose(got, want, rtol=0, atol=helpers.f32_tol(2.0, terms=3))
+    # the run folder's recipe.yaml leaves it out and loading derives it again (same digest, same tensors)
+    again = parse_recipe(r.as_written())
+    assert again.data.train_transform == r.data.train_transform and again.digest() == r.digest()
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(minimal))
+    code, out, err = helpers.run_cli(capsys, "plan", "--recipe", str(path))
+    assert code == 0, err
+    lines = [line for line in out.splitlines() if line.startswith(("train transform", "val transform"))]
+    assert len(lines) == 2 and all("normalize from model file metadata gluontl.preprocess" in line for line in lines)
+    assert all("normalize mean [0.498, 0.498, 0.498] std [0.502, 0.502, 0.502] = (pixel - 127) / 128" in line
+               for line in lines)
+
+
+def test_an_onnx_file_that_declares_no_normalization_says_imagenet_is_the_default(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper
+
+    node = helper.make_node("GlobalAveragePool", ["x"], ["y"])
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 32, 32])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 1, 1])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), str(tmp_path / "m.onnx"))
+    r = parse_recipe({**MINIMAL, "model": {"source": str(tmp_path / "m.onnx")}})
+    assert r.data.val_transform.normalize == "imagenet"
+    assert r.data.transform_default("val_transform") == ("default from model.input_shape [3, 32, 32], normalize "
+                                                         "ImageNet default (the model file declares none)")

@@ -63,5 +63,7 @@ def test_a_lora_factor_gone_nan_behind_a_relu_stops_the_run_naming_it(tiny, tmp_
     # A is named: its gradient Bᵀ·δ is NaN too, and it comes first
     assert f"Parameter '{b[:-len('lora_b.weight')]}lora_a.weight' holds NaN/Inf after step 44" in err and "train.lr" in err
     assert str(folder) in err
+    flat = " ".join(err.split())  # the hint names the adapter rule and the factors' lr_mult (default 0.4 / (16/2)^2)
+    assert "2 LoRA factors at lr_mult 0.00625 (decided by rule 1)" in flat and "lr_mult: 0.000625" in flat
     assert (folder / "last.json").read_text() == recorded  # the epoch's NaN weights were not checkpointed
     assert not (folder / "best.json").exists()
