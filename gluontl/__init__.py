@@ -29,6 +29,12 @@ _API = {
     "export_onnx": ("gluontl.export", "export_onnx"),
     "export_symbol": ("gluontl.export", "export_symbol"),
     "preprocess": ("gluontl.data.transforms", "preprocess"),
+    "Metric": ("gluontl.metrics", "Metric"),
+    "register_metric": ("gluontl.metrics", "register_metric"),
+    "Callback": ("gluontl.train.callbacks", "Callback"),
+    "register_callback": ("gluontl.train.callbacks", "register_callback"),
+    "EarlyStopping": ("gluontl.train.callbacks", "EarlyStopping"),
+    "CsvLogger": ("gluontl.train.callbacks", "CsvLogger"),
 }
 __all__ = sorted(_API)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from .atomic import write_text
 from .console import show
@@ -12,6 +12,7 @@ from .errors import TrainError
 from .pipeline import Prepared
 from .recipe import Recipe, as_recipe, load_recipe
 from .tasks import get_task
+from .train.callbacks import Callback
 from .train.loop import RunResult, finetune as _train
 from .train.lrfind import Found, lr_find as _lr_find
 from .train.runs import export_run, init_from as start_from
@@ -26,7 +27,8 @@ def prepare(recipe: Recipe | Mapping[str, Any] | str | os.PathLike, *, ctx=None,
 
 def finetune(recipe: Recipe | Mapping[str, Any] | str | os.PathLike, *, runs_root: str | Path = "runs",
              resume: str | Path | None = None, init_from: str | Path | None = None, quiet: bool = False,
-             stop_after_steps: int | None = None, export: bool = True) -> RunResult:
+             stop_after_steps: int | None = None, export: bool = True,
+             callbacks: Sequence[Callback] = ()) -> RunResult:
     """``gluontl finetune``: train per ``recipe`` (a ``Recipe``, a dict of a recipe file's keys or a
     YAML path) into ``runs_root/NAME``, then write the recipe's ``export:`` section into
     ``RUN/export/`` (listed in ``RunResult.exported``; a resume replaces its earlier export).
@@ -34,12 +36,15 @@ def finetune(recipe: Recipe | Mapping[str, Any] | str | os.PathLike, *, runs_roo
     ``init_from`` (``RUN``, ``RUN/best``, ``RUN/last``) starts a new run from another run's weights,
     as ``--init-from`` does. A run stopped early (``stop_after_steps``, a signal) or already finished exports nothing, and in a distributed
     job only rank 0 does; ``export=False`` skips it (``gluontl.export_run`` exports later).
+    ``callbacks``: :class:`gluontl.Callback` instances called after the recipe's ``train.callbacks``
+    (docs/callbacks.md); a run a callback ends early (early stopping) is complete and exports.
     """
     recipe = as_recipe(recipe)
     if init_from is not None:
         recipe = start_from(recipe, init_from)
     recipe, found = _auto_lr(recipe, runs_root, resume, quiet)
-    result = _train(recipe, runs_root=runs_root, resume=resume, quiet=quiet, stop_after_steps=stop_after_steps)
+    result = _train(recipe, runs_root=runs_root, resume=resume, quiet=quiet, stop_after_steps=stop_after_steps,
+                    callbacks=list(callbacks))
     if found is not None and result.is_root:  # the run's recipe.yaml holds the number; this says where it came from
         write_text(result.run_dir / "lr_find.json", json.dumps(found.to_json(), indent=1), TrainError)
     if export and recipe.export.formats and result.is_root and not (result.stopped_early or result.finished_before):

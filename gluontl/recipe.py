@@ -23,6 +23,7 @@ from pydantic_core import PydanticCustomError
 
 from .errors import GluontlError, ModelSourceError, RecipeError, RuleError, hwc_hint
 from .home import gluontl_home
+from .metrics import EMA, find_metric, task_metrics
 from .zoo import zoo_input_shape, zoo_names
 from .readers import SafeYamlLoader, parse_yaml
 
@@ -481,9 +482,13 @@ TASK_SCHEMAS = {
                                source_help="demo:digits_seg, masks:PATH or voc:PATH (JPEGImages/, "
                                "SegmentationClass/, ImageSets/Segmentation/)"),
 }
-TASK_METRICS = {name: t.metrics for name, t in TASK_SCHEMAS.items()}
-SELECTABLE = tuple(dict.fromkeys(m for t in TASK_SCHEMAS.values() for m in t.metrics))
-SELECT_CHOICES = SELECTABLE + tuple(f"ema_{m}" for m in SELECTABLE)  # ema_*: of the averaged weights (train.ema)
+TASK_METRICS = {name: t.metrics for name, t in TASK_SCHEMAS.items()}  # the built-in ones; best records these
+
+
+def selectable(task: str) -> tuple[str, ...]:
+    """What train.select may pick for ``task``: its built-in metrics (the default first), then any
+    registered since (``gluontl.register_metric``)."""
+    return tuple(dict.fromkeys([*TASK_METRICS[task], *(m.key for m in task_metrics(task, selectable=True))]))
 
 
 def source_tasks(source: str) -> list[str]:
@@ -612,6 +617,51 @@ class EmaSpec(Strict):
     recompute_batches: int = Field(default=20, gt=0, le=100_000)
 
 
+class EarlyStoppingSpec(Strict):
+    """Lightning's ``EarlyStopping``, counted in validations (so ``val_every`` applies)."""
+
+    monitor: str | None = Field(default=None, description="the metric watched; default: train.select")
+    mode: Literal["max", "min"] | None = Field(default=None, description="default: the metric's registered "
+                                               "direction")
+    patience: int = Field(default=3, ge=0, le=100_000, description="validations without an improvement of more "
+                          "than min_delta before the run stops")
+    min_delta: float = Field(default=0.0, ge=0.0)
+    stopping_threshold: float | None = Field(default=None, description="stop as soon as the metric reaches it")
+    divergence_threshold: float | None = Field(default=None, description="stop as soon as the metric is worse "
+                                               "than it")
+    check_finite: bool = Field(default=True, description="stop when the metric is NaN or infinite")
+
+
+class CsvSpec(Strict):
+    """Every epoch row of metrics.jsonl, also as RUN/metrics.csv (a column per key)."""
+
+    file: str = Field(default="metrics.csv", pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}\.csv$")
+
+
+# train.callbacks: the built-in callbacks' settings by name; gluontl.register_callback adds names
+CALLBACK_SPECS: dict[str, type[BaseModel] | None] = {"early_stopping": EarlyStoppingSpec, "csv": CsvSpec}
+
+
+def _callback_item(item: Any) -> Any:
+    """One ``{name: {settings}}`` entry of train.callbacks, its settings validated by the name's spec."""
+    if isinstance(item, str):
+        item = {item: {}}
+    if not isinstance(item, Mapping) or len(item) != 1:
+        raise ValueError(f"each train.callbacks entry is one name with its settings, e.g. {{early_stopping: "
+                         f"{{patience: 3}}}}; got {item!r}")
+    (name, settings), = item.items()
+    if name not in CALLBACK_SPECS:
+        raise ValueError(f"'{name}' is not a callback; use one of {', '.join(CALLBACK_SPECS)} (or register yours "
+                         f"with gluontl.register_callback before the recipe is loaded)")
+    spec = CALLBACK_SPECS[name]
+    settings = {} if settings is None else settings
+    if spec is None:
+        if not isinstance(settings, Mapping):
+            raise ValueError(f"train.callbacks {name}: settings are a mapping, got {settings!r}")
+        return {name: dict(settings)}
+    return {name: spec.model_validate(settings)}
+
+
 class TrainSpec(Strict):
     epochs: int = Field(default=5, gt=0, le=100_000)
     optimizer: Literal["sgd", "nag", "adam", "adamw"] = "sgd"
@@ -641,12 +691,19 @@ class TrainSpec(Strict):
     guards: GuardsSpec = GuardsSpec()
     distributed: DistributedSpec = DistributedSpec()
     ema: EmaSpec | None = None
-    select: Literal[SELECT_CHOICES] = Field(  # type: ignore[valid-type]
+    callbacks: list[dict[str, Any]] = Field(default_factory=list, description="callbacks by name with their "
+                                            "settings, e.g. [{early_stopping: {patience: 3}}, {csv: {}}]")
+    select: str = Field(
         default="val_top1", description="the validation metric that picks the best checkpoint (what export, "
         "evaluate and predict use); val_balanced_acc suits imbalanced classes; detection: val_map50 (VOC "
         "mAP@0.5, its default) or val_map (COCO mAP@[.5:.95]); segmentation: val_miou (its default), "
         "val_pixel_acc or val_loss; ema_*: the same of the averaged weights (train.ema), which the best "
         "checkpoint then holds")
+
+    @field_validator("callbacks", mode="before")
+    @classmethod
+    def _callbacks(cls, v: Any) -> Any:
+        return [_callback_item(item) for item in v] if isinstance(v, list) else v
 
     @field_validator("guards", mode="before")
     @classmethod
@@ -801,10 +858,22 @@ class Recipe(Strict):
 
     @model_validator(mode="after")
     def _task_fits(self) -> "Recipe":
-        valid = TASK_METRICS[self.task]
-        if self.train.select.removeprefix("ema_") not in valid:
-            raise ValueError(f"train.select {self.train.select} is not a {self.task} metric; use one of "
-                             f"{', '.join(valid)} (or ema_ and one of them, with train.ema)")
+        valid = selectable(self.task)
+        if self.train.select.removeprefix(EMA) not in valid:
+            known = find_metric(self.train.select)
+            what = (f"it is a {'/'.join(known.task)} metric" if known and known.task and self.task not in known.task
+                    else "it cannot pick a checkpoint" if known else "no metric of that name is registered")
+            raise ValueError(f"train.select {self.train.select} is not a {self.task} metric ({what}); use one of "
+                             f"{', '.join(valid)} (or ema_ and one of them, with train.ema); a metric of your "
+                             f"own is registered with gluontl.register_metric before the recipe is loaded")
+        for item in self.train.callbacks:
+            spec = item.get("early_stopping")
+            monitor = spec and spec.monitor
+            if monitor and (monitor.removeprefix(EMA) not in valid or (monitor.startswith(EMA) and
+                                                                       self.train.ema is None)):
+                raise ValueError(f"train.callbacks early_stopping monitor {monitor} is not a metric of this "
+                                 f"{self.task} run; monitor one of {', '.join(valid)}"
+                                 f"{' (or ema_ and one of them)' if self.train.ema else ''}")
         if self.train.select.startswith("ema_") and self.train.ema is None:
             raise ValueError(f"train.select {self.train.select} picks the best checkpoint by the averaged "
                              f"weights, but the recipe averages none; add train.ema (e.g. train.ema: "
@@ -975,7 +1044,7 @@ class Recipe(Strict):
         them. Transforms count as the recipe wrote them (what is derived from them is a function
         of the rest), so digests are those of before defaults existed."""
         data = self.model_dump(mode="json", include=set(sections) or None,
-                               exclude={"train": {"guards", "val_every"}})
+                               exclude={"train": {"guards", "val_every", "callbacks"}})
         for key, spec in (self.data._given if self.data is not None and "data" in data else {}).items():
             data["data"][key] = (spec or TransformSpec()).model_dump(mode="json")
         for path in KEYS_SINCE_20:  # sections and keys added later count when set: runs from before them agree

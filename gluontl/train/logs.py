@@ -15,26 +15,16 @@ from typing import Any
 from ..atomic import write_text
 from ..console import show
 from ..errors import TrainError
+from ..metrics import line_fields
 from ..readers import read_json_lines
-
-
-# (label on the line, metrics key, format); val_acc is val_top1, the name people grep logs for
-_EPOCH_FIELDS = (("train_loss", "train_loss", ".4f"), ("train_acc", "train_acc", ".4f"),
-                 ("val_loss", "val_loss", ".4f"), ("val_acc", "val_top1", ".4f"),
-                 ("val_balanced_acc", "val_balanced_acc", ".4f"), ("val_top5", "val_top5", ".4f"),
-                 ("val_map50", "val_map50", ".4f"), ("val_map", "val_map", ".4f"),
-                 ("ema_val_loss", "ema_val_loss", ".4f"), ("ema_val_acc", "ema_val_top1", ".4f"),
-                 ("ema_val_balanced_acc", "ema_val_balanced_acc", ".4f"), ("ema_val_map50", "ema_val_map50", ".4f"),
-                 ("lr", "lr", ".3g"))
 
 
 def epoch_line(row: dict[str, Any], epochs: int) -> str:
     """``epoch 3/10 train_loss 0.4120 train_acc 0.8700 val_loss … val_acc … lr … time 12.3s``:
-    of the fields above, those the row has (a run without validation has no val_*)."""
+    every registered metric the row has (``gluontl.metrics``; a run without validation has no val_*)."""
     parts = [f"epoch {row['epoch']}/{epochs}"]
-    for label, key, fmt in _EPOCH_FIELDS:
-        if isinstance(row.get(key), (int, float)):
-            parts.append(f"{label} {row[key]:{fmt}}")
+    for label, key, fmt in line_fields(row):
+        parts.append(f"{label} {row[key]:{fmt}}")
     if "seconds" in row:
         parts.append(f"time {row['seconds']:.1f}s")
     return " ".join(parts)

@@ -39,6 +39,9 @@ from ..rules import Plan, apply_plan, format_plan, freeze_bn_stats, make_plan, t
 from ..tasks import get_task, split, transform_lines
 from ..data import checkpoint
 from ..data.cache import Feed
+from ..metrics import better, computed_metrics, find_metric
+from ..recipe import selectable
+from .callbacks import Callback, Callbacks, RunInfo, Step, build as build_callbacks
 from .ema import Ema
 from .logs import MetricsLog, epoch_line
 from .gpu import check_gpus
@@ -72,6 +75,7 @@ class RunResult:
     workers: int = 1
     exported: list[Path] = dataclasses.field(default_factory=list)  # what the recipe's export: section wrote
     finished_before: bool = False  # a resume of a run that had already finished: nothing was done
+    stop_reason: str | None = None  # a callback (early stopping) ended the run before train.epochs: why
 
     @property
     def is_root(self) -> bool:
@@ -162,7 +166,8 @@ def _finished(run_dir: Path, recipe: Recipe, meta: dict[str, Any]) -> bool:
 
 
 def _best_text(best: dict[str, Any] | None, select: str) -> str:
-    label = select.replace("val_top1", "val_acc")  # val_acc: the epoch lines' name
+    metric = find_metric(select)
+    label = metric.label if metric else select  # the epoch lines' name
     return f"best {label} {best[select]:.4f} at epoch {best['epoch']}" if best and select in best else "no best yet"
 
 
@@ -170,14 +175,21 @@ def _nothing_to_do(run_dir: Path, recipe: Recipe, meta: dict[str, Any], dist: Ba
     """A resume of a finished run: say so, and touch nothing (no export either)."""
     from .logs import read_metrics
 
-    if dist.is_root:
+    if dist.is_root and meta.get("early_stopped"):
+        stopped = meta["early_stopped"]
+        show(f"{run_dir} was stopped by {stopped['reason']} after epoch {stopped['epoch']} (step {stopped['step']}; "
+             f"{_best_text(meta.get('best'), recipe.train.select)}); nothing to do, nothing rewritten. To train on "
+             f"from its weights, start a new run: `gluontl finetune --recipe {run_dir / 'recipe.yaml'} --init-from "
+             f"{run_dir}`.", quiet)
+    elif dist.is_root:
         epochs = meta["epoch"]
         best = _best_text(meta.get("best"), recipe.train.select)
         show(f"{run_dir} already finished its {epochs} epoch{'s' * (epochs != 1)} ({best}); "
              f"nothing to do, nothing rewritten. To train it longer: "
              f"`{resume_command(run_dir, dist.size)} --set train.epochs={epochs + 5}`.", quiet)
     return RunResult(run_dir, read_metrics(run_dir / "metrics.jsonl"), meta.get("best"), rank=dist.rank,
-                     workers=dist.size, finished_before=True)
+                     workers=dist.size, finished_before=True,
+                     stop_reason=(meta.get("early_stopped") or {}).get("reason"))
 
 
 def _write_recipe(run_dir: Path, recipe: Recipe) -> None:
@@ -199,7 +211,16 @@ def _new_run_dir(root: Path, name: str) -> Path:
     return path
 
 
-def _make_trainer(net, recipe: Recipe, dist: Backend) -> gluon.Trainer:
+def step_seed(seed: int, epoch: int, index: int) -> int:
+    """MXNet's seed before batch ``index`` of ``epoch`` (dropout, ...): a function of the position
+    alone, so a resumed run draws what the uninterrupted one did. The one home of the formula."""
+    return (seed * 1_000_003 + epoch * 10_007 + index) % 2**31
+
+
+def make_trainer(net, recipe: Recipe, dist: Backend) -> gluon.Trainer:
+    """The set-up the loop and lr-find share: the parameters' accumulation mode (train.accumulate)
+    and a Trainer over the parameters that train."""
+    _set_accumulation(net, recipe.train.accumulate)
     t = recipe.train
     params = trainable_params(net)
     if not params:
@@ -329,13 +350,14 @@ def _check_finite(net, step: int, run_dir: Path, plan=None) -> None:
 
 
 def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Path | None = None,
-             quiet: bool = False, stop_after_steps: int | None = None) -> RunResult:
+             quiet: bool = False, stop_after_steps: int | None = None,
+             callbacks: list[Callback] | tuple[Callback, ...] = ()) -> RunResult:
     """Fine-tune per the recipe into a run folder; ``resume`` continues a run folder.
 
     SIGINT/SIGTERM checkpoint at the next step boundary and raise ``Interrupted``;
     ``stop_after_steps`` stops the same way after that many optimizer steps in this call
     but returns (``stopped_early``): a time-boxed slot (``--stop-after-steps``), and a stop
-    that tests can place exactly.
+    that tests can place exactly. ``callbacks`` run after the recipe's ``train.callbacks``.
     """
     if recipe.data is None:
         raise TrainError("The recipe has no data: section; finetune needs training data "
@@ -367,7 +389,7 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
                 worker_log.open(run_dir / "logs" / f"worker-{dist.rank}.log")
 
         try:
-            return _finetune(recipe, dist, ctxs, runs_root, resume, quiet, stop_after_steps, logged)
+            return _finetune(recipe, dist, ctxs, runs_root, resume, quiet, stop_after_steps, logged, list(callbacks))
         except BaseException as e:  # a new run that ends before its first checkpoint leaves no folder
             if made and resume is None and dist.size == 1 and not isinstance(e, Interrupted):
                 discard_unstarted(made[0])
@@ -404,7 +426,7 @@ def _weights_made_before(recipe: Recipe) -> None:
 
 def _finetune(recipe: Recipe, dist: Backend, ctxs: list[mx.Context], runs_root: str | Path,
               resume: str | Path | None, quiet: bool, stop_after_steps: int | None,
-              logged: Callable[[Path], None]) -> RunResult:
+              logged: Callable[[Path], None], callbacks: list[Callback]) -> RunResult:
     """The run's life as its steps: open the run, then per epoch train and validate + checkpoint,
     then the summary."""
     meta, extending = None, []
@@ -412,7 +434,7 @@ def _finetune(recipe: Recipe, dist: Backend, ctxs: list[mx.Context], runs_root: 
         run_dir = Path(resume)
         meta = checkpoint.load(run_dir / "checkpoints", "last")
         extending = _check_resume(run_dir, recipe, meta)
-        if _finished(run_dir, recipe, meta):
+        if _finished(run_dir, recipe, meta) or meta.get("early_stopped"):
             return _nothing_to_do(run_dir, recipe, meta, dist, quiet)
         if meta.get("workers", 1) != dist.size:
             raise TrainError(f"Cannot resume {run_dir} on {dist.size} worker(s): it was trained on "
@@ -421,15 +443,19 @@ def _finetune(recipe: Recipe, dist: Backend, ctxs: list[mx.Context], runs_root: 
                              f"--resume {run_dir}`{' (or without launch)' if meta.get('workers', 1) == 1 else ''}, "
                              f"or start a new run from its weights with --init-from {run_dir}.")
     run = _Run(recipe, dist, ctxs, quiet, stop_after_steps)
-    run.open(runs_root, resume, meta, extending, logged)
+    run.open(runs_root, resume, meta, extending, logged, callbacks)
     completed = False  # every epoch trained: the feature cache goes; otherwise it stays for the resume
     with _Stop() as stop:
         try:
+            run.callbacks.call("on_run_start")
             for epoch in range(run.start_epoch, recipe.train.epochs):
                 sums = run.train_epoch(epoch, stop)
-                if run.stopped or run.validate(epoch, sums, stop):
+                if run.stopped or run.validate(epoch, sums, stop) or run.stop_reason:
                     break
             completed = not run.stopped
+        except BaseException as e:
+            run.callbacks.call("on_exception", e)
+            raise
         finally:
             run.close(completed)
     return run.summary(stop)
@@ -443,7 +469,8 @@ class _Run:
         self.recipe, self.t, self.dist, self.ctxs = recipe, recipe.train, dist, ctxs
         self.quiet, self.stop_after_steps = quiet, stop_after_steps
         self.root = dist.is_root  # only rank 0 writes the run folder; every worker writes its own log
-        self.stopped = False
+        self.stopped = False  # ended before its last epoch by a signal or stop_after_steps (a resume continues it)
+        self.stop_reason: str | None = None  # ended by a callback's request (a complete run)
         self.steps_this_call = 0
         self.bad_steps = 0
         self.first_losses: list[float] = []  # per-image loss of each batch of epoch 1, for the stuck-loss guard
@@ -452,7 +479,7 @@ class _Run:
     # ------------------------------------------------------------------ open the run
 
     def open(self, runs_root: str | Path, resume: str | Path | None, meta: dict[str, Any] | None,
-             extending: list[str], logged: Callable[[Path], None]) -> None:
+             extending: list[str], logged: Callable[[Path], None], callbacks: list[Callback]) -> None:
         """Model, data, run folder, plan and trainer; a resume's checkpoint loaded into them."""
         recipe, t, dist, quiet, root = self.recipe, self.t, self.dist, self.quiet, self.root
         ctxs = self.ctxs
@@ -515,8 +542,7 @@ class _Run:
             plan = freeze_bn_stats(plan, "train.distributed.batch_norm")
             apply_plan(net, plan)
         self.plan = plan
-        _set_accumulation(net, t.accumulate)
-        self.trainer = _make_trainer(net, recipe, dist)
+        self.trainer = make_trainer(net, recipe, dist)
         dist.prepare(self.trainer)  # before restore_into: loading trainer states would do it lazily, racing
         if meta is not None:
             # at an epoch whose rules differ from the epoch before, the uninterrupted run builds a new
@@ -528,8 +554,13 @@ class _Run:
         if t.hybridize:
             net.hybridize(static_alloc=True, static_shape=True)
         self.ema = None if t.ema is None else self._open_ema(run_dir, meta)
-        self.metrics = (*task.metrics, *(f"ema_{m}" for m in task.metrics if self.ema is not None))
+        picks = selectable(recipe.task)
+        self.metrics = (*picks, *(f"ema_{m}" for m in picks if self.ema is not None))
         self.state = {"recipe_digest": _resume_digest(recipe), **({"workers": dist.size} if dist.size > 1 else {})}
+        self.info = RunInfo(recipe, run_dir, dist.rank, dist.size)
+        self.info.epoch, self.info.global_step = self.start_epoch, self.global_step
+        self.callbacks = Callbacks(build_callbacks(recipe, callbacks), self.info)
+        self.callbacks.load(None if meta is None else meta.get("callbacks"))
 
     def _open_ema(self, run_dir: Path, meta: dict[str, Any] | None) -> Ema:
         """train.ema's average: a resume's from its checkpoint, then every parameter that trains now."""
@@ -551,7 +582,9 @@ class _Run:
     def save(self, tag: str, **counters: Any) -> None:
         _check_finite(self.net, self.global_step, self.run_dir, self.plan)  # before writing: the last good checkpoint stays
         if self.root:  # a distributed run's BatchNorm statistics were made rank 0's everywhere before
-            checkpoint.save(self.run_dir / "checkpoints", tag, self.net, self.trainer, dict(self.state, **counters),
+            extra = {"callbacks": self.callbacks.state()} if self.callbacks.list else {}
+            checkpoint.save(self.run_dir / "checkpoints", tag, self.net, self.trainer,
+                            dict(self.state, **counters, **extra),
                             None if self.ema is None else (self.ema.arrays(), self.ema.record()))
             if tag == "best" and adapters_of(self.net):  # the adapters alone, for load_adapters onto the base
                 save_adapters(self.net, self.run_dir / "adapters.params")
@@ -569,8 +602,7 @@ class _Run:
                         f"rebuilding the trainer and the cached graph")
             self.plan = new_plan
             apply_plan(self.net, self.plan)
-            _set_accumulation(self.net, t.accumulate)
-            self.trainer = _make_trainer(self.net, self.recipe, self.dist)
+            self.trainer = make_trainer(self.net, self.recipe, self.dist)
             if self.ema is not None:
                 self.ema.track(self.net)
         if replan or self.feed is None:
@@ -596,11 +628,14 @@ class _Run:
         feed, trainer, n_batches, skip = self.feed, self.trainer, self.n_batches, self.skip
         stepper = Stepper(feed.net, trainer, self.task.forward, self.ctxs, dist)
         feed.prepare(epoch)
+        self.info.epoch = epoch
+        if not skip:  # a resume inside an epoch: the uninterrupted run started this epoch before the checkpoint
+            self.callbacks.call("on_epoch_start", epoch)
         bar = _bar(feed.train_batches(epoch, skip), epoch, t.epochs, quiet, skip, n_batches)
         (run_loss, run_n, run_correct), self.partial = self.partial, (0.0, 0, 0)
         tick = time.perf_counter()  # img_per_s: since the last step, so data and prefix count too
         for i, (x, y) in enumerate(bar, start=skip):
-            mx.random.seed((t.seed * 1_000_003 + epoch * 10_007 + i) % 2**31)
+            mx.random.seed(step_seed(t.seed, epoch, i))
             lr = lr_at(t.schedule, t.lr, self.global_step, self.steps_per_epoch, t.epochs)
             trainer.set_learning_rate(lr)
             with dist.guard("a training step"):
@@ -619,6 +654,10 @@ class _Run:
                 self.steps_this_call += 1
                 if self.ema is not None:
                     self.ema.update(self.net)
+            if stepper.updated:
+                self.info.global_step = self.global_step
+                self.callbacks.call("on_step", Step(self.global_step, epoch, i, batch_loss / stepper.images,
+                                                    stepper.images, lr))
             run_loss += batch_loss
             run_n += stepper.images
             run_correct = None if stepper.correct is None else run_correct + stepper.correct
@@ -667,14 +706,22 @@ class _Run:
                 self._keep_best(row, epoch)
         self.log.write(row)
         show(epoch_line(row, t.epochs), self.quiet)
+        if validating:
+            self.callbacks.call("on_validation", row)
         if validating and not ema_best:
             self._keep_best(row, epoch)
-        self.save("last", epoch=epoch + 1, batch_in_epoch=0, global_step=gs, best=self.best)
+        self.callbacks.call("on_epoch_end", row)
+        asked = self.info.stop_reason
+        with dist.guard("agreeing to stop"):  # a signal or a callback's request; every worker must agree
+            halt, stop_asked = dist.sum(np.array([stop.requested, asked is not None]))[:2]
+        last = {}
+        if stop_asked and epoch + 1 < t.epochs:  # a callback ends the run here: a complete run
+            self.stop_reason = asked or "a callback on another worker"
+            last = {"early_stopped": {"epoch": epoch + 1, "step": gs, "reason": self.stop_reason}}
+        self.save("last", epoch=epoch + 1, batch_in_epoch=0, global_step=gs, best=self.best, **last)
         if epoch == 0 and self.meta is None:
             self.guards.handle(self.task.first_epoch(self.first_losses, gs, self.loaders))
-        with dist.guard("agreeing to stop"):  # a signal during validation; every worker must agree
-            halt = bool(dist.sum(np.array([stop.requested]))[0])
-        if halt and epoch + 1 < t.epochs:
+        if halt and epoch + 1 < t.epochs and not self.stop_reason:
             self.stopped = True
         return self.stopped
 
@@ -682,6 +729,10 @@ class _Run:
         """The task's validation numbers for the weights in the model now."""
         with autograd.predict_mode():
             val = self.task.evaluate(self.feed.net, self.feed.val_batches(), self.ctxs)
+            custom = computed_metrics(self.recipe.task)
+            if custom:
+                outputs, labels = _val_outputs(self.feed.net, self.feed.val_batches(), self.ctxs)
+                val.update({m.key: float(m.fn(outputs, labels)) for m in custom})
         return {k: v for k, v in val.items() if isinstance(v, (int, float))}
 
     @contextlib.contextmanager
@@ -692,7 +743,7 @@ class _Run:
         with ema.applied(self.net, [r.name for r in self.plan.rows if r.aux] if recompute else ()):
             ema.recompute_bn(self.feed.net, trainable_params(self.net).values(), self.task.forward,
                              self.feed.train_batches(epoch, 0), self.ctxs, split,
-                             t.seed * 1_000_003 + epoch * 10_007 + 7_919_000)
+                             step_seed(t.seed, epoch, 7_919_000))
             yield
 
     def _keep_best(self, row: dict[str, Any], epoch: int) -> None:
@@ -713,7 +764,7 @@ class _Run:
         """The result, and (a run that trained to its end) summary.json."""
         t, dist, run_dir, quiet = self.t, self.dist, self.run_dir, self.quiet
         result = RunResult(run_dir, self.log.rows, self.best, stopped_early=self.stopped, rank=dist.rank,
-                           workers=dist.size)
+                           workers=dist.size, stop_reason=self.stop_reason)
         if dist.size > 1:
             _write_checksum(run_dir, self.net, dist.rank)
         if not self.stopped and self.root:
@@ -725,6 +776,12 @@ class _Run:
                        "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "mxnet default"),
                        "hybridized": t.hybridize, "feature_cache": feed.summary() if feed else None,
                        "warnings": self.guards.warnings}
+            if self.stop_reason:
+                last = result.last_epoch or {}
+                summary["stopped"] = {"epoch": last.get("epoch"), "step": last.get("step"), "reason": self.stop_reason}
+                _card_says_stopped(run_dir, summary["stopped"])
+                show(f"stopped after epoch {last.get('epoch')} of {t.epochs} (step {last.get('step')}): "
+                     f"{self.stop_reason}", quiet)
             write_text(run_dir / "summary.json", json.dumps(summary, indent=1), TrainError)
             show(f"done: {_best_text(self.best, t.select)}; run folder {run_dir}", quiet)
             if len(loaders.bad):
@@ -732,15 +789,34 @@ class _Run:
         elif not self.stopped:
             show(f"done (rank {dist.rank}); rank 0 wrote the run folder {run_dir}", quiet)
         if stop.signum is not None:
-            raise Interrupted(run_dir, stop.signum, dist.size)
+            error = Interrupted(run_dir, stop.signum, dist.size)
+            self.callbacks.call("on_exception", error)
+            raise error
+        self.callbacks.call("on_run_end")
         return result
 
 
 def _better(row: dict[str, Any], best: dict[str, Any] | None, metric: str) -> bool:
-    """Whether this epoch's validation beats the best so far on ``train.select`` (ties keep the earlier)."""
-    if best is None:
-        return True
-    return row[metric] < best[metric] if metric.endswith("val_loss") else row[metric] > best[metric]
+    """Whether this epoch's validation beats the best so far on ``train.select``, in the metric's
+    registered direction (ties keep the earlier)."""
+    return better(row, best, metric)
+
+
+def _val_outputs(net, batches, ctxs: list[mx.Context]) -> tuple[np.ndarray, np.ndarray]:
+    """The network's outputs and the labels over the validation batches, for computed metrics."""
+    outs, labels = [], []
+    for x, y in batches:
+        for xi, yi in zip(split(x, ctxs), split(y, ctxs)):
+            outs.append(net(xi).asnumpy())
+            labels.append(yi.asnumpy())
+    return np.concatenate(outs), np.concatenate(labels)
+
+
+def _card_says_stopped(run_dir: Path, stopped: dict[str, Any]) -> None:
+    """The run card (preprocess.json) records why and when a callback ended the run."""
+    path = run_dir / "preprocess.json"
+    card = json.loads(path.read_text(encoding="utf-8"))
+    write_text(path, json.dumps({**card, "stopped": stopped}, indent=1), TrainError)
 
 
 def _share_bn_stats(net, plan: Plan, dist: Backend, mode: str) -> None:
@@ -798,4 +874,4 @@ def _bar(loader, epoch: int, epochs: int, quiet: bool, initial: int, total: int)
     return progress(loader, quiet, total=total, initial=initial, desc=f"epoch {epoch + 1}/{epochs}")
 
 
-__all__ = ["finetune", "RunResult", "Stepper", "parse_ctx"]
+__all__ = ["finetune", "RunResult", "Stepper", "parse_ctx", "make_trainer", "step_seed"]

@@ -156,7 +156,7 @@ def lr_find(recipe: Recipe, *, runs_root: str | Path = "runs", steps: int = 100,
     from ..dist.backend import Backend
     from ..pipeline import with_input_name
     from ..tasks import get_task
-    from .loop import Stepper, _make_trainer, _set_accumulation, finetune, parse_ctx, seed_all
+    from .loop import Stepper, finetune, make_trainer, parse_ctx, seed_all, step_seed
     from .weights import ensure_weights
 
     if not (0 < start < end) or steps < 20:
@@ -182,8 +182,7 @@ def lr_find(recipe: Recipe, *, runs_root: str | Path = "runs", steps: int = 100,
     net = prep.block
     if len(ctxs) > 1:
         net.collect_params().reset_ctx(ctxs)
-    _set_accumulation(net, t.accumulate)
-    trainer = _make_trainer(net, recipe.model_copy(update={"train": t.model_copy(update={"lr": start})}), Backend())
+    trainer = make_trainer(net, recipe.model_copy(update={"train": t.model_copy(update={"lr": start})}), Backend())
     if t.hybridize:
         net.hybridize(static_alloc=True, static_shape=True)
     feed = task.feed(net, prep.plan, recipe, loaders, ctxs[0], out / "feature_cache", not bars_on(quiet), None)
@@ -199,7 +198,7 @@ def lr_find(recipe: Recipe, *, runs_root: str | Path = "runs", steps: int = 100,
         for epoch in itertools.count(step=views):
             feed.prepare(epoch)
             for i, (x, y) in enumerate(feed.train_batches(epoch, 0)):
-                mx.random.seed((t.seed * 1_000_003 + epoch * 10_007 + i) % 2**31)
+                mx.random.seed(step_seed(t.seed, epoch, i))
                 yield x, y, (i + 1) % t.accumulate == 0 or i + 1 == n_batches
 
     data = batches()

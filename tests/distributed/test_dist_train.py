@@ -234,3 +234,17 @@ def test_failing_workers_end_the_job_at_once_and_say_why_in_their_logs(tiny_bn, 
                   "--runs", str(tmp_path / "file"))
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2 and "Cannot create a run folder" in out and "SIGABRT" not in out, out[-3000:]
+
+
+def test_early_stopping_stops_both_workers_at_the_same_step(tiny_bn, tmp_path):
+    """val_top1 > -1 always: the rule stops after epoch 1 of 3; every worker agrees and stops there."""
+    r = recipe(tiny_bn, distributed={"backend": "kvstore"}, epochs=3,
+               callbacks=[{"early_stopping": {"monitor": "val_top1", "stopping_threshold": -1.0}}])
+    run = run_folder(launch(tmp_path, r), tmp_path)
+    rows = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [x["epoch"] for x in rows if "epoch" in x] == [1]
+    steps = [x["step"] for x in rows if "loss" in x]
+    assert steps == list(range(1, 10))  # 9 steps of epoch 1, none after
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stopped"]["epoch"] == 1 and "stopping_threshold" in summary["stopped"]["reason"]
+    assert len({(run / "logs" / f"worker-{r}.sha256").read_text() for r in (0, 1)}) == 1  # same weights, same step

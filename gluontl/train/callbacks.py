@@ -1,0 +1,221 @@
+"""Callbacks: code the loop calls at a run's boundaries, so what watches or steers a run is not a
+branch inside the loop (Lightning's ``callbacks/``, mmengine's hooks).
+
+Hooks, in the order the loop calls them::
+
+    on_run_start
+    per epoch: on_epoch_start, on_step (after each optimizer step), on_validation (validated
+               epochs only: every train.val_every-th and the last), on_epoch_end
+    on_run_end  (or on_exception, when the run fails or is interrupted)
+
+A callback that keeps state returns it from ``state_dict`` (JSON-able); it is saved in every
+checkpoint and handed back to ``load_state_dict`` on ``--resume``, so a resumed run's callbacks
+are the uninterrupted run's. ``on_validation`` may ask the run to stop (:meth:`RunInfo.request_stop`);
+in a distributed run the workers agree on it as on a signal, so all stop at the same step.
+
+Built-in callbacks are named in the recipe (``train.callbacks: [{early_stopping: {...}}, {csv: {}}]``);
+:func:`register_callback` adds names, and ``gluontl.finetune(recipe, callbacks=[...])`` takes instances.
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import math
+from pathlib import Path
+from typing import Any, Callable
+
+from ..atomic import write_text
+from ..errors import TrainError
+from ..metrics import find_metric
+from ..recipe import CALLBACK_SPECS, CsvSpec, EarlyStoppingSpec, Recipe
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One optimizer step: ``loss`` per image of the step's batch, ``images`` in it (all workers')."""
+    step: int  # the global step after this update
+    epoch: int  # 0-based
+    batch: int  # 0-based batch in the epoch
+    loss: float
+    images: int
+    lr: float
+
+
+class RunInfo:
+    """What a callback sees of the run, and the one thing it may ask of it: to stop."""
+
+    def __init__(self, recipe: Recipe, run_dir: Path, rank: int, workers: int) -> None:
+        self.recipe, self.run_dir, self.rank, self.workers = recipe, run_dir, rank, workers
+        self.epoch = 0  # 0-based, the epoch being trained
+        self.global_step = 0
+        self.stop_reason: str | None = None  # set by request_stop
+
+    @property
+    def is_root(self) -> bool:
+        """Only rank 0 writes to the run folder."""
+        return self.rank == 0
+
+    def request_stop(self, reason: str) -> None:
+        """End the run after this validation (its checkpoints written), saying ``reason``."""
+        self.stop_reason = self.stop_reason or reason
+
+
+class Callback:
+    """The hooks, each a no-op here: subclass and override those you need."""
+
+    name: str = ""  # the key of this callback's state in a checkpoint; default: the class name
+
+    def on_run_start(self, run: RunInfo) -> None: ...
+
+    def on_epoch_start(self, run: RunInfo, epoch: int) -> None: ...
+
+    def on_step(self, run: RunInfo, step: Step) -> None: ...
+
+    def on_validation(self, run: RunInfo, row: dict[str, Any]) -> None:
+        """``row``: the epoch's metrics.jsonl row, validation numbers included."""
+
+    def on_epoch_end(self, run: RunInfo, row: dict[str, Any]) -> None: ...
+
+    def on_run_end(self, run: RunInfo) -> None: ...
+
+    def on_exception(self, run: RunInfo, error: BaseException) -> None: ...
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+_FACTORIES: dict[str, Callable[[Any], Callback]] = {}
+
+
+def register_callback(name: str, factory: Callable[[Any], Callback], spec: type | None = None) -> None:
+    """Make ``name`` usable in ``train.callbacks``: ``factory(settings)`` builds the callback, where
+    settings are ``spec`` validated (a pydantic model) or, without one, the mapping as written."""
+    CALLBACK_SPECS[name] = spec
+    _FACTORIES[name] = factory
+
+
+def build(recipe: Recipe, extra: list[Callback] | tuple[Callback, ...] = ()) -> list[Callback]:
+    """The recipe's named callbacks, then ``extra`` (the Python API's), each with a unique state key."""
+    out = [_FACTORIES[name](settings) for item in recipe.train.callbacks for name, settings in item.items()]
+    out += list(extra)
+    seen: set[str] = set()
+    for cb in out:
+        if not isinstance(cb, Callback):
+            raise TrainError(f"{cb!r} is not a gluontl Callback; subclass gluontl.Callback and override its hooks.")
+        key = key_of(cb)
+        if key in seen:
+            raise TrainError(f"Two callbacks share the state key '{key}'; give one a distinct `name` attribute.")
+        seen.add(key)
+    return out
+
+
+def key_of(cb: Callback) -> str:
+    return cb.name or type(cb).__name__
+
+
+class Callbacks:
+    """The run's callbacks called in order; their states as one JSON-able mapping."""
+
+    def __init__(self, callbacks: list[Callback], info: RunInfo) -> None:
+        self.list, self.info = callbacks, info
+
+    def call(self, hook: str, *args: Any) -> None:
+        for cb in self.list:
+            getattr(cb, hook)(self.info, *args)
+
+    def state(self) -> dict[str, Any]:
+        return {key_of(cb): cb.state_dict() for cb in self.list}
+
+    def load(self, states: dict[str, Any] | None) -> None:
+        for cb in self.list:
+            if states and key_of(cb) in states:
+                cb.load_state_dict(states[key_of(cb)])
+
+
+class EarlyStopping(Callback):
+    """Stop when ``monitor`` has not improved by more than ``min_delta`` for ``patience``
+    validations, or at once when it reaches ``stopping_threshold``, passes ``divergence_threshold``
+    or is not finite (``check_finite``): Lightning's ``EarlyStopping``, counted in validations."""
+
+    name = "early_stopping"
+
+    def __init__(self, spec: EarlyStoppingSpec | None = None, **settings: Any) -> None:
+        self.spec = spec or EarlyStoppingSpec(**settings)
+        self.best: float | None = None
+        self.wait = 0
+        self.stopped: dict[str, Any] | None = None  # {"epoch", "step", "reason"} once it stopped the run
+
+    def on_run_start(self, run: RunInfo) -> None:
+        self.monitor = self.spec.monitor or run.recipe.train.select
+        self.mode = self.spec.mode or find_metric(self.monitor).direction
+
+    def decide(self, value: float) -> str | None:
+        """The reason to stop after a validation with ``value``, or None; updates best and wait."""
+        s, worse = self.spec, (lambda a, b: a < b) if self.mode == "max" else (lambda a, b: a > b)
+        if s.check_finite and not math.isfinite(value):
+            return f"{self.monitor} = {value} is not finite"
+        if s.stopping_threshold is not None and worse(s.stopping_threshold, value):
+            return f"{self.monitor} {value:.4g} reached stopping_threshold {s.stopping_threshold:g}"
+        if s.divergence_threshold is not None and worse(value, s.divergence_threshold):
+            return f"{self.monitor} {value:.4g} is past divergence_threshold {s.divergence_threshold:g}"
+        delta = s.min_delta if self.mode == "max" else -s.min_delta
+        if self.best is None or (value > self.best + delta if self.mode == "max" else value < self.best + delta):
+            self.best, self.wait = value, 0
+            return None
+        self.wait += 1
+        if self.wait >= s.patience:
+            return (f"{self.monitor} did not improve by more than {s.min_delta:g} on {self.best:.4g} in "
+                    f"{self.wait} validation{'s' * (self.wait != 1)} (patience {s.patience})")
+        return None
+
+    def on_validation(self, run: RunInfo, row: dict[str, Any]) -> None:
+        if self.monitor not in row:
+            raise TrainError(f"early_stopping monitors {self.monitor}, which this run's validation does not give "
+                             f"(it gives {', '.join(k for k in row if k.startswith(('val_', 'ema_')))}).")
+        reason = self.decide(float(row[self.monitor]))
+        if reason is not None:
+            self.stopped = {"epoch": row["epoch"], "step": row["step"], "reason": reason}
+            run.request_stop(f"early stopping: {reason}")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"best": self.best, "wait": self.wait, "stopped": self.stopped}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.best, self.wait, self.stopped = state.get("best"), int(state.get("wait", 0)), state.get("stopped")
+
+
+class CsvLogger(Callback):
+    """Every epoch row as a line of ``RUN/metrics.csv`` (columns: the keys in order of appearance),
+    rewritten whole each epoch so a resumed or extended run's file has its rows once."""
+
+    name = "csv"
+
+    def __init__(self, spec: CsvSpec | None = None) -> None:
+        self.spec = spec or CsvSpec()
+        self.rows: list[dict[str, Any]] = []
+
+    def on_epoch_end(self, run: RunInfo, row: dict[str, Any]) -> None:
+        self.rows.append(dict(row))
+        if not run.is_root:
+            return
+        columns = list(dict.fromkeys(k for r in self.rows for k in r))
+        out = io.StringIO()
+        writer = csv.DictWriter(out, columns, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(self.rows)
+        write_text(run.run_dir / self.spec.file, out.getvalue(), TrainError)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rows": self.rows}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.rows = list(state.get("rows", []))
+
+
+register_callback("early_stopping", EarlyStopping, EarlyStoppingSpec)
+register_callback("csv", CsvLogger, CsvSpec)
+
+__all__ = ["Callback", "RunInfo", "Step", "EarlyStopping", "CsvLogger", "register_callback"]
