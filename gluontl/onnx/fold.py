@@ -14,7 +14,7 @@ import onnx
 from onnx import helper
 
 from ..errors import OnnxImportError
-from .registry import Node, get_evaluator
+from .registry import Node, canonical, get_evaluator
 
 # Ops whose output is not a function of their inputs: never folded.
 NONDETERMINISTIC = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike",
@@ -28,7 +28,7 @@ def evaluate(proto: onnx.NodeProto, node: Node, values: Sequence[np.ndarray | No
     """Outputs of one node on known inputs (numpy evaluator, else onnxruntime)."""
     fn = get_evaluator(node.op_type, node.domain)
     if fn is not None:
-        return fn(node, list(values))
+        return [None if v is None else canonical(v) for v in fn(node, list(values))]
     return Session(proto, values, opsets).run(values)
 
 
@@ -64,7 +64,7 @@ class Session:
     def run(self, values: Sequence[np.ndarray | None]) -> list[np.ndarray]:
         feed = {n: v for n, v in zip(self.names, values) if v is not None}
         got = iter(self.sess.run([o for o in self.outputs if o], feed))
-        return [next(got) if o else None for o in self.outputs]
+        return [canonical(next(got)) if o else None for o in self.outputs]  # longlong -> int64
 
 
 def batch_free(op_type: str, index: int, v1: np.ndarray, v2: np.ndarray,

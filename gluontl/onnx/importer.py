@@ -31,7 +31,7 @@ from . import fold
 from .layout import plain_conv_gradients
 from .ops.quantize import integer_as_float
 from .ops.shape import range_over_batch
-from .registry import Node, Tensor, carrier_dtype, get, get_evaluator, node_from_proto
+from .registry import Node, Tensor, canonical, carrier_dtype, get, get_evaluator, node_from_proto
 
 Shape = tuple[int | None, ...]
 
@@ -662,7 +662,8 @@ class _Importer:
 
     # ----- values
     def _set_const(self, name: str, v1: np.ndarray, v2: np.ndarray | None = None) -> None:
-        v2 = v1 if v2 is None or (v2.shape == v1.shape and np.array_equal(v1, v2)) else v2
+        v1 = canonical(v1)  # e.g. onnxruntime's longlong results as int64
+        v2 = v1 if v2 is None or (v2.shape == v1.shape and np.array_equal(v1, v2)) else canonical(v2)
         self.consts[name] = (v1, v2)
 
     def _is_dependent(self, name: str) -> bool:

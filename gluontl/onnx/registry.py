@@ -60,8 +60,8 @@ class Tensor:
         self._make_sym = make_sym
         self._shape = shape
         self._make_shape = make_shape
-        self.const = const
-        self.dtype = dtype
+        self.const = canonical(const) if const is not None else None
+        self.dtype = canonical_dtype(dtype) if dtype is not None else None
         self.why_unknown = why_unknown
 
     @property
@@ -226,10 +226,31 @@ _CARRIERS = {np.dtype(np.bool_): np.dtype(np.float32), np.dtype(np.int16): np.dt
              np.dtype(np.uint64): np.dtype(np.int64)}
 
 
+def canonical_dtype(dtype: Any) -> np.dtype:
+    """The one numpy dtype for a dtype's value (kind and size), whatever object names it.
+
+    numpy has several type objects per width (``longlong`` and ``int64``, ``intc`` and
+    ``int32``); they compare equal as dtypes but not as classes, and tables keyed by class
+    (MXNet's among them) miss the alias. onnxruntime returns int64 results as ``longlong``."""
+    dtype = np.dtype(dtype)
+    if dtype.kind in "biufc" and dtype.isnative:
+        return np.dtype(f"{dtype.kind}{dtype.itemsize}")
+    return dtype
+
+
+def canonical(value: Any) -> np.ndarray:
+    """``value`` as an array of its :func:`canonical_dtype` (a view when only the name differs)."""
+    value = np.asarray(value)
+    want = canonical_dtype(value.dtype)
+    if value.dtype.type is want.type:
+        return value
+    return value.view(want) if value.dtype == want else value.astype(want)
+
+
 def carrier_dtype(dtype: Any) -> np.dtype:
     """The MXNet dtype that holds values of an ONNX/numpy dtype: MXNet has no usable bool
     (float32 0/1, as in ops/elementwise.py) and no 16-bit or unsigned wide integers."""
-    dtype = np.dtype(dtype)
+    dtype = canonical_dtype(dtype)
     return _CARRIERS.get(dtype, dtype)
 
 

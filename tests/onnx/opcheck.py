@@ -57,7 +57,8 @@ def build_mx(model, inputs, consts=(), opset=17):
     fn = registry.get(node.op_type, opset, node.domain)
     assert fn is not None, f"no converter for {node.op_type} at opset {opset}"
     # ONNX bools are carried as float32 0/1 on the MXNet side (see ops/elementwise.py).
-    mx_in = {n: (a.astype(np.float32) if a is not None and a.dtype == np.bool_ else a)
+    # numpy aliases (longlong, intc) reach converters as given; MXNet gets the carrier array
+    mx_in = {n: (a.astype(registry.carrier_dtype(a.dtype)) if a is not None else a)
              for n, a in inputs.items()}
     tensors = []
     for n, a in inputs.items():

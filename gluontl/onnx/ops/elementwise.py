@@ -13,7 +13,7 @@ import mxnet as mx
 import numpy as np
 import onnx
 
-from ..registry import converter
+from ..registry import canonical_dtype, converter
 
 BOOL = np.dtype(np.float32)  # MXNet dtype of ONNX bool values
 
@@ -32,7 +32,7 @@ def mx_dtype(dtype) -> np.dtype | None:
     """MXNet dtype that carries values of ONNX/numpy ``dtype`` (bool -> float32)."""
     if dtype is None:
         return None
-    dtype = np.dtype(dtype)
+    dtype = canonical_dtype(dtype)
     return BOOL if dtype == np.bool_ else dtype
 
 
