@@ -5,7 +5,10 @@ itself instead of a hand-written table per family: a stage is a run of layers at
 same output stride. We run one forward pass, record each unit's output resolution, and
 number strides 4, 8, 16, 32, … as stages 1, 2, 3, 4, …; units at stride ≤ 2 form the
 stem, units whose output is no longer a feature map form the head. This works for every
-zoo CNN (ResNet v1/v1b/v2, MobileNet v1/v2/v3, VGG, DenseNet, …) and for imported graphs.
+zoo CNN (ResNet v1/v1b/v2, MobileNet v1/v2/v3, VGG, DenseNet, …). Imported graphs are mapped
+from their data flow (``graph_stage_map``): squeeze-excitation pools stay inside their blocks,
+and single-stride graphs (ViT) are staged by repeated residual block. Every map says ``how``
+it was found, for the plan.
 """
 from __future__ import annotations
 
