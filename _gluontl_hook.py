@@ -17,7 +17,10 @@ class NpcompatFirst:
     def find_spec(cls, name, path=None, target=None):
         if name in TRIGGERS:
             uninstall()
-            import gluontl.npcompat  # noqa: F401
+            try:
+                import gluontl.npcompat  # noqa: F401
+            except ImportError:  # gluontl gone but this hook left behind: never break the user's import
+                pass
         return None
 
 
