@@ -36,7 +36,7 @@ def _encoded(fmt: str, size=(20, 14), mode="RGB") -> bytes:
 PNG, JPEG, GREY16 = _encoded("PNG"), _encoded("JPEG"), _encoded("PNG", mode="I;16")
 
 
-@fuzz_settings(80)
+@fuzz_settings(50)
 @given(data=st.data())
 def test_fuzz_recipe(tmp_path_factory, data):
     seed = data.draw(st.sampled_from(RECIPES)).read_bytes()
@@ -45,14 +45,14 @@ def test_fuzz_recipe(tmp_path_factory, data):
     fuzz("recipe", tmp_path_factory.getbasetemp(), {"recipe.yaml": text})
 
 
-@fuzz_settings(80)
+@fuzz_settings(50)
 @given(data=st.data())
 def test_fuzz_image(tmp_path_factory, data):
     seed = data.draw(st.sampled_from([PNG, JPEG, GREY16]))
     fuzz("image", tmp_path_factory.getbasetemp(), {"image.png": data.draw(mutated(seed, (b"IHDR\x7f\xff\xff\xff",)))})
 
 
-@fuzz_settings(30)
+@fuzz_settings(20)
 @given(data=st.data())
 def test_fuzz_class_folder(tmp_path_factory, data):
     """Class and file names of any unicode or bytes, images real or mutated."""
@@ -78,7 +78,7 @@ def _exported(card: dict) -> bytes:
 CARD = dict(model_card(TransformSpec(resize=8), ["cat", "dog"], "data", (3, 8, 8)), task="classification")
 
 
-@fuzz_settings(60)
+@fuzz_settings(40)
 @given(data=st.data())
 def test_fuzz_export_metadata(tmp_path_factory, data):
     """The metadata strings and NAME-preprocess.json mutated (the ONNX bytes are fuzzed elsewhere)."""

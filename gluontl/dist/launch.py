@@ -43,7 +43,7 @@ LOCAL_HOSTS = ("localhost", "127.0.0.1")  # hosts file entries run on this machi
 SSH = ("ssh", "-o", "BatchMode=yes")
 RANK_LINE = re.compile(r"gluontl worker: rank (\d+) of (\d+)")
 PID_LINE = re.compile(r"^gluontl launch: pid (\d+)$")
-HOST_LINE = re.compile(r"(\S+)(?:\s+cpus=([1-9]\d*))?")
+HOST_LINE = re.compile(r"(\S+)(?:\s+cpus=([1-9]\d{0,5}))?")  # up to 999,999 cores: a number Python can read
 
 
 @dataclass(frozen=True)

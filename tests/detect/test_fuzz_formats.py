@@ -33,26 +33,26 @@ YOLO = yolo_txt(ANN).encode()
 CARD = b"path: .\ntrain: images\nval: images\nnames:\n  0: cat\n  1: dog\n  2: person\n"
 
 
-@fuzz_settings(60)
+@fuzz_settings(40)
 @given(mutated(VOC, (b"<object><name>cat</name><bndbox><xmin>1e999</xmin></bndbox></object>",
                      b'<!DOCTYPE a [<!ENTITY b "bbbbbbbbbbbbbbbbbbbbbbbbb">]>')))
 def test_voc_xml(tmp_path_factory, data):
     fuzz("voc_xml", tmp_path_factory.getbasetemp(), {"Annotations/a.xml": data, "JPEGImages/a.png": IMAGE})
 
 
-@fuzz_settings(60)
+@fuzz_settings(40)
 @given(mutated(COCO, (b'{"id": 1e400}', b'"width": -5', b'"bbox": "x"', b'[[[[[[[[[[[[')))
 def test_coco_json(tmp_path_factory, data):
     fuzz("coco", tmp_path_factory.getbasetemp(), {"instances.json": data, "images/a.png": IMAGE})
 
 
-@fuzz_settings(60)
+@fuzz_settings(40)
 @given(mutated(YOLO, (b"0 0.5 0.5 1e308 1e308\n", b"2 nan 0.5 0.1 0.1\n", b"-1 0.5 0.5 0.1 0.1\n")))
 def test_yolo_labels(tmp_path_factory, data):
     fuzz("yolo_labels", tmp_path_factory.getbasetemp(), {"labels/a.txt": data, "images/a.png": IMAGE})
 
 
-@fuzz_settings(60)
+@fuzz_settings(40)
 @given(mutated(CARD, (b"names: &n [a, *n]\n", b"names: {0: a, 5: b}\n", b"names: !!binary aGk=\n")))
 def test_yolo_card(tmp_path_factory, data):
     fuzz("yolo_card", tmp_path_factory.getbasetemp(), {"data.yaml": data})

@@ -70,7 +70,7 @@ def _mask_png() -> bytes:
 
 
 @pytest.mark.fuzz
-@fuzz_settings(60)
+@fuzz_settings(40)
 @given(mutated(_mask_png(), (b"IHDR\x00\x00\xff\xff\x00\x00\xff\xff", b"PLTE", b"IEND")))
 def test_fuzz_mask(tmp_path_factory, data):
     fuzz("mask", tmp_path_factory.getbasetemp(), {"mask.png": data})

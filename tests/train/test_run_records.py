@@ -130,7 +130,7 @@ def seeds(run) -> dict[str, bytes]:
 
 
 @pytest.mark.fuzz
-@fuzz_settings(40)
+@fuzz_settings(30)
 @given(data=st.data())
 def test_fuzz_metrics_log(tmp_path_factory, seeds, data):
     metrics = data.draw(mutated(seeds["metrics.jsonl"], (b'{"step": "x"}\n', b'[1, 2]\n', b'{"step": 1e999}\n')))
@@ -138,7 +138,7 @@ def test_fuzz_metrics_log(tmp_path_factory, seeds, data):
 
 
 @pytest.mark.fuzz
-@fuzz_settings(40)
+@fuzz_settings(30)
 @given(data=st.data())
 def test_fuzz_run_card(tmp_path_factory, seeds, data):
     card = data.draw(mutated(seeds["preprocess.json"], (b'"classes": 5', b'"steps": [{"op": "x"}]')))
@@ -146,7 +146,7 @@ def test_fuzz_run_card(tmp_path_factory, seeds, data):
 
 
 @pytest.mark.fuzz
-@fuzz_settings(40)
+@fuzz_settings(30)
 @given(data=st.data())
 def test_fuzz_feature_cache_record(tmp_path_factory, seeds, data):
     """The run's record, for its first 3 rows (a 1.4 MB file per example would be all the time)."""
@@ -181,7 +181,7 @@ def checkpoint_files(tmp_path_factory) -> dict[str, bytes]:
 
 
 @pytest.mark.fuzz
-@fuzz_settings(40)
+@fuzz_settings(30)
 @given(data=st.data())
 def test_fuzz_checkpoint(tmp_path_factory, checkpoint_files, data):
     """The record mutated, or a params/states file mutated with its hash recorded anew (whoever
