@@ -111,7 +111,7 @@ def _normalize_dense(traced: TracedBlock) -> TracedBlock:
             changed = True
     if not changed:
         return traced
-    return dataclasses.replace(traced, symbol=mx.sym.load_json(json.dumps(nodes)))
+    return dataclasses.replace(traced, symbol=mx.sym.load_json(json.dumps(nodes, ensure_ascii=False)))
 
 
 def _prefix_free_names(traced: TracedBlock) -> TracedBlock:
@@ -140,7 +140,7 @@ def _prefix_free_names(traced: TracedBlock) -> TracedBlock:
         changed = True
     if not changed:
         return traced
-    return dataclasses.replace(traced, symbol=mx.sym.load_json(json.dumps(nodes)))
+    return dataclasses.replace(traced, symbol=mx.sym.load_json(json.dumps(nodes, ensure_ascii=False)))
 
 
 @contextlib.contextmanager

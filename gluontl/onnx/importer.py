@@ -250,17 +250,18 @@ def check_size(proto: onnx.ModelProto, source: str) -> None:
 
 def check_names(proto: onnx.ModelProto, source: str) -> None:
     """Names become MXNet's, and MXNet writes control characters unescaped into the graph JSON
-    every graph pass reads: refuse them by name (no exporter writes them)."""
+    every graph pass reads: refuse them, and names that are not UTF-8, by name."""
     g = proto.graph
     tensors = (x for n in g.node for x in (*n.input, *n.output))
     for kind, names in (("node", (n.name for n in g.node)), ("tensor", tensors),
                         ("initializer", (t.name for t in g.initializer)),
                         ("graph input", (v.name for v in g.input)), ("graph output", (v.name for v in g.output))):
         for name in names:
-            if _CONTROL.search(name):
-                raise OnnxImportError(f"'{source}': {kind} name {name!r} contains control characters, which "
-                                      f"gluontl cannot carry into MXNet's graph; rename it (e.g. with onnx.compose"
-                                      f".add_prefix or by editing the model's names).")
+            bad = "is not UTF-8" if isinstance(name, bytes) else (  # protobuf hands such strings as bytes
+                "contains control characters" if _CONTROL.search(name) else None)
+            if bad:
+                raise OnnxImportError(f"'{source}': {kind} name {name!r} {bad}, which gluontl cannot carry "
+                                      f"into MXNet's graph; rename it in the model (onnx.helper, or the exporter).")
 
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")

@@ -73,4 +73,4 @@ def plain_conv_gradients(sym: mx.sym.Symbol) -> mx.sym.Symbol:
     graph["arg_nodes"] = [new_index[i] for i in graph["arg_nodes"]]
     graph["heads"] = [[new_index[s], o, v] for s, o, v in graph["heads"]]
     graph.pop("node_row_ptr", None)
-    return mx.sym.load_json(json.dumps(graph))
+    return mx.sym.load_json(json.dumps(graph, ensure_ascii=False))  # MXNet reads no \u escapes

@@ -34,6 +34,8 @@ ALLOWED = ("OnnxImportError",)  # the input errors the ONNX reader may raise
 WORKER = textwrap.dedent(r'''
     import json, os, resource, sys, traceback
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY, MEMORY))
+    results = os.fdopen(os.dup(1), "w")  # what libraries print (MXNet does) goes to stderr instead
+    os.dup2(2, 1)
     scratch = os.path.realpath(sys.argv[1])
     import mxnet
     from gluontl.errors import GluontlError
@@ -56,7 +58,7 @@ WORKER = textwrap.dedent(r'''
                 state["outside"].append(f"{event} {full}{' (write)' if writes else ''}")
 
     sys.addaudithook(audit)
-    print("ready", flush=True)
+    print("ready", file=results, flush=True)
     for line in sys.stdin:
         path = line.rstrip("\n")
         result = {"outside": []}
@@ -73,7 +75,7 @@ WORKER = textwrap.dedent(r'''
                 result[step + "_message"] = traceback.format_exc()[-2000:]
         state["on"] = False
         result["outside"] = state["outside"]
-        print(json.dumps(result), flush=True)
+        print(json.dumps(result), file=results, flush=True)
 ''').replace("MEMORY", str(MEMORY))
 
 

@@ -71,6 +71,9 @@ CASES = {
     "external malformed offset": (lambda d: external(d, offset="12abc"), ["malformed external data"]),
     "control character": (lambda d: onnx.save(_renamed(outputs_model(2), "n0", "n\x1f0"), str(d / "m.onnx")),
                           ["node name 'n\\x1f0' contains control characters"]),  # was a JSONDecodeError
+    "non-UTF-8 name": (lambda d: (d / "m.onnx").write_bytes(
+        _renamed(outputs_model(2), "n0", "NODENAME").SerializeToString().replace(b"NODENAME", b"\xffODENAME")),
+                       ["node name b'\\xffODENAME' is not UTF-8"]),  # was a TypeError (str pattern on bytes)
     "external missing": (lambda d: (external(d), os.remove(d / "w.bin")), ["'w.bin'", "is missing"]),
 }
 
@@ -176,3 +179,22 @@ def test_converter_refusals_name_the_file(tmp_path):
     with pytest.raises(OnnxImportError, match="Relu node 'r'") as e:
         import_model(path)
     assert str(e.value).startswith(f"'{path}': ")
+
+
+def test_unicode_names_import(tmp_path):
+    """A convolution fed by a reshape makes import rewrite MXNet's graph JSON; names outside
+    ASCII ('卷积', U+0080) reached MXNet as \\u escapes it cannot read (found by test_onnx_fuzz)."""
+    w = np.arange(6, dtype=np.float32).reshape(2, 3, 1, 1)
+    g = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "shape"], ["x4"], name="reshape\u0080"),
+         helper.make_node("Conv", ["x4", "卷积.weight"], ["y"], name="卷积")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 12])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 2, 2])],
+        [numpy_helper.from_array(np.array([1, 3, 2, 2], np.int64), "shape"), numpy_helper.from_array(w, "卷积.weight")])
+    path = str(tmp_path / "m.onnx")
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), path)
+    block = import_model(path)
+    x = np.arange(12, dtype=np.float32).reshape(1, 12)
+    want = np.einsum("oc,nchw->nohw", w.reshape(2, 3), x.reshape(1, 3, 2, 2))
+    np.testing.assert_array_equal(block(mx.nd.array(x)).asnumpy(), want)  # integer-valued: exact
+    assert "卷积.weight" in block.collect_params()
