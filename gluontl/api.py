@@ -49,6 +49,8 @@ def finetune(recipe: Recipe | Mapping[str, Any] | str | os.PathLike, *, runs_roo
         write_text(result.run_dir / "lr_find.json", json.dumps(found.to_json(), indent=1), TrainError)
     if export and recipe.export.formats and result.is_root and not (result.stopped_early or result.finished_before):
         result.exported = export_run(result.run_dir, force=resume is not None)
+        if result.callbacks is not None:
+            result.callbacks.call("on_exported", result.exported)
     return result
 
 

@@ -638,8 +638,19 @@ class CsvSpec(Strict):
     file: str = Field(default="metrics.csv", pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}\.csv$")
 
 
+class MlflowSpec(Strict):
+    """The run in an MLflow tracking store (``pip install gluontl[mlflow]``; docs/callbacks.md)."""
+
+    tracking_uri: str | None = Field(default=None, description="default: MLFLOW_TRACKING_URI, else a local "
+                                     "mlruns/ folder beside the run folders")
+    experiment: str = Field(default="gluontl", min_length=1, max_length=500)
+    run_name: str | None = Field(default=None, description="default: the run folder's name")
+    log_steps: bool = Field(default=True, description="each optimizer step's loss and lr too, not only epochs")
+
+
 # train.callbacks: the built-in callbacks' settings by name; gluontl.register_callback adds names
-CALLBACK_SPECS: dict[str, type[BaseModel] | None] = {"early_stopping": EarlyStoppingSpec, "csv": CsvSpec}
+CALLBACK_SPECS: dict[str, type[BaseModel] | None] = {"early_stopping": EarlyStoppingSpec, "csv": CsvSpec,
+                                                     "mlflow": MlflowSpec}
 
 
 def _callback_item(item: Any) -> Any:

@@ -7,6 +7,7 @@ Hooks, in the order the loop calls them::
     per epoch: on_epoch_start, on_step (after each optimizer step), on_validation (validated
                epochs only: every train.val_every-th and the last), on_epoch_end
     on_run_end  (or on_exception, when the run fails or is interrupted)
+    on_exported (gluontl.finetune / the CLI, after the recipe's export: files were written)
 
 A callback that keeps state returns it from ``state_dict`` (JSON-able); it is saved in every
 checkpoint and handed back to ``load_state_dict`` on ``--resume``, so a resumed run's callbacks
@@ -19,72 +20,16 @@ Built-in callbacks are named in the recipe (``train.callbacks: [{early_stopping:
 from __future__ import annotations
 
 import csv
-import dataclasses
 import io
 import math
-from pathlib import Path
 from typing import Any, Callable
 
 from ..atomic import write_text
 from ..errors import TrainError
 from ..metrics import find_metric
-from ..recipe import CALLBACK_SPECS, CsvSpec, EarlyStoppingSpec, Recipe
-
-
-@dataclasses.dataclass(frozen=True)
-class Step:
-    """One optimizer step: ``loss`` per image of the step's batch, ``images`` in it (all workers')."""
-    step: int  # the global step after this update
-    epoch: int  # 0-based
-    batch: int  # 0-based batch in the epoch
-    loss: float
-    images: int
-    lr: float
-
-
-class RunInfo:
-    """What a callback sees of the run, and the one thing it may ask of it: to stop."""
-
-    def __init__(self, recipe: Recipe, run_dir: Path, rank: int, workers: int) -> None:
-        self.recipe, self.run_dir, self.rank, self.workers = recipe, run_dir, rank, workers
-        self.epoch = 0  # 0-based, the epoch being trained
-        self.global_step = 0
-        self.stop_reason: str | None = None  # set by request_stop
-
-    @property
-    def is_root(self) -> bool:
-        """Only rank 0 writes to the run folder."""
-        return self.rank == 0
-
-    def request_stop(self, reason: str) -> None:
-        """End the run after this validation (its checkpoints written), saying ``reason``."""
-        self.stop_reason = self.stop_reason or reason
-
-
-class Callback:
-    """The hooks, each a no-op here: subclass and override those you need."""
-
-    name: str = ""  # the key of this callback's state in a checkpoint; default: the class name
-
-    def on_run_start(self, run: RunInfo) -> None: ...
-
-    def on_epoch_start(self, run: RunInfo, epoch: int) -> None: ...
-
-    def on_step(self, run: RunInfo, step: Step) -> None: ...
-
-    def on_validation(self, run: RunInfo, row: dict[str, Any]) -> None:
-        """``row``: the epoch's metrics.jsonl row, validation numbers included."""
-
-    def on_epoch_end(self, run: RunInfo, row: dict[str, Any]) -> None: ...
-
-    def on_run_end(self, run: RunInfo) -> None: ...
-
-    def on_exception(self, run: RunInfo, error: BaseException) -> None: ...
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+from ..recipe import CALLBACK_SPECS, CsvSpec, EarlyStoppingSpec, MlflowSpec, Recipe
+from .hooks import Callback, RunInfo, Step
+from .mlflow_log import MlflowLogger
 
 
 _FACTORIES: dict[str, Callable[[Any], Callback]] = {}
@@ -218,4 +163,7 @@ class CsvLogger(Callback):
 register_callback("early_stopping", EarlyStopping, EarlyStoppingSpec)
 register_callback("csv", CsvLogger, CsvSpec)
 
-__all__ = ["Callback", "RunInfo", "Step", "EarlyStopping", "CsvLogger", "register_callback"]
+
+register_callback("mlflow", MlflowLogger, MlflowSpec)  # mlflow itself is imported by a run that names it
+
+__all__ = ["Callback", "RunInfo", "Step", "EarlyStopping", "CsvLogger", "MlflowLogger", "register_callback"]

@@ -76,6 +76,7 @@ class RunResult:
     exported: list[Path] = dataclasses.field(default_factory=list)  # what the recipe's export: section wrote
     finished_before: bool = False  # a resume of a run that had already finished: nothing was done
     stop_reason: str | None = None  # a callback (early stopping) ended the run before train.epochs: why
+    callbacks: Any = dataclasses.field(default=None, repr=False)  # the run's Callbacks (on_exported)
 
     @property
     def is_root(self) -> bool:
@@ -764,7 +765,7 @@ class _Run:
         """The result, and (a run that trained to its end) summary.json."""
         t, dist, run_dir, quiet = self.t, self.dist, self.run_dir, self.quiet
         result = RunResult(run_dir, self.log.rows, self.best, stopped_early=self.stopped, rank=dist.rank,
-                           workers=dist.size, stop_reason=self.stop_reason)
+                           workers=dist.size, stop_reason=self.stop_reason, callbacks=self.callbacks)
         if dist.size > 1:
             _write_checksum(run_dir, self.net, dist.rank)
         if not self.stopped and self.root:
