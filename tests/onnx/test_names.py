@@ -121,7 +121,7 @@ def test_inspect_lists_parameters_and_cut_points_near_the_classifier(capsys):
     code, out, err = run_cli(capsys, "inspect", path)
     assert code == 0, err
     lines = out.splitlines()
-    assert any(line.split() == ["features.4.block.3.0.weight", "onnx::Conv_207", "40x96x1x1", "3,840", "Conv", "head"]
+    assert any(line.split() == ["features.4.block.3.0.weight", "onnx::Conv_207", "40x96x1x1", "3,840", "Conv", "2"]
                for line in lines)
     cuts = lines[lines.index(next(l for l in lines if l.startswith("cut points"))) + 1:
                  lines.index(next(l for l in lines if l.startswith("parameters (")))]
