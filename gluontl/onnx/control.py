@@ -1,10 +1,11 @@
 """Control flow at import: what an If/Loop/Scan body reads from the enclosing graph, and
-a Loop written out as plain nodes, one copy of its body per iteration.
+a Loop or Scan written out as plain nodes, one copy of its body per iteration.
 
 A body that reads an outer-scope value depends on it exactly as on an input, so a
 control-flow node is constant only when its inputs *and* those reads are (tf2onnx writes
 an LSTM as a Loop whose body Gathers step t of the outer sequence). A Loop that is not
-constant unrolls when its trip count is known at import; the importer drives this.
+constant unrolls when its trip count is known at import (a Scan's: its sequence length);
+the importer drives this.
 """
 from __future__ import annotations
 
@@ -73,6 +74,34 @@ def loop_iteration(loop: onnx.NodeProto, name: str, k: int, state: Sequence[str]
         consts[rename[body.input[1].name]] = np.array(True)
     for i, s in zip(body.input[2:], state):
         rename[i.name] = s
+    nodes, outs = _copy_body(body, prefix, rename, consts)
+    carried = len(state)
+    return nodes, consts, outs[0], outs[1:1 + carried], outs[1 + carried:]
+
+
+def scan_iteration(scan: onnx.NodeProto, name: str, k: int, state: Sequence[str],
+                   sequences: Sequence[str]) -> tuple[list[onnx.NodeProto], dict[str, np.ndarray],
+                                                      list[str], list[str]]:
+    """Iteration ``k`` of a Scan body (scan axes 0, forward) as plain nodes: each scan input
+    element is a Gather of step ``k``. Returns the nodes, the constants to set, and the names
+    of the carried values and the scan outputs."""
+    body = next(a.g for a in scan.attribute if a.name == "body")
+    prefix = f"{name}/{k}/"
+    rename = {x: prefix + x for x in _local(body)}
+    index = f"{prefix}scan_index"
+    consts = {index: np.array(k, np.int64)}
+    for i, s in zip(body.input, state):
+        rename[i.name] = s
+    gathers = [helper.make_node("Gather", [seq, index], [rename[i.name]], name=rename[i.name], axis=0)
+               for i, seq in zip(body.input[len(state):], sequences)]
+    nodes, outs = _copy_body(body, prefix, rename, consts)
+    return gathers + nodes, consts, outs[:len(state)], outs[len(state):]
+
+
+def _copy_body(body: onnx.GraphProto, prefix: str, rename: dict[str, str],
+               consts: dict[str, np.ndarray]) -> tuple[list[onnx.NodeProto], list[str]]:
+    """The body's nodes renamed by ``rename`` (initializers added to ``consts``), and the
+    names of its outputs."""
     for t in body.initializer:
         consts[rename[t.name]] = numpy_helper.to_array(t)
     nodes = []
@@ -84,9 +113,7 @@ def loop_iteration(loop: onnx.NodeProto, name: str, k: int, state: Sequence[str]
         n.output[:] = [rename.get(x, x) if x else "" for x in inner.output]
         _rename_nested(n, rename)
         nodes.append(n)
-    outs = [rename.get(o.name, o.name) for o in body.output]
-    carried = len(state)
-    return nodes, consts, outs[0], outs[1:1 + carried], outs[1 + carried:]
+    return nodes, [rename.get(o.name, o.name) for o in body.output]
 
 
 def stack_nodes(name: str, pieces: Sequence[str], out: str, opset: int) -> tuple[

@@ -806,8 +806,7 @@ class _Importer:
         known = self._known_inputs(node) if not reads else None
         if known is None and node.op_type in ("Loop", "Scan") and node.domain in ("", "ai.onnx"):
             if node.op_type == "Scan":
-                raise OnnxImportError(control.refusal("Scan", node.name, self.source, reads,
-                                                      "Scan has no converter"))
+                return self._unroll_scan(node, proto, reads)
             return self._unroll_loop(node, proto, reads)
         if known is not None:
             try:
@@ -867,6 +866,17 @@ class _Importer:
         for n, p in nodes:
             self._process(n, p)
 
+    def _unrolled_outputs(self, node: Node, state: list[str], scans: list[list[str]]) -> None:
+        """An unrolled Loop/Scan's outputs: the last carried values, and each scan output's
+        per-iteration values stacked on a new axis 0."""
+        for out, s in zip(node.outputs, state):
+            if out:
+                self.alias[out] = self.alias.get(s, s)
+        for j, out in enumerate(node.outputs[len(state):]):
+            if out:
+                self._inline_nodes(*control.stack_nodes(node.name, [sc[j] for sc in scans], out,
+                                                        self.opset))
+
     def _unroll_loop(self, node: Node, proto: onnx.NodeProto, reads: list[str]) -> None:
         """A Loop that is not constant, as one copy of its body per iteration: its trip
         count must fold, and so must the condition each iteration computes."""
@@ -897,13 +907,35 @@ class _Importer:
                              f"fixed at import")
             if not bool(self.consts[c][0].reshape(-1)[0]):
                 break
-        for out, s in zip(node.outputs, state):
-            if out:
-                self.alias[out] = self.alias.get(s, s)
-        for j, out in enumerate(node.outputs[len(state):]):
-            if out:
-                self._inline_nodes(*control.stack_nodes(node.name, [sc[j] for sc in scans], out,
-                                                        self.opset))
+        self._unrolled_outputs(node, state, scans)
+
+    def _unroll_scan(self, node: Node, proto: onnx.NodeProto, reads: list[str]) -> None:
+        """A Scan that is not constant, as one copy of its body per step of its sequences
+        (scan axes 0, forward: what exporters write); other layouts are refused by name."""
+        def refuse(why: str) -> OnnxImportError:
+            return OnnxImportError(control.refusal("Scan", node.name, self.source, reads, why))
+
+        if node.opset < 9:
+            raise refuse("opset 8's Scan (with sequence_lens and a batch axis) is not supported")
+        n_scan = int(node.attr("num_scan_inputs"))
+        if any(node.attr(a) and any(int(v) != 0 for v in node.attr(a)) for a in (
+                "scan_input_axes", "scan_input_directions", "scan_output_axes",
+                "scan_output_directions")):
+            raise refuse("only scan axes 0 and forward directions are unrolled")
+        state = [self.alias.get(x, x) for x in node.inputs[:len(node.inputs) - n_scan]]
+        seqs = [self.alias.get(x, x) for x in node.inputs[len(node.inputs) - n_scan:]]
+        lengths = {(s[0] if s else None) for q in seqs
+                   for s in (self._shape_of(q, self.b1), self._shape_of(q, self.b2))}
+        steps = next(iter(lengths)) if len(lengths) == 1 else None
+        if steps is None or not 0 < steps <= control.MAX_UNROLL:
+            raise refuse(f"its sequence length must be known at import, the same at every batch "
+                         f"size, and 1 to {control.MAX_UNROLL} (found {sorted(map(str, lengths))})")
+        scans: list[list[str]] = []
+        for k in range(steps):
+            protos, consts, state, scan = control.scan_iteration(proto, node.name, k, state, seqs)
+            self._inline_nodes(protos, consts)
+            scans.append(scan)
+        self._unrolled_outputs(node, state, scans)
 
     def _nodes(self, protos: Sequence[onnx.NodeProto], order: list[int]
                ) -> list[tuple[Node, onnx.NodeProto]]:

@@ -1,6 +1,6 @@
 """If/Loop/Scan bodies that read outer-scope values: never folded as constants; a Loop
-unrolls when its trip count is known at import (tf2onnx writes LSTMs so), else it is
-refused by name; a Loop that reads only constants still folds."""
+unrolls when its trip count is known at import (tf2onnx writes LSTMs so), a Scan when its
+sequence length is, else they are refused by name; a Loop that reads only constants folds."""
 from __future__ import annotations
 
 import json
@@ -143,22 +143,41 @@ def test_loop_whose_condition_reads_data_is_refused_by_name():
     assert "Loop node 'lstm_loop'" in msg and "'Xt'" in msg and "condition" in msg, msg
 
 
-def test_scan_reading_outer_data_is_refused_by_name():
+def scan_model(directions=None):
+    """Scan over time-major Xt with state s0 = mean_t X; the body reads that mean (Xm) and a
+    weight from the outer graph: s = tanh(s * w + x_t + Xm), y = s."""
     n = helper.make_node
     body = helper.make_graph(
-        [n("Add", ["s_prev", "x_t"], ["s0"], name="acc"), n("Add", ["s0", "X"], ["s_new"], name="outer"),
+        [n("Mul", ["s_prev", "w"], ["sw"], name="sw"), n("Add", ["sw", "x_t"], ["a"], name="a"),
+         n("Add", ["a", "Xm"], ["b"], name="b"), n("Tanh", ["b"], ["s_new"], name="s_new"),
          n("Identity", ["s_new"], ["y"], name="y")], "body",
-        [helper.make_tensor_value_info("s_prev", F, [IN]), helper.make_tensor_value_info("x_t", F, [IN])],
-        [helper.make_tensor_value_info("s_new", F, [IN]), helper.make_tensor_value_info("y", F, [IN])])
-    model = _model([n("Scan", ["s0_init", "seq"], ["sT", "ys"], name="scan", body=body,
-                      num_scan_inputs=1)],
-                   [helper.make_tensor_value_info("X", F, [IN])],
-                   [helper.make_tensor_value_info("sT", F, None)],
-                   {"s0_init": np.zeros(IN, np.float32), "seq": np.ones((T, IN), np.float32)})
+        [helper.make_tensor_value_info("s_prev", F, None), helper.make_tensor_value_info("x_t", F, None)],
+        [helper.make_tensor_value_info("s_new", F, None), helper.make_tensor_value_info("y", F, None)])
+    extra = {} if directions is None else {"scan_input_directions": directions}
+    nodes = [n("Transpose", ["X"], ["Xt"], name="Xt", perm=[1, 0, 2]),
+             n("ReduceMean", ["X"], ["Xm"], name="Xm", axes=[1], keepdims=0),
+             n("Scan", ["Xm", "Xt"], ["sT", "ys"], name="scan", body=body, num_scan_inputs=1, **extra),
+             n("Transpose", ["ys"], ["Y"], name="Y", perm=[1, 0, 2])]
+    w = np.array([0.5, -1.0, 2.0], np.float32)
+    return _model(nodes, [helper.make_tensor_value_info("X", F, ["N", T, IN])],
+                  [helper.make_tensor_value_info("Y", F, None), helper.make_tensor_value_info("sT", F, None)],
+                  {"w": w}, opset=17)
+
+
+def test_scan_reading_outer_data_unrolls_and_matches_onnxruntime():
+    model = scan_model()
+    block = import_model(model, input_shapes={"X": (1, T, IN)})
+    for batch in (1, 2):
+        x = np.random.RandomState(batch).randn(batch, T, IN).astype(np.float32)
+        for g, r in zip(block(mx.nd.array(x)), ort_run(model, {"X": x})):
+            assert_f32_close(g.asnumpy(), r, terms=T, depth=T)  # Xm sums T values
+
+
+def test_scan_in_reverse_is_refused_by_name():
     with pytest.raises(OnnxImportError) as e:
-        import_model(model, input_shapes={"X": (IN,)}, fixed_batch=True)
+        import_model(scan_model(directions=[1]), input_shapes={"X": (1, T, IN)})
     msg = str(e.value)
-    assert "Scan node 'scan'" in msg and "reads 'X'" in msg, msg
+    assert "Scan node 'scan'" in msg and "reads 'Xm'" in msg and "forward" in msg, msg
 
 
 def test_loop_reading_only_constants_folds_at_import():
