@@ -97,7 +97,10 @@ def table(passed: dict[str, bool], typed: dict[str, bool], stored: dict[str, boo
         "axis, its start and length taken as affine in the batch; other batch-dependent values "
         "are computed at run time or refused with a clear error. "
         "An If whose condition folds becomes the branch it takes; model-local functions "
-        "are inlined.",
+        "are inlined. An If/Loop/Scan whose body reads a run-time value from the enclosing "
+        "graph is never folded; such a Loop (tf2onnx LSTMs) is unrolled, one copy of its body "
+        "per iteration, when its trip count and each iteration's condition fold, such a Scan "
+        "(axes 0, forward) when its sequence length is known; otherwise they are refused by name.",
         "- **Parameters.** Float tensors of rank >= 1 from initializers, Constant nodes and "
         "folded weight chains (e.g. DequantizeLinear of int8 weights) become Gluon parameters "
         "named by their ONNX names; BatchNormalization statistics are auxiliary states. "

@@ -11,7 +11,7 @@ from typing import Sequence
 
 import numpy as np
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from ..errors import OnnxImportError
 from .registry import Node, canonical, get_evaluator
@@ -24,19 +24,20 @@ _INT64_MAX = np.iinfo(np.int64).max
 
 
 def evaluate(proto: onnx.NodeProto, node: Node, values: Sequence[np.ndarray | None],
-             opsets: dict[str, int]) -> list[np.ndarray]:
-    """Outputs of one node on known inputs (numpy evaluator, else onnxruntime)."""
+             opsets: dict[str, int], outer: dict[str, np.ndarray] | None = None) -> list[np.ndarray]:
+    """Outputs of one node on known inputs (numpy evaluator, else onnxruntime); ``outer``:
+    the values an If/Loop/Scan body reads from the enclosing graph."""
     fn = get_evaluator(node.op_type, node.domain)
     if fn is not None:
         return [None if v is None else canonical(v) for v in fn(node, list(values))]
-    return Session(proto, values, opsets).run(values)
+    return Session(proto, values, opsets, outer).run(values)
 
 
 class Session:
     """An onnxruntime session over a single node, reusable for a second batch size."""
 
     def __init__(self, proto: onnx.NodeProto, values: Sequence[np.ndarray | None],
-                 opsets: dict[str, int]) -> None:
+                 opsets: dict[str, int], outer: dict[str, np.ndarray] | None = None) -> None:
         import onnxruntime as ort
 
         names = [f"in{i}" if v is not None else "" for i, v in enumerate(values)]
@@ -50,7 +51,8 @@ class Session:
         inputs = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype), None)
                   for n, v in zip(names, values) if v is not None]
         graph = helper.make_graph([node], "fold", inputs,
-                                  [onnx.ValueInfoProto(name=o) for o in self.outputs if o])
+                                  [onnx.ValueInfoProto(name=o) for o in self.outputs if o],
+                                  [numpy_helper.from_array(v, n) for n, v in (outer or {}).items()])
         ids = [helper.make_opsetid(d if d != "ai.onnx" else "", v) for d, v in opsets.items()]
         model = helper.make_model(graph, opset_imports=ids)
         model.ir_version = helper.find_min_ir_version_for(ids, ignore_unknown=True)

@@ -27,7 +27,8 @@ from onnx import external_data_helper, helper, numpy_helper
 from ..errors import OnnxImportError, short_reason
 from ..graphblock import GraphBlock
 from ..naming import module_names
-from . import fold
+from . import control, fold
+from .control import outer_refs as _outer_refs
 from .layout import plain_conv_gradients
 from .ops.quantize import integer_as_float
 from .ops.shape import range_over_batch
@@ -385,19 +386,6 @@ def function_body(node: onnx.NodeProto, opset: int) -> list[onnx.NodeProto] | No
     return out
 
 
-def _outer_refs(node: onnx.NodeProto) -> set[str]:
-    """Names a node's subgraphs (If/Loop bodies) read from the enclosing graph."""
-    refs: set[str] = set()
-    for a in node.attribute:
-        for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else
-                  list(a.graphs) if a.type == onnx.AttributeProto.GRAPHS else []):
-            local = {t.name for t in g.initializer} | {i.name for i in g.input}
-            local |= {o for n in g.node for o in n.output}
-            for n in g.node:
-                refs |= ({x for x in n.input if x} | _outer_refs(n)) - local
-    return refs
-
-
 def graph_inputs(graph: onnx.GraphProto, source: str) -> list[onnx.ValueInfoProto]:
     """The inputs fed at run time (initializers excepted); a block needs at least one."""
     inits = {t.name for t in graph.initializer}
@@ -443,11 +431,14 @@ def unsupported_ops(protos: Sequence[onnx.NodeProto], order: Iterable[int], init
     for i in order:
         p = protos[i]
         domain = "" if p.domain == "ai.onnx" else p.domain
+        ins = {x for x in p.input if x}
         if p.op_type in ("Shape", "Size") or (
-                p.op_type not in fold.NONDETERMINISTIC and all(x in known for x in p.input if x)):
+                p.op_type not in fold.NONDETERMINISTIC and ins | _outer_refs(p) <= known):
             known.update(o for o in p.output if o)
             if not domain:
                 continue
+        if not domain and (p.op_type in ("Loop", "Scan") or p.op_type == "If" and ins <= known):
+            continue  # inlined or unrolled at import, else refused there by name
         if get(p.op_type, opsets.get(domain, opsets[""]), domain) is None \
                 and get_evaluator(p.op_type, domain) is None:
             missing[(domain or "ai.onnx", p.op_type)].append(p.name or f"{p.op_type}_{i}")
@@ -775,13 +766,14 @@ class _Importer:
             self.alias[node.outputs[0]] = names[0]
             return
         v1s = [k[0] if k else None for k in known]
+        outer = {r: self.consts[self.alias.get(r, r)][0] for r in _outer_refs(proto)}
         try:
             if any(k and k[0] is not k[1] for k in known):  # batch-dependent: evaluate twice
-                session = fold.Session(proto, v1s, self.opsets)
+                session = fold.Session(proto, v1s, self.opsets, outer)
                 r1 = session.run(v1s)
                 r2 = session.run([k[1] if k else None for k in known])
             else:
-                r1 = fold.evaluate(proto, node, v1s, self.opsets)
+                r1 = fold.evaluate(proto, node, v1s, self.opsets, outer)
                 r2 = r1
         except OnnxImportError:
             raise
@@ -795,7 +787,7 @@ class _Importer:
                 continue
             self._set_const(o, np.asarray(a), np.asarray(b))
             self.producer[o] = (node, proto)
-            if weighty and a.dtype.kind == "f" and a.ndim > 0:
+            if weighty and a.dtype.kind == "f" and a.ndim > 0 and not self._is_dependent(o):
                 self.weights.add(o)
 
     def _fold_shape(self, node: Node, proto: onnx.NodeProto) -> bool:
@@ -927,7 +919,12 @@ class _Importer:
         """Fold, inline or convert one node."""
         if node.op_type == "If" and node.domain in ("", "ai.onnx") and self._inline_if(node):
             return
-        known = self._known_inputs(node)
+        reads = self._runtime_reads(proto)
+        known = self._known_inputs(node) if not reads else None
+        if known is None and node.op_type in ("Loop", "Scan") and node.domain in ("", "ai.onnx"):
+            if node.op_type == "Scan":
+                return self._unroll_scan(node, proto, reads)
+            return self._unroll_loop(node, proto, reads)
         if known is not None:
             try:
                 self._fold(node, proto, known)
@@ -969,6 +966,93 @@ class _Importer:
         for out, res in zip(node.outputs, branch.output):
             self.alias[out] = self.alias.get(res.name, res.name)
         return True
+
+    def _runtime_reads(self, proto: onnx.NodeProto) -> list[str]:
+        """What a node's subgraphs read from the enclosing graph that is not a batch-free
+        constant: such a node is never folded."""
+        names = [r for r in _outer_refs(proto) if self.alias.get(r, r) not in self.consts
+                 or self._is_dependent(self.alias.get(r, r))]
+        return sorted(names)
+
+    def _inline_nodes(self, protos: list[onnx.NodeProto], consts: dict[str, np.ndarray]) -> None:
+        for name, value in consts.items():
+            self._set_const(name, value)
+        known = set(self.consts) | set(self.runtime) | set(self.alias)
+        nodes = self._nodes(protos, topological(protos, known, self.source))
+        self.branch_nodes += nodes
+        for n, p in nodes:
+            self._process(n, p)
+
+    def _unrolled_outputs(self, node: Node, state: list[str], scans: list[list[str]]) -> None:
+        """An unrolled Loop/Scan's outputs: the last carried values, and each scan output's
+        per-iteration values stacked on a new axis 0."""
+        for out, s in zip(node.outputs, state):
+            if out:
+                self.alias[out] = self.alias.get(s, s)
+        for j, out in enumerate(node.outputs[len(state):]):
+            if out:
+                self._inline_nodes(*control.stack_nodes(node.name, [sc[j] for sc in scans], out,
+                                                        self.opset))
+
+    def _unroll_loop(self, node: Node, proto: onnx.NodeProto, reads: list[str]) -> None:
+        """A Loop that is not constant, as one copy of its body per iteration: its trip
+        count must fold, and so must the condition each iteration computes."""
+        def refuse(why: str) -> OnnxImportError:
+            return OnnxImportError(control.refusal("Loop", node.name, self.source, reads, why))
+
+        trip, cond = [self.alias.get(x, x) for x in (list(node.inputs) + ["", ""])[:2]]
+        if not trip or trip not in self.consts or self._is_dependent(trip):
+            raise refuse(f"its trip count ('{trip}') is not known at import, and only loops "
+                         f"with a known trip count are unrolled")
+        steps = int(self.consts[trip][0].reshape(-1)[0])
+        if cond and (cond not in self.consts or self._is_dependent(cond)):
+            raise refuse(f"its initial condition ('{cond}') is known only at run time")
+        if cond and not bool(self.consts[cond][0].reshape(-1)[0]):
+            steps = 0
+        if not 0 < steps <= control.MAX_UNROLL:
+            raise refuse(f"it runs {steps} iterations; unrolling takes 1 to {control.MAX_UNROLL}")
+        state = [self.alias.get(x, x) for x in node.inputs[2:]]
+        scans: list[list[str]] = []
+        for k in range(steps):
+            protos, consts, cond_out, state, scan = control.loop_iteration(proto, node.name, k, state)
+            self._inline_nodes(protos, consts)
+            scans.append(scan)
+            c = self.alias.get(cond_out, cond_out)
+            if c not in self.consts or self._is_dependent(c):
+                raise refuse(f"the condition its body computes ('{node.attr('body').output[0].name}') "
+                             f"is known only at run time, so the number of iterations is not "
+                             f"fixed at import")
+            if not bool(self.consts[c][0].reshape(-1)[0]):
+                break
+        self._unrolled_outputs(node, state, scans)
+
+    def _unroll_scan(self, node: Node, proto: onnx.NodeProto, reads: list[str]) -> None:
+        """A Scan that is not constant, as one copy of its body per step of its sequences
+        (scan axes 0, forward: what exporters write); other layouts are refused by name."""
+        def refuse(why: str) -> OnnxImportError:
+            return OnnxImportError(control.refusal("Scan", node.name, self.source, reads, why))
+
+        if node.opset < 9:
+            raise refuse("opset 8's Scan (with sequence_lens and a batch axis) is not supported")
+        n_scan = int(node.attr("num_scan_inputs"))
+        if any(node.attr(a) and any(int(v) != 0 for v in node.attr(a)) for a in (
+                "scan_input_axes", "scan_input_directions", "scan_output_axes",
+                "scan_output_directions")):
+            raise refuse("only scan axes 0 and forward directions are unrolled")
+        state = [self.alias.get(x, x) for x in node.inputs[:len(node.inputs) - n_scan]]
+        seqs = [self.alias.get(x, x) for x in node.inputs[len(node.inputs) - n_scan:]]
+        lengths = {(s[0] if s else None) for q in seqs
+                   for s in (self._shape_of(q, self.b1), self._shape_of(q, self.b2))}
+        steps = next(iter(lengths)) if len(lengths) == 1 else None
+        if steps is None or not 0 < steps <= control.MAX_UNROLL:
+            raise refuse(f"its sequence length must be known at import, the same at every batch "
+                         f"size, and 1 to {control.MAX_UNROLL} (found {sorted(map(str, lengths))})")
+        scans: list[list[str]] = []
+        for k in range(steps):
+            protos, consts, state, scan = control.scan_iteration(proto, node.name, k, state, seqs)
+            self._inline_nodes(protos, consts)
+            scans.append(scan)
+        self._unrolled_outputs(node, state, scans)
 
     def _nodes(self, protos: Sequence[onnx.NodeProto], order: list[int]
                ) -> list[tuple[Node, onnx.NodeProto]]:
