@@ -792,6 +792,8 @@ class _Importer:
 
     def _fold_shape(self, node: Node, proto: onnx.NodeProto) -> bool:
         """Shape/Size of a runtime value whose dims are known at both batch sizes."""
+        if not node.inputs or not node.inputs[0]:
+            raise node.unsupported("its data input has no tensor name (an empty input); the model is broken")
         s1 = self._shape_of(node.inputs[0], self.b1)
         s2 = self._shape_of(node.inputs[0], self.b2)
         if s1 is None or s2 is None:

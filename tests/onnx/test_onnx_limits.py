@@ -198,3 +198,18 @@ def test_unicode_names_import(tmp_path):
     want = np.einsum("oc,nchw->nohw", w.reshape(2, 3), x.reshape(1, 3, 2, 2))
     np.testing.assert_array_equal(block(mx.nd.array(x)).asnumpy(), want)  # integer-valued: exact
     assert "卷积.weight" in block.collect_params()
+
+
+def test_shape_of_an_empty_input_is_refused(tmp_path):
+    """Shape('') — an output renamed to '' with its readers (found by test_onnx_fuzz): was a KeyError."""
+    path = str(tmp_path / "m.onnx")
+    g = helper.make_graph([helper.make_node("Relu", ["x"], [""], name="r"),
+                           helper.make_node("Shape", [""], ["s"], name="shape"),
+                           helper.make_node("Relu", ["x"], ["y"], name="r2")], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                          [helper.make_tensor_value_info("s", TensorProto.INT64, [2]),
+                           helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), path)
+    with pytest.raises(OnnxImportError, match="Shape node 'shape'.*has no tensor name") as e:
+        import_model(path)
+    assert path in str(e.value)
