@@ -642,7 +642,7 @@ class MlflowSpec(Strict):
     """The run in an MLflow tracking store (``pip install gluontl[mlflow]``; docs/callbacks.md)."""
 
     tracking_uri: str | None = Field(default=None, description="default: MLFLOW_TRACKING_URI, else a local "
-                                     "mlruns/ folder beside the run folders")
+                                     "SQLite store mlflow.db (artifacts in mlartifacts/) beside the run folders")
     experiment: str = Field(default="gluontl", min_length=1, max_length=500)
     run_name: str | None = Field(default=None, description="default: the run folder's name")
     log_steps: bool = Field(default=True, description="each optimizer step's loss and lr too, not only epochs")

@@ -4,7 +4,7 @@ Params: the recipe flattened (``train.lr``, ``data.batch_size``, ...). Metrics: 
 step's ``loss`` and ``lr``, and every epoch row's numbers, at the run's global step. Tags: task,
 model source, gluontl version. Artifacts: the plan, the run card, summary.json and the verified
 exports. The store: ``tracking_uri`` of the recipe, else ``MLFLOW_TRACKING_URI``, else a local
-file store ``mlruns/`` beside the run folders. A store that cannot be reached fails at run start,
+SQLite store ``mlflow.db`` (artifacts in ``mlartifacts/``) beside the run folders. A store that cannot be reached fails at run start,
 before any training, and a resume continues the same MLflow run (its id is the callback's state).
 Only rank 0 logs.
 """
@@ -48,20 +48,23 @@ class MlflowLogger(Callback):
             raise TrainError("train.callbacks mlflow needs the mlflow package, which is not installed: "
                              "`pip install gluontl[mlflow]` (or remove the mlflow callback).") from None
         self._Metric = Metric
-        uri = self.spec.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or \
-            (run.run_dir.resolve().parent / "mlruns").as_uri()
+        local = run.run_dir.resolve().parent  # the default store: SQLite + artifacts beside the run folders
+        uri = self.spec.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{local / 'mlflow.db'}"
+        artifacts = None if self.spec.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") else \
+            (local / "mlartifacts").as_uri()
         self.client = client = MlflowClient(tracking_uri=uri)
         old = {k: os.environ.get(k) for k in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT")}
         os.environ.update(MLFLOW_HTTP_REQUEST_MAX_RETRIES="0", MLFLOW_HTTP_REQUEST_TIMEOUT="10")
         try:  # one request, without MLflow's minutes of retries: an unreachable store fails now
             experiment = client.get_experiment_by_name(self.spec.experiment)
-            experiment_id = experiment.experiment_id if experiment else client.create_experiment(self.spec.experiment)
+            experiment_id = (experiment.experiment_id if experiment else
+                             client.create_experiment(self.spec.experiment, artifacts))
         except Exception as e:  # whatever the store's client raises (connection, HTTP, permission)
             raise TrainError(f"Cannot reach the MLflow tracking store '{uri}' (from "
                              f"{'train.callbacks mlflow.tracking_uri' if self.spec.tracking_uri else 'MLFLOW_TRACKING_URI' if os.environ.get('MLFLOW_TRACKING_URI') else 'the default local store'}"
                              f"): {str(e).splitlines()[0][:300] if str(e) else type(e).__name__}. Nothing was "
                              f"trained. Start the server (or fix the URI), or remove the mlflow callback; "
-                             f"without tracking_uri and MLFLOW_TRACKING_URI runs go to a local mlruns/ folder.") from None
+                             f"without tracking_uri and MLFLOW_TRACKING_URI runs go to a local mlflow.db beside the run folders.") from None
         finally:
             for k, v in old.items():
                 os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)

@@ -20,7 +20,7 @@ def recipe(prefix, uri, epochs=3):
     return {"name": "m", "model": {"source": f"symbol:{prefix}", "input_shape": [3, 16, 16]},
             "data": helpers.DIGITS_5_9, "export": {"formats": ["onnx"]},
             "train": {"epochs": epochs, "lr": 0.05, "log_every": 1,
-                      "callbacks": [{"mlflow": {"tracking_uri": uri, "experiment": "tests"}}]}}
+                      "callbacks": [{"mlflow": {"experiment": "tests", **({"tracking_uri": uri} if uri else {})}}]}}
 
 
 @pytest.fixture(scope="module")
@@ -45,11 +45,13 @@ def check_logged(uri, result):
     assert "preprocess.json" in [f.path for f in client.list_artifacts(run.info.run_id)]
 
 
-def test_a_local_file_store_gets_params_metrics_and_the_onnx(tiny, tmp_path, monkeypatch):
+def test_the_default_local_store_gets_params_metrics_and_the_onnx(tiny, tmp_path, monkeypatch):
+    """No tracking_uri, no MLFLOW_TRACKING_URI: a SQLite store and artifacts beside the run folders."""
     monkeypatch.chdir(tmp_path)
-    uri = (tmp_path / "store").as_uri()
-    result = gluontl.finetune(recipe(tiny, uri), runs_root=tmp_path / "runs", quiet=True)
-    check_logged(uri, result)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    result = gluontl.finetune(recipe(tiny, None), runs_root=tmp_path / "runs", quiet=True)
+    check_logged(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}", result)
+    assert list((tmp_path / "runs" / "mlartifacts").rglob("*.onnx"))
 
 
 def free_port():
@@ -77,7 +79,6 @@ def test_a_real_mlflow_server_gets_the_run(tiny, tmp_path, monkeypatch):
                 time.sleep(0.1)
         monkeypatch.chdir(tmp_path)
         r = recipe(tiny, None)
-        r["train"]["callbacks"] = [{"mlflow": {"experiment": "tests"}}]
         monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)  # the URI from the environment
         result = gluontl.finetune(r, runs_root=tmp_path / "runs", quiet=True)
         check_logged(uri, result)
