@@ -321,7 +321,7 @@ def test_load_refuses_a_missing_or_unreadable_json(saved):
     with pytest.raises(TrainError, match=r"No checkpoint 'best' in .*'best.json' is missing"):
         checkpoint.load(folder, "best")
     (folder / "last.json").write_text('{"epoch": 3, "params_sha')
-    with pytest.raises(TrainError, match=r"last.json' is unreadable"):
+    with pytest.raises(TrainError, match=r"last.json': it is not valid JSON"):
         checkpoint.load(folder, "last")
     (folder / "last.json").write_text("{}")  # no recorded hashes: nothing can match
     with pytest.raises(TrainError, match="does not match the hash"):
