@@ -1,16 +1,10 @@
-import os
 import random
-import sys
 import zlib
 
 import gluontl.npcompat  # noqa: F401  (numpy >= 1.24 lacks the aliases mxnet imports)
 import mxnet as mx
 import numpy as np
 import pytest
-
-HERE = os.path.dirname(__file__)
-sys.path.insert(0, HERE)  # tests/helpers.py
-sys.path.insert(0, os.path.join(HERE, "onnx"))  # tests/onnx/opcheck.py
 
 
 def pytest_configure(config):

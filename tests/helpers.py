@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import mxnet as mx
 import numpy as np
@@ -10,6 +11,9 @@ import pytest
 from gluontl import cli
 from gluontl.rules import trainable_params
 from gluontl.sources.restore import snapshot  # noqa: F401  (re-exported for tests)
+
+REPO = Path(__file__).resolve().parents[1]  # the checkout: README.md, docs/, recipes/, gluontl/
+ONNX_FIXTURES = REPO / "tests" / "onnx" / "fixtures"  # real exported models, see its MANIFEST.json
 
 
 def sgd_step(net, x, y, lr=0.1, momentum=0.0, wd=0.0, steps=1):

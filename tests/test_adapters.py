@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from helpers import assert_f32_close, batch, resnet18_weights, run_cli, sgd_step, tiny_symbol
+from tests.helpers import assert_f32_close, batch, resnet18_weights, run_cli, sgd_step, tiny_symbol
 from onnx import TensorProto, helper, numpy_helper
 
 import gluontl

@@ -18,8 +18,8 @@ import pytest
 import yaml
 from gluoncv.model_zoo import get_model, model_store
 from mxnet.gluon.model_zoo import model_store as mx_model_store
-from helpers import run_cli
-from test_cli_hostile import ONNX, _assert_one_paragraph
+from tests.helpers import run_cli
+from tests.test_cli_hostile import ONNX, _assert_one_paragraph
 
 import gluontl
 from gluontl import sources

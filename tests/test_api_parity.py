@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 import pytest
 import yaml
-from helpers import DIGITS_5_9, run_cli, tiny_symbol
+from tests.helpers import DIGITS_5_9, run_cli, tiny_symbol
 from onnx import TensorProto, helper, numpy_helper
 
 import gluontl

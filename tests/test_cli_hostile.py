@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import helpers
+from tests import helpers
 import mxnet as mx
 import numpy as np
 import onnx

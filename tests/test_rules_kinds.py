@@ -5,7 +5,7 @@ import numpy as np
 import onnx
 import pytest
 from gluoncv.model_zoo import get_model
-from helpers import DIGITS_5_9, EPS32, run_cli
+from tests.helpers import DIGITS_5_9, EPS32, run_cli
 from onnx import TensorProto, helper, numpy_helper
 
 from gluontl.errors import RecipeError, RuleError
@@ -312,7 +312,7 @@ def test_fine_tune_expands_to_a_frozen_phase_and_discriminative_unfreezing():
 
 def test_fine_tune_run_trains_the_head_then_everything(tmp_path):
     from gluontl.train.loop import finetune
-    from helpers import tiny_symbol
+    from tests.helpers import tiny_symbol
 
     prefix = tiny_symbol(tmp_path)
 

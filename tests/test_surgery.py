@@ -27,7 +27,7 @@ from gluontl.pipeline import prepare
 from gluontl.recipe import HeadSpec, Rule, parse_recipe
 from gluontl.rules import apply_plan, make_plan
 from gluontl import surgery as S
-from helpers import assert_f32_close, sgd_step, snapshot
+from tests.helpers import assert_f32_close, sgd_step, snapshot
 
 SHAPE = (3, 32, 32)
 FREEZE = [Rule(preset="freeze_all_but_head")]

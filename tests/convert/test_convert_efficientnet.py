@@ -14,7 +14,7 @@ import onnx
 import onnx.utils
 import onnxruntime as ort
 import pytest
-from helpers import assert_f32_close
+from tests.helpers import REPO, assert_f32_close
 from onnx import helper
 from sklearn.datasets import load_sample_image
 
@@ -257,11 +257,11 @@ def test_an_unset_gluontl_home_means_its_default_in_recipe_sources(tmp_path, mon
 
 # ------------------------------------------------------------- made on first use by the recipes naming it
 
-RECIPES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "recipes")
+RECIPES = str(REPO / "recipes")
 
 
 def _plan(capsys, recipe):
-    from helpers import run_cli
+    from tests.helpers import run_cli
 
     code, out, err = run_cli(capsys, "plan", "--recipe", os.path.join(RECIPES, recipe))
     return code, out, " ".join(err.split())

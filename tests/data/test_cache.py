@@ -4,7 +4,7 @@ import shutil
 from functools import partial
 
 import mxnet as mx
-import helpers
+from tests import helpers
 import numpy as np
 import pytest
 from gluoncv.model_zoo import get_model

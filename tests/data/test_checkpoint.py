@@ -14,8 +14,8 @@ from pathlib import Path
 import mxnet as mx
 import numpy as np
 import pytest
-import helpers
-from test_cli_hostile import _assert_one_paragraph
+from tests import helpers
+from tests.test_cli_hostile import _assert_one_paragraph
 
 from gluontl.errors import TrainError
 from gluontl.naming import named_params

@@ -473,7 +473,7 @@ def _tiny_recipe(prefix: str, source: str, surgery: dict | None = None, **train)
 def test_finetune_from_plain_class_folders_records_a_stratified_seed_free_split(tmp_path):
     import json
 
-    import helpers
+    from tests import helpers
     from gluontl.train.loop import finetune
 
     _colour_classes(tmp_path / "data", ["blue", "green", "red"])
@@ -515,7 +515,7 @@ def test_train_acc_is_the_top1_of_the_training_batches(tmp_path):
     """One epoch, one full batch, one step: train_acc is the initial net's accuracy on the
     training split, counted here in numpy. The colour templates as weights score a two-channel
     class above its one-channel neighbours, so some classes are right and some wrong."""
-    import helpers
+    from tests import helpers
     from gluontl.train.loop import finetune
 
     names = sorted(COLOURS)
@@ -565,7 +565,7 @@ def test_plan_and_finetune_print_the_automatic_splits_counts(tmp_path, capsys):
     """Per class round(0.25 n), at least one: 12 -> 3, 7 -> 2 (1.75), 5 -> 1 (1.25) held out."""
     import json
 
-    import helpers
+    from tests import helpers
     import yaml
 
     for name, n in (("blue", 12), ("green", 7), ("red", 5)):

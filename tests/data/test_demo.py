@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import helpers
+from tests import helpers
 from PIL import Image
 from sklearn.datasets import load_digits
 

@@ -12,7 +12,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 import yaml
-import helpers
+from tests import helpers
 
 from gluontl.errors import TrainError
 from gluontl.pipeline import prepare

@@ -6,7 +6,7 @@ import sys
 import mxnet as mx
 import pytest
 
-import helpers
+from tests import helpers
 from gluontl.dist.backend import WATCHDOG_EXIT
 from gluontl.errors import RecipeError, TrainError
 from gluontl.recipe import parse_recipe

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from mxnet.gluon import nn
 
-import helpers
+from tests import helpers
 from gluontl.recipe import parse_recipe
 from gluontl.train.loop import finetune
 

@@ -11,10 +11,10 @@ import sys
 import threading
 import time
 
-import helpers
+from tests import helpers
 import pytest
 import yaml
-from test_cli_hostile import _assert_one_paragraph
+from tests.test_cli_hostile import _assert_one_paragraph
 
 from gluontl.dist.launch import Host, plan, read_hosts
 from gluontl.errors import LaunchError

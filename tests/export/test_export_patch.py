@@ -23,8 +23,9 @@ from gluontl.onnx import import_model
 from gluontl.recipe import HeadSpec, Rule
 from gluontl.rules import apply_plan, make_plan
 from gluontl.surgery import attach_head, cut_at, drop_last, ignore
+from tests.helpers import ONNX_FIXTURES, REPO
 
-FIXTURES = Path(__file__).parent / "onnx" / "fixtures"
+FIXTURES = ONNX_FIXTURES
 MANIFEST = json.loads((FIXTURES / "MANIFEST.json").read_text())["fixtures"]
 SATURATING = {"Sigmoid", "Softmax", "HardSigmoid"}
 
@@ -318,7 +319,7 @@ def test_finetuned_onnx_recipe_exports_its_source_graph(tmp_path):
     from gluontl.train.loop import finetune
     from gluontl.train.runs import export_run, load_run
 
-    recipe = load_recipe(Path(__file__).parents[1] / "recipes" / "onnx_resnet_cut.yaml", ["train.epochs=1"])
+    recipe = load_recipe(REPO / "recipes" / "onnx_resnet_cut.yaml", ["train.epochs=1"])
     recipe = recipe.model_copy(update={"export": recipe.export.model_copy(update={"input_names": None})})
     run = finetune(recipe, runs_root=tmp_path, quiet=True).run_dir
     (path,) = export_run(run)

@@ -16,8 +16,9 @@ from gluontl.recipe import HeadSpec, Rule, SurgerySpec
 from gluontl.rules import apply_plan, make_plan, trainable_params
 from gluontl.sources.restore import snapshot
 from gluontl.surgery import apply_surgery, list_nodes
+from tests.helpers import ONNX_FIXTURES
 
-FIXTURES = Path(__file__).parent / "onnx" / "fixtures"
+FIXTURES = ONNX_FIXTURES
 MANIFEST = json.loads((FIXTURES / "MANIFEST.json").read_text())["fixtures"]
 # one legacy and one dynamo export per architecture
 CASES = {}

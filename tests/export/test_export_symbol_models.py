@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from helpers import assert_f32_close
+from tests.helpers import ONNX_FIXTURES, assert_f32_close
 from mxnet.gluon import rnn
 
 from gluontl.errors import ExportError
@@ -25,7 +25,7 @@ from gluontl.export import export_onnx, export_symbol
 from gluontl.onnx import import_model
 from gluontl.sources import load_model
 
-FIXTURES = Path(__file__).parent / "onnx" / "fixtures"
+FIXTURES = ONNX_FIXTURES
 
 
 def _ort(path: Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:

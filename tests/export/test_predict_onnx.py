@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-import helpers
+from tests import helpers
 from onnx import TensorProto, helper
 from PIL import Image, ImageOps
 

@@ -12,11 +12,11 @@ import yaml
 from PIL import Image
 
 import gluontl
-import helpers
+from tests import helpers
 from gluontl.export import cpu
 from gluontl.export.quantize_mx import CalibrationIter, activation_policy, load_symbol, quantize_block
 from gluontl.recipe import QuantizeSpec
-from test_quantize import digits_run  # noqa: F401  (the same tiny run; --format symbol picks the files)
+from tests.export.test_quantize import digits_run  # noqa: F401  (the same tiny run; --format symbol picks the files)
 
 
 def one_conv(w, b):

@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from helpers import (assert_f32_close, assert_requantized, conv_integer_ref, dequantize_ref,
+from tests.helpers import (assert_f32_close, assert_requantized, conv_integer_ref, dequantize_ref,
                      dynamic_quantize_ref, matmul_integer_ref, quantize_ref, requantize_ref,
                      requantize_slack)
 from onnx import helper, numpy_helper

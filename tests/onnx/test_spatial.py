@@ -11,7 +11,7 @@ import onnx
 import onnx.utils
 import onnxruntime as ort
 import pytest
-from helpers import assert_f32_close
+from tests.helpers import assert_f32_close
 from onnx import TensorProto, helper, numpy_helper
 
 from gluontl.errors import GluontlError, OnnxImportError
@@ -161,7 +161,7 @@ def _seg_recipe(folder, source: str, taps: list[str]):
 
 
 def test_the_plan_says_the_backbone_is_bound_at_another_size_and_a_refusal_exits_2(tmp_path, capsys):
-    from helpers import run_cli
+    from tests.helpers import run_cli
 
     good = _seg_recipe(tmp_path, classifier(tmp_path / "c.onnx"), ["cat", "deep"])
     code, out, err = run_cli(capsys, "plan", "--recipe", good)

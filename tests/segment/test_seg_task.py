@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-import helpers
+from tests import helpers
 import mxnet as mx
 import numpy as np
 import pytest

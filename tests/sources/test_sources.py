@@ -5,7 +5,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 from gluoncv.model_zoo import get_model
-from helpers import assert_f32_close
+from tests.helpers import assert_f32_close
 
 from gluontl.errors import ModelSourceError, RestoreError
 from gluontl.naming import named_params

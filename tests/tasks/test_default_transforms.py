@@ -4,7 +4,7 @@ import re
 from pathlib import Path
 
 import cv2
-import helpers
+from tests import helpers
 import mxnet as mx
 import numpy as np
 import onnxruntime as ort

@@ -12,8 +12,9 @@ import pytest
 from gluontl.errors import GluontlError, RestoreError
 from gluontl.recipe import TASK_SCHEMAS, parse_recipe
 from gluontl.tasks import TASKS, Task, task_named
+from tests.helpers import REPO
 
-PACKAGE = Path(__file__).resolve().parents[1] / "gluontl"
+PACKAGE = REPO / "gluontl"
 
 
 @pytest.mark.parametrize("module", ["train/runs.py", "cli.py", "train/loop.py", "api.py"])

@@ -6,7 +6,7 @@ import json
 import mxnet as mx
 import numpy as np
 import pytest
-import helpers
+from tests import helpers
 
 from gluontl.errors import RecipeError
 from gluontl.naming import named_params

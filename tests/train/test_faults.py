@@ -4,7 +4,7 @@ import json
 
 import mxnet as mx
 import numpy as np
-import helpers
+from tests import helpers
 import pytest
 
 from gluontl.errors import TrainError

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 
-import helpers
+from tests import helpers
 import pytest
 
 RECIPE = """

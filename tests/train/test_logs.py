@@ -19,7 +19,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 import yaml
-import helpers
+from tests import helpers
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from gluontl.errors import ModelSourceError, TrainError

@@ -4,7 +4,7 @@ import json
 import mxnet as mx
 import numpy as np
 import pytest
-import helpers
+from tests import helpers
 from gluoncv.model_zoo import get_model
 
 from gluontl.naming import named_params

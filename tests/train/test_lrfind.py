@@ -7,7 +7,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 import yaml
-import helpers
+from tests import helpers
 
 from gluontl import api
 from gluontl.errors import TrainError

@@ -1,8 +1,8 @@
 import mxnet as mx
 import numpy as np
 import pytest
-from helpers import assert_f32_close
-from opcheck import check, check_grad, make_model, run_mx, run_ort
+from tests.helpers import assert_f32_close
+from tests.onnx.opcheck import check, check_grad, make_model, run_mx, run_ort
 
 from gluontl.errors import OnnxImportError
 from gluontl.onnx import registry

@@ -3,7 +3,7 @@
 their structure and rate, and exactly against onnxruntime where no draw matters)."""
 import numpy as np
 import pytest
-from opcheck import check, run_mx, run_ort
+from tests.onnx.opcheck import check, run_mx, run_ort
 
 X = np.random.RandomState(0).randn(4, 5).astype(np.float32)
 

@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from helpers import conv3x3_np
-from opcheck import check, check_grad, run_ort
+from tests.helpers import conv3x3_np
+from tests.onnx.opcheck import check, check_grad, run_ort
 
 from gluontl.errors import OnnxImportError
 from gluontl.onnx import registry

@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from helpers import assert_f32_close
-from opcheck import check, check_grad, run_ort
+from tests.helpers import assert_f32_close
+from tests.onnx.opcheck import check, check_grad, run_ort
 
 from gluontl.onnx import import_model
 

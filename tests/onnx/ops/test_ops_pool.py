@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from opcheck import check, check_grad, run_ort
+from tests.onnx.opcheck import check, check_grad, run_ort
 
 from gluontl.errors import OnnxImportError
 
@@ -71,7 +71,7 @@ def _ties(*shape, seed=0):
 
 
 def _assert_indices_match(x, attrs, opset=12):
-    from opcheck import run_mx
+    from tests.onnx.opcheck import run_mx
     model, ref = run_ort("MaxPool", {"x": x}, attrs, opset=opset, n_outputs=2)
     got, _ = run_mx(model, {"x": x}, opset=opset)
     assert got[1].dtype == np.int64
@@ -190,7 +190,7 @@ def test_max_pool_of_8_bit_integers_is_exact(dtype, attrs):
 
 def test_max_pool_of_wide_integers_is_refused():
     """ONNX defines no int32 MaxPool (onnxruntime rejects the model): the converter alone."""
-    from opcheck import build_mx, make_model
+    from tests.onnx.opcheck import build_mx, make_model
     x = {"x": np.zeros((1, 1, 4, 4), np.int32)}
     with pytest.raises(OnnxImportError, match="int32 input"):
         build_mx(make_model("MaxPool", x, {"kernel_shape": [2, 2]}, opset=12), x, opset=12)

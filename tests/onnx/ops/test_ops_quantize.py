@@ -13,10 +13,10 @@ import mxnet as mx
 import numpy as np
 import onnx
 import pytest
-from helpers import (QRANGE, assert_requantized, conv_integer_ref, dequantize_ref, dynamic_quantize_ref,
+from tests.helpers import (QRANGE, assert_requantized, conv_integer_ref, dequantize_ref, dynamic_quantize_ref,
                      matmul_integer_ref, quantize_ref, requantize_ref, requantize_slack)
 from onnx import helper, numpy_helper
-from opcheck import make_model, run_mx
+from tests.onnx.opcheck import make_model, run_mx
 
 from gluontl.onnx import import_model
 

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
-from helpers import assert_f32_close
-from opcheck import check, check_grad, run_mx, run_ort
+from tests.helpers import assert_f32_close
+from tests.onnx.opcheck import check, check_grad, run_mx, run_ort
 
 X = np.random.RandomState(3).uniform(0.5, 2.0, (2, 3, 4)).astype(np.float32)
 OPS = ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1",
@@ -79,7 +79,7 @@ def test_gradients_match_central_differences():
 
 
 def _import_empty(op, keep_axis=1, dtype=np.float32):
-    from opcheck import make_model
+    from tests.onnx.opcheck import make_model
 
     from gluontl.onnx import import_model
     x = np.zeros((2, 0, 4), dtype)
@@ -112,7 +112,7 @@ def test_reductions_of_empty_inputs_without_an_exact_result_are_refused(op, axis
 def test_other_ops_on_an_empty_input_are_refused_by_name():
     """The function expansion of ReduceL1 starts with Abs, which MXNet cannot run on an empty
     tensor: refused at import, naming the node, not an MXNetError at the first call."""
-    from opcheck import make_model
+    from tests.onnx.opcheck import make_model
 
     from gluontl.errors import OnnxImportError
     from gluontl.onnx import import_model

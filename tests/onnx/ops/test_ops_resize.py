@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from opcheck import check, check_grad
+from tests.onnx.opcheck import check, check_grad
 
 from gluontl.errors import OnnxImportError
 from gluontl.onnx import registry
@@ -209,7 +209,7 @@ def test_align_corners_downsampling_by_a_fractional_length_follows_onnxruntime(m
     """5 x 0.7 = 3.5 rows become 3. align_corners maps row o to o * (5 - 1) / (3 - 1) in
     onnxruntime and PyTorch; onnx.reference (the backend data) divides by 3.5 - 1 instead.
     The converter follows onnxruntime, which deployed models run on."""
-    from opcheck import run_ort
+    from tests.onnx.opcheck import run_ort
     attrs = {"mode": mode, "coordinate_transformation_mode": "align_corners"}
     scales = (1, 1, 0.7, 0.8)
     got = resize(attrs, scales=scales, **tol(mode))[0]

@@ -6,7 +6,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 from onnx import helper
-from opcheck import check, check_grad
+from tests.onnx.opcheck import check, check_grad
 
 from gluontl.errors import OnnxImportError
 from gluontl.onnx import import_model

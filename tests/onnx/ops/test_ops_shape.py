@@ -1,7 +1,7 @@
 import mxnet as mx
 import numpy as np
 import pytest
-from opcheck import check, check_grad, run_mx, run_ort
+from tests.onnx.opcheck import check, check_grad, run_mx, run_ort
 
 from gluontl.errors import OnnxImportError
 from gluontl.onnx import registry
@@ -189,7 +189,7 @@ def _range_model(start, limit, delta, dtype=np.int64):
 ], ids=["n", "6n", "reversed", "step2", "6n-1", "n+2", "moving-start"])
 def test_range_over_the_batch_matches_onnxruntime_at_any_batch(start, limit, delta):
     from gluontl.onnx import import_model
-    from test_importer import graph_ops
+    from tests.onnx.test_importer import graph_ops
     model = _range_model(start, limit, delta)
     block = import_model(model)
     for b in (1, 2, 3, 7):

@@ -4,7 +4,7 @@ import onnxruntime as ort
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from opcheck import check, check_grad
+from tests.onnx.opcheck import check, check_grad
 
 from gluontl.errors import OnnxImportError
 
