@@ -6,6 +6,8 @@ import mxnet as mx
 import numpy as np
 import pytest
 
+from tests import helpers
+
 
 def pytest_configure(config):
     """pytest-randomly shuffles the order; the seeds are the fixture's below (it would reseed
@@ -25,3 +27,9 @@ def _independent_of_order(request):
     mx.random.seed(seed & 0x7FFFFFFF)
     with mx.name.NameManager():
         yield
+
+
+@pytest.fixture(scope="module")
+def resnet_weights(tmp_path_factory):
+    """``helpers.resnet18_weights``' params file (a stand-in pretrained backbone), once per module."""
+    return helpers.resnet18_weights(tmp_path_factory.mktemp("w") / "resnet.params")

@@ -12,9 +12,8 @@ import mxnet as mx
 import numpy as np
 import onnx
 import onnx.utils
-import onnxruntime as ort
 import pytest
-from tests.helpers import REPO, assert_f32_close
+from tests.helpers import REPO, assert_f32_close, ort_session
 from onnx import helper
 from sklearn.datasets import load_sample_image
 
@@ -45,15 +44,6 @@ def state():
     return E.read_weights(E.pth_path())
 
 
-def _session(model_or_path) -> ort.InferenceSession:
-    """onnxruntime with FLOAT kernels and only basic (exact) graph rewrites."""
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    so.intra_op_num_threads = 1
-    src = model_or_path.SerializeToString() if isinstance(model_or_path, onnx.ModelProto) else str(model_or_path)
-    return ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
-
-
 def _photos() -> dict[str, np.ndarray]:
     hopper = cv2.imread(matplotlib.cbook.get_sample_data("grace_hopper.jpg", asfileobj=False))
     return {"china": load_sample_image("china.jpg"), "flower": load_sample_image("flower.jpg"),
@@ -78,7 +68,7 @@ def batch():
 
 @pytest.fixture(scope="session")
 def ort_logits(onnx_path, batch):
-    return _session(onnx_path).run(None, {"input": batch})[0]
+    return ort_session(onnx_path).run(None, {"input": batch})[0]
 
 
 def _classes(model) -> list[str]:
@@ -110,7 +100,7 @@ def test_top1_on_real_photos_in_onnxruntime(model, ort_logits, onnx_path):
     # military uniform 0.18 here); on the whole frame the uniform wins clearly (0.41).
     assert hopper[0][0] in ("academic gown", "mortarboard", "military uniform")
     assert "military uniform" in [c for c, _ in hopper]
-    whole = _session(onnx_path).run(None, {"input": _input(_photos()["hopper"], 224, 224)})[0][0]
+    whole = ort_session(onnx_path).run(None, {"input": _input(_photos()["hopper"], 224, 224)})[0][0]
     assert _top(whole, classes, 1)[0][0] == "military uniform"
 
 
@@ -138,7 +128,7 @@ def test_the_segmentation_demo_backbone_at_128_equals_onnxruntime_at_128(onnx_pa
     for d in model.graph.input[0].type.tensor_type.shape.dim[2:]:
         d.Clear()
         d.dim_value = 128
-    want = _session(onnx.utils.Extractor(model).extract_model(["input"], taps)).run(taps, {"input": x})
+    want = ort_session(onnx.utils.Extractor(model).extract_model(["input"], taps)).run(taps, {"input": x})
     assert [w.shape for w in want] == [(3, 240, 16, 16), (3, 672, 8, 8)]
     for g, w, depth in zip(got, want, (17, 35)):  # conv + BN layers up to each tap; dot products <= 672 long
         assert_f32_close(g, w, terms=672, depth=depth)
@@ -174,7 +164,7 @@ def test_stem_matches_numpy_from_the_state_dict(model, state, batch):
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
     probe.graph.output.append(helper.make_tensor_value_info("stem.relu6", onnx.TensorProto.FLOAT, None))
-    got = _session(probe).run(["stem.relu6"], {"input": batch})[0]
+    got = ort_session(probe).run(["stem.relu6"], {"input": batch})[0]
     want, magnitude = _stem_reference(batch, state, (0, 1))  # TF "SAME": the odd pixel at the end
     # float32: 27-term dot product, then BN's subtract/multiply/add: each result is off by at most
     # (27 + 4) roundings of the magnitudes involved.

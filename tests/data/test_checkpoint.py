@@ -15,7 +15,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 from tests import helpers
-from tests.test_cli_hostile import _assert_one_paragraph
+from tests.helpers import assert_one_paragraph
 
 from gluontl.errors import TrainError
 from gluontl.naming import named_params
@@ -342,8 +342,7 @@ def test_resume_unpickles_no_states_file_whose_hash_does_not_match(tmp_path):
     # docs/classification.md's promise: a resume loads nothing it did not write. An attacker (or a copy
     # from another run) replaces last.states with a pickle that acts when loaded.
     tiny = helpers.tiny_symbol(tmp_path, deep=False)
-    r = parse_recipe({"name": "ckpt", "model": {"source": f"symbol:{tiny}", "input_shape": [3, 16, 16]},
-                      "data": helpers.DIGITS_5_9, "train": {"epochs": 1, "lr": 0.05}})
+    r = parse_recipe(helpers.tiny_recipe(tiny, name="ckpt", epochs=1, lr=0.05))
     part = finetune(r, runs_root=tmp_path / "runs", quiet=True, stop_after_steps=2)
     states = part.run_dir / "checkpoints" / "last.states"  # a hard link to the committed file
     marker = tmp_path / "unpickled"
@@ -456,8 +455,7 @@ def test_an_edited_optimizer_record_is_refused_before_anything_changes(saved, ed
 def _run_folder(tmp_path):
     """A run stopped after two steps, with its recipe."""
     tiny = helpers.tiny_symbol(tmp_path, deep=False)
-    r = parse_recipe({"name": "ckpt", "model": {"source": f"symbol:{tiny}", "input_shape": [3, 16, 16]},
-                      "data": helpers.DIGITS_5_9, "train": {"epochs": 1, "lr": 0.05}, "export": {"formats": []}})
+    r = parse_recipe(helpers.tiny_recipe(tiny, name="ckpt", epochs=1, lr=0.05, export=[]))
     return r, finetune(r, runs_root=tmp_path / "runs", quiet=True, stop_after_steps=2).run_dir
 
 
@@ -488,7 +486,7 @@ def test_a_poisoned_run_folder_runs_nothing_on_resume(tmp_path, record):
     done = subprocess.run([sys.executable, "-m", "gluontl", "finetune", "--resume", str(run_dir), "-q"],
                           capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=300)
     assert not marker.exists()
-    _assert_one_paragraph(done.returncode, done.stdout, done.stderr,
+    assert_one_paragraph(done.returncode, done.stdout, done.stderr,
                           ["is not an MXNet array file"] if record else ["as a Python pickle", "--init-from"])
 
 

@@ -41,11 +41,6 @@ def findings(r):
     return [(f.guard, f.level) for f in check_weights(r, prepare(r))]
 
 
-@pytest.fixture(scope="module")
-def resnet_weights(tmp_path_factory):
-    return helpers.resnet18_weights(tmp_path_factory.mktemp("w") / "resnet.params")
-
-
 # ------------------------------------------------------------ 1. random frozen backbone
 
 def test_frozen_zoo_backbone_without_weights_is_refused_before_a_run_folder_exists(tmp_path):
@@ -238,8 +233,7 @@ def _zero_classifier(folder):
 
 
 def stuck_recipe(prefix, lr, **train):
-    return parse_recipe({"name": "s", "model": {"source": f"symbol:{prefix}", "input_shape": [3, 16, 16]},
-                         "data": helpers.DIGITS_5_9, "train": {"epochs": 2, "lr": lr, **train}})
+    return parse_recipe(helpers.tiny_recipe(prefix, name="s", **{"epochs": 2, "lr": lr, **train}))
 
 
 def test_a_loss_stuck_at_chance_warns_after_epoch_1_and_training_goes_on(tmp_path, capsys):

@@ -8,7 +8,6 @@ import gluoncv
 import mxnet as mx
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from mxnet.gluon import nn
 from mxnet.gluon.model_zoo import vision
@@ -16,6 +15,7 @@ from onnx import numpy_helper
 
 from gluontl.errors import ExportError
 from gluontl.export import export_onnx, export_symbol, verify_onnx
+from tests.helpers import ort_run
 
 SHAPE = (1, 3, 64, 64)
 
@@ -378,8 +378,7 @@ def test_onnx_import_then_export_round_trip(zoo_export, tmp_path):
     first, second = onnx.load(path), onnx.load(again)
     assert [n.op_type for n in second.graph.node] == [n.op_type for n in first.graph.node]
     x = _batches({"data": SHAPE}, seed=12)[1]
-    np.testing.assert_allclose(ort.InferenceSession(str(again)).run(None, x)[0],
-                               ort.InferenceSession(str(path)).run(None, x)[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(ort_run(again, x)[0], ort_run(path, x)[0], rtol=1e-5, atol=1e-6)
 
 
 def test_block_living_on_another_context(tmp_path):
@@ -392,7 +391,7 @@ def test_block_living_on_another_context(tmp_path):
     json_path, params_path = export_symbol(net, tmp_path / "c", {"data": (1, 3, 6, 6)})
     x = _batches({"data": (1, 3, 6, 6)}, seed=4)[1]
     want = net(mx.nd.array(x["data"], ctx=mx.cpu(1))).asnumpy()
-    np.testing.assert_allclose(ort.InferenceSession(str(path)).run(None, x)[0], want, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(ort_run(path, x)[0], want, rtol=1e-4, atol=1e-6)
     reloaded = mx.gluon.SymbolBlock.imports(str(json_path), ["data"], str(params_path))
     np.testing.assert_allclose(reloaded(mx.nd.array(x["data"])).asnumpy(), want, rtol=1e-6, atol=1e-7)
 
@@ -416,10 +415,10 @@ def test_batchnorm_folds_into_any_gemm(trans_b):
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 3])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=7)
     x = {"x": rng.normal(size=(5, 4)).astype(np.float32)}
-    before = ort.InferenceSession(model.SerializeToString()).run(None, x)[0]
+    before = ort_run(model, x)[0]
     assert fold_batchnorm(model.graph) == 1
     assert [n.op_type for n in model.graph.node] == ["Gemm"]
-    after = ort.InferenceSession(model.SerializeToString()).run(None, x)[0]
+    after = ort_run(model, x)[0]
     np.testing.assert_allclose(after, before, rtol=1e-5, atol=1e-6)
 
 

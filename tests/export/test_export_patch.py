@@ -14,7 +14,6 @@ from pathlib import Path
 import mxnet as mx
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -23,7 +22,7 @@ from gluontl.onnx import import_model
 from gluontl.recipe import HeadSpec, Rule
 from gluontl.rules import apply_plan, make_plan
 from gluontl.surgery import attach_head, cut_at, drop_last, ignore
-from tests.helpers import ONNX_FIXTURES, REPO
+from tests.helpers import ONNX_FIXTURES, REPO, ort_run
 
 FIXTURES = ONNX_FIXTURES
 MANIFEST = json.loads((FIXTURES / "MANIFEST.json").read_text())["fixtures"]
@@ -42,12 +41,6 @@ def _paddle_models() -> list[tuple[str, tuple[int, ...]]]:
 CASES = [pytest.param(str(FIXTURES / e["file"]), e["input"], tuple(e["test_shapes"][-1][1:]),
                       2 in e["dynamic_dims"], id=e["file"][:-5]) for e in MANIFEST]
 CASES += [pytest.param(path, "x", shape, True, id=Path(path).stem) for path, shape in _paddle_models()]
-
-
-def _ort(model: str | bytes, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"]).run(None, feeds)
 
 
 def _predict(block, x: np.ndarray) -> list[np.ndarray]:
@@ -135,7 +128,7 @@ def test_real_model_trains_on_every_weight_and_exports_its_own_graph(path, input
                                       trainable[name].data().asnumpy().reshape(-1), err_msg=name)
     assert _live_nodes(source, set(trainable)) == {n.name for n in exported.graph.node}
     for batch in (1, 2):
-        _assert_outputs_match(_ort(exported.SerializeToString(), {input_name: x[:batch]}),
+        _assert_outputs_match(ort_run(exported, {input_name: x[:batch]}),
                               _predict(block, x[:batch]), _squashed(exported))
 
 
@@ -193,7 +186,7 @@ def test_surgery_becomes_graph_edits(edit, nodes, output, tmp_path):
     assert _node_names(model) == nodes
     assert [o.name for o in model.graph.output] == [output]
     assert _squashed(model) == [output == "prob"]
-    _assert_outputs_match(_ort(model.SerializeToString(), {"x": _x()}), _predict(block, _x()), _squashed(model))
+    _assert_outputs_match(ort_run(model, {"x": _x()}), _predict(block, _x()), _squashed(model))
 
 
 def test_ignoring_a_dropout_keeps_the_layer_before_it():
@@ -240,7 +233,7 @@ def test_new_head_is_appended_as_onnx_nodes(spec, tmp_path):
         if name.startswith("head."):
             np.testing.assert_array_equal(values[name], p.data().asnumpy())
     assert "fc" not in _node_names(model) and "softmax" not in _node_names(model)
-    _assert_outputs_match(_ort(model.SerializeToString(), {"x": x}), _predict(block, x), [False])
+    _assert_outputs_match(ort_run(model, {"x": x}), _predict(block, x), [False])
 
 
 def test_training_settings_do_not_leak_into_the_file(tmp_path):
@@ -300,7 +293,7 @@ def test_folded_weight_becomes_an_initializer(tmp_path):
     out = _export(block, tmp_path)
     assert "t" not in _node_names(out) and "fc_w" not in _tensor_values(out)
     np.testing.assert_array_equal(_tensor_values(out)["fc_wt"], np.ones((5, 8), np.float32))
-    _assert_outputs_match(_ort(out.SerializeToString(), {"x": _x()}), _predict(block, _x()), [True])
+    _assert_outputs_match(ort_run(out, {"x": _x()}), _predict(block, _x()), [True])
 
 
 def test_inputs_keep_their_names_unless_others_are_given(tmp_path):
@@ -336,4 +329,4 @@ def test_finetuned_onnx_recipe_exports_its_source_graph(tmp_path):
             np.testing.assert_array_equal(values[name].astype(np.float32), p.data().asnumpy(), err_msg=name)
     assert {"head.fc1.weight", "head.fc.weight"} <= set(values)
     x = np.random.RandomState(2).standard_normal((2, 3, 32, 32)).astype(np.float32)
-    _assert_outputs_match(_ort(model.SerializeToString(), {"x": x}), _predict(net, x), [False])
+    _assert_outputs_match(ort_run(model, {"x": x}), _predict(net, x), [False])

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import mxnet as mx
 import numpy as np
-import onnxruntime as ort
 import pytest
 
 from gluontl.export import export_onnx
@@ -16,7 +15,7 @@ from gluontl.recipe import HeadSpec, Rule, SurgerySpec
 from gluontl.rules import apply_plan, make_plan, trainable_params
 from gluontl.sources.restore import snapshot
 from gluontl.surgery import apply_surgery, list_nodes
-from tests.helpers import ONNX_FIXTURES
+from tests.helpers import ONNX_FIXTURES, ort_run
 
 FIXTURES = ONNX_FIXTURES
 MANIFEST = json.loads((FIXTURES / "MANIFEST.json").read_text())["fixtures"]
@@ -63,7 +62,7 @@ def _finetune_and_export(block, input_name, sample_shape, tmp_path, arch="cnn"):
     xs = rs.rand(3, *sample_shape).astype("f")
     with mx.autograd.predict_mode():
         ref = net(mx.nd.array(xs)).asnumpy()
-    got = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {input_name: xs})[0]
+    got = ort_run(path, {input_name: xs})[0]
     assert np.linalg.norm(got - ref) <= 1e-4 * np.linalg.norm(ref)
     again = import_model(str(path))
     np.testing.assert_allclose(again(mx.nd.array(xs)).asnumpy(), ref, rtol=1e-4, atol=1e-5)

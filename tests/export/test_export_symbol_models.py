@@ -15,9 +15,8 @@ from pathlib import Path
 import mxnet as mx
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
-from tests.helpers import ONNX_FIXTURES, assert_f32_close
+from tests.helpers import ONNX_FIXTURES, assert_f32_close, ort_run
 from mxnet.gluon import rnn
 
 from gluontl.errors import ExportError
@@ -26,12 +25,6 @@ from gluontl.onnx import import_model
 from gluontl.sources import load_model
 
 FIXTURES = ONNX_FIXTURES
-
-
-def _ort(path: Path, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"]).run(None, feeds)
 
 
 def _symbol_block(sym: mx.sym.Symbol, inputs: list[str], params: dict[str, np.ndarray]) -> mx.gluon.SymbolBlock:
@@ -48,7 +41,7 @@ def _export_run(tmp_path: Path, block, shapes: dict[str, tuple[int, ...]],
     """export_onnx (which refuses unless onnxruntime reproduces the block), then the file run on
     ``feeds``."""
     path = export_onnx(block, tmp_path / "m.onnx", shapes)
-    return onnx.load(str(path)), _ort(path, feeds)
+    return onnx.load(str(path)), ort_run(path, feeds)
 
 
 # ------------------------------------------------------------------ converters, one by one
@@ -307,5 +300,5 @@ def test_imported_model_round_trips_through_a_symbol_checkpoint(tmp_path, name):
     path = export_onnx(loaded, tmp_path / "s.onnx", {inp: (1, *shape)})
     feeds = {inp: np.random.RandomState(7).standard_normal((2, *shape)).astype(np.float32)}
     terms, depth = _f32_budget(source)
-    for got, want in zip(_ort(path, feeds), _ort(source, feeds), strict=True):
+    for got, want in zip(ort_run(path, feeds), ort_run(source, feeds), strict=True):
         assert_f32_close(got, want, terms=terms, depth=depth)

@@ -6,7 +6,6 @@ import cv2
 import mxnet as mx
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from tests import helpers
 from onnx import TensorProto, helper
@@ -87,9 +86,7 @@ def reference_predictions(onnx_path, images):
     """(class names, logits per image) using nothing but the file."""
     meta = {p.key: p.value for p in onnx.load(str(onnx_path)).metadata_props}
     rec, classes = json.loads(meta["gluontl.preprocess"]), json.loads(meta["gluontl.classes"])
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC  # float kernels
-    session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
+    session = helpers.ort_session(onnx_path)
     assert session.get_inputs()[0].name == rec["input"]["name"]
     logits = [session.run(None, {rec["input"]["name"]: reference_input(p, rec)[None]})[0][0] for p in images]
     return classes, np.array(logits, np.float64)

@@ -6,7 +6,6 @@ import json
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -22,9 +21,7 @@ from gluontl.export import cpu
 from gluontl.export.quantize import CalibrationReader, calibration_indices, file_tensors, per_channel_choice, \
     quantize_onnx
 from gluontl.export.verify import deploy_session, ort_session
-from gluontl.recipe import DataSpec, QuantizeSpec, parse_recipe
-from gluontl.data.datasets import load_split
-from gluontl.train.loop import finetune
+from gluontl.recipe import QuantizeSpec
 from gluontl.data.transforms import META_CLASSES, META_PREPROCESS, Preprocess, load_image
 
 
@@ -204,25 +201,6 @@ def test_per_channel_auto_is_per_channel_and_counts_depthwise_convolutions():
 
 
 # ------------------------------------------------------------------ a run, through the CLI
-
-@pytest.fixture(scope="module")
-def digits_run(tmp_path_factory):
-    """A tiny conv net trained on a private copy of the digits 5-9 (its images get edited)."""
-    d = tmp_path_factory.mktemp("int8run")
-    spec = DataSpec(**helpers.DIGITS_5_9)
-    for split in ("train", "val"):
-        ds = load_split(spec, split, check=False)
-        for i in range(len(ds)):
-            target = d / "digits" / split / ds.class_names[ds.labels[i]] / f"{i}.png"
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(ds.name(i), target)
-    prefix = helpers.tiny_symbol(d)
-    r = parse_recipe({"name": "t", "model": {"source": f"symbol:{prefix}", "input_shape": [3, 16, 16]},
-                      "data": {**helpers.DIGITS_5_9, "source": f"folder:{d / 'digits'}"},
-                      "train": {"epochs": 8, "lr": 0.01, "optimizer": "adam", "seed": 0},
-                      "export": {"formats": ["onnx"], "quantize": {"max_drop": 5}}})
-    return d, finetune(r, runs_root=d / "runs", quiet=True).run_dir
-
 
 def test_export_int8_writes_a_labelled_qdq_file_with_the_float_metadata_and_bench_compares(digits_run, capsys):
     d, run = digits_run

@@ -16,7 +16,6 @@ from tests import helpers
 from gluontl.export import cpu
 from gluontl.export.quantize_mx import CalibrationIter, activation_policy, load_symbol, quantize_block
 from gluontl.recipe import QuantizeSpec
-from tests.export.test_quantize import digits_run  # noqa: F401  (the same tiny run; --format symbol picks the files)
 
 
 def one_conv(w, b):

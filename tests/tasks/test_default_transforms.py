@@ -7,7 +7,6 @@ import cv2
 from tests import helpers
 import mxnet as mx
 import numpy as np
-import onnxruntime as ort
 import pytest
 import yaml
 
@@ -194,8 +193,7 @@ def test_the_readme_recipe_trains_exports_and_predicts_on_photos_of_any_size(tmp
     assert [n for n, _ in run_top] == [n for n, _ in onnx_top]
     np.testing.assert_allclose([p for _, p in run_top], [p for _, p in onnx_top], rtol=1e-4)
     # the exported model fed by docs/export.md's steps alone agrees with predict
-    session = ort.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
-    logits = session.run(None, {session.get_inputs()[0].name: _reference_tensor(new, 32)})[0][0]
+    logits = helpers.ort_run(onnx_file, _reference_tensor(new, 32))[0][0]
     prob = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
     assert onnx_top[0][0] == ["blue", "red"][int(prob.argmax())]
     np.testing.assert_allclose(onnx_top[0][1], prob.max(), rtol=1e-5)

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tests.helpers import conv3x3_np
+from tests.helpers import conv3x3_np, ort_run
 from tests.onnx.opcheck import check, check_grad, run_ort
 
 from gluontl.errors import OnnxImportError
@@ -135,7 +135,7 @@ def test_one_channel_conv_transpose_after_conv_trains(kernel, stride):
     block = import_model(model)
     block.hybridize()
     x = rng.randn(2, 3, 8, 8).astype("f")
-    ref = run_ort_model(model, {"x": x})[0]
+    ref = ort_run(model, {"x": x})[0]
     with mx.autograd.record():
         y = block(mx.nd.array(x))
         weights = mx.nd.array(rng.randn(*ref.shape).astype("f"))
@@ -155,7 +155,3 @@ def test_one_channel_conv_transpose_after_conv_trains(kernel, stride):
     assert abs(params["tb"].grad().asnumpy()[0] - r.sum()) <= 1e-5 * np.abs(r).sum()
 
 
-def run_ort_model(model, feeds):
-    import onnxruntime as ort
-
-    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)

@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tests.helpers import ort_session
 from tests.onnx.opcheck import check, check_grad, run_ort
 
 from gluontl.errors import OnnxImportError
@@ -125,12 +126,11 @@ def _indices_model(dims):
 
 def test_max_pool_indices_with_a_free_batch_count_the_batch():
     import mxnet as mx
-    import onnxruntime as ort
 
     from gluontl.onnx import import_model
     model = _indices_model(["N", 2, 6, 4])
     block = import_model(model)
-    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    sess = ort_session(model)
     for b in (1, 3):
         x = _ties(b, 2, 6, 4, seed=b)
         got = block(mx.nd.array(x))

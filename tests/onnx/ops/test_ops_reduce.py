@@ -1,15 +1,11 @@
 import numpy as np
 import pytest
-from tests.helpers import assert_f32_close
-from tests.onnx.opcheck import check, check_grad, run_mx, run_ort
+from tests.helpers import assert_f32_close, ort_run
+from tests.onnx.opcheck import check, check_grad, i64, run_mx, run_ort
 
 X = np.random.RandomState(3).uniform(0.5, 2.0, (2, 3, 4)).astype(np.float32)
 OPS = ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1",
        "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare"]
-
-
-def i64(*v):
-    return np.array(v, np.int64)
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -93,7 +89,7 @@ def test_reduction_over_no_elements_is_the_ops_identity(op):
     """ReduceMax of nothing is -inf, ReduceProd 1, ReduceL2 0, ... as in onnxruntime."""
     import mxnet as mx
     model, x, block = _import_empty(op)
-    ref = run_ort_model(model, {"x": x})
+    ref = ort_run(model, {"x": x})[0]
     got = block(mx.nd.array(x)).asnumpy()
     assert got.shape == ref.shape == (2, 1, 4)
     np.testing.assert_array_equal(got, ref)
@@ -121,7 +117,3 @@ def test_other_ops_on_an_empty_input_are_refused_by_name():
         import_model(model)
 
 
-def run_ort_model(model, feed):
-    import onnxruntime as ort
-    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return sess.run(None, feed)[0]

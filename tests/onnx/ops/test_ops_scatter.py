@@ -3,17 +3,13 @@ repeated indices (onnxruntime applies updates in order), indices known at import
 run time, gradients to data and updates; and the free batch of an imported model."""
 import mxnet as mx
 import numpy as np
-import onnxruntime as ort
 import pytest
 from onnx import helper
-from tests.onnx.opcheck import check, check_grad
+from tests.helpers import ort_session
+from tests.onnx.opcheck import check, check_grad, i64
 
 from gluontl.errors import OnnxImportError
 from gluontl.onnx import import_model
-
-
-def i64(*v):
-    return np.array(v, np.int64)
 
 
 def _data(*shape, seed=0):
@@ -91,7 +87,7 @@ def test_scatter_nd_over_the_free_batch_axis():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     block = import_model(model)
-    sess = ort.InferenceSession(model.SerializeToString())
+    sess = ort_session(model)
     for b in (1, 3):
         rows = np.stack([np.arange(b), np.full(b, -1)], 1).astype(np.int64)
         feeds = {"x": _data(b, 4), "i": rows, "u": _data(b, seed=b)}

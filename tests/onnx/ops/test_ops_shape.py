@@ -1,17 +1,14 @@
 import mxnet as mx
 import numpy as np
 import pytest
-from tests.onnx.opcheck import check, check_grad, run_mx, run_ort
+from tests.helpers import ort_run
+from tests.onnx.opcheck import check, check_grad, i64, run_mx, run_ort
 
 from gluontl.errors import OnnxImportError
 from gluontl.onnx import registry
 from gluontl.onnx.registry import Node, Tensor
 
 X = np.random.RandomState(1).randn(2, 3, 4, 5).astype(np.float32)
-
-
-def i64(*v):
-    return np.array(v, np.int64)
 
 
 @pytest.mark.parametrize("shape", [(0, -1), (2, 0, 20), (-1,), (6, 20), (0, 0, 4, 5, 1), (-1, 0)])
@@ -128,13 +125,9 @@ def test_gradients_match_central_differences():
 # the two the importer folds at.
 
 def _assert_matches_ort(model, block, x):
-    """Exact match with onnxruntime's kernels. Its ORT_ENABLE_ALL graph rewrites turn the
-    reversed Range below into an empty tensor (onnxruntime 1.31), so they stay off."""
-    import onnxruntime as ort
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    ref = ort.InferenceSession(model.SerializeToString(), options,
-                               providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    """Exact match with onnxruntime's kernels (basic rewrites: its extended ones turn the
+    reversed Range below into an empty tensor, see ort_session)."""
+    ref = ort_run(model, {"x": x})[0]
     got = block(mx.nd.array(x)).asnumpy()
     assert got.shape == ref.shape and np.array_equal(got, ref), (got, ref)
 
@@ -261,12 +254,9 @@ def test_graph_output_that_is_the_inputs_shape(op, attrs, opset, batch):
     block = import_model(model)
     for b in ((2, 5) if batch else (2,)):
         x = np.zeros((b, 3, 4), np.float32)
-        ref = _ort_session(model).run(None, {"x": x})[0]
+        ref = ort_run(model, {"x": x})[0]
         got = block(mx.nd.array(x)).asnumpy()
         assert got.dtype == np.int64
         np.testing.assert_array_equal(got.reshape(ref.shape), ref)
 
 
-def _ort_session(model):
-    import onnxruntime as ort
-    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])

@@ -1,19 +1,15 @@
 import mxnet as mx
 import numpy as np
-import onnxruntime as ort
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tests.onnx.opcheck import check, check_grad
+from tests.helpers import ort_run, ort_session
+from tests.onnx.opcheck import check, check_grad, i64
 
 from gluontl.errors import OnnxImportError
 
 X = np.random.RandomState(2).randn(3, 4, 5).astype(np.float32)
 BIG = np.iinfo(np.int64).max
-
-
-def i64(*v):
-    return np.array(v, np.int64)
 
 
 @pytest.mark.parametrize("axis", [0, 1, -1])
@@ -111,7 +107,7 @@ def test_gather_nd_negative_index_into_the_free_batch_axis():
     i = i64([-1, -1], [0, 2], [-2, 1])
     for b in (2, 5):
         feeds = {"x": np.random.RandomState(b).randn(b, 4).astype("f"), "i": i}
-        ref = ort.InferenceSession(model.SerializeToString()).run(None, feeds)[0]
+        ref = ort_run(model, feeds)[0]
         assert np.array_equal(block(mx.nd.array(feeds["x"]), mx.nd.array(i, dtype="int64")).asnumpy(), ref)
 
 
@@ -200,7 +196,7 @@ def test_pytorch_embedding_export_matches_and_trains_only_the_rows_it_reads():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     block = import_model(model)
-    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    sess = ort_session(model)
     for shape in [(1, 5), (3, 7)]:
         ids = rs.randint(-10, 10, shape).astype(np.int64)
         np.testing.assert_array_equal(block(mx.nd.array(ids, dtype="int64")).asnumpy(),
