@@ -29,8 +29,8 @@ import collections
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-import test_layers as T  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests package beside scripts/
+from tests import test_layers as T  # noqa: E402
 
 ENTRIES = {"finetune": "gluontl.train.loop.finetune", "detection's prepare": "gluontl.tasks.detection.prepare"}
 

@@ -38,22 +38,22 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     "rules": ("gluontl/rules.py", ["tests/test_rules.py", "tests/test_graph_bn.py", "tests/test_rules_kinds.py",
                                    "--deselect",  # a whole finetune run (~15 s) that the expansion test covers
                                    "tests/test_rules_kinds.py::test_fine_tune_run_trains_the_head_then_everything"]),
-    "restore": ("gluontl/sources/restore.py", ["tests/test_sources.py"]),
+    "restore": ("gluontl/sources/restore.py", ["tests/sources/test_sources.py"]),
     "checkpoint": ("gluontl/data/checkpoint.py", [
-        "tests/train/test_checkpoint.py",  # less its CLI subprocess (it cannot see a mutant)
-        "--deselect", "tests/train/test_checkpoint.py::test_a_poisoned_run_folder_runs_nothing_on_resume"]),
+        "tests/data/test_checkpoint.py",  # less its CLI subprocess (it cannot see a mutant)
+        "--deselect", "tests/data/test_checkpoint.py::test_a_poisoned_run_folder_runs_nothing_on_resume"]),
     # the checkpoint read-back (hash and file-name checks) that left checkpoint.py (issue 20)
     "runfolder": ("gluontl/runfolder.py", [
-        "tests/train/test_checkpoint.py",
-        "--deselect", "tests/train/test_checkpoint.py::test_a_poisoned_run_folder_runs_nothing_on_resume"]),
+        "tests/data/test_checkpoint.py",
+        "--deselect", "tests/data/test_checkpoint.py::test_a_poisoned_run_folder_runs_nothing_on_resume"]),
     "verify": ("gluontl/export/verify.py", [
-        "tests/test_export.py",  # less two 25 s exports that test the lean rewrite, not verification
-        "--deselect", "tests/test_export.py::test_raw_keeps_weight_inputs_and_batchnorm_and_agrees_with_lean",
-        "--deselect", "tests/test_export.py::test_frozen_batchnorm_exports_same_graph",
+        "tests/export/test_export.py",  # less two 25 s exports that test the lean rewrite, not verification
+        "--deselect", "tests/export/test_export.py::test_raw_keeps_weight_inputs_and_batchnorm_and_agrees_with_lean",
+        "--deselect", "tests/export/test_export.py::test_frozen_batchnorm_exports_same_graph",
         # a patched real graph whose output is a saturated sigmoid map (PP-OCR's detector)
-        "tests/test_export_patch.py::test_real_model_trains_on_every_weight_and_exports_its_own_graph"
+        "tests/export/test_export_patch.py::test_real_model_trains_on_every_weight_and_exports_its_own_graph"
         "[ch_PP-OCRv4_det_infer]"]),
-    "torch_legacy": ("gluontl/convert/torch_legacy.py", ["tests/test_convert_torch_legacy.py"]),
+    "torch_legacy": ("gluontl/convert/torch_legacy.py", ["tests/convert/test_convert_torch_legacy.py"]),
     # less the zoo models (the recipe's finetune run, ResNet-18 and MobileNet: seconds each per mutant);
     # the tiny Gluon model's tests check the same promises in milliseconds
     "adapters": ("gluontl/adapters.py", [
@@ -66,12 +66,12 @@ MODULES: dict[str, tuple[str, list[str]]] = {
                                                       "tests/detect/test_detect_iou.py"]),
     "sampler": ("gluontl/data/sampler.py", [
         "tests/distributed/test_shard.py",
-        "tests/train/test_data.py::test_same_seed_same_batches_other_seed_other_batches",
-        "tests/train/test_data.py::test_skip_resumes_with_the_tail_of_the_epoch",
-        "tests/train/test_data.py::test_epoch_sampler_keep_and_discard"]),
+        "tests/data/test_data.py::test_same_seed_same_batches_other_seed_other_batches",
+        "tests/data/test_data.py::test_skip_resumes_with_the_tail_of_the_epoch",
+        "tests/data/test_data.py::test_epoch_sampler_keep_and_discard"]),
     # the by-hand and threshold tests (the finetune runs of test_guards.py take minutes each)
     "guards": ("gluontl/data/guards.py", [
-        "tests/train/test_guards.py", "-k", "by_hand or just or quarter or ten_steps or spread or nudge or "
+        "tests/data/test_guards.py", "-k", "by_hand or just or quarter or ten_steps or spread or nudge or "
         "frozen_backbone_is or guard_levels or statistics_loaded or later_rule or left_out or two_to_eight or "
         "zoo_backbone or dead_frozen or nan_weights or words or few_names or resumed_run_keeps or inclusive or "
         "frozen_throughout or not_compared or weights_line or rule_lists"]),

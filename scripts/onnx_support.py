@@ -15,10 +15,10 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "onnx"))
+sys.path.insert(0, str(ROOT))  # this checkout's gluontl and its tests package
 
 import gluontl  # noqa: E402,F401  (numpy's removed aliases, before test_conformance imports mxnet)
-from test_conformance import DATA, ORT_REFERENCE, REFUSED, STORED, all_cases, run_case  # noqa: E402
+from tests.onnx.test_conformance import DATA, ORT_REFERENCE, REFUSED, STORED, all_cases, run_case  # noqa: E402
 
 from gluontl.onnx.registry import _EVALUATORS, registrations  # noqa: E402
 

@@ -55,13 +55,13 @@ trap 'kill "$prep" 2>/dev/null || true; rm -f "$prep_log"' EXIT
 python -m pytest tests -n "$workers" "$@"
 wait "$prep" || { cat "$prep_log" >&2; exit 1; }
 grep -v "is ignored: it is neither a file nor a directory" "$prep_log" >&2 || true
-not_kernels=(tests/distributed tests/test_interrupt.py tests/test_cli_hostile.py tests/test_cli_recipes.py
+not_kernels=(tests/distributed tests/train/test_interrupt.py tests/test_cli_hostile.py tests/test_cli_recipes.py
              tests/test_recipe_fuzz.py tests/test_recipe_null.py tests/test_atomic.py tests/test_api_consistency.py
-             tests/train/test_logs.py tests/train/test_data.py tests/train/test_split.py tests/train/test_faults.py
+             tests/train/test_logs.py tests/data/test_data.py tests/tasks/test_split.py tests/train/test_faults.py
              tests/detect/test_formats.py tests/detect/test_synth.py tests/detect/test_detect_data.py
-             tests/train/test_checkpoint.py tests/train/test_guards.py tests/train/test_demo.py
+             tests/data/test_checkpoint.py tests/data/test_guards.py tests/data/test_demo.py
              tests/detect/test_models.py tests/detect/test_detect_loop.py tests/detect/test_draw.py
-             tests/test_random_init.py tests/test_layers.py tests/onnx/test_inspect.py tests/train/test_gpu.py
+             tests/sources/test_random_init.py tests/test_layers.py tests/onnx/test_inspect.py tests/train/test_gpu.py
              tests/detect/test_detect_transforms.py tests/segment/test_seg_synth.py tests/test_docs.py
              tests/segment/test_seg_recipe.py tests/segment/test_seg_data.py tests/segment/test_seg_draw.py
              tests/segment/test_seg_int8.py)

@@ -1,6 +1,4 @@
-import os
 import random
-import sys
 import zlib
 
 import gluontl.npcompat  # noqa: F401  (numpy >= 1.24 lacks the aliases mxnet imports)
@@ -8,9 +6,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-HERE = os.path.dirname(__file__)
-sys.path.insert(0, HERE)  # tests/helpers.py
-sys.path.insert(0, os.path.join(HERE, "onnx"))  # tests/onnx/opcheck.py
+from tests import helpers
 
 
 def pytest_configure(config):
@@ -31,3 +27,9 @@ def _independent_of_order(request):
     mx.random.seed(seed & 0x7FFFFFFF)
     with mx.name.NameManager():
         yield
+
+
+@pytest.fixture(scope="module")
+def resnet_weights(tmp_path_factory):
+    """``helpers.resnet18_weights``' params file (a stand-in pretrained backbone), once per module."""
+    return helpers.resnet18_weights(tmp_path_factory.mktemp("w") / "resnet.params")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import mxnet as mx
 import numpy as np
@@ -10,6 +11,9 @@ import pytest
 from gluontl import cli
 from gluontl.rules import trainable_params
 from gluontl.sources.restore import snapshot  # noqa: F401  (re-exported for tests)
+
+REPO = Path(__file__).resolve().parents[1]  # the checkout: README.md, docs/, recipes/, gluontl/
+ONNX_FIXTURES = REPO / "tests" / "onnx" / "fixtures"  # real exported models, see its MANIFEST.json
 
 
 def sgd_step(net, x, y, lr=0.1, momentum=0.0, wd=0.0, steps=1):
@@ -39,6 +43,57 @@ def run_cli(capsys, *args):
     return e.value.code, out.out, out.err
 
 
+def assert_one_paragraph(code, out, err, needles):
+    """Bad input's answer from the CLI: exit 2 and one paragraph on stderr (``error: ``, then
+    lines wrapped with a 7-space indent, no blank line, no traceback) that names every needle."""
+    assert code == 2, (out, err)
+    assert err.startswith("error: "), err
+    assert "Traceback" not in err
+    lines = err.rstrip("\n").split("\n")
+    assert all(line.startswith(" " * 7) and line.strip() for line in lines[1:]), err  # wrapped, no blank line
+    flat = " ".join(err.split())
+    for n in needles:
+        assert n in flat, (n, flat)
+
+
+def ort_session(model, *, optimization: str = "basic", threads: int = 1, quiet: bool = False):
+    """onnxruntime on its CPU float kernels: the tests' one way to run an ONNX file as a reference.
+
+    ``model`` is a path, serialized bytes or a ``ModelProto``.
+    ``optimization``: ``"basic"`` (the default) allows only onnxruntime's exact rewrites (constant
+    folding, redundant nodes, semantics-preserving fusions). Its own default, ``"all"``, also fuses
+    QuantizeLinear/DequantizeLinear pairs into integer kernels whose uint8×int8 products saturate on
+    CPUs without VNNI (the reference would depend on the machine, as gluontl.export.verify.ort_session
+    says), and its extended rewrites turned a reversed Range into an empty tensor in onnxruntime 1.31
+    (tests/onnx/ops/test_ops_shape.py). ``"all"`` is for a test of what a deployment runs, as
+    gluontl's int8 verification does (gluontl.export.verify.deploy_session).
+    ``threads``: intra-op threads; one, as each of the suite's workers has one core's worth
+    (scripts/test.sh sets OMP_NUM_THREADS=1 for them).
+    ``quiet``: errors only in onnxruntime's log (mx.onnx lists initializers as graph inputs, and
+    onnxruntime warns once per name).
+    """
+    import onnxruntime as ort
+
+    level = {"basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC, "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}
+    options = ort.SessionOptions()
+    options.graph_optimization_level = level[optimization]
+    options.intra_op_num_threads = threads
+    if quiet:
+        options.log_severity_level = 3
+    source = model.SerializeToString() if hasattr(model, "SerializeToString") else model
+    return ort.InferenceSession(source if isinstance(source, bytes) else str(source), options,
+                                providers=["CPUExecutionProvider"])
+
+
+def ort_run(model, feeds, **options) -> list:
+    """All outputs of ``model`` in an ``ort_session(model, **options)``; ``feeds`` maps input names
+    to arrays, or is one array for a model's only input."""
+    session = ort_session(model, **options)
+    if not isinstance(feeds, dict):
+        feeds = {session.get_inputs()[0].name: feeds}
+    return session.run(None, feeds)
+
+
 def batch(n=4, c=3, hw=32, classes=5, seed=0):
     rs = np.random.RandomState(seed)
     return mx.nd.array(rs.randn(n, c, hw, hw)), mx.nd.array(rs.randint(0, classes, n))
@@ -46,6 +101,33 @@ def batch(n=4, c=3, hw=32, classes=5, seed=0):
 
 DIGITS_5_9 = {"source": "demo:digits", "classes": ["5", "6", "7", "8", "9"], "batch_size": 16,
               "train_transform": {"resize": 16}, "val_transform": {"resize": 16}}
+
+
+def without_timings(rows) -> list[dict]:
+    """metrics.jsonl rows less their timings (``img_per_s``, ``seconds``): what two runs of one
+    recipe must share."""
+    return [{k: v for k, v in r.items() if k not in ("img_per_s", "seconds")} for r in rows]
+
+
+def checkpoint_params(run_dir, tag: str = "last") -> dict:
+    """A run folder's ``checkpoints/TAG.params`` as numpy arrays by name."""
+    return {k: v.asnumpy() for k, v in mx.nd.load(str(Path(run_dir) / "checkpoints" / f"{tag}.params")).items()}
+
+
+def tiny_recipe(prefix, *, name: str = "t", rules: list | None = None, data: dict | None = None,
+                export: list | None = None, **train) -> dict:
+    """The recipe dict the training tests start from: ``tiny_symbol``'s net (``symbol:PREFIX``,
+    3x16x16) on the demo's digits 5-9. ``train`` keys go into ``train:`` as given (no defaults are
+    hidden here); ``data`` updates ``DIGITS_5_9``; ``export`` lists the formats (``[]``: none)."""
+    recipe = {"name": name, "model": {"source": f"symbol:{prefix}", "input_shape": [3, 16, 16]}}
+    if rules is not None:
+        recipe["rules"] = rules
+    recipe["data"] = {**DIGITS_5_9, **(data or {})}
+    if train:
+        recipe["train"] = train
+    if export is not None:
+        recipe["export"] = {"formats": list(export)}
+    return recipe
 
 
 def tiny_symbol(folder, deep=True) -> str:

@@ -11,9 +11,8 @@ import json
 import mxnet as mx
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
-from helpers import assert_f32_close, batch, resnet18_weights, run_cli, sgd_step, tiny_symbol
+from tests.helpers import assert_f32_close, batch, ort_run, resnet18_weights, run_cli, sgd_step, tiny_symbol
 from onnx import TensorProto, helper, numpy_helper
 
 import gluontl
@@ -35,13 +34,6 @@ def _values(net) -> dict[str, np.ndarray]:
 def _predict(net, x) -> np.ndarray:
     with mx.autograd.predict_mode():
         return net(x if isinstance(x, mx.nd.NDArray) else mx.nd.array(x)).asnumpy()
-
-
-def _ort(path, x: np.ndarray) -> np.ndarray:
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    return session.run(None, {session.get_inputs()[0].name: x.astype(np.float32)})[0]
 
 
 def _adapt(net, rules, input_shape=None):
@@ -420,7 +412,7 @@ def test_graph_model_equals_base_trains_adapters_and_exports_merged(tmp_path, ki
         source = onnx.load(net.gluontl_onnx.source)
         assert [n.name for n in model.graph.node] == [n.name for n in source.graph.node]
     terms = int(np.prod(x.shape[1:])) * 9
-    assert_f32_close(_ort(folder / "m.onnx", x.asnumpy()), want, terms=terms, depth=3)
+    assert_f32_close(ort_run(folder / "m.onnx", x.asnumpy())[0], want, terms=terms, depth=3)
     assert all(p.is_file() for p in written)
     assert "lora" not in (folder / "m-symbol.json").read_text()
     reloaded = mx.gluon.SymbolBlock.imports(str(folder / "m-symbol.json"), [name], str(folder / "m-0000.params"))
@@ -466,7 +458,7 @@ def test_onnx_model_with_a_new_head_exports_the_merged_head(tmp_path):
     sgd_step(net, x, y, lr=0.1, steps=2)
     path = export_onnx(net, tmp_path / "m.onnx")
     assert not any("lora" in t.name for t in onnx.load(str(path)).graph.initializer)
-    assert_f32_close(_ort(path, x.asnumpy()), _predict(net, x), terms=27 * 8, depth=2)
+    assert_f32_close(ort_run(path, x.asnumpy())[0], _predict(net, x), terms=27 * 8, depth=2)
     assert merge_adapters(net).gluontl_onnx.head is not net.gluontl_onnx.head  # merged values in a copy
     graph_only = add_lora(attach_head(cut_at(gluontl.load_model(_onnx_file(tmp_path, "conv")), "relu1"),
                                       {"classes": 3}, (3, 8, 8)), {"conv1": LORA})
@@ -824,7 +816,7 @@ def test_resnet18_freeze_recipe_with_lora_trains_and_exports_plain_onnx(tmp_path
     for n in ("features.7.0.body.0.weight", "features.7.1.body.3.weight"):
         np.testing.assert_array_equal(trained[n], backbone[n].asnumpy())
     x = np.random.RandomState(0).uniform(-1, 1, (2, 3, 32, 32)).astype(np.float32)
-    assert_f32_close(_ort(onnx_path, x), _predict(net, x), terms=512 * 9, depth=20)
+    assert_f32_close(ort_run(onnx_path, x.astype(np.float32))[0], _predict(net, x), terms=512 * 9, depth=20)
 
 
 def test_the_plan_shows_an_adapter_rule_with_its_settings_even_when_they_are_the_defaults():

@@ -13,13 +13,11 @@ import sys
 
 import mxnet as mx
 import numpy as np
-import onnxruntime as ort
 import pytest
 import yaml
 from gluoncv.model_zoo import get_model, model_store
 from mxnet.gluon.model_zoo import model_store as mx_model_store
-from helpers import run_cli
-from test_cli_hostile import ONNX, _assert_one_paragraph
+from tests.helpers import ONNX_FIXTURES, assert_one_paragraph, ort_run, run_cli
 
 import gluontl
 from gluontl import sources
@@ -29,6 +27,7 @@ from gluontl.recipe import Rule, parse_recipe
 from gluontl.rules import apply_plan, make_plan
 
 SHAPE = (3, 32, 32)
+ONNX = ONNX_FIXTURES / "resnet_legacy_op13.onnx"  # input 'x', (batch, 3, 32, 32)
 FREEZE_DICTS = [{"match": "*", "grad_req": "null", "bn": "frozen"}, {"stage": "head", "grad_req": "write", "lr_mult": 0.5}]
 FREEZE_RULES = [Rule(match=["*"], grad_req="null", bn="frozen"), Rule(stage=["head"], grad_req="write", lr_mult=0.5)]
 
@@ -96,14 +95,9 @@ def test_other_shapes_are_refused_for_stages_and_noted_otherwise(resnet, shape):
     assert any(n.startswith("no stage column") for n in plan.notes), plan.notes
 
 
-def _ort(path, x):
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    return sess.run(None, {sess.get_inputs()[0].name: x})[0]
-
-
 def test_import_onnx_takes_chw_and_nchw_alike():
     x = np.random.RandomState(5).uniform(-1, 1, (2, *SHAPE)).astype(np.float32)
-    ref = _ort(ONNX, x)
+    ref = ort_run(ONNX, x)[0]
     for shapes in ({"x": SHAPE}, {"x": (None, *SHAPE)}):
         block = gluontl.import_onnx(ONNX, input_shapes=shapes)
         got = block(mx.nd.array(x)).asnumpy()  # the file's free batch stays free: batch 2 runs
@@ -206,14 +200,14 @@ def test_cli_plan_with_set_on_a_rule(recipe, capsys):
 ])
 def test_cli_set_errors_exit_2_naming_the_set(recipe, capsys, argv, needles, absent):
     code, out, err = run_cli(capsys, "plan", "-r", recipe, *argv)
-    _assert_one_paragraph(code, out, err, needles)
+    assert_one_paragraph(code, out, err, needles)
     assert absent is None or absent not in err
 
 
 def test_cli_set_error_as_a_subprocess(recipe):
     r = subprocess.run([sys.executable, "-m", "gluontl", "plan", "-r", recipe, "--set", "rules.9.lr_mult=1"],
                        capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=120)
-    _assert_one_paragraph(r.returncode, r.stdout, r.stderr, ["--set 'rules.9.lr_mult=1'", "rules.1 to rules.2"])
+    assert_one_paragraph(r.returncode, r.stdout, r.stderr, ["--set 'rules.9.lr_mult=1'", "rules.1 to rules.2"])
     assert "my_recipe.yaml" not in r.stderr
 
 
@@ -221,7 +215,7 @@ def test_cli_set_error_as_a_subprocess(recipe):
                                               ("resnet18_v9", ["'resnet18_v9'", "close names:", "resnet18_v1,"])])
 def test_cli_zoo_without_a_match_exits_2(capsys, pattern, needles):
     code, out, err = run_cli(capsys, "zoo", pattern)
-    _assert_one_paragraph(code, out, err, needles)
+    assert_one_paragraph(code, out, err, needles)
     assert out == ""
 
 
@@ -241,7 +235,7 @@ def test_cli_inspect_defaults_to_the_zoo_models_own_size(capsys):
     # Inception-v3 is made for 299x299: its stem conv (3x3, stride 2, no padding) gives (299 - 3) // 2 + 1 = 149
     assert rows[0].split()[-1] == "1x32x149x149" and rows[-1].split()[-1] == "1x1000"
     code, out, err = run_cli(capsys, "inspect", "inceptionv3", "--nodes", "--input-shape", "3,224,224")
-    _assert_one_paragraph(code, out, err, ["zoo:inceptionv3", "(1, 3, 224, 224)", "--input-shape"])
+    assert_one_paragraph(code, out, err, ["zoo:inceptionv3", "(1, 3, 224, 224)", "--input-shape"])
 
 
 # ----------------------------------------------------------------------------- no downloads

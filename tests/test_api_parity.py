@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 import pytest
 import yaml
-from helpers import DIGITS_5_9, run_cli, tiny_symbol
+from tests.helpers import run_cli, tiny_recipe, tiny_symbol
 from onnx import TensorProto, helper, numpy_helper
 
 import gluontl
@@ -33,9 +33,7 @@ def _files(run):
 def runs(tmp_path_factory):
     """One tiny recipe trained twice: by `gluontl finetune` and by gluontl.finetune(dict)."""
     d = tmp_path_factory.mktemp("parity")
-    recipe = {"name": "tiny", "model": {"source": f"symbol:{tiny_symbol(d)}", "input_shape": [3, 16, 16]},
-              "data": DIGITS_5_9, "train": {"epochs": 1, "lr": 0.1, "seed": 0},
-              "export": {"formats": ["onnx", "symbol"]}}
+    recipe = tiny_recipe(tiny_symbol(d), name="tiny", epochs=1, lr=0.1, seed=0, export=["onnx", "symbol"])
     (d / "tiny.yaml").write_text(yaml.safe_dump(recipe))
     # both in a subprocess with the same environment: bit-equal weights need the same thread count,
     # and pytest's own process may run with another one

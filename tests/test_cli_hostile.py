@@ -11,11 +11,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import helpers
+from tests import helpers
+from tests.helpers import assert_one_paragraph, ort_run, run_cli
 import mxnet as mx
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 import yaml
 from PIL import Image
@@ -200,32 +200,12 @@ def _fill(items, world):
     return [s.format(**world) for s in items]
 
 
-def _assert_one_paragraph(code, out, err, needles):
-    assert code == 2, (out, err)
-    assert err.startswith("error: "), err
-    assert "Traceback" not in err
-    lines = err.rstrip("\n").split("\n")
-    assert all(line.startswith(" " * 7) and line.strip() for line in lines[1:]), err  # wrapped, no blank line
-    flat = " ".join(err.split())
-    for n in needles:
-        assert n in flat, (n, flat)
-
-
-def run_cli(monkeypatch, capsys, *args):
-    """``gluontl ARGS`` through the console script's own main(), in this process."""
-    monkeypatch.setattr(sys, "argv", ["gluontl", *args])
-    with pytest.raises(SystemExit) as e:
-        cli.main()
-    out = capsys.readouterr()
-    return e.value.code, out.out, out.err
-
-
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_hostile_input_exits_2_with_one_paragraph(case, world, monkeypatch, capsys):
     argv, needles = CASES[case]
     monkeypatch.chdir(world["d"])  # anything a case writes by accident stays in the sandbox
-    code, out, err = run_cli(monkeypatch, capsys, *_fill(argv, world))
-    _assert_one_paragraph(code, out, err, _fill(needles, world))
+    code, out, err = run_cli(capsys, *_fill(argv, world))
+    assert_one_paragraph(code, out, err, _fill(needles, world))
 
 
 @pytest.mark.parametrize("case", SUBPROCESS)
@@ -233,7 +213,7 @@ def test_hostile_input_subprocess(case, world):
     argv, needles = CASES[case]
     r = subprocess.run([sys.executable, "-m", "gluontl", *_fill(argv, world)], capture_output=True, text=True,
                        cwd=world["d"], env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=120)
-    _assert_one_paragraph(r.returncode, r.stdout, r.stderr, _fill(needles, world))
+    assert_one_paragraph(r.returncode, r.stdout, r.stderr, _fill(needles, world))
 
 
 def test_unexpected_exception_is_one_paragraph_exit_1_unless_debugging(monkeypatch, capsys):
@@ -242,7 +222,7 @@ def test_unexpected_exception_is_one_paragraph_exit_1_unless_debugging(monkeypat
 
     monkeypatch.setattr(cli, "app", broken)
     monkeypatch.delenv("GLUONTL_DEBUG", raising=False)
-    code, _, err = run_cli(monkeypatch, capsys, "zoo")
+    code, _, err = run_cli(capsys, "zoo")
     flat = " ".join(err.split())
     assert code == 1 and err.startswith("error: internal error (ZeroDivisionError: a bug, not bad input)")
     assert "GLUONTL_DEBUG=1" in flat and "report" in flat and "Traceback" not in err
@@ -275,19 +255,14 @@ def test_onnx_file_without_suffix_is_recognized_by_content(world, tmp_path):
     assert resolve_source(str(tmp_path / "model.bin")) == f"onnx:{tmp_path / 'model.bin'}"
 
 
-def _ort(path, x):
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    return sess.run(None, {sess.get_inputs()[0].name: x})[0]
-
-
 def test_bare_onnx_path_inspect_and_export(world, tmp_path, monkeypatch, capsys):
-    code, out, err = run_cli(monkeypatch, capsys, "inspect", str(ONNX))
+    code, out, err = run_cli(capsys, "inspect", str(ONNX))
     assert code == 0, err
     assert "inputs:" in out and "x  ['batch', 3, 32, 32]" in out
-    code, out, err = run_cli(monkeypatch, capsys, "inspect", str(ONNX), "--nodes")  # shape from the file
+    code, out, err = run_cli(capsys, "inspect", str(ONNX), "--nodes")  # shape from the file
     assert code == 0, err
     assert out.strip().splitlines()[-1].endswith("1x10")
-    code, out, err = run_cli(monkeypatch, capsys, "export", str(ONNX), "--format", "onnx", "--out", str(tmp_path))
+    code, out, err = run_cli(capsys, "export", str(ONNX), "--format", "onnx", "--out", str(tmp_path))
     assert code == 0, err
     exported = tmp_path / "resnet_legacy_op13.onnx"
     assert out.splitlines() == [f"exported {exported} (verified)"]  # as finetune says: checked in onnxruntime
@@ -297,27 +272,27 @@ def test_bare_onnx_path_inspect_and_export(world, tmp_path, monkeypatch, capsys)
     # the original file run by onnxruntime is the reference; float32 differences from re-associated
     # sums over <= 4608 products per conv stay orders of magnitude below 1e-4 of the logit scale
     x = np.random.RandomState(3).uniform(-1, 1, (1, 3, 32, 32)).astype(np.float32)
-    ref = _ort(ONNX, x)
-    np.testing.assert_allclose(_ort(exported, x), ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+    ref = ort_run(ONNX, x)[0]
+    np.testing.assert_allclose(ort_run(exported, x)[0], ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
 
 
 def test_named_input_shape_fills_symbolic_dims(world, monkeypatch, capsys):
-    code, out, err = run_cli(monkeypatch, capsys, "inspect", str(DYN), "--nodes", "--input-shape", "x=1,3,48,40")
+    code, out, err = run_cli(capsys, "inspect", str(DYN), "--nodes", "--input-shape", "x=1,3,48,40")
     assert code == 0, err
     rows = out.strip().splitlines()
     assert rows[-1].endswith("1x10")
     assert any(r.endswith("x12x10") for r in rows)  # a stride-4 feature map of 48x40
-    code, out, err = run_cli(monkeypatch, capsys, "inspect", str(DYN), "--nodes", "--input-shape", "3,48,40")
+    code, out, err = run_cli(capsys, "inspect", str(DYN), "--nodes", "--input-shape", "3,48,40")
     assert code == 0, err
     assert out.strip().splitlines() == rows  # C,H,W names the first input
 
 
 def test_bare_zoo_name_inspect_and_export(tmp_path, monkeypatch, capsys):
-    code, out, err = run_cli(monkeypatch, capsys, "inspect", "mobilenet0.25", "--input-shape", "3,32,32", "--json")
+    code, out, err = run_cli(capsys, "inspect", "mobilenet0.25", "--input-shape", "3,32,32", "--json")
     assert code == 0, err
     params = json.loads(out)
     assert params[-1]["name"] == "output.bias" and params[-1]["shape"] == [1000]
-    code, out, err = run_cli(monkeypatch, capsys, "export", "mobilenet0.25", "--input-shape", "3,32,32",
+    code, out, err = run_cli(capsys, "export", "mobilenet0.25", "--input-shape", "3,32,32",
                              "--format", "onnx", "--out", str(tmp_path))
     assert code == 0, err
     inp = onnx.load(str(tmp_path / "mobilenet0_25.onnx")).graph.input[0]
@@ -332,10 +307,10 @@ def test_bare_symbol_prefix_with_its_own_input_name(tmp_path, monkeypatch, capsy
     blk.initialize(mx.init.Normal(1.0))
     blk(mx.nd.ones((1, 4, 5)))
     blk.export(str(tmp_path / "fc"))
-    code, out, err = run_cli(monkeypatch, capsys, "inspect", str(tmp_path / "fc"), "--input-shape", "4,5")
+    code, out, err = run_cli(capsys, "inspect", str(tmp_path / "fc"), "--input-shape", "4,5")
     assert code == 0, err
     assert "fc_weight" in out and "3x20" in out
-    code, out, err = run_cli(monkeypatch, capsys, "export", str(tmp_path / "fc"), "--input-shape", "img=1,4,5",
+    code, out, err = run_cli(capsys, "export", str(tmp_path / "fc"), "--input-shape", "img=1,4,5",
                              "--format", "onnx", "--out", str(tmp_path / "out"))
     assert code == 0, err
     exported = tmp_path / "out" / "fc.onnx"
@@ -344,11 +319,11 @@ def test_bare_symbol_prefix_with_its_own_input_name(tmp_path, monkeypatch, capsy
     w, b = params["arg:fc_weight"].asnumpy().astype(np.float64), params["arg:fc_bias"].asnumpy().astype(np.float64)
     xs = np.random.RandomState(4).uniform(-1, 1, (1, 4, 5)).astype(np.float32)
     ref = xs.reshape(1, -1).astype(np.float64) @ w.T + b  # exact numpy reference, 20-term dot products
-    np.testing.assert_allclose(_ort(exported, xs), ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(ort_run(exported, xs)[0], ref, rtol=1e-5, atol=1e-5)
 
 
 def test_recipe_with_bare_model_source_plans(world, monkeypatch, capsys):
-    code, out, err = run_cli(monkeypatch, capsys, "plan", "-r", f"{world['d']}/good.yaml", "--json")
+    code, out, err = run_cli(capsys, "plan", "-r", f"{world['d']}/good.yaml", "--json")
     assert code == 0, err
     plan = json.loads(out)
     assert len(plan["params"]) == 4 and plan["totals"]["trainable"] == (8 * 3 * 3 * 3 + 8) + (5 * 8 + 5)
@@ -362,7 +337,7 @@ def test_recipe_with_bare_onnx_source_needs_no_input_name(tmp_path, monkeypatch,
     recipe = {"name": "o", "model": {"source": source, "input_shape": [3, 32, 32]},
               "rules": [{"match": "fc.*", "grad_req": "write"}, {"match": "layer1.*", "grad_req": "null"}]}
     (tmp_path / "r.yaml").write_text(yaml.safe_dump(recipe))
-    code, out, err = run_cli(monkeypatch, capsys, "plan", "-r", str(tmp_path / "r.yaml"), "--json")
+    code, out, err = run_cli(capsys, "plan", "-r", str(tmp_path / "r.yaml"), "--json")
     assert code == 0, err
     params = {p["name"]: p for p in json.loads(out)["params"]}
     assert params["fc.weight"]["grad_req"] == "write" and params["layer1.0.conv1.weight"]["grad_req"] == "null"

@@ -8,7 +8,7 @@ import mxnet as mx
 import pytest
 from gluoncv.model_zoo import get_model
 
-from helpers import run_cli
+from tests.helpers import run_cli
 
 GOOD = """
 name: t

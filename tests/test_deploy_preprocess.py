@@ -10,7 +10,7 @@ from pathlib import Path
 import mxnet as mx
 import numpy as np
 import pytest
-from helpers import WITHOUT_GLUONTL, run_cli
+from tests.helpers import WITHOUT_GLUONTL, run_cli
 from PIL import Image
 
 import gluontl
@@ -166,7 +166,6 @@ def test_reference_imports_numpy_and_pillow_only():
 
 DEPLOY = WITHOUT_GLUONTL + r'''
 import json
-sys.path.insert(0, sys.argv[1])  # the folder the reference was copied to
 
 import numpy as np
 import onnxruntime as ort
@@ -174,11 +173,11 @@ from deploy_preprocess import preprocess
 
 options = ort.SessionOptions()
 options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-session = ort.InferenceSession(sys.argv[2], options, providers=["CPUExecutionProvider"])
+session = ort.InferenceSession(sys.argv[1], options, providers=["CPUExecutionProvider"])
 meta = session.get_modelmeta().custom_metadata_map
 record, classes = json.loads(meta["gluontl.preprocess"]), json.loads(meta["gluontl.classes"])
 out = []
-for image in sys.argv[3:]:
+for image in sys.argv[2:]:
     logits = session.run(None, {record["input"]["name"]: preprocess(image, record)[None]})[0][0].astype(np.float64)
     p = np.exp(logits - logits.max())
     p /= p.sum()
@@ -225,7 +224,9 @@ def test_onnxruntime_and_the_copied_reference_alone_match_gluontl_predict(tmp_pa
     copied = tmp_path / "deployment"
     copied.mkdir()
     shutil.copy(ref.__file__, copied / "deploy_preprocess.py")
-    done = subprocess.run([sys.executable, "-c", DEPLOY, str(copied), str(model), *images],
+    # run as a script in the deployment folder: Python puts that folder, with the copied reference, on the path
+    (copied / "deploy.py").write_text(DEPLOY)
+    done = subprocess.run([sys.executable, str(copied / "deploy.py"), str(model), *images],
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     got = json.loads(done.stdout)

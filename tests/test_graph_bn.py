@@ -16,7 +16,7 @@ from gluontl.onnx import import_model
 from gluontl.recipe import Rule
 from gluontl.rules import apply_plan, make_plan
 from gluontl.sources import load_model
-from helpers import conv3x3_np
+from tests.helpers import conv3x3_np
 
 MOMENTUM = 0.9
 

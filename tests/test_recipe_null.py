@@ -2,7 +2,7 @@
 import mxnet as mx
 import pytest
 import yaml
-import helpers
+from tests import helpers
 
 from gluontl.errors import RecipeError
 from gluontl.recipe import Rule, load_recipe, parse_recipe

@@ -5,7 +5,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 from gluoncv.model_zoo import get_model
-from helpers import assert_f32_close, batch, sgd_step, snapshot
+from tests.helpers import assert_f32_close, batch, sgd_step, snapshot
 
 from gluontl.errors import RuleError
 from gluontl.recipe import Rule

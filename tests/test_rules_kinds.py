@@ -5,7 +5,7 @@ import numpy as np
 import onnx
 import pytest
 from gluoncv.model_zoo import get_model
-from helpers import DIGITS_5_9, EPS32, run_cli
+from tests.helpers import EPS32, run_cli
 from onnx import TensorProto, helper, numpy_helper
 
 from gluontl.errors import RecipeError, RuleError
@@ -312,27 +312,23 @@ def test_fine_tune_expands_to_a_frozen_phase_and_discriminative_unfreezing():
 
 def test_fine_tune_run_trains_the_head_then_everything(tmp_path):
     from gluontl.train.loop import finetune
-    from helpers import tiny_symbol
+    from tests.helpers import checkpoint_params, tiny_recipe, tiny_symbol
 
     prefix = tiny_symbol(tmp_path)
 
     def recipe(epochs):
-        return parse_recipe({"name": "ft", "model": {"source": f"symbol:{prefix}", "input_shape": [3, 16, 16]},
-                             "rules": [{"preset": "fine_tune", "freeze_epochs": 1}], "data": DIGITS_5_9,
-                             "train": {"epochs": epochs, "lr": 0.05}})
+        return parse_recipe(tiny_recipe(prefix, name="ft", rules=[{"preset": "fine_tune", "freeze_epochs": 1}],
+                                        epochs=epochs, lr=0.05))
 
     init = {k.split(":", 1)[1]: v.asnumpy() for k, v in mx.nd.load(f"{prefix}-0000.params").items()}
     head = {k for k in init if "dense" in k}
     assert len(head) == 2 and len(init) == 6
 
-    def params(run):
-        return {k: v.asnumpy() for k, v in mx.nd.load(str(run.run_dir / "checkpoints" / "last.params")).items()}
-
     first = finetune(recipe(1), runs_root=tmp_path / "runs", quiet=True)
-    one = params(first)
+    one = checkpoint_params(first.run_dir)
     assert {k for k in init if not np.array_equal(one[k], init[k])} == head  # epoch 1: the head alone
     second = finetune(recipe(2), runs_root=tmp_path / "runs", resume=first.run_dir, quiet=True)
-    two = params(second)
+    two = checkpoint_params(second.run_dir)
     assert {k for k in init if not np.array_equal(two[k], one[k])} == set(init)  # epoch 2: everything
 
 

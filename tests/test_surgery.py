@@ -11,7 +11,6 @@ from __future__ import annotations
 import mxnet as mx
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from gluoncv.model_zoo import get_model
 from mxnet.gluon import HybridBlock, SymbolBlock, nn
@@ -27,7 +26,7 @@ from gluontl.pipeline import prepare
 from gluontl.recipe import HeadSpec, Rule, parse_recipe
 from gluontl.rules import apply_plan, make_plan
 from gluontl import surgery as S
-from helpers import assert_f32_close, sgd_step, snapshot
+from tests.helpers import assert_f32_close, ort_session, sgd_step, snapshot
 
 SHAPE = (3, 32, 32)
 FREEZE = [Rule(preset="freeze_all_but_head")]
@@ -371,8 +370,7 @@ def _ort(model: onnx.ModelProto, tensor: str, x: np.ndarray) -> np.ndarray:
     m.CopyFrom(model)
     if tensor not in [o.name for o in m.graph.output]:
         m.graph.output.append(helper.make_tensor_value_info(tensor, TensorProto.FLOAT, None))
-    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
-    return sess.run([tensor], {"input": x})[0]
+    return ort_session(m).run([tensor], {"input": x})[0]
 
 
 @pytest.mark.parametrize("build,cut,tensor", [

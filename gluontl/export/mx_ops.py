@@ -3,7 +3,7 @@ registry (a later registration for the same op and opset replaces mx.onnx's).
 
 The ops are those our ONNX importer emits, so a model imported from ONNX, saved as a symbol
 checkpoint and loaded as ``symbol:`` exports through mx.onnx again. Each converter is checked
-against onnxruntime and numpy in tests/test_export_symbol_models.py.
+against onnxruntime and numpy in tests/export/test_export_symbol_models.py.
 """
 from __future__ import annotations
 

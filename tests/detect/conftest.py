@@ -1,5 +1,5 @@
 import pytest
-from helpers import voc_subset
+from tests.helpers import voc_subset
 
 
 @pytest.fixture(scope="module")

@@ -27,6 +27,7 @@ from gluontl.errors import ExportError
 from gluontl.export.trace import sample_batches
 from gluontl.recipe import TransformSpec
 from gluontl.data.transforms import META_CLASSES, load_preprocess, model_card
+from tests.helpers import ort_run, ort_session
 
 SIZE = 128
 CLASSES = ["cat", "dog", "bird"]
@@ -91,7 +92,7 @@ def test_onnx_reproduces_mxnet_detections_on_photos(kind, tmp_path):
     assert [p.name for p in paths] == ["det-symbol.json", "det-0000.params", "det-preprocess.json", "det.onnx"]
     assert (net.nms_thresh, net.nms_topk, net.post_nms) == (0.45, 400, 100)  # restored
 
-    session = ort.InferenceSession(str(tmp_path / "det.onnx"), providers=["CPUExecutionProvider"])
+    session = ort_session(tmp_path / "det.onnx")
     assert [o.name for o in session.get_outputs()] == ["ids", "scores", "bboxes"]
     for batch in (x[:1], x):  # the batch dimension is free
         got = session.run(None, {"data": batch})
@@ -124,7 +125,7 @@ def test_export_after_a_hybridized_training_step(tmp_path):
     export_detector(net, tmp_path, "det", (3, SIZE, SIZE), class_names=CLASSES, sample=x, formats=["onnx"])
     graph = onnx.load(str(tmp_path / "det.onnx")).graph  # one name for the batch, as every export has it
     assert [v.type.tensor_type.shape.dim[0].dim_param for v in (*graph.input, *graph.output)] == ["batch"] * 4
-    got = ort.InferenceSession(str(tmp_path / "det.onnx"), providers=["CPUExecutionProvider"]).run(None, {"data": x})
+    got = ort_run(tmp_path / "det.onnx", {"data": x})
     want = _mxnet(net, x)
     assert want[0].shape == (2, 100, 1)  # the inference graph again
     _assert_same(got, want)
@@ -138,14 +139,14 @@ def test_export_with_other_nms_settings_matches_the_net_set_to_them(tmp_path):
     assert (net.nms_thresh, net.nms_topk, net.post_nms) == (0.45, 400, 100)
     net.set_nms(0.3, 50, 20)
     want = _mxnet(net, x)
-    got = ort.InferenceSession(str(tmp_path / "det.onnx"), providers=["CPUExecutionProvider"]).run(None, {"data": x})
+    got = ort_run(tmp_path / "det.onnx", {"data": x})
     assert got[0].shape == (4, 20, 1)
     _assert_same(got, want)
 
 
 def _nms_onnx(cand: list[np.ndarray], num_classes: int, **settings) -> list[np.ndarray]:
     model = box_nms_model(num_classes, cand[0].shape[1], **settings)
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = ort_session(model)
     return session.run(None, dict(zip(("cand_ids", "cand_scores", "cand_boxes"), cand)))
 
 
@@ -219,7 +220,7 @@ def test_plain_mx_onnx_box_nms_suppresses_across_classes():
         logging.disable(logging.NOTSET)
     model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 13)])
     model.ir_version = 8
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = ort_session(model)
     plain = session.run(None, {"data": x})[0]
     mxnet = mx.nd.contrib.box_nms(mx.nd.array(x), overlap_thresh=0.45, valid_thresh=GLUONCV_SCORE_THRESH,
                                   id_index=0, score_index=1, coord_start=2, force_suppress=False).asnumpy()
@@ -294,7 +295,7 @@ def test_yolo_export_loads_with_constant_folding(tmp_path):
 
     net = _net("yolo", seed=1)
     export_detector(net, tmp_path, "det", (3, SIZE, SIZE), class_names=CLASSES, sample=x, formats=["onnx"])
-    session = ort.InferenceSession(str(tmp_path / "det.onnx"), providers=["CPUExecutionProvider"])
+    session = ort_session(tmp_path / "det.onnx")
     _assert_same(session.run(None, {"data": x}), _mxnet(net, x))
 
 

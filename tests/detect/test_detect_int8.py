@@ -3,7 +3,7 @@ stay float, and the verdict is the change in val mAP@0.5 of the two files."""
 import json
 import shutil
 
-import helpers
+from tests import helpers
 import numpy as np
 import onnx
 import pytest

@@ -11,7 +11,7 @@ import pytest
 
 from gluontl.detect.metrics import DetectionEval, iou_matrix, plot_pr, pr_figure, table
 from gluontl.errors import DataError
-from test_detect_metrics import _boxes, _single
+from tests.detect.test_detect_metrics import _boxes, _single
 
 
 def _exact_iou(a, b):

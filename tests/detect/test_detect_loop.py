@@ -3,7 +3,7 @@ parameters and BatchNorm statistics, and the run commands (evaluate, predict, pl
 import json
 from pathlib import Path
 
-import helpers
+from tests import helpers
 import mxnet as mx
 import numpy as np
 import pytest

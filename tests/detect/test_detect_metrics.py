@@ -1,7 +1,7 @@
 """VOC and COCO detection metrics against GluonCV's VOC metrics (an independent numpy
 implementation), pycocotools' own matching, and APs computed by hand.
 
-(Named test_detect_metrics: tests/train/test_metrics.py holds the basename test_metrics and the
+(Named test_detect_metrics: tests/tasks/test_metrics.py holds the basename test_metrics and the
 test folders are not packages.)
 """
 import math

@@ -9,7 +9,7 @@ ranking noise; the comparison runs on those images and on 16 it never saw.
 import json
 from pathlib import Path
 
-import helpers
+from tests import helpers
 import mxnet as mx
 import numpy as np
 import pytest

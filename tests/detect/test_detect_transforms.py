@@ -1,7 +1,7 @@
 """A detection recipe's transforms: its own size rule, shown by the plan as the run card records it."""
 import json
 
-import helpers
+from tests import helpers
 import yaml
 
 from gluontl.recipe import parse_recipe

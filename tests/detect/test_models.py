@@ -27,6 +27,7 @@ from gluontl.sources.restore import snapshot
 from gluontl.stages import detector_family
 from gluontl.data import checkpoint
 from gluontl.data.transforms import model_card
+from tests.helpers import ort_run
 
 SSD, YOLO = "ssd_300_mobilenet0.25_custom", "yolo3_mobilenet0.25_custom"
 SHAPE = (3, 64, 64)
@@ -272,14 +273,10 @@ def test_yolov3_num_class_raises_upstream_and_num_classes_works():
 
 def _features_in_onnxruntime(net, x: np.ndarray, path: Path) -> list[np.ndarray]:
     """The SSD's feature maps (its FeatureExpander graph) exported by mx.onnx, run in ONNX Runtime."""
-    import onnxruntime as ort
 
     params = {p.name: p.data() for p in net.features.collect_params().values()}
     mx.onnx.export_model(net.features._cached_graph[1], params, [x.shape], [np.float32], str(path))
-    options = ort.SessionOptions()
-    options.log_severity_level = 3  # mx.onnx lists initializers as graph inputs; ORT warns per name
-    sess = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    return sess.run(None, {sess.get_inputs()[0].name: x})
+    return ort_run(path, x, quiet=True)
 
 
 def test_ssd_expander_batchnorm_gluoncv_init_gives_nan_in_onnxruntime_and_ours_is_identity(tmp_path):

@@ -6,7 +6,7 @@ import sys
 import mxnet as mx
 import pytest
 
-import helpers
+from tests import helpers
 from gluontl.dist.backend import WATCHDOG_EXIT
 from gluontl.errors import RecipeError, TrainError
 from gluontl.recipe import parse_recipe
@@ -81,9 +81,8 @@ def test_unset_backend_is_kvstore_in_a_launched_worker(monkeypatch):
 
 
 def _tiny(tmp_path, **distributed):
-    return parse_recipe({"name": "t", "model": {"source": f"symbol:{helpers.tiny_symbol(tmp_path)}",
-                                                "input_shape": [3, 16, 16]}, "data": helpers.DIGITS_5_9,
-                         **({"train": {"distributed": distributed}} if distributed else {})})
+    return parse_recipe(helpers.tiny_recipe(helpers.tiny_symbol(tmp_path),
+                                            **({"distributed": distributed} if distributed else {})))
 
 
 @pytest.mark.parametrize("backend, unset, says", [

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from mxnet.gluon import nn
 
-import helpers
+from tests import helpers
 from gluontl.recipe import parse_recipe
 from gluontl.train.loop import finetune
 
@@ -48,12 +48,11 @@ def tiny_bn(tmp_path_factory):
 
 
 def recipe(prefix, *, distributed=None, rules=(), batch_size=16, **train):
-    return {"name": "d", "model": {"source": f"symbol:{prefix}", "input_shape": [3, 16, 16]},
-            "rules": [{"match": list(FROZEN), "grad_req": "null"}, {"match": [NO_LR], "lr_mult": 0.0}, *rules],
-            "data": {**DATA, "batch_size": batch_size},
-            "train": {"epochs": 1, "lr": 0.05, "log_every": 1, "seed": 3, "guards": "off",
-                      **({"distributed": distributed} if distributed else {}), **train},
-            "export": {"formats": []}}
+    return helpers.tiny_recipe(
+        prefix, name="d", export=[], data={**DATA, "batch_size": batch_size},
+        rules=[{"match": list(FROZEN), "grad_req": "null"}, {"match": [NO_LR], "lr_mult": 0.0}, *rules],
+        **{"epochs": 1, "lr": 0.05, "log_every": 1, "seed": 3, "guards": "off",
+           **({"distributed": distributed} if distributed else {}), **train})
 
 
 def launch(tmp_path, recipe_dict, *args, workers=2, servers=1):
@@ -73,10 +72,6 @@ def run_folder(proc, tmp_path):
     return run
 
 
-def params(run, tag="last"):
-    return {k: v.asnumpy() for k, v in mx.nd.load(str(run / "checkpoints" / f"{tag}.params")).items()}
-
-
 def initial(prefix):
     return {k.split(":", 1)[1]: v.asnumpy() for k, v in mx.nd.load(f"{prefix}-0000.params").items()}
 
@@ -90,7 +85,7 @@ def test_two_workers_match_one_process_on_the_combined_batch_three_times(tiny_bn
     (7 of 11 runs went wrong without the broadcast done before training)."""
     ref = finetune(parse_recipe(recipe(tiny_bn, batch_size=32, rules=[{"type": ["BatchNorm"], "bn": "frozen"}])),
                    runs_root=tmp_path / "ref", quiet=True)
-    want, start = params(ref.run_dir), initial(tiny_bn)
+    want, start = helpers.checkpoint_params(ref.run_dir), initial(tiny_bn)
     # job 0: the feature cache in memory-mapped files (one per worker); job 1: two servers (the keys
     # of gluontl's own collectives must map to a server; MXNet computes that in int32); job 2: each
     # worker splits its batch over two contexts
@@ -100,7 +95,7 @@ def test_two_workers_match_one_process_on_the_combined_batch_three_times(tiny_bn
                                 servers=servers), tmp_path / str(rep))
         sums = {(run / "logs" / f"worker-{r}.sha256").read_text() for r in (0, 1)}
         assert len(sums) == 1, f"repetition {rep}: the workers' parameters differ"
-        got = params(run)
+        got = helpers.checkpoint_params(run)
         assert set(got) == set(want)
         for name in want:
             np.testing.assert_allclose(got[name], want[name], rtol=0, atol=1e-6, err_msg=f"rep {rep}: {name}")
@@ -139,7 +134,7 @@ def test_a_kept_last_batch_trains_every_image_and_matches_one_process(tiny_bn, t
     data = json.loads((run / "plan.json").read_text())["epoch_data"]
     assert (data["workers"], data["batches"], data["left_out"]) == (2, 10, 0)
     assert len({(run / "logs" / f"worker-{r}.sha256").read_text() for r in (0, 1)}) == 1
-    got, want = params(run), params(ref.run_dir)
+    got, want = helpers.checkpoint_params(run), helpers.checkpoint_params(ref.run_dir)
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=0, atol=1e-6, err_msg=name)
     np.testing.assert_allclose(step_losses(run), step_losses(ref.run_dir), rtol=0, atol=1e-6)
@@ -158,7 +153,7 @@ def test_a_stopped_and_resumed_job_matches_an_uninterrupted_one(tiny_bn, tmp_pat
     assert "Traceback" not in refused.stdout + refused.stderr
     resumed = launch(tmp_path / "part", r, "--resume", str(part))
     assert resumed.returncode == 0, resumed.stdout[-4000:] + resumed.stderr[-4000:]
-    a, b = params(full), params(part)
+    a, b = helpers.checkpoint_params(full), helpers.checkpoint_params(part)
     for name in a:
         np.testing.assert_array_equal(a[name], b[name], err_msg=name)
     assert step_losses(full) == step_losses(part)
@@ -181,7 +176,7 @@ def test_horovod_workers_match_one_process_on_the_combined_batch(tiny_bn, tmp_pa
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     run = run_folder(proc, tmp_path)
     assert len({(run / "logs" / f"worker-{r}.sha256").read_text() for r in (0, 1)}) == 1
-    got, want, start = params(run), params(ref.run_dir), initial(tiny_bn)
+    got, want, start = helpers.checkpoint_params(run), helpers.checkpoint_params(ref.run_dir), initial(tiny_bn)
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=0, atol=1e-6, err_msg=name)
     for name in (*FROZEN, NO_LR, *BN_STATS):
@@ -213,7 +208,7 @@ def test_a_detector_trains_on_two_workers(tmp_path):
     one = {**r, "rules": [*r["rules"], {"type": ["BatchNorm"], "bn": "frozen"}],
            "train": {**r["train"], "distributed": {"backend": "none"}}}
     ref = finetune(parse_recipe(one), runs_root=tmp_path / "ref", quiet=True, stop_after_steps=1)
-    got, want = params(run), params(ref.run_dir)
+    got, want = helpers.checkpoint_params(run), helpers.checkpoint_params(ref.run_dir)
     for name in frozen:
         np.testing.assert_array_equal(got[name], want[name], err_msg=name)
     trained = [p["name"] for p in plan["params"] if p["name"] not in frozen]

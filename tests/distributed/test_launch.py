@@ -11,10 +11,10 @@ import sys
 import threading
 import time
 
-import helpers
+from tests import helpers
 import pytest
 import yaml
-from test_cli_hostile import _assert_one_paragraph
+from tests.helpers import assert_one_paragraph
 
 from gluontl.dist.launch import Host, plan, read_hosts
 from gluontl.errors import LaunchError
@@ -118,13 +118,13 @@ def test_hosts_file(tmp_path):
 def test_bad_input(capsys, args, says):
     code, out, err = helpers.run_cli(capsys, "launch", *args)
     assert out == ""
-    _assert_one_paragraph(code, out, err, [says])
+    assert_one_paragraph(code, out, err, [says])
 
 
 def test_bad_hosts_line_names_file_and_line(capsys, tmp_path):
     (tmp_path / "hosts").write_text("a\nb c d\n")
     code, out, err = helpers.run_cli(capsys, "launch", "-n", "1", "--hosts", str(tmp_path / "hosts"), "--", "plan")
-    _assert_one_paragraph(code, out, err, [f"{tmp_path / 'hosts'}, line 2: 'b c d'"])
+    assert_one_paragraph(code, out, err, [f"{tmp_path / 'hosts'}, line 2: 'b c d'"])
 
 
 # ----------------------------------------------------------------- real jobs
@@ -135,9 +135,7 @@ def job_dir(tmp_path_factory):
     long enough to be killed mid-run (--set train.epochs=1 for a short job)."""
     folder = tmp_path_factory.mktemp("job")
     prefix = helpers.tiny_symbol(folder)
-    recipe = {"name": "t", "model": {"source": f"symbol:{prefix}", "input_shape": [3, 16, 16]},
-              "data": helpers.DIGITS_5_9,
-              "train": {"epochs": 200, "lr": 0.05, "guards": "off", "distributed": {"backend": "kvstore"}}}
+    recipe = helpers.tiny_recipe(prefix, epochs=200, lr=0.05, guards="off", distributed={"backend": "kvstore"})
     (folder / "r.yaml").write_text(yaml.safe_dump(recipe))
     return folder
 
@@ -381,8 +379,7 @@ def test_the_launcher_makes_a_weights_from_pretrain_once_and_an_unset_backend_tr
     (fake ssh) hosts, which see the launcher's working folder as a shared file system would."""
     prefix = helpers.tiny_symbol(tmp_path)
     short = {"epochs": 1, "lr": 0.05, "guards": "off"}
-    pre = {"name": "pre", "model": {"source": f"symbol:{prefix}", "input_shape": [3, 16, 16]},
-           "data": helpers.DIGITS_5_9, "train": short, "export": {"formats": []}}
+    pre = helpers.tiny_recipe(prefix, name="pre", export=[], **short)
     (tmp_path / "pre.yaml").write_text(yaml.safe_dump(pre))
     weights = ".cache/pretrain/tiny.params"
     r = {**pre, "name": "t", "model": {**pre["model"], "weights": weights, "weights_from": "pre.yaml"}}

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import helpers
+from tests import helpers
 from gluontl.detect.data import make_detection_loaders
 from gluontl.recipe import DataSpec
 from gluontl.data.datasets import make_loaders

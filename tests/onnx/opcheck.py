@@ -9,8 +9,7 @@ from __future__ import annotations
 import mxnet as mx
 import numpy as np
 import onnx
-import onnxruntime as ort
-from helpers import assert_f32_close
+from tests.helpers import assert_f32_close, ort_run
 from onnx import helper, numpy_helper
 
 from gluontl.onnx import registry
@@ -21,6 +20,11 @@ NP2ONNX = {np.dtype(k): v for k, v in {
     "int64": onnx.TensorProto.INT64, "int32": onnx.TensorProto.INT32,
     "bool": onnx.TensorProto.BOOL, "uint8": onnx.TensorProto.UINT8,
     "int8": onnx.TensorProto.INT8, "float16": onnx.TensorProto.FLOAT16}.items()}
+
+
+def i64(*v):
+    """An int64 vector: shapes, axes, starts and indices as ONNX takes them."""
+    return np.array(v, np.int64)
 
 
 def make_model(op_type, inputs, attrs, consts=(), opset=17, n_outputs=1, domain=""):
@@ -46,8 +50,7 @@ def run_ort(op_type, inputs, attrs, consts=(), opset=17, n_outputs=1, domain="",
     if reference:
         from onnx.reference import ReferenceEvaluator
         return model, ReferenceEvaluator(model).run(None, feed)
-    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return model, sess.run(None, feed)
+    return model, ort_run(model, feed)
 
 
 def build_mx(model, inputs, consts=(), opset=17):

@@ -25,6 +25,7 @@ from onnx import numpy_helper
 from gluontl.errors import OnnxImportError
 from gluontl.onnx import import_model
 from gluontl.onnx.registry import carrier_dtype, get, get_evaluator
+from tests.helpers import ort_session
 
 DATA = Path(onnx.__file__).parent / "backend" / "test" / "data"
 SUITES = ("node", "pytorch-converted", "pytorch-operator", "simple")
@@ -150,8 +151,7 @@ def case_id(folder: Path) -> str:
 
 
 def _ort_outputs(folder: Path, inputs: list[np.ndarray]) -> list[np.ndarray]:
-    import onnxruntime as ort
-    sess = ort.InferenceSession(str(folder / "model.onnx"), providers=["CPUExecutionProvider"])
+    sess = ort_session(folder / "model.onnx")
     return sess.run(None, {i.name: x for i, x in zip(sess.get_inputs(), inputs)})
 
 

@@ -22,7 +22,7 @@ from onnx.reference import ReferenceEvaluator
 
 from gluontl.onnx import import_model
 from gluontl.onnx.layout import plain_conv_gradients
-from helpers import EPS32, f32_tol
+from tests.helpers import EPS32, f32_tol
 
 FIXTURES = Path(__file__).parent / "fixtures"
 PATTERNS = ("xcit_lpi", "mobilevit_fold", "efficientformer_attn")

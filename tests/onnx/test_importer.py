@@ -7,11 +7,10 @@ import os
 import mxnet as mx
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
-from helpers import (assert_f32_close, assert_requantized, conv_integer_ref, dequantize_ref,
+from tests.helpers import (assert_f32_close, assert_requantized, conv_integer_ref, dequantize_ref,
                      dynamic_quantize_ref, matmul_integer_ref, quantize_ref, requantize_ref,
-                     requantize_slack)
+                     ort_run, requantize_slack)
 from onnx import helper, numpy_helper
 
 from gluontl.errors import OnnxImportError
@@ -32,11 +31,6 @@ def make_model(nodes, inputs, outputs, inits=(), opset=17, extra_opsets=()):
     model = helper.make_model(graph, opset_imports=ids)
     model.ir_version = 8
     return model
-
-
-def ort_run(model, feeds):
-    data = model if isinstance(model, (str, bytes)) else model.SerializeToString()
-    return ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, feeds)
 
 
 def mx_run(block, feeds):

@@ -8,8 +8,8 @@ import pytest
 
 from gluontl.errors import OnnxImportError
 from gluontl.onnx import format_report, import_model, inspect_onnx
-from helpers import run_cli
-from test_importer import make_model, node, weights_model
+from tests.helpers import run_cli
+from tests.onnx.test_importer import make_model, node, weights_model
 
 
 def test_report_describes_a_supported_model(tmp_path):

@@ -12,12 +12,12 @@ import mxnet as mx
 import numpy as np
 import onnx
 import pytest
-from helpers import assert_f32_close
+from tests.helpers import assert_f32_close, ort_run
 from onnx import numpy_helper
 
 from gluontl.onnx import import_model
-from test_importer import graph_ops, ort_run, rel_err
-from test_torch_exports import f32_model_tol
+from tests.onnx.test_importer import graph_ops, rel_err
+from tests.onnx.test_torch_exports import f32_model_tol
 
 SIZE = 64  # spatial input size: small keeps the file fast, global pooling makes it valid
 

@@ -9,9 +9,8 @@ import mxnet as mx
 import numpy as np
 import onnx
 import onnx.utils
-import onnxruntime as ort
 import pytest
-from helpers import assert_f32_close
+from tests.helpers import assert_f32_close, ort_run, ort_session
 from onnx import TensorProto, helper, numpy_helper
 
 from gluontl.errors import GluontlError, OnnxImportError
@@ -86,11 +85,7 @@ def ort_features(path: str, hw: tuple[int, int], taps: list[str], x: np.ndarray)
         d.Clear()
         d.dim_value = size
     model = onnx.utils.Extractor(model).extract_model(["input"], taps)
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    so.intra_op_num_threads = 1
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(
-        taps, {"input": x})
+    return ort_session(model).run(taps, {"input": x})
 
 
 @pytest.mark.parametrize("hw", [(48, 40), (16, 64), (DECLARED, DECLARED)])
@@ -161,7 +156,7 @@ def _seg_recipe(folder, source: str, taps: list[str]):
 
 
 def test_the_plan_says_the_backbone_is_bound_at_another_size_and_a_refusal_exits_2(tmp_path, capsys):
-    from helpers import run_cli
+    from tests.helpers import run_cli
 
     good = _seg_recipe(tmp_path, classifier(tmp_path / "c.onnx"), ["cat", "deep"])
     code, out, err = run_cli(capsys, "plan", "--recipe", good)
@@ -212,8 +207,5 @@ def test_a_segmenter_on_a_backbone_bound_at_another_size_exports_to_onnx_that_ma
     [path] = export_segmenter(net, tmp_path / "out", "seg", (3, 48, 48), formats=["onnx"], sample=x)
     with mx.autograd.predict_mode():
         logits = net(mx.nd.array(x)).asnumpy()
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-    got_logits, _ = session.run(None, {session.get_inputs()[0].name: x})
+    got_logits, _ = ort_run(path, x)
     assert_f32_close(got_logits, logits, terms=16 * 9, depth=5)

@@ -28,8 +28,8 @@ from onnx import numpy_helper
 
 from gluontl.errors import OnnxImportError
 from gluontl.onnx import import_model
-from helpers import EPS32
-from test_importer import ort_run, rel_err
+from tests.helpers import EPS32, ort_run
+from tests.onnx.test_importer import rel_err
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MANIFEST = json.loads((FIXTURES / "MANIFEST.json").read_text())

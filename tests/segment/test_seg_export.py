@@ -10,7 +10,7 @@ import mxnet as mx
 import numpy as np
 import onnx
 import pytest
-from helpers import assert_f32_close
+from tests.helpers import assert_f32_close
 
 from gluontl.errors import ExportError
 from gluontl.export.verify import ort_session

@@ -8,7 +8,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 from gluoncv.loss import MixSoftmaxCrossEntropyLoss
-from helpers import assert_f32_close
+from tests.helpers import assert_f32_close
 
 from gluontl.segment.loss import SegmentationLoss, median_frequency_weights
 

@@ -15,7 +15,7 @@ import json
 import mxnet as mx
 import numpy as np
 import pytest
-from helpers import assert_f32_close, tiny_symbol
+from tests.helpers import assert_f32_close, tiny_symbol
 
 from gluontl.errors import ModelSourceError, RestoreError, SurgeryError
 from gluontl.export.exporters import export_block

@@ -6,7 +6,7 @@ import json
 import mxnet as mx
 import numpy as np
 import pytest
-import helpers
+from tests import helpers
 
 from gluontl.errors import RecipeError
 from gluontl.naming import named_params
@@ -19,20 +19,9 @@ from gluontl.train.runs import export_run
 DATA = helpers.DIGITS_5_9
 
 
-@pytest.fixture(scope="module")
-def tiny_symbol(tmp_path_factory):
-    return helpers.tiny_symbol(tmp_path_factory.mktemp("tiny"))
-
-
-@pytest.fixture(scope="module")
-def resnet_weights(tmp_path_factory):
-    return helpers.resnet18_weights(tmp_path_factory.mktemp("w") / "w.params")
-
-
 def recipe(prefix, ema=None, **train):
-    return parse_recipe({"name": "t", "model": {"source": f"symbol:{prefix}", "input_shape": [3, 16, 16]},
-                         "data": DATA, "train": {"epochs": 2, "lr": 0.05, "log_every": 1,
-                                                 "ema": {"decay": 0.9, **(ema or {})}, **train}})
+    return parse_recipe(helpers.tiny_recipe(prefix, **{"epochs": 2, "lr": 0.05, "log_every": 1,
+                                                        "ema": {"decay": 0.9, **(ema or {})}, **train}))
 
 
 def resnet_recipe(weights, **train):
@@ -48,10 +37,6 @@ def resnet_recipe(weights, **train):
 
 def arrays(run_dir, name):
     return {k.split(":", 1)[-1]: v.asnumpy() for k, v in mx.nd.load(str(run_dir / "checkpoints" / name)).items()}
-
-
-def numbers(result):
-    return [{k: v for k, v in r.items() if k not in ("img_per_s", "seconds")} for r in result.metrics]
 
 
 def test_the_average_equals_numpy_over_sgd_steps_with_warmup():
@@ -301,7 +286,7 @@ def test_a_stopped_and_resumed_ema_run_is_the_uninterrupted_one_bit_for_bit(tiny
     part = finetune(r, runs_root=tmp_path / "b", quiet=True, stop_after_steps=13)
     part = finetune(r, runs_root=tmp_path / "b", quiet=True, resume=part.run_dir, stop_after_steps=40)
     done = finetune(r, runs_root=tmp_path / "b", quiet=True, resume=part.run_dir)
-    assert numbers(done) == numbers(full)
+    assert helpers.without_timings(done.metrics) == helpers.without_timings(full.metrics)
     for name in ("last.params", "last.ema", "best.params"):
         a, b = arrays(full.run_dir, name), arrays(done.run_dir, name)
         assert a.keys() == b.keys()
@@ -347,8 +332,8 @@ def test_with_the_feature_cache_and_recomputed_batchnorm_the_model_trains_as_wit
     ema = finetune(r, runs_root=tmp_path / "b", quiet=True)
     assert json.loads((ema.run_dir / "summary.json").read_text())["feature_cache"]["cache"]
     assert "recomputed with the averaged weights on 3 training batches" in (ema.run_dir / "plan.txt").read_text()
-    strip = [{k: v for k, v in r.items() if not k.startswith("ema_")} for r in numbers(ema)]
-    assert strip == numbers(plain)
+    strip = [{k: v for k, v in r.items() if not k.startswith("ema_")} for r in helpers.without_timings(ema.metrics)]
+    assert strip == helpers.without_timings(plain.metrics)
     a, b = arrays(plain.run_dir, "last.params"), arrays(ema.run_dir, "last.params")
     for k in a:
         np.testing.assert_array_equal(a[k], b[k], err_msg=k)
@@ -365,7 +350,7 @@ def test_with_the_feature_cache_and_recomputed_batchnorm_the_model_trains_as_wit
     # stopped in epoch 1 and resumed: the same average, statistics and weights
     part = finetune(r, runs_root=tmp_path / "c", quiet=True, stop_after_steps=5)
     done = finetune(r, runs_root=tmp_path / "c", quiet=True, resume=part.run_dir)
-    assert numbers(done) == numbers(ema)
+    assert helpers.without_timings(done.metrics) == helpers.without_timings(ema.metrics)
     for name in ("last.params", "last.ema", "best.params"):
         x, y = arrays(ema.run_dir, name), arrays(done.run_dir, name)
         for k in x:

@@ -4,15 +4,13 @@ import json
 
 import mxnet as mx
 import numpy as np
-import helpers
+from tests import helpers
 import pytest
 
 from gluontl.errors import TrainError
 from gluontl.recipe import parse_recipe
 from gluontl.data import checkpoint
 from gluontl.train.loop import finetune
-
-DATA = helpers.DIGITS_5_9
 
 
 @pytest.fixture(scope="module")
@@ -22,9 +20,8 @@ def tiny(tmp_path_factory):
 
 def test_diverging_run_stops_with_last_good_checkpoint(tiny, tmp_path):
     # epoch 1 trains normally; from epoch 2 the lr is 1e30 and every loss is NaN/Inf
-    r = parse_recipe({"name": "nan", "model": {"source": f"symbol:{tiny}", "input_shape": [3, 16, 16]},
-                      "data": DATA, "train": {"epochs": 3, "lr": 0.05, "max_bad_steps": 3,
-                                              "schedule": {"kind": "multistep", "milestones": [1], "factor": 1e31}}})
+    r = parse_recipe(helpers.tiny_recipe(tiny, name="nan", epochs=3, lr=0.05, max_bad_steps=3,
+                                         schedule={"kind": "multistep", "milestones": [1], "factor": 1e31}))
     with pytest.raises(TrainError) as e:
         finetune(r, runs_root=tmp_path, quiet=True)
     msg = str(e.value)
@@ -44,9 +41,8 @@ def test_a_lora_factor_gone_nan_behind_a_relu_stops_the_run_naming_it(tiny, tmp_
     any checkpoint is written, naming the parameter, and the CLI exits 2."""
     from gluontl.runfolder import checkpoint_files, file_sha256
 
-    r = parse_recipe({"name": "lora", "model": {"source": f"symbol:{tiny}", "input_shape": [3, 16, 16]},
-                      "rules": [{"type": ["Conv"], "adapter": {"rank": 2}}],  # the one conv (names vary by process)
-                      "data": DATA, "train": {"epochs": 1, "lr": 0.01}, "export": {"formats": []}})
+    r = parse_recipe(helpers.tiny_recipe(tiny, name="lora", epochs=1, lr=0.01, export=[],
+                                         rules=[{"type": ["Conv"], "adapter": {"rank": 2}}]))  # the one conv (names vary by process)
     finetune(r, runs_root=tmp_path, quiet=True, stop_after_steps=1)
     folder = tmp_path / "lora" / "checkpoints"
     meta = json.loads((folder / "last.json").read_text())

@@ -15,11 +15,10 @@ import termios
 import threading
 from pathlib import Path
 
-import mxnet as mx
 import numpy as np
 import pytest
 import yaml
-import helpers
+from tests import helpers
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from gluontl.errors import ModelSourceError, TrainError
@@ -34,15 +33,8 @@ EPOCH_LINE = re.compile(r"epoch (\d+)/(\d+) train_loss (\d+\.\d{4}) train_acc (\
                         r"val_acc (\d\.\d{4}) val_balanced_acc (\d\.\d{4}) lr (\S+) time \d+\.\ds")
 
 
-@pytest.fixture(scope="module")
-def tiny_symbol(tmp_path_factory):
-    return helpers.tiny_symbol(tmp_path_factory.mktemp("tiny"))
-
-
 def spec(prefix, **train):
-    return {"name": "t", "model": {"source": f"symbol:{prefix}", "input_shape": [3, 16, 16]},
-            "data": helpers.DIGITS_5_9, "train": {"epochs": 2, "lr": 0.05, "log_every": 1, **train},
-            "export": {"formats": []}}
+    return helpers.tiny_recipe(prefix, export=[], **{"epochs": 2, "lr": 0.05, "log_every": 1, **train})
 
 
 def recipe(prefix, **train):
@@ -51,10 +43,6 @@ def recipe(prefix, **train):
 
 def rows(run_dir):
     return [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def numbers(metrics):
-    return [{k: v for k, v in r.items() if k not in ("img_per_s", "seconds")} for r in metrics]
 
 
 def events(run_dir):
@@ -100,7 +88,7 @@ def test_resume_after_lost_rows_shows_each_step_once(tiny_symbol, tmp_path):
     shutil.copytree(saved, run / "checkpoints")  # the state a kill -9 at step 33 leaves: rows 14..33 unsaved
     done = finetune(recipe(tiny_symbol), runs_root=tmp_path / "b", quiet=True, resume=run)
     assert len(list(run.glob("events.out.tfevents.*"))) == 3
-    assert numbers(rows(run)) == numbers(done.metrics) == numbers(full.metrics)
+    assert helpers.without_timings(rows(run)) == helpers.without_timings(done.metrics) == helpers.without_timings(full.metrics)
     assert_events_equal_metrics(run)
 
 
@@ -208,20 +196,16 @@ def test_digits_demo_log_is_small_when_redirected(tmp_path):
 
 # ------------------------------------------------------------------ extending runs
 
-def params(run_dir, tag="last"):
-    return {k: v.asnumpy() for k, v in mx.nd.load(str(run_dir / "checkpoints" / f"{tag}.params")).items()}
-
-
 def test_resume_with_more_epochs_equals_the_longer_run(tiny_symbol, tmp_path):
     """Constant lr: a 2-epoch run extended to 3 is the 3-epoch run, number for number."""
     three = finetune(recipe(tiny_symbol, epochs=3), runs_root=tmp_path / "a", quiet=True)
     two = finetune(recipe(tiny_symbol), runs_root=tmp_path / "b", quiet=True)
     more = finetune(recipe(tiny_symbol, epochs=3), runs_root=tmp_path / "b", quiet=True, resume=two.run_dir)
     assert more.run_dir == two.run_dir
-    assert numbers(rows(two.run_dir)) == numbers(three.metrics)
+    assert helpers.without_timings(rows(two.run_dir)) == helpers.without_timings(three.metrics)
     assert [r["epoch"] for r in rows(two.run_dir) if "epoch" in r] == [1, 2, 3]
-    for k, v in params(three.run_dir).items():
-        np.testing.assert_array_equal(params(two.run_dir)[k], v)
+    for k, v in helpers.checkpoint_params(three.run_dir).items():
+        np.testing.assert_array_equal(helpers.checkpoint_params(two.run_dir)[k], v)
     assert yaml.safe_load((two.run_dir / "recipe.yaml").read_text())["train"]["epochs"] == 3
     assert_events_equal_metrics(two.run_dir)
 
@@ -302,14 +286,14 @@ def test_new_run_from_another_runs_checkpoint(tiny_symbol, tmp_path):
     first = finetune(recipe(tiny_symbol), runs_root=tmp_path, quiet=True).run_dir
     for ref, tag in ((first, "best"), (first / "last", "last")):
         start = prepare(init_from(recipe(tiny_symbol), ref)).block
-        want = params(first, tag)
+        want = helpers.checkpoint_params(first, tag)
         got = {n: e.param.data().asnumpy() for n, e in named_params(start).items()}
         assert sorted(got) == sorted(want)
         for n in want:
             np.testing.assert_array_equal(got[n], want[n])
     # The same through model.weights: a run folder is a weights source.
     start = prepare(parse_recipe({**spec(tiny_symbol), "model": {**spec(tiny_symbol)["model"], "weights": str(first)}}))
-    for n, want in params(first, "best").items():  # names follow Gluon's counters when the net was built
+    for n, want in helpers.checkpoint_params(first, "best").items():  # names follow Gluon's counters when the net was built
         np.testing.assert_array_equal(named_params(start.block)[n].param.data().asnumpy(), want)
     assert start.restore.file == str(first)
     with pytest.raises(TrainError, match="not a run folder"):

@@ -4,7 +4,7 @@ import json
 import mxnet as mx
 import numpy as np
 import pytest
-import helpers
+from tests import helpers
 from gluoncv.model_zoo import get_model
 
 from gluontl.naming import named_params
@@ -14,22 +14,8 @@ from gluontl.train.loop import finetune
 DATA = helpers.DIGITS_5_9
 
 
-@pytest.fixture(scope="module")
-def tiny_symbol(tmp_path_factory):
-    return helpers.tiny_symbol(tmp_path_factory.mktemp("tiny"))
-
-
 def recipe(prefix, **train):
-    return parse_recipe({"name": "t", "model": {"source": f"symbol:{prefix}", "input_shape": [3, 16, 16]},
-                         "data": DATA, "train": {"epochs": 2, "lr": 0.05, "log_every": 1, **train}})
-
-
-def numbers(result):
-    return [{k: v for k, v in r.items() if k not in ("img_per_s", "seconds")} for r in result.metrics]
-
-
-def final_params(run_dir):
-    return {k: v.asnumpy() for k, v in mx.nd.load(str(run_dir / "checkpoints" / "last.params")).items()}
+    return parse_recipe(helpers.tiny_recipe(prefix, **{"epochs": 2, "lr": 0.05, "log_every": 1, **train}))
 
 
 def initial_params(prefix):
@@ -44,12 +30,12 @@ def test_same_seed_gives_identical_metrics(tiny_symbol, tmp_path):
     a = finetune(recipe(tiny_symbol), runs_root=tmp_path, quiet=True)
     b = finetune(recipe(tiny_symbol), runs_root=tmp_path, quiet=True)
     assert a.run_dir != b.run_dir
-    assert numbers(a) == numbers(b)
+    assert helpers.without_timings(a.metrics) == helpers.without_timings(b.metrics)
     on_disk = [json.loads(l) for l in (a.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in on_disk if "epoch" in r] == [1, 2]
     assert {"loss", "lr", "img_per_s"} <= set(on_disk[0]) and {"val_top1", "val_loss", "train_loss"} <= set(on_disk[-1])
     c = finetune(recipe(tiny_symbol, seed=1), runs_root=tmp_path, quiet=True)
-    assert numbers(c) != numbers(a)
+    assert helpers.without_timings(c.metrics) != helpers.without_timings(a.metrics)
 
 
 def test_resume_mid_epoch_reaches_the_same_result(tiny_symbol, tmp_path):
@@ -61,8 +47,8 @@ def test_resume_mid_epoch_reaches_the_same_result(tiny_symbol, tmp_path):
     part = finetune(recipe(tiny_symbol), runs_root=tmp_path / "b", quiet=True, resume=part.run_dir,
                     stop_after_steps=40)  # stops again in epoch 2
     done = finetune(recipe(tiny_symbol), runs_root=tmp_path / "b", quiet=True, resume=part.run_dir)
-    assert numbers(done) == numbers(full)
-    a, b = final_params(full.run_dir), final_params(done.run_dir)
+    assert helpers.without_timings(done.metrics) == helpers.without_timings(full.metrics)
+    a, b = helpers.checkpoint_params(full.run_dir), helpers.checkpoint_params(done.run_dir)
     for k in a:
         np.testing.assert_array_equal(a[k], b[k])
 
@@ -92,7 +78,7 @@ def test_accumulation_matches_the_double_batch(tiny_symbol, tmp_path):
                           "data": {**DATA, "batch_size": 8},
                           "train": {"epochs": 1, "lr": 0.05, "momentum": 0.0, "accumulate": 2, "log_every": 1}})
     acc = finetune(small, runs_root=tmp_path / "b", quiet=True, stop_after_steps=30)
-    a, b, start = final_params(big.run_dir), final_params(acc.run_dir), initial_params(tiny_symbol)
+    a, b, start = helpers.checkpoint_params(big.run_dir), helpers.checkpoint_params(acc.run_dir), initial_params(tiny_symbol)
     assert all(not np.array_equal(a[k], start[k]) for k in a)
     helpers.assert_same_training(a, b, start, steps=30, grad_err=GRAD_ERR)
 
@@ -103,7 +89,7 @@ def test_two_cpu_contexts_match_one(tiny_symbol, tmp_path):
     # cpu:1,2 leaves out the default context, as gpu:0,1 does: nothing may read a parameter there
     two = finetune(recipe(tiny_symbol, epochs=1, ctx="cpu:1,2"), runs_root=tmp_path / "b", quiet=True,
                    stop_after_steps=3)
-    a, b = final_params(one.run_dir), final_params(two.run_dir)
+    a, b = helpers.checkpoint_params(one.run_dir), helpers.checkpoint_params(two.run_dir)
     helpers.assert_same_training(a, b, initial_params(tiny_symbol), steps=3, grad_err=GRAD_ERR)
 
 
@@ -121,7 +107,7 @@ def test_frozen_backbone_run_keeps_every_frozen_array(tmp_path):
                       "data": DATA, "train": {"epochs": 1, "lr": 0.1}})
     res = finetune(r, runs_root=tmp_path, quiet=True)
     before = {k: v.asnumpy() for k, v in mx.nd.load(str(weights)).items()}
-    after = final_params(res.run_dir)
+    after = helpers.checkpoint_params(res.run_dir)
     frozen = [k for k in before if k.startswith("features.")]
     assert len(frozen) == 100 and any(k.endswith("running_var") for k in frozen)
     for k in frozen:
@@ -142,7 +128,7 @@ def test_gradual_unfreezing_changes_what_trains_at_the_epoch(tiny_symbol, tmp_pa
                       "data": DATA, "train": {"epochs": 2, "lr": 0.05}})
     part = finetune(r, runs_root=tmp_path, quiet=True, stop_after_steps=1000)  # whole epoch 1 + 1 step
     init = {k.split(":", 1)[1]: v.asnumpy() for k, v in mx.nd.load(f"{tiny_symbol}-0000.params").items()}
-    after = final_params(part.run_dir)
+    after = helpers.checkpoint_params(part.run_dir)
     np.testing.assert_array_equal(after[conv0], init[conv0])
     assert not np.array_equal(after[conv1], init[conv1])
 
@@ -162,7 +148,7 @@ def test_a_resume_at_the_epoch_a_rule_starts_is_the_uninterrupted_run(tiny_symbo
     whole = finetune(r(2), runs_root=tmp_path / "a", quiet=True)
     first = finetune(r(1), runs_root=tmp_path / "b", quiet=True)
     resumed = finetune(r(2), runs_root=tmp_path / "b", resume=first.run_dir, quiet=True)
-    a, b = final_params(whole.run_dir), final_params(resumed.run_dir)
+    a, b = helpers.checkpoint_params(whole.run_dir), helpers.checkpoint_params(resumed.run_dir)
     assert a.keys() == b.keys()
     for k in a:
         np.testing.assert_array_equal(a[k], b[k], err_msg=k)
@@ -193,7 +179,6 @@ def test_evaluate_predict_plot_use_the_run(tiny_symbol, tmp_path):
 
 
 def test_export_run_writes_verified_files_and_refuses_to_overwrite(tiny_symbol, tmp_path):
-    import onnxruntime as ort
 
     from gluontl.errors import ExportError
     from gluontl.train.runs import export_run, load_run
@@ -206,7 +191,7 @@ def test_export_run_writes_verified_files_and_refuses_to_overwrite(tiny_symbol, 
     x = np.random.RandomState(0).rand(3, 3, 16, 16).astype("f")
     with mx.autograd.predict_mode():
         ref = net(mx.nd.array(x)).asnumpy()
-    got = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"]).run(None, {"data": x})[0]
+    got = helpers.ort_run(onnx_path, {"data": x})[0]
     helpers.assert_f32_close(got, ref, terms=8 * 9, depth=4)  # conv, conv, pool, dense; 8·3·3 the widest
     before = onnx_path.read_bytes()
     with pytest.raises(ExportError, match="already exists"):
@@ -243,8 +228,8 @@ def test_val_every_validates_every_nth_and_the_last_epoch_with_the_same_training
             assert r["val_top1"] == full["val_top1"] and r["val_loss"] == full["val_loss"]
         else:
             assert not any(k.startswith("val_") for k in r)
-    for k, v in final_params(some.run_dir).items():
-        np.testing.assert_array_equal(v, final_params(every.run_dir)[k], err_msg=k)
+    for k, v in helpers.checkpoint_params(some.run_dir).items():
+        np.testing.assert_array_equal(v, helpers.checkpoint_params(every.run_dir)[k], err_msg=k)
     validated = [r for r in rows if "val_top1" in r]
     best = max(validated, key=lambda r: r["val_top1"])  # max keeps the first of ties, as the loop does
     assert some.best["epoch"] == best["epoch"] and some.best["val_top1"] == best["val_top1"]

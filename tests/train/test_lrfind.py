@@ -7,24 +7,16 @@ import mxnet as mx
 import numpy as np
 import pytest
 import yaml
-import helpers
+from tests import helpers
 
 from gluontl import api
 from gluontl.errors import TrainError
 from gluontl.recipe import parse_recipe
 from gluontl.train.lrfind import BETA, Found, figure, lr_find, plot, ramp, steep, suggest, sweep, valley
 
-DATA = helpers.DIGITS_5_9
-
-
-@pytest.fixture(scope="module")
-def tiny_symbol(tmp_path_factory):
-    return helpers.tiny_symbol(tmp_path_factory.mktemp("tiny"))
-
 
 def recipe_dict(prefix, **train):
-    return {"name": "t", "model": {"source": f"symbol:{prefix}", "input_shape": [3, 16, 16]}, "data": DATA,
-            "train": {"epochs": 1, "lr": 0.05, "log_every": 1, **train}, "export": {"formats": []}}
+    return helpers.tiny_recipe(prefix, export=[], **{"epochs": 1, "lr": 0.05, "log_every": 1, **train})
 
 
 def test_on_a_quadratic_minimum_and_steep_are_within_3x_of_1_over_L_and_valley_below():

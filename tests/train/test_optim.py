@@ -1,7 +1,7 @@
 """The adamw optimizer matches PyTorch's AdamW update rule, computed by hand."""
 import mxnet as mx
 import numpy as np
-from helpers import assert_f32_close
+from tests.helpers import assert_f32_close
 
 import gluontl.train  # noqa: F401  (registers adamw)
 

@@ -1,6 +1,6 @@
 """A model trained without a new head must output one score per data class, checked before any run folder exists."""
 import pytest
-import helpers
+from tests import helpers
 
 from gluontl.errors import TrainError
 from gluontl.recipe import parse_recipe

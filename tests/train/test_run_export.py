@@ -1,7 +1,7 @@
 """A run of an imported model whose recipe leaves model.input_name out exports under the model's own input name."""
 import onnx
 import yaml
-import helpers
+from tests import helpers
 
 from gluontl.recipe import parse_recipe
 from gluontl.train.loop import finetune
