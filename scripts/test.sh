@@ -14,7 +14,7 @@
 # distributed jobs, signals and kill -9, CLI input, recipes, logs, checkpoints, guards,
 # detector restores and runs — keeping CI under 25 minutes. What stays compares numbers against
 # references: the ONNX importer, exports against onnxruntime, training steps, caches, mAP; the
-# numpy 2 pass keeps the data readers and transforms too (tests/train/test_data.py runs DataLoader
+# numpy 2 pass keeps the data readers and transforms too (tests/data/test_data.py runs DataLoader
 # workers under spawn and forkserver).
 # During the first pass, in the background, scripts/check_wheels.sh checks that Python 3.12, 3.13
 # and 3.14 could install it all (it needs PyPI; the tests do not) and the other venvs are set up.
@@ -67,7 +67,7 @@ not_kernels=(tests/distributed tests/train/test_interrupt.py tests/test_cli_host
              tests/segment/test_seg_int8.py)
 numbers_only=("${not_kernels[@]/#/--ignore=}")
 # the numpy 2 pass also runs the data readers and transforms, whose bytes numpy's promotion could change
-numpy2_keeps=(tests/train/test_data.py tests/detect/test_detect_data.py tests/detect/test_detect_transforms.py
+numpy2_keeps=(tests/data/test_data.py tests/detect/test_detect_data.py tests/detect/test_detect_transforms.py
               tests/segment/test_seg_data.py)
 numpy2_only=()
 for t in "${not_kernels[@]}"; do

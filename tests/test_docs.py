@@ -110,7 +110,7 @@ export: {{formats: []}}
 def test_the_callbacks_page_python_runs(tmp_path, monkeypatch) -> None:
     """docs/callbacks.md's custom callback and custom metric, each under 30 lines, run on a small
     digits recipe: the callback saw every step, the metric picked the best checkpoint."""
-    import helpers
+    from tests import helpers
     import gluontl
     from gluontl.metrics import unregister_metric
 

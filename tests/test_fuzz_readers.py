@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper
 from PIL import Image
 
-from fuzzing import NAMES, fuzz, fuzz_settings, mutated
+from tests.fuzzing import NAMES, fuzz, fuzz_settings, mutated
 from gluontl.data.transforms import model_card, onnx_props
 from gluontl.recipe import TransformSpec
 

@@ -198,7 +198,7 @@ def test_mxnet_dataloader_takes_no_multiprocessing_context():
     """MXNet 1.9.1's DataLoader starts ``multiprocessing.Pool`` in the process's default start
     method and has no argument for another, so gluontl cannot pass one: workers under spawn and
     forkserver (the default on Python 3.14 and macOS) work because the dataset pickles and the
-    workers import gluontl's compat layer (tests/train/test_data.py runs both)."""
+    workers import gluontl's compat layer (tests/data/test_data.py runs both)."""
     import inspect
 
     from mxnet.gluon.data import dataloader

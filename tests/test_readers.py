@@ -10,14 +10,14 @@ import os
 import re
 from pathlib import Path
 
-import helpers
+from tests import helpers
 import mxnet as mx
 import numpy as np
 import pytest
 import yaml
 from PIL import Image
 
-from fuzzing import bomb_png
+from tests.fuzzing import bomb_png
 from gluontl.errors import DataError, TrainError
 
 MAX_YAML_DEPTH = 64  # gluontl.readers.MAX_YAML_DEPTH, checked below (imports inside the tests, so the

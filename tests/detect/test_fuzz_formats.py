@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from PIL import Image
 
-from fuzzing import fuzz, fuzz_settings, mutated, run_reader
+from tests.fuzzing import fuzz, fuzz_settings, mutated, run_reader
 from gluontl.detect.formats import Annotation, coco_json, voc_xml, yolo_txt
 
 pytestmark = pytest.mark.fuzz

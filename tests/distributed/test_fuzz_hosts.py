@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 
-from fuzzing import fuzz, fuzz_settings, mutated
+from tests.fuzzing import fuzz, fuzz_settings, mutated
 
 HOSTS = b"# the lab's machines\nnode1 cpus=8\nuser@node2.example.org cpus=16\n10.0.0.7\nlocalhost  # here\n"
 

@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from helpers import assert_f32_close
+from tests.helpers import assert_f32_close
 from onnx import helper, numpy_helper
 
 from gluontl.errors import OnnxImportError

@@ -9,7 +9,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import helper, numpy_helper
-from opcheck import run_mx, run_ort
+from tests.onnx.opcheck import run_mx, run_ort
 
 from gluontl.onnx import import_model
 from gluontl.onnx.registry import canonical, canonical_dtype, carrier_dtype

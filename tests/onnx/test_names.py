@@ -10,7 +10,7 @@ import mxnet as mx
 import numpy as np
 import onnx
 import pytest
-from helpers import assert_f32_close, run_cli
+from tests.helpers import assert_f32_close, run_cli
 
 from gluontl.errors import RuleError
 from gluontl.naming import module_names, named_params

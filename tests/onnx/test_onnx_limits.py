@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 import gluontl.onnx.importer as importer
 from gluontl.errors import OnnxImportError
 from gluontl.onnx import import_model
-from helpers import run_cli
+from tests.helpers import run_cli
 
 
 def conv_model(w: np.ndarray, dims=None) -> onnx.ModelProto:

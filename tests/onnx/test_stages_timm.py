@@ -187,7 +187,7 @@ def test_head_of_paddleocr_classifier_is_its_fc():
     """PP-OCR's mobile direction classifier (a MobileNetV3 with squeeze-excitation, 48×192):
     the head is its 200→2 fc, 200·2 + 2 = 402 parameters; every other one stays frozen (the
     stride map once called everything after the first SE block head: 129,157 trained)."""
-    from test_real_models import _rapidocr_models
+    from tests.onnx.test_real_models import _rapidocr_models
 
     if _rapidocr_models() is None:
         pytest.skip("pip install --no-deps rapidocr-onnxruntime==1.4.4 provides the models")

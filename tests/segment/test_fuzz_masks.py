@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import io
 
-import helpers
+from tests import helpers
 import numpy as np
 import pytest
 import yaml
 from hypothesis import given
 from PIL import Image
 
-from fuzzing import bomb_png, fuzz, fuzz_settings, mutated
+from tests.fuzzing import bomb_png, fuzz, fuzz_settings, mutated
 from gluontl.errors import DataError
 from gluontl.segment.formats import mask_image, read_mask, write_mask
 

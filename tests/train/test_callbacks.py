@@ -7,7 +7,7 @@ import signal
 
 import numpy as np
 import pytest
-import helpers
+from tests import helpers
 
 from gluontl.errors import Interrupted
 from gluontl.metrics import Metric, register_metric, unregister_metric

@@ -5,7 +5,7 @@ import json
 import math
 
 import pytest
-import helpers
+from tests import helpers
 
 from gluontl.recipe import EarlyStoppingSpec, parse_recipe
 from gluontl.train.callbacks import EarlyStopping, RunInfo

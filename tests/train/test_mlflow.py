@@ -8,7 +8,7 @@ import time
 
 import pytest
 import yaml
-import helpers
+from tests import helpers
 
 mlflow = pytest.importorskip("mlflow")
 from mlflow.tracking import MlflowClient  # noqa: E402

@@ -8,8 +8,8 @@ import numpy as np
 import onnx
 import pytest
 import yaml
-import helpers
-from helpers import run_cli
+from tests import helpers
+from tests.helpers import run_cli
 from PIL import Image
 
 import gluontl

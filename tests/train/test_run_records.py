@@ -10,7 +10,7 @@ import json
 import shutil
 from pathlib import Path
 
-import helpers
+from tests import helpers
 import mxnet as mx
 import numpy as np
 import pytest
@@ -18,7 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import gluontl
-from fuzzing import fuzz, fuzz_settings, mutated
+from tests.fuzzing import fuzz, fuzz_settings, mutated
 from gluontl.recipe import parse_recipe
 from gluontl.train.logs import MetricsLog, read_metrics
 
