@@ -1,12 +1,17 @@
 """The fuzzing harness: a reader runs on a mutated input in a worker process with a memory cap
 (``resource.setrlimit``) and a time bound, and may only return or raise gluontl's own input error
-(``GluontlError``), writing nothing outside the scratch folder it was given.
+(``GluontlError``), writing nothing outside the scratch folder it was given and reading nothing
+outside it but the Python installation (a model's external data at /etc/passwd is the bug).
 
-The worker is one long-lived subprocess (importing gluontl and MXNet once, not per example); a
-reader that kills it, overruns its time (it is then killed) or its memory (MemoryError, or the
-kernel's kill) is the failure the fuzz test reports, and the next example gets a fresh worker.
-Writes are watched with an audit hook (``sys.addaudithook``): an ``open`` for writing, a mkdir,
-rename, remove or link outside the scratch folder is reported.
+The worker is one long-lived subprocess (importing gluontl, MXNet and onnxruntime once, not per
+example); a reader that kills it, overruns its time (it is then killed) or its memory
+(MemoryError, or the kernel's kill) is the failure the fuzz test reports, and the next example
+gets a fresh worker. File access is watched with an audit hook (``sys.addaudithook``): an
+``open`` for writing, a mkdir, rename, remove or link outside the scratch folder is reported, and
+so is an ``open`` for reading or a directory listing outside scratch, the installation
+(``sys.prefix``, ``sys.path``, /usr) and /proc, /sys, /dev. The answers go back on a duplicate of
+the worker's first stdout, and fd 1 goes to /dev/null before anything is imported: what a library
+prints (MXNet does) cannot garble them.
 
 Budget: each fuzz test runs ``examples(n)`` inputs, ``n`` in CI (all fuzz tests together about a
 minute on 2 cores); ``GLUONTL_FUZZ_EXAMPLES=N`` runs N each, with a fresh random seed instead of
@@ -115,11 +120,14 @@ class Worker:
     """One subprocess that runs readers on request, under the memory cap."""
 
     def __init__(self) -> None:
+        # the checkout holding these tests comes first (the worker reads with the gluontl under
+        # test); tests/ itself is not on the path, or tests/onnx would shadow the onnx package
+        path = (str(TESTS.parent), os.environ.get("PYTHONPATH"))
         env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1",
-               "PYTHONPATH": os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(TESTS)) if p)}
-        self.proc = subprocess.Popen([sys.executable, "-c", "import fuzzing; fuzzing.serve()"], env=env,
+               "PYTHONPATH": os.pathsep.join(p for p in path if p)}
+        self.proc = subprocess.Popen([sys.executable, "-c", "from tests import fuzzing; fuzzing.serve()"], env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                     cwd=str(TESTS))
+                                     cwd=str(TESTS.parent))
         self.buffer = b""
         ready = self._answer(STARTUP_SECONDS)  # imports are not the reader's time
         assert ready == {"outcome": "ready"}, f"the fuzzing worker did not start: {ready}"
@@ -176,9 +184,10 @@ def run_reader(target: str, scratch: Path, *args: Any, seconds: float = SECONDS)
     return result
 
 
-def fuzz(target: str, base: Path, files: dict[str, bytes], *args: Any) -> dict[str, Any]:
+def fuzz(target: str, base: Path, files: dict[str, bytes], *args: Any, seconds: float = SECONDS) -> dict[str, Any]:
     """Write ``files`` (relative path → bytes; a path may hold any name) into a fresh scratch folder
-    under ``base``, run ``target`` on it and :func:`check` the result; the folder is removed after."""
+    under ``base``, run ``target`` on it and :func:`check` the result; the folder is removed after.
+    What the target returned (JSON) is the result's ``"value"``."""
     import shutil
     import tempfile
 
@@ -188,7 +197,7 @@ def fuzz(target: str, base: Path, files: dict[str, bytes], *args: Any) -> dict[s
             path = scratch / rel
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(data)
-        result = run_reader(target, scratch, *args)
+        result = run_reader(target, scratch, *args, seconds=seconds)
         check(result, f"{target} on {sorted(files)}")
         return result
     finally:
@@ -197,17 +206,22 @@ def fuzz(target: str, base: Path, files: dict[str, bytes], *args: Any) -> dict[s
 
 def check(result: dict[str, Any], what: str = "") -> None:
     """The fuzz property: the reader returned, or raised gluontl's input error; it wrote nothing
-    outside its scratch folder."""
+    outside its scratch folder and read nothing outside it and the installation."""
     assert result["outcome"] in ("ok", "input_error"), f"{what}: {result}"
     assert not result.get("writes"), f"{what}: wrote outside the scratch folder: {result['writes']}"
+    assert not result.get("reads"), f"{what}: read outside the scratch folder: {result['reads']}"
 
 
 # ---------------------------------------------------------------- inside the worker
 
 def serve() -> None:
-    """The worker's loop: the memory cap, the audit hook, then one request per line."""
+    """The worker's loop: the answer channel, the memory cap, the audit hook, then one request per line."""
     import resource
     import traceback
+
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # prints (MXNet's, at import too) must not garble the answers
+    sys.stdout = open(os.devnull, "w")
 
     import gluontl.errors
 
@@ -215,26 +229,25 @@ def serve() -> None:
     with open("/proc/self/statm") as fh:
         held = int(fh.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
     resource.setrlimit(resource.RLIMIT_AS, (held + MEMORY_BYTES, held + MEMORY_BYTES))
-    out = os.fdopen(os.dup(1), "wb")
-    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # a reader's prints must not garble the answers
-    sys.stdout = open(os.devnull, "w")
     out.write(b'{"outcome": "ready"}\n')
     out.flush()
-    state: dict[str, Any] = {"scratch": None, "writes": []}
+    installed = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, *sys.path) if p}
+    state: dict[str, Any] = {"scratch": None, "writes": [], "reads": [],
+                             "readable": sorted(installed | {"/proc", "/sys", "/dev", "/usr"})}
     sys.addaudithook(lambda event, args: _audit(state, event, args))
     for line in sys.stdin.buffer:
         request = json.loads(line)
         state["scratch"] = os.path.realpath(os.fsdecode(bytes.fromhex(request["scratch"])))
-        state["writes"] = []
+        state["writes"], state["reads"] = [], []
         try:
-            TARGETS[request["target"]](Path(state["scratch"]), *request["args"])
-            answer = {"outcome": "ok"}
+            value = TARGETS[request["target"]](Path(state["scratch"]), *request["args"])
+            answer = {"outcome": "ok", "value": value}
         except gluontl.errors.GluontlError as e:
             answer = {"outcome": "input_error", "error": type(e).__name__, "message": _printable(str(e))}
         except BaseException as e:  # the finding: anything else
             answer = {"outcome": "crash", "error": type(e).__name__, "message": _printable(str(e))[:2000],
                       "traceback": _printable(traceback.format_exc())[-4000:]}
-        answer["writes"] = state["writes"][:10]
+        answer["writes"], answer["reads"] = state["writes"][:10], state["reads"][:10]
         state["scratch"] = None
         out.write(json.dumps(answer).encode() + b"\n")
         out.flush()
@@ -249,15 +262,27 @@ _PATH_EVENTS = {"os.mkdir": 1, "os.remove": 1, "os.rmdir": 1, "os.rename": 2, "o
                 "os.truncate": 1, "os.chmod": 1, "shutil.rmtree": 1, "shutil.move": 2, "shutil.copyfile": 2}
 
 
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
 def _audit(state: dict[str, Any], event: str, args: tuple) -> None:
     scratch = state["scratch"]
     if scratch is None:
         return
-    if event == "open":
-        path, mode, flags = args
-        writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
-            mode is None and isinstance(flags, int) and flags & _WRITE_FLAGS)
-        paths = [path] if writing else []
+    if event in ("open", "os.listdir", "os.scandir"):
+        path = args[0]
+        writing = event == "open" and (
+            (isinstance(args[1], str) and any(c in args[1] for c in "wax+"))
+            or (args[1] is None and isinstance(args[2], int) and args[2] & _WRITE_FLAGS))
+        if not writing:
+            if isinstance(path, int) or path is None:
+                return
+            real = os.path.realpath(os.fsdecode(path))
+            if not any(_inside(real, root) for root in (scratch, *state["readable"])):
+                state["reads"].append(_printable(real))
+            return
+        paths = [path]
     elif event in _PATH_EVENTS:
         paths = list(args[:_PATH_EVENTS[event]])
         if event in ("os.rename", "os.link", "os.symlink", "shutil.move", "shutil.copyfile"):
@@ -268,7 +293,7 @@ def _audit(state: dict[str, Any], event: str, args: tuple) -> None:
         if isinstance(p, int) or p is None:
             continue
         real = os.path.realpath(os.fsdecode(p))
-        if real != os.devnull and not (real == scratch or real.startswith(scratch + os.sep)):
+        if real != os.devnull and not _inside(real, scratch):
             state["writes"].append(_printable(real))
 
 
@@ -279,9 +304,11 @@ def import_all() -> None:
     import gluontl.data.checkpoint  # noqa: F401
     import gluontl.detect.formats  # noqa: F401
     import gluontl.dist.launch  # noqa: F401
+    import gluontl.onnx  # noqa: F401
     import gluontl.recipe  # noqa: F401
     import gluontl.segment.formats  # noqa: F401
     import gluontl.train.logs  # noqa: F401
+    import onnxruntime  # noqa: F401  (constant folding in the ONNX importer)
     import tensorboardX  # noqa: F401
 
 
@@ -396,7 +423,24 @@ def _export_meta(root: Path) -> None:
     load_preprocess(root / "model-preprocess.json")
 
 
+def _onnx(root: Path) -> dict[str, str]:
+    """``inspect_onnx`` (what ``gluontl inspect`` runs), then ``import_model`` whatever inspect said:
+    the error type and message of each step (ok: "ok"); any other exception is the crash."""
+    from gluontl.errors import GluontlError
+    from gluontl.onnx import import_model, inspect_onnx
+
+    path = str(root / "m.onnx")
+    steps: dict[str, str] = {}
+    for step, fn in (("inspect", inspect_onnx), ("import", import_model)):
+        try:
+            fn(path)
+            steps[step] = "ok"
+        except GluontlError as e:
+            steps[step], steps[step + "_message"] = type(e).__name__, _printable(str(e))
+    return steps
+
+
 TARGETS = {"recipe": _recipe, "yolo_card": _yolo_card, "yolo_labels": _yolo_labels, "voc_xml": _voc_xml,
            "coco": _coco, "class_folder": _class_folder, "mask": _mask, "image": _image, "metrics": _metrics,
            "checkpoint": _checkpoint, "card": _card, "cache_record": _cache_record, "hosts": _hosts,
-           "export_meta": _export_meta}
+           "export_meta": _export_meta, "onnx": _onnx}
