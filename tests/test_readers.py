@@ -189,7 +189,6 @@ UNSAFE = {
 ALLOWED = {
     ("yaml", "readers.py"): 1,  # the one safe loader
     ("pickle", "convert/torch_legacy.py"): 1,  # the restricted unpickler: a fixed list of names, nothing runs
-    ("json", "train/loop.py"): 1,  # summary.json, a small record gluontl wrote (the engine branch reworks loop.py)
     ("json", "detect/runs.py"): 1,  # predictions.json the same call just wrote
     ("json", "export/bench.py"): 1,  # NAME-preprocess.json beside an export (errors caught and named)
     ("json", "adapters.py"): 1,  # an adapter's NAME.json (errors caught and named)

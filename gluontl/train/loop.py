@@ -40,6 +40,7 @@ from ..tasks import get_task, split, transform_lines
 from ..data import checkpoint
 from ..data.cache import Feed
 from ..metrics import better, computed_metrics, find_metric
+from ..readers import read_json
 from ..recipe import selectable
 from .callbacks import Callback, Callbacks, RunInfo, Step, build as build_callbacks
 from .ema import Ema
@@ -160,9 +161,9 @@ def _finished(run_dir: Path, recipe: Recipe, meta: dict[str, Any]) -> bool:
     if meta["batch_in_epoch"] or meta["epoch"] != recipe.train.epochs:
         return False
     try:
-        last = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))["last"]
+        last = read_json(run_dir / "summary.json", TrainError, "the run summary")["last"]
         return (last["step"], last["epoch"]) == (meta["global_step"], meta["epoch"])
-    except (OSError, ValueError, TypeError, KeyError):
+    except (TrainError, TypeError, KeyError):
         return False
 
 
@@ -594,7 +595,7 @@ class _Run:
 
     def _replan(self, epoch: int) -> None:
         """The epoch's rules: a changed plan rebuilds the trainer, and the feed follows the plan."""
-        t, quiet = self.t, self.quiet
+        quiet = self.quiet
         new_plan = self.plan_for(epoch)
         replan = new_plan.settings() != self.plan.settings()
         if replan:
@@ -816,7 +817,7 @@ def _val_outputs(net, batches, ctxs: list[mx.Context]) -> tuple[np.ndarray, np.n
 def _card_says_stopped(run_dir: Path, stopped: dict[str, Any]) -> None:
     """The run card (preprocess.json) records why and when a callback ended the run."""
     path = run_dir / "preprocess.json"
-    card = json.loads(path.read_text(encoding="utf-8"))
+    card = read_json(path, TrainError, "the run card")
     write_text(path, json.dumps({**card, "stopped": stopped}, indent=1), TrainError)
 
 
