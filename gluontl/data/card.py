@@ -3,7 +3,6 @@ named as its exports name it. Written when a run starts (each task's ``run_card`
 evaluate, predict and export of every task."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 

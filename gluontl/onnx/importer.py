@@ -204,7 +204,7 @@ def check_external(proto: onnx.ModelProto, path: str) -> str:
                 f"'{path}': initializer '{t.name}' (dims {list(t.dims)}) asks for {stored:,} bytes at offset "
                 f"{start:,} of '{location}', which has {size:,} bytes"
                 + (f", and needs {want:,}" if want is not None else "") + "; the model or its data is "
-                f"corrupt or truncated. Re-export or re-download both.")
+                "corrupt or truncated. Re-export or re-download both.")
     return base
 
 
