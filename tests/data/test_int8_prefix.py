@@ -65,6 +65,11 @@ def test_int8_features_are_within_the_quantization_error_of_the_float_prefix(cpu
     # 8-bit weights with VNNI, 7-bit without (onnxruntime's symmetric ranges: [-127, 127], [-64, 64])
     assert s_w == pytest.approx(np.abs(w).max() / (127 if "avx512_vnni" in cpuinfo else 64), rel=1e-6)
     assert 1 <= len(after) <= 2
+    if "avx512_vnni" in cpuinfo and "avx512_vnni" not in cpu_flags():
+        # This machine only pretends to have VNNI: onnxruntime's u8s8 kernels then saturate int16 pair
+        # sums on 8-bit weights (docs/testing.md), so the numbers are checked where the CPU has it,
+        # and here only the choice above is (gluontl itself picks 7-bit weights on this CPU).
+        return
     # |conv(x^, w^) - conv(x, w)| <= sum |w| |x^ - x| + sum |x^| |w^ - w| (+ the bias's rounding), ReLU
     # is 1-Lipschitz, and each activation quantized after it adds its rounding. Activations get a
     # whole step: min/max ranges are widened to hold 0 and the zero point is rounded, which may clip
