@@ -7,14 +7,21 @@ a rounding step, so each output's SHA-256 is pinned here. The hashes were comput
 numpy 2.3 (Python 3.13), so both compute the same bytes. OpenCV's resize is part of some steps:
 a hash change after an OpenCV upgrade is OpenCV's, not numpy's (tests/test_deploy_preprocess.py
 compares gluontl's own resize with OpenCV's).
+
+Small images alone are not enough: numpy's float32 reductions take other code paths on long
+arrays, and numpy 2.x rounds ``a.mean()`` of a 224x224 float32 array differently from 1.23 (the
+colour jitter's mean luma, issue 31: the ELPV demo's first loss differed in the 3rd digit). So
+the demo's own transform runs at its own size here too, and the two helpers that made the
+jitter numpy-independent are checked against float64 references.
 """
 import hashlib
+import math
 
 import numpy as np
 import pytest
 
 from gluontl import deploy_preprocess
-from gluontl.data.transforms import Preprocess, build, sample_rng
+from gluontl.data.transforms import Preprocess, build, luma, mean_f32, sample_rng
 from gluontl.detect.augment import DetectionTransform
 from gluontl.recipe import TransformSpec
 from gluontl.segment.augment import SegmentationTransform
@@ -41,6 +48,13 @@ def _digest(*arrays: np.ndarray) -> str:
 def _classification_train() -> list[np.ndarray]:
     t = build(TransformSpec(random_resized_crop=24, flip=True, color_jitter=0.4), train=True)
     return [t(_image(), sample_rng(7, epoch, i)) for epoch in (0, 3) for i in range(4)]
+
+
+def _classification_train_224() -> list[np.ndarray]:
+    """recipes/elpv_efficientnet_lite0.yaml's train transform on a 300x300 image, as the demo runs it."""
+    spec = TransformSpec(resize=224, flip=True, color_jitter=0.2, normalize=((0.498,) * 3, (0.502,) * 3))
+    t = build(spec, train=True)
+    return [t(_image(300, 300), sample_rng(0, 0, i)) for i in range(6)]
 
 
 def _classification_eval() -> list[np.ndarray]:
@@ -70,15 +84,18 @@ def _detection() -> list[np.ndarray]:
     return out + list(DetectionTransform(spec, (32, 40), False)(_image(), labels))
 
 
-# computed on numpy 1.23.5 (Python 3.11), checked on every numpy
+# computed on numpy 1.23.5 (Python 3.11), checked on every numpy; classification_train and detection
+# changed when the jitter's luma and mean became numpy-independent (issue 31)
 GOLDEN = {
-    "classification_train": "0b848987bdab9937",
+    "classification_train": "9588fb0e6b14c1c2",
+    "classification_train_224": "de41eb2aded943ce",
     "classification_eval": "d187d82b2dbf0f57",
     "deploy_preprocess": "585f30cb4bbd10ad",
     "segmentation": "faebb3b748f8193a",
-    "detection": "f3d20a8421493d5f",
+    "detection": "b8c5952e53592fce",
 }
-PIPELINES = {"classification_train": _classification_train, "classification_eval": _classification_eval,
+PIPELINES = {"classification_train": _classification_train, "classification_train_224": _classification_train_224,
+             "classification_eval": _classification_eval,
              "deploy_preprocess": _deploy, "segmentation": _segmentation, "detection": _detection}
 
 
@@ -87,3 +104,32 @@ def test_pipeline_bytes_are_the_ones_numpy_1_23_computes(name):
     outputs = PIPELINES[name]()
     assert all(o.dtype in (np.float32, np.uint8) for o in outputs)  # no float64 leaked in by promotion
     assert _digest(*outputs) == GOLDEN[name]
+
+
+def _pixels() -> np.ndarray:
+    """A mirrored 224x224 RGB image: the jitter's input after the demo's flip."""
+    return np.round(np.random.default_rng(0).random((224, 224, 3)) * 255).astype(np.float32)[:, ::-1]
+
+
+def _f32(x: np.ndarray) -> np.ndarray:
+    return np.asarray(x, np.float64).astype(np.float32).astype(np.float64)
+
+
+def test_luma_rounds_each_float32_step_as_ieee_does():
+    img = _pixels()
+    # float64 holds a float32 product or sum of these exactly, so rounding it once is IEEE float32
+    r, g, b = (img[..., c].astype(np.float64) for c in range(3))
+    w = [float(v) for v in np.array([0.299, 0.587, 0.114], np.float32)]
+    want = _f32(_f32(_f32(r * w[0]) + _f32(g * w[1])) + _f32(b * w[2])).astype(np.float32)
+    got = luma(img)
+    assert got.dtype == np.float32 and got.tobytes() == want.tobytes()
+
+
+def test_mean_f32_is_the_correctly_rounded_mean_of_a_demo_sized_image():
+    values = luma(_pixels())
+    exact = np.float32(math.fsum(values.astype(np.float64).ravel().tolist()) / values.size)
+    got = mean_f32(values)
+    assert type(got) is np.float32 and got == exact
+    # float32 values.mean() is 0x1.fd3224p+6 on numpy 1.23.5 and 0x1.fd322p+6 on 2.3.5, one ulp either side:
+    # the issue-31 divergence
+    assert got == np.float32(float.fromhex("0x1.fd3222p+6"))

@@ -539,6 +539,31 @@ def _random_resized_crop(img: np.ndarray, size: int | tuple[int, int], rng: np.r
     return resize_image(_center_crop(img, (ch, cw)), tw, th)  # the largest centre crop of the output's shape
 
 
+def luma(img: np.ndarray) -> np.ndarray:
+    """Per-pixel luma of float32 HWC pixels, ``(r * 0.299 + g * 0.587) + b * 0.114`` rounded in float32
+    step by step: elementwise ufuncs round the same everywhere, where ``img @ _LUMA`` is a BLAS
+    gemv whose kernel (and its use of FMA) depends on the OpenBLAS build and the CPU."""
+    return img[..., 0] * _LUMA[0] + img[..., 1] * _LUMA[1] + img[..., 2] * _LUMA[2]
+
+
+def mean_f32(a: np.ndarray) -> np.float32:
+    """The mean of a float32 array, summed in float64 by halving (``s[:h] + s[h:]`` until one value
+    is left) and rounded once to float32.
+
+    ``a.mean()`` sums float32 pairwise in blocks whose unrolling changed between numpy 1.23 and
+    2.x, so a 224x224 image's mean luma could differ in its last bit (and every jittered pixel
+    after it). Elementwise adds round the same on every numpy and CPU, so the order here is this
+    code's, not numpy's (a sequential ``add.accumulate`` would be too, but 10x slower)."""
+    s = np.ascontiguousarray(a, np.float64).reshape(-1)
+    n = s.size
+    while s.size > 1:
+        if s.size % 2:
+            s = np.append(s, 0.0)  # + 0.0 is exact
+        h = s.size // 2
+        s = s[:h] + s[h:]
+    return np.float32(s[0] / n)
+
+
 def color_jitter_image(img: np.ndarray, f: float, rng: np.random.Generator) -> np.ndarray:
     factors = rng.uniform(1 - f, 1 + f, size=3)
     for op in rng.permutation(3):
@@ -546,10 +571,10 @@ def color_jitter_image(img: np.ndarray, f: float, rng: np.random.Generator) -> n
         if op == 0:  # brightness
             img = img * a
         elif op == 1:  # contrast: towards the mean luma
-            m = np.float32((img @ _LUMA).mean())
+            m = mean_f32(luma(img))
             img = (img - m) * a + m
         else:  # saturation: towards each pixel's luma
-            g = (img @ _LUMA)[:, :, None]
+            g = luma(img)[:, :, None]
             img = (img - g) * a + g
         img = np.clip(img, 0, 255)
     return img
