@@ -1,8 +1,9 @@
 """The metric registry: what each number of a run's epoch row is, declared once.
 
 A metric declares its ``metrics.jsonl`` key, the label of the epoch line, its direction (``max``:
-higher is better, ``min``: lower), its format and its task (None: every task's rows have it).
-Epoch lines, ``train.select``, the best checkpoint and early stopping read it, so the loop names
+higher is better, ``min``: lower), its format, its plot legend (``title``) and its task (None: every
+task's rows have it; a built-in metric's task comes from the task's entry in ``gluontl.task_registry``).
+Epoch lines, plots, ``train.select``, the best checkpoint and early stopping read it, so the loop names
 no metric and never guesses a direction from a name. The built-in metrics are registered
 below, each with its task; a user registers more with :func:`register_metric`, and a
 metric with ``fn`` is computed by the loop from the validation outputs and labels.
@@ -15,6 +16,8 @@ import dataclasses
 from typing import Any, Callable, Literal
 
 import numpy as np
+
+from .task_registry import TASKS, metric_tasks
 
 Direction = Literal["max", "min"]
 EMA = "ema_"
@@ -29,10 +32,13 @@ class Metric:
     task: str | tuple[str, ...] | None = None  # its task(s); None: every task
     selectable: bool = True  # may be train.select (and early stopping's monitor)
     fn: Callable[[Any, np.ndarray], float] | None = None  # custom: fn(outputs, labels) over the val split
+    title: str = ""  # in a plot's legend (words, not a key); defaults to the label
 
     def __post_init__(self) -> None:
         if not self.label:
             object.__setattr__(self, "label", self.key)
+        if not self.title:
+            object.__setattr__(self, "title", self.label)
         if isinstance(self.task, str):
             object.__setattr__(self, "task", (self.task,))
         if self.direction not in ("max", "min", None):
@@ -104,16 +110,19 @@ def better(row: dict[str, Any], best: dict[str, Any] | None, key: str) -> bool:
 
 
 # The metrics of every task's rows, in epoch-line order (val_acc: val_top1, the name people grep logs for).
+# Which task a val_ metric belongs to is the task's to declare (gluontl.task_registry), not repeated here.
 register_metric(
-    Metric("train_loss", "min", selectable=False), Metric("train_acc", "max", selectable=False),
-    Metric("val_loss", "min", task=("classification", "segmentation")),
-    Metric("val_top1", "max", label="val_acc", task="classification"),
-    Metric("val_balanced_acc", "max", task="classification"),
-    Metric("val_top5", "max", task="classification", selectable=False),  # only with more than 5 classes
-    Metric("val_map50", "max", task="detection"), Metric("val_map", "max", task="detection"),
-    Metric("val_miou", "max", task="segmentation"), Metric("val_pixel_acc", "max", task="segmentation"),
+    Metric("train_loss", "min", selectable=False),
+    Metric("train_acc", "max", title="train top-1", selectable=False),
+    *(Metric(key, direction, task=metric_tasks(key), selectable=any(key in t.metrics for t in TASKS.values()), **words)
+      for key, direction, words in (
+          ("val_loss", "min", {}),
+          ("val_top1", "max", {"label": "val_acc", "title": "val top-1"}),
+          ("val_balanced_acc", "max", {}),
+          ("val_top5", "max", {"title": "val top-5"}),  # only with more than 5 classes; picks no checkpoint
+          ("val_map50", "max", {"title": "val mAP@0.5"}), ("val_map", "max", {"title": "val mAP@[.5:.95]"}),
+          ("val_miou", "max", {"title": "val mIoU"}), ("val_pixel_acc", "max", {"title": "val pixel acc"}))),
     Metric("lr", None, fmt=".3g", selectable=False))
-
 
 __all__ = ["Metric", "register_metric", "unregister_metric", "find_metric", "task_metrics", "computed_metrics",
            "line_fields", "better"]

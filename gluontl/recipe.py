@@ -25,6 +25,7 @@ from .errors import GluontlError, ModelSourceError, RecipeError, RuleError, hwc_
 from .home import gluontl_home
 from .metrics import EMA, find_metric, task_metrics
 from .zoo import zoo_input_shape, zoo_names
+from .task_registry import TASKS, source_tasks
 from .readers import SafeYamlLoader, parse_yaml
 
 SpecT = TypeVar("SpecT", bound=BaseModel)
@@ -461,27 +462,7 @@ def _declared_normalize(path: str, mtime: int, size: int) -> tuple[Any, str] | L
     return (mean, std), "model file metadata gluontl.preprocess"
 
 
-class TaskSchema(BaseModel):
-    """What the recipe schema knows of a task (its code is behind ``gluontl.tasks``): a new task is
-    one entry in ``TASK_SCHEMAS`` (and its own section, if it has settings of its own)."""
-
-    model_config = ConfigDict(frozen=True)
-    metrics: tuple[str, ...]  # what train.select may pick; the first is the task's default
-    sources: tuple[str, ...]  # its data.source forms: a scheme ("folder:") or a whole name ("demo:digits")
-    source_help: str  # the forms as an error message lists them
-
-
-TASK_SCHEMAS = {
-    "classification": TaskSchema(metrics=("val_top1", "val_balanced_acc", "val_loss"),
-                                 sources=("demo:digits", "demo:elpv", "folder:", "rec:", "list:"),
-                                 source_help="demo:digits, demo:elpv, folder:PATH, rec:PATH or list:PATH"),
-    "detection": TaskSchema(metrics=("val_map50", "val_map"), sources=("voc:", "coco:", "yolo:", "demo:digits_det"),
-                            source_help="voc:PATH, coco:PATH, yolo:PATH or demo:digits_det"),
-    "segmentation": TaskSchema(metrics=("val_miou", "val_pixel_acc", "val_loss"),
-                               sources=("voc:", "masks:", "demo:digits_seg"),
-                               source_help="demo:digits_seg, masks:PATH or voc:PATH (JPEGImages/, "
-                               "SegmentationClass/, ImageSets/Segmentation/)"),
-}
+TASK_SCHEMAS = TASKS  # the tasks as the schema reads them: gluontl.task_registry
 TASK_METRICS = {name: t.metrics for name, t in TASK_SCHEMAS.items()}  # the built-in ones; best records these
 
 
@@ -491,16 +472,8 @@ def selectable(task: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys([*TASK_METRICS[task], *(m.key for m in task_metrics(task, selectable=True))]))
 
 
-def source_tasks(source: str) -> list[str]:
-    """The tasks whose data ``source`` is (``voc:`` serves detection and segmentation)."""
-    return [name for name, t in TASK_SCHEMAS.items()
-            if any(source == f or (f.endswith(":") and source.startswith(f)) for f in t.sources)]
-
-
 class DataSpec(Strict):
-    source: str = Field(description="demo:digits | demo:elpv | folder:PATH | rec:PATH.rec | list:PATH.csv; "
-                        "detection: voc:PATH | coco:PATH | yolo:PATH | demo:digits_det; segmentation: voc:PATH | masks:PATH | "
-                        "demo:digits_seg")
+    source: str = Field(description="; ".join(f"{name}: {t.source_help}" for name, t in TASK_SCHEMAS.items()))
     train: str = "train"
     val: str = "val"
     batch_size: int = Field(default=32, gt=0, le=1 << 16)
@@ -895,9 +868,10 @@ class Recipe(Strict):
         if self.model.detector is not None and (self.task != "detection" or self.model.source.startswith("zoo:")):
             raise ValueError("model.detector builds an SSD on an onnx:/symbol: backbone for task: detection; zoo "
                              "detectors (zoo:ssd_*, zoo:yolo3_*) come whole — remove model.detector")
-        if self.segmentation is not None and self.task != "segmentation":
-            raise ValueError(f"the segmentation: section is for task: segmentation; the recipe's task is "
-                             f"{self.task} (set task: segmentation, or remove the section)")
+        for owner in TASK_SCHEMAS.values():
+            if owner.section and getattr(self, owner.section) is not None and self.task != owner.name:
+                raise ValueError(f"the {owner.section}: section is for task: {owner.name}; the recipe's task is "
+                                 f"{self.task} (set task: {owner.name}, or remove the section)")
         owners = source_tasks(self.data.source) if self.data is not None else [self.task]
         if owners and self.task not in owners:  # a source of no task (demo:NAME) is the loader's to explain
             raise ValueError(f"data.source {self.data.source} is {' or '.join(owners)} data, not {self.task} data "

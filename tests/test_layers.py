@@ -21,6 +21,7 @@ PLACES = {  # dotted prefix → layer; the longest matching prefix wins
     "gluontl.home": 0, "gluontl.runfolder": 0,  # $GLUONTL_HOME; a run folder's checkpoints as read back
     "gluontl.readers": 0,  # the reading policy: safe bounded YAML, JSON, JSON lines; non-UTF-8 names
     "gluontl.zoo": 0,  # the zoo's names and input sizes: a catalogue the recipe schema reads
+    "gluontl.task_registry": 0,  # each task declared once: code path, section, metrics, sources, curves
     "gluontl.metrics": 0,  # the metric registry: key, label, direction, format, task
     "gluontl.console": 0,  # what a process shows: lines, bars, worker logs (data loading shows progress too)
     "gluontl.onnx": 1, "gluontl.sources": 1, "gluontl.convert": 1,

@@ -4,9 +4,9 @@ The training loop (``gluontl.train.loop``) owns contexts, accumulation, schedule
 resume, the feature cache decision, progress and logs; ``gluontl.train.runs`` owns what a
 finished run folder is. A task owns its data, the model it builds from the recipe, the forward +
 loss of a batch, its metrics, its run card, and what a finished run does: load, evaluate,
-predict (from the run or from its ONNX export), export and which curves to plot. Neither the
-loop, the run-folder code nor the CLI names a task: a new task is a new module implementing
-:class:`Task` and one entry in ``TASKS``.
+predict (from the run or from its ONNX export) and export. Neither the loop, the run-folder code
+nor the CLI names a task: a new task is a new module implementing :class:`Task` and one entry in
+``gluontl.task_registry.TASKS`` (its code, recipe section, metrics, data sources and curves).
 """
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 import mxnet as mx
 
-from ..recipe import TASK_METRICS, QuantizeSpec, Recipe, TransformSpec
+from ..recipe import QuantizeSpec, Recipe, TransformSpec
+from ..task_registry import TASKS
 from ..data.transforms import META_TASK, onnx_metadata
 
 if TYPE_CHECKING:
@@ -41,9 +42,9 @@ class Report:
 
 
 class Task(Protocol):
-    name: str  # the recipe's task
-    metrics: Sequence[str]  # what `best` records; train.select is one of them
-    curves: Sequence[tuple[str, str]]  # (metrics.jsonl key, label) that plot draws beside loss and lr
+    name: str  # the recipe's task; set from its gluontl.task_registry entry
+    metrics: Sequence[str]  # what `best` records; train.select is one of them (from the entry)
+    curves: Sequence[str]  # metrics.jsonl keys that plot draws beside loss and lr (from the entry)
 
     def prepare(self, recipe: Recipe, ctx=None, *, apply: bool = True) -> Prepared:
         """The recipe's model restored, with its rules planned (and applied): plan, finetune and the API."""
@@ -137,16 +138,12 @@ def split(x: mx.nd.NDArray, ctxs: list[mx.Context]) -> list[mx.nd.NDArray]:
     return mx.gluon.utils.split_and_load(x, ctxs[:max(1, min(len(ctxs), x.shape[0]))], even_split=False)
 
 
-TASKS = {"classification": "gluontl.tasks.classification:Classification",
-         "detection": "gluontl.tasks.detection:Detection",
-         "segmentation": "gluontl.tasks.segmentation:Segmentation"}
-
-
 def task_named(name: str) -> Task:
-    module, _, cls = TASKS[name].partition(":")
+    """The task's code (its registry entry's ``code``), told what the entry declares."""
+    entry = TASKS[name]
+    module, _, cls = entry.code.partition(":")
     task = getattr(importlib.import_module(module), cls)()
-    task.name = name
-    task.metrics = TASK_METRICS[name]
+    task.name, task.metrics, task.curves = name, entry.metrics, entry.curves
     return task
 
 
@@ -154,9 +151,9 @@ def get_task(recipe: Recipe) -> Task:
     return task_named(recipe.task)
 
 
-def every_curve() -> tuple[tuple[str, str], ...]:
+def every_curve() -> tuple[str, ...]:
     """The curves of every task, for a metrics log without its recipe (what ran is unknown)."""
-    return tuple(dict.fromkeys(c for name in TASKS for c in task_named(name).curves))
+    return tuple(dict.fromkeys(c for t in TASKS.values() for c in t.curves))
 
 
 LEGACY_TASK_KEYS = {"gluontl.nms": "detection"}  # exports from before gluontl.task: a detector's NMS settings

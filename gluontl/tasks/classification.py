@@ -15,8 +15,6 @@ from . import PredictOptions, Report, split, transform_record
 
 
 class Classification:
-    curves = (("val_top1", "val top-1"), ("val_top5", "val top-5"), ("train_acc", "train top-1"))
-
     def prepare(self, recipe: Recipe, ctx=None, *, apply: bool = True) -> Prepared:
         return prepare(recipe, ctx=ctx, apply=apply)
 

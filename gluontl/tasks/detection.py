@@ -26,7 +26,6 @@ from . import EndToEnd, PredictOptions, Report, transform_record
 
 class Detection(EndToEnd):
     feed_note = "feature cache: off (a detector trains on augmented images end to end)"
-    curves = (("val_map50", "val mAP@0.5"), ("val_map", "val mAP@[.5:.95]"))
 
     def prepare(self, recipe: Recipe, ctx=None, *, apply: bool = True) -> Prepared:
         return prepare(recipe, None, ctx, apply)

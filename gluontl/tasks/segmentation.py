@@ -35,7 +35,6 @@ def seg_spec(recipe: Recipe) -> SegmentationSpec:
 
 class Segmentation(EndToEnd):
     feed_note = "feature cache: off (a segmenter trains on augmented images and masks end to end)"
-    curves = (("val_miou", "val mIoU"), ("val_pixel_acc", "val pixel acc"))
 
     # ------------------------------------------------------------ planning and training
 

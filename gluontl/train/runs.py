@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from ..errors import ExportError, GluontlError, TrainError
+from ..metrics import find_metric
 from ..recipe import ExportSpec, QuantizeSpec, Recipe, as_spec, load_recipe
 from ..runfolder import run_weights
 from ..tasks import PredictOptions, Report, every_curve, get_task, onnx_task
@@ -116,7 +117,7 @@ def plot(run_dir: str | Path, out: str | Path | None = None) -> Path:
     curves = get_task(load_recipe(recipe)).curves if recipe.is_file() else every_curve()
     steps = _numeric_rows(rows, "step", "loss", "lr")
     epochs = _numeric_rows(rows, "step", "epoch")
-    shown = [(key, label, kept) for key, label in curves if (kept := _numeric_rows(epochs, key))]
+    shown = [(key, _title(key), kept) for key in curves if (kept := _numeric_rows(epochs, key))]
     if not steps and not shown:
         raise TrainError(f"'{path}' has no step or epoch rows yet; plot after the run has logged some steps.")
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
@@ -140,6 +141,12 @@ def plot(run_dir: str | Path, out: str | Path | None = None) -> Path:
     atomic_write(target, lambda tmp: fig.savefig(tmp, format="png", dpi=90), TrainError)
     plt.close(fig)
     return target
+
+
+def _title(key: str) -> str:
+    """A curve's legend: its metric's registered title (a key no metric has: the key itself)."""
+    metric = find_metric(key)
+    return metric.title if metric else key
 
 
 def _numeric_rows(rows: list[Any], *keys: str) -> list[dict[str, Any]]:

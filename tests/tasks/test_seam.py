@@ -28,13 +28,82 @@ def test_generic_code_names_no_task(module):
 def test_every_registered_task_implements_the_whole_protocol():
     wanted = {name: inspect.signature(getattr(Task, name)) for name in dir(Task)
               if not name.startswith("_") and callable(getattr(Task, name))}
-    assert set(TASKS) == set(TASK_SCHEMAS)  # a task is one registry line and one schema entry
+    assert TASK_SCHEMAS is TASKS  # a task is one registry entry: the schema reads the same one
     for name in TASKS:
         task = task_named(name)
-        assert task.name == name and tuple(task.metrics) == TASK_SCHEMAS[name].metrics and task.curves
+        assert task.name == name and tuple(task.metrics) == TASKS[name].metrics and task.curves
         for method, sig in wanted.items():
             got = inspect.signature(getattr(type(task), method))
             assert list(got.parameters) == list(sig.parameters), (name, method, got, sig)
+
+
+def test_every_task_entry_agrees_with_the_metric_registry_and_the_recipe_schema():
+    """What a task's entry names exists: its metrics registered as its own (selectable, with a
+    direction, the default first), its curves registered (a plot legend's title), its section a
+    Recipe field; and a metric registered for a task is one its entry names."""
+    from gluontl.metrics import _REGISTRY, find_metric
+    from gluontl.recipe import Recipe
+
+    for name, entry in TASKS.items():
+        for key in entry.metrics:
+            m = find_metric(key)
+            assert m is not None and m.of(name) and m.selectable and m.direction in ("max", "min"), (name, key)
+        for key in entry.shown:
+            assert find_metric(key) is not None and find_metric(key).of(name) and not find_metric(key).selectable
+        for key in entry.curves:
+            assert find_metric(key) is not None and find_metric(key).title, (name, key)
+        assert entry.section is None or entry.section in Recipe.model_fields, (name, entry.section)
+        assert parse_recipe({"name": "r", "task": name, "model": {"source": "zoo:resnet18_v1"}}
+                            ).train.select == entry.metrics[0]
+    for m in _REGISTRY.values():
+        assert m.task is None or all(m.key in TASKS[t].metrics + TASKS[t].shown for t in m.task), m
+
+
+FOURTH = """
+import json, sys
+from gluontl.task_registry import TASKS, TaskEntry
+
+class Counting:  # the task's code; the seam only imports it here
+    pass
+
+TASKS["counting"] = TaskEntry("counting", "__main__:Counting", metrics=("val_loss",), sources=("counts:",),
+                              source_help="counts:PATH", curves=("val_loss",))
+
+from gluontl.errors import RecipeError
+from gluontl.recipe import parse_recipe
+from gluontl.tasks import every_curve, task_named
+
+model = {"source": "zoo:resnet18_v1"}
+r = parse_recipe({"name": "r", "task": "counting", "model": model, "data": {"source": "counts:/x"}})
+refused = []
+for task, source in (("counting", "folder:/x"), ("classification", "counts:/x")):
+    try:
+        parse_recipe({"name": "r", "task": task, "model": model, "data": {"source": source}})
+    except RecipeError as e:
+        refused.append(str(e))
+task = task_named("counting")
+print(json.dumps({"select": r.train.select, "refused": refused, "name": task.name, "cls": type(task).__name__,
+                  "metrics": list(task.metrics), "curves": "val_loss" in every_curve()}))
+"""
+
+
+def test_a_fourth_task_is_its_code_and_one_registry_entry(tmp_path):
+    """An entry added before the schema is built is a task the recipe, the seam and plot know:
+    nothing else names it."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", FOURTH], capture_output=True, text=True, timeout=300,
+                         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["select"] == "val_loss" and got["name"] == "counting" and got["cls"] == "Counting"
+    assert got["metrics"] == ["val_loss"] and got["curves"]
+    wrong, foreign = got["refused"]
+    assert "folder:/x is classification data, not counting data" in wrong and "counts:PATH" in wrong
+    assert "counts:/x is counting data, not classification data" in foreign
 
 
 def _run_folder(tmp_path: Path) -> Path:

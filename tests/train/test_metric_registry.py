@@ -50,3 +50,36 @@ def test_bad_metrics_are_refused():
         register_metric(Metric("ema_val_x", "max"))
     with pytest.raises(ValueError, match="val_"):
         register_metric(Metric("f1", "max", fn=lambda o, l: 0.0))
+
+
+def test_plot_legends_are_the_registered_titles(tmp_path):
+    """plot names no metric: a curve's legend is its metric's registered title, so retitling
+    val_top1 changes the validation panel and nothing else of the figure."""
+    import json
+
+    import numpy as np
+    from PIL import Image
+
+    from gluontl import metrics
+    from gluontl.train.runs import plot
+
+    assert find_metric("val_top1").title == "val top-1" and find_metric("val_map50").title == "val mAP@0.5"
+    rows = [{"step": s, "epoch_f": s / 2, "loss": 1.0 / s, "lr": 0.1} for s in range(1, 7)]
+    rows += [{"step": 2 * e, "epoch": e, "val_loss": 1.2 / e, "val_top1": 0.5 + 0.1 * e} for e in (1, 2, 3)]
+    pngs = {}
+    saved = dict(metrics._REGISTRY)
+    try:
+        for name, title in (("built-in", None), ("retitled", "top-1 on the held-out images")):
+            if title:
+                register_metric(Metric("val_top1", "max", label="val_acc", task="classification", title=title))
+            run = tmp_path / name / "run"  # same name: the figure title is the run's name
+            run.mkdir(parents=True)
+            (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+            pngs[name] = np.asarray(Image.open(plot(run, tmp_path / f"{name}.png")).convert("RGB"), np.int16)
+    finally:
+        metrics._REGISTRY.clear()
+        metrics._REGISTRY.update(saved)
+    assert find_metric("val_top1").title == "val top-1"
+    cols = np.flatnonzero(np.abs(pngs["built-in"] - pngs["retitled"]).sum(axis=(0, 2)))
+    width = pngs["built-in"].shape[1]
+    assert len(cols) > 0 and width / 3 < cols.min() and cols.max() < 2 * width / 3  # only the validation legend
