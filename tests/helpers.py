@@ -131,13 +131,16 @@ def tiny_recipe(prefix, *, name: str = "t", rules: list | None = None, data: dic
 
 
 def tiny_symbol(folder, deep=True) -> str:
-    """A small BN-free conv net for 16×16 digits, exported as an MXNet symbol checkpoint."""
+    """A small BN-free conv net for 16×16 digits, exported as an MXNet symbol checkpoint. Its names
+    are always conv0_/conv1_/dense0_, whatever the process built before (a module-scoped fixture
+    runs before the per-test fixture that restarts Gluon's name counters)."""
     mx.random.seed(1)
-    net = mx.gluon.nn.HybridSequential()
-    net.add(mx.gluon.nn.Conv2D(8, 3, padding=1, activation="relu"))
-    if deep:
-        net.add(mx.gluon.nn.MaxPool2D(2), mx.gluon.nn.Conv2D(16, 3, padding=1, activation="relu"))
-    net.add(mx.gluon.nn.GlobalAvgPool2D(), mx.gluon.nn.Dense(5))
+    with mx.name.NameManager():
+        net = mx.gluon.nn.HybridSequential()
+        net.add(mx.gluon.nn.Conv2D(8, 3, padding=1, activation="relu"))
+        if deep:
+            net.add(mx.gluon.nn.MaxPool2D(2), mx.gluon.nn.Conv2D(16, 3, padding=1, activation="relu"))
+        net.add(mx.gluon.nn.GlobalAvgPool2D(), mx.gluon.nn.Dense(5))
     net.initialize(mx.init.Xavier())
     net.hybridize()
     net(mx.nd.zeros((1, 3, 16, 16)))
