@@ -159,9 +159,11 @@ def _module_of(node: Any) -> str | None:
     each relative to the one before, the last the op); None when the file records neither."""
     for p in getattr(node, "metadata_props", ()):
         if p.key == "pkg.torch.onnx.name_scopes":
+            if len(p.value) > 1 << 16:  # a path list is short; a huge or deeply nested one is no name
+                return None
             try:
                 scopes = ast.literal_eval(p.value)  # a list literal: data, never code
-            except (ValueError, SyntaxError):
+            except (ValueError, SyntaxError, RecursionError, MemoryError):
                 return None
             if isinstance(scopes, list) and scopes and all(isinstance(x, str) for x in scopes):
                 return scopes[-2] if len(scopes) >= 2 else ""
