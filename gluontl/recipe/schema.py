@@ -21,12 +21,12 @@ from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
                       model_validator)
 from pydantic_core import PydanticCustomError
 
-from .errors import GluontlError, ModelSourceError, RecipeError, RuleError, hwc_hint
-from .home import gluontl_home
-from .metrics import EMA, find_metric, task_metrics
-from .zoo import zoo_input_shape, zoo_names
-from .task_registry import TASKS, source_tasks
-from .readers import SafeYamlLoader, parse_yaml
+from ..errors import GluontlError, ModelSourceError, RecipeError, RuleError, hwc_hint
+from ..home import gluontl_home
+from ..metrics import EMA, find_metric, task_metrics
+from ..zoo import zoo_input_shape, zoo_names
+from ..task_registry import TASKS, source_tasks
+from ..readers import SafeYamlLoader, parse_yaml
 
 SpecT = TypeVar("SpecT", bound=BaseModel)
 
@@ -226,8 +226,8 @@ class ModelSpec(Strict):
                 if source.startswith("zoo:"):
                     return {**data, "input_shape": zoo_input_shape(source)}
                 if source.startswith("onnx:"):
-                    from .convert.efficientnet_lite import ensure_onnx_file
-                    from .onnx import inspect_onnx
+                    from ..convert.efficientnet_lite import ensure_onnx_file
+                    from ..onnx import inspect_onnx
 
                     # resolved again, as sources.model_inputs resolves what it is given
                     inputs = inspect_onnx(ensure_onnx_file(resolve_source(source)[5:]), check=False).inputs
@@ -435,7 +435,7 @@ def _file_normalize(source: str) -> tuple[Any, str] | Literal[False] | None:
         source = resolve_source(source)
         if not source.startswith("onnx:"):
             return None
-        from .convert.efficientnet_lite import ensure_onnx_file
+        from ..convert.efficientnet_lite import ensure_onnx_file
 
         path = Path(ensure_onnx_file(source[5:]))
         stat = path.stat()
