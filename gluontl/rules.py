@@ -30,91 +30,15 @@ from mxnet.gluon import Constant, HybridBlock, Parameter, SymbolBlock
 from .adapters import LORA_TYPE, Adapted, adapter_params, adapters_of, add_lora, target
 from .errors import AdapterError, RuleError
 from .naming import Layer, ParamEntry, graph_nodes, named_params, shape_of
-from .recipe import Rule, as_rules
-from .stages import HEAD, NECK, STEM, Stage, ordered, stage_map
+from .recipe import PRESETS, Preset, Rule, as_rules
+from .stages import Stage, ordered, stage_map
 
 FIELDS = ("grad_req", "lr_mult", "wd_mult", "bn")
 DEFAULTS: dict[str, Any] = {"grad_req": "write", "lr_mult": 1.0, "wd_mult": 1.0, "bn": "train"}
 
 
-def _preset_head_only(rule: Rule, order: list[Stage] | None) -> list[Rule]:
-    return [Rule(match=["*"], grad_req="null", bn="frozen", note="freeze everything"),
-            Rule(stage=[HEAD], grad_req="write", note="train the head")]
-
-
-def _preset_until_stage(rule: Rule, order: list[Stage] | None) -> list[Rule]:
-    if rule.until_stage is None:
-        raise RuleError("preset freeze_until_stage needs until_stage: N (stem, 1, 2, …).")
-    last = 0 if rule.until_stage == STEM else 99 if rule.until_stage in (NECK, HEAD) else int(rule.until_stage)
-    stages: list[int | str] = [STEM] + list(range(1, last + 1)) + ([NECK] if rule.until_stage != STEM and
-                                                                  not isinstance(rule.until_stage, int) else [])
-    return [Rule(stage=stages, grad_req="null", bn="frozen", note=f"freeze stem..{rule.until_stage}")]
-
-
-def _preset_freeze_bn(rule: Rule, order: list[Stage] | None) -> list[Rule]:
-    return [Rule(type=["BatchNorm"], grad_req="null", bn="frozen", note="freeze every BatchNorm")]
-
-
-def _preset_no_wd_1d(rule: Rule, order: list[Stage] | None) -> list[Rule]:
-    return [Rule(kind=["1d"], wd_mult=0.0, note="no weight decay on 1-D parameters (timm's default)")]
-
-
-def _depths(order: list[Stage] | None, preset: str) -> list[tuple[Stage, int]]:
-    """Each stage with its depth below the last one (the head: 0), timm's ``layer_max - layer_id``.
-
-    Depth counts every stage of the model, frozen or not: freezing the stem does not make
-    stage 1 shallower, and multipliers must not shift when a ``from_epoch`` rule unfreezes it.
-    """
-    if not order:
-        raise RuleError(f"preset {preset} spreads over the model's stages: it needs the model's input shape "
-                        f"(model.input_shape) and a model whose stages can be mapped (`gluontl inspect`).")
-    return [(s, len(order) - 1 - i) for i, s in enumerate(order)]
-
-
-def _preset_layer_decay(rule: Rule, order: list[Stage] | None) -> list[Rule]:
-    depths = _depths(order, "layer_decay")
-    chosen = [s for s, _ in depths]
-    if rule.stage is not None:
-        missing = [s for s in rule.stage if s not in chosen]
-        if missing:
-            raise RuleError(f"preset layer_decay names stage {', '.join(map(str, missing))}, which this model does "
-                            f"not have (it has {', '.join(map(str, chosen))}).")
-        chosen = rule.stage
-    elif rule.last is not None:
-        chosen = chosen[-(rule.last + 1):] if chosen[-1] == HEAD else chosen[-rule.last:]
-    floor = rule.min_scale or 0.0
-    return [Rule(stage=[s], lr_mult=max(floor, rule.rate ** d),
-                 note=f"layer decay {rule.rate:g}^{d}" + (f", at least {floor:g}" if floor else ""))
-            for s, d in depths if s in chosen]
-
-
-def _preset_fine_tune(rule: Rule, order: list[Stage] | None) -> list[Rule]:
-    """fastai's ``fine_tune``: the head alone for ``freeze_epochs``, then everything with lr
-    multipliers spread geometrically from 1/base_lr_div (the stem) to 1 (the head), fastai's
-    ``slice(base_lr/lr_mult, base_lr)``. BatchNorm trains in the frozen phase unless
-    ``train_bn: false`` (fastai's ``train_bn``)."""
-    depths = _depths(order, "fine_tune")
-    then = rule.freeze_epochs or 1
-    div = 100.0 if rule.base_lr_div is None else rule.base_lr_div
-    train_bn = rule.train_bn is not False
-    top = max(depths[0][1], 1)
-    out = [Rule(match=["*"], grad_req="null", note=f"fine_tune: freeze the body for {then} epoch(s)"),
-           Rule(type=["BatchNorm"], grad_req="write", bn="train", optional=True, note="fine_tune: BatchNorm trains")
-           if train_bn else Rule(type=["BatchNorm"], bn="frozen", optional=True, note="fine_tune: BatchNorm frozen"),
-           Rule(stage=[HEAD], grad_req="write", note="fine_tune: train the head")]
-    out.append(Rule(match=["*"], grad_req="write", from_epoch=then, note="fine_tune: unfreeze"))
-    if not train_bn:
-        out.append(Rule(type=["BatchNorm"], bn="train", optional=True, from_epoch=then,
-                        note="fine_tune: BatchNorm trains"))
-    out += [Rule(stage=[s], lr_mult=div ** (-d / top), from_epoch=then,
-                 note=f"fine_tune: discriminative lr 1/{div:g}^({d}/{top})") for s, d in depths]
-    return out
-
-
-PRESETS = {"freeze_all_but_head": _preset_head_only, "freeze_until_stage": _preset_until_stage,
-           "freeze_bn": _preset_freeze_bn, "no_weight_decay_1d": _preset_no_wd_1d,
-           "layer_decay": _preset_layer_decay, "fine_tune": _preset_fine_tune}
-STAGE_PRESETS = frozenset(PRESETS) - {"freeze_bn", "no_weight_decay_1d"}  # need the model's stages
+# PRESETS: each preset's model, with its keys and its expansion (gluontl/recipe/presets.py)
+STAGE_PRESETS = frozenset(name for name, cls in PRESETS.items() if cls.needs_stages)  # need the model's stages
 NORM_TYPES = ("BatchNorm", "LayerNorm", "GroupNorm", "InstanceNorm")
 _BIASED_OPS = ("Convolution", "Deconvolution", "FullyConnected")  # graph ops whose 3rd input is a bias
 
@@ -128,7 +52,7 @@ class PlannedRule:
     preset: str | None = None  # the preset this rule stands for a part of: a model may lack its layer types
 
 
-RuleLike = Rule | Mapping[str, Any]
+RuleLike = Rule | Preset | Mapping[str, Any]
 
 
 def expand(rules: Iterable[RuleLike], order: list[Stage] | None = None) -> list[PlannedRule]:
@@ -137,8 +61,8 @@ def expand(rules: Iterable[RuleLike], order: list[Stage] | None = None) -> list[
     of its rules (``fine_tune``'s unfreezing comes that much later too)."""
     out = []
     for i, r in enumerate(as_rules(rules), 1):
-        if r.preset:
-            for j, sub in enumerate(PRESETS[r.preset](r, order), 1):
+        if isinstance(r, Preset):
+            for j, sub in enumerate(r.expand(order), 1):
                 sub = sub.model_copy(update={"from_epoch": r.from_epoch + sub.from_epoch,
                                              "optional": r.optional or sub.optional})
                 out.append(PlannedRule(f"{i}.{j}", sub, r.preset))
@@ -288,7 +212,7 @@ def make_plan(block: HybridBlock, rules: Iterable[RuleLike], *, epoch: int | Non
     """
     given = as_rules(rules)
     entries = _entries(block)
-    needs_stages = any(r.stage is not None or r.preset in STAGE_PRESETS for r in given)
+    needs_stages = any(r.needs_stages if isinstance(r, Preset) else r.stage is not None for r in given)
     stages: dict[str, Stage] = {}
     no_stages = None
     if needs_stages and input_shape is None:
@@ -457,7 +381,8 @@ def attach_adapters(block: HybridBlock, rules: Iterable[RuleLike], *,
     """``block`` with the adapters its rules' ``adapter`` settings ask for, before planning (the plan
     lists their parameters); for graphs a new block, Gluon blocks change in place."""
     # adapter rules are never presets: no stage order is needed to expand them
-    planned = [PlannedRule(str(i), r) for i, r in enumerate(as_rules(rules), 1) if r.adapter is not None]
+    planned = [PlannedRule(str(i), r) for i, r in enumerate(as_rules(rules), 1)
+               if isinstance(r, Rule) and r.adapter is not None]
     if not planned:
         return block
     entries = _entries(block)

@@ -20,7 +20,7 @@ import pytest
 from gluoncv.model_zoo import get_model
 
 from gluontl.onnx import import_model
-from gluontl.recipe import Rule
+from gluontl.recipe import FineTune, FreezeAllButHead, FreezeBn, FreezeUntilStage, LayerDecay, NoWeightDecay1d, Rule
 from gluontl.rules import make_plan
 
 FIXTURES = Path(__file__).parent / "onnx" / "fixtures"
@@ -35,9 +35,8 @@ FAMILIES = {  # file → families it stands for
     "efficientformer_attn_legacy_op17.onnx": "folded batchnorm, attention",
 }
 NOTHING = "no BatchNorm layer in this model, nothing to do"
-PRESETS = [Rule(preset="freeze_all_but_head"), Rule(preset="freeze_until_stage", until_stage="neck"),
-           Rule(preset="freeze_bn"), Rule(preset="no_weight_decay_1d"), Rule(preset="layer_decay", rate=0.5),
-           Rule(preset="fine_tune")]
+PRESETS = [FreezeAllButHead(), FreezeUntilStage(until_stage="neck"), FreezeBn(), NoWeightDecay1d(),
+           LayerDecay(rate=0.5), FineTune()]
 
 
 class Count:
@@ -144,7 +143,7 @@ def test_every_preset_plans_on_every_family_with_a_hand_count(model, rule):
 
 def test_the_note_names_the_presets_rule_on_a_model_without_batchnorm():
     net, shape, _ = _model("vit_legacy_op13.onnx")
-    plan = make_plan(net, [Rule(match=["head.*"], lr_mult=10.0), Rule(preset="freeze_all_but_head")],
+    plan = make_plan(net, [Rule(match=["head.*"], lr_mult=10.0), FreezeAllButHead()],
                      input_shape=shape)
     assert plan.notes[0] == f"rule 2.1 (freeze_all_but_head: bn: frozen): {NOTHING}"
     assert plan.by_name()["head.weight"].lr_mult == 10.0  # the other rules apply as written
@@ -155,7 +154,7 @@ def test_the_note_names_the_presets_rule_on_a_model_without_batchnorm():
 def test_freeze_all_but_head_on_every_vit_and_swin_export(file):
     """The issue's case: ViT and Swin have no BatchNorm, and freeze_all_but_head used to refuse them."""
     net, shape, _ = _model(file)
-    plan = make_plan(net, [Rule(preset="freeze_all_but_head")], input_shape=shape, epoch=0)
+    plan = make_plan(net, [FreezeAllButHead()], input_shape=shape, epoch=0)
     last_gemm = [n for n in onnx.load(str(FIXTURES / file), load_external_data=False).graph.node
                  if n.op_type in ("Gemm", "MatMul")][-1]
     rows = {r.global_name: r for r in plan.rows}
@@ -172,7 +171,7 @@ def test_a_presets_bn_setting_on_a_part_without_batchnorm_says_where():
             mx.gluon.nn.BatchNorm(in_channels=4), mx.gluon.nn.GlobalAvgPool2D(), mx.gluon.nn.Dense(2, in_units=4))
     net.initialize()
     net(mx.nd.zeros((1, 3, 16, 16)))
-    plan = make_plan(net, [Rule(preset="freeze_until_stage", until_stage="stem")], input_shape=(3, 16, 16))
+    plan = make_plan(net, [FreezeUntilStage(until_stage="stem")], input_shape=(3, 16, 16))
     rows = plan.by_name()
     assert {n for n, r in rows.items() if not r.trainable} == {"0.weight", "0.bias", "2.running_mean",
                                                                "2.running_var"}

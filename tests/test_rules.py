@@ -8,7 +8,7 @@ from gluoncv.model_zoo import get_model
 from tests.helpers import assert_f32_close, batch, sgd_step, snapshot
 
 from gluontl.errors import RuleError
-from gluontl.recipe import Rule
+from gluontl.recipe import FreezeAllButHead, FreezeBn, FreezeUntilStage, Rule
 from gluontl.rules import apply_plan, make_plan, trainable_params
 
 SHAPE = (3, 32, 32)
@@ -22,8 +22,8 @@ def zoo(name, classes=5):
 
 
 RECIPES = {
-    "head_only": [Rule(preset="freeze_all_but_head")],
-    "last_stage": [Rule(preset="freeze_all_but_head"), Rule(stage=[4], grad_req="write", bn="train", lr_mult=0.1)],
+    "head_only": [FreezeAllButHead()],
+    "last_stage": [FreezeAllButHead(), Rule(stage=[4], grad_req="write", bn="train", lr_mult=0.1)],
     "by_type": [Rule(type=["BatchNorm"], grad_req="null", bn="frozen"), Rule(match=["*conv*", "features.0.*"],
                                                                             grad_req="null", optional=True)],
 }
@@ -102,7 +102,7 @@ def test_lr_mult_scales_the_update():
     for mult in (1.0, 0.1):
         mx.random.seed(0)
         net = zoo("resnet18_v1")
-        apply_plan(net, make_plan(net, [Rule(preset="freeze_all_but_head"),
+        apply_plan(net, make_plan(net, [FreezeAllButHead(),
                                         Rule(match=["output.*"], lr_mult=mult)], input_shape=SHAPE))
         before = snapshot(net)["output.weight"]
         sgd_step(net, x, y)
@@ -152,7 +152,7 @@ def test_bn_train_moves_statistics_of_trainable_bn(hybrid):
 def test_rules_changed_after_hybridized_forward_take_effect():
     net = zoo("resnet18_v1")
     net.hybridize(static_alloc=True, static_shape=True)
-    apply_plan(net, make_plan(net, [Rule(preset="freeze_all_but_head")], input_shape=SHAPE))
+    apply_plan(net, make_plan(net, [FreezeAllButHead()], input_shape=SHAPE))
     x, y = batch()
     sgd_step(net, x, y)  # traced with the backbone frozen
     apply_plan(net, make_plan(net, [Rule(match=["features.*"], grad_req="null", bn="frozen"),
@@ -165,7 +165,7 @@ def test_rules_changed_after_hybridized_forward_take_effect():
     assert not np.array_equal(before["features.7.1.body.1.running_mean"], after["features.7.1.body.1.running_mean"])
     assert np.array_equal(before["features.0.weight"], after["features.0.weight"])
     # and back: freezing stage 4 again stops it from moving, statistics included
-    apply_plan(net, make_plan(net, [Rule(preset="freeze_all_but_head")], input_shape=SHAPE))
+    apply_plan(net, make_plan(net, [FreezeAllButHead()], input_shape=SHAPE))
     before = snapshot(net)
     sgd_step(net, x, y)
     after = snapshot(net)
@@ -190,7 +190,7 @@ def test_stage_map_and_presets_on_two_families():
     for name, stage4, head in (("resnet18_v1", "features.7.0.body.0.weight", "output.weight"),
                                ("resnet18_v1b", "layer4.0.conv1.weight", "fc.weight")):
         net = zoo(name)
-        plan = make_plan(net, [Rule(preset="freeze_until_stage", until_stage=3)], input_shape=SHAPE)
+        plan = make_plan(net, [FreezeUntilStage(until_stage=3)], input_shape=SHAPE)
         rows = plan.by_name()
         assert rows[stage4].stage == 4 and rows[stage4].trainable
         assert rows[head].stage == "head" and rows[head].trainable
@@ -238,7 +238,7 @@ def test_graph_stage_map_at_small_input_keeps_stage_4(tmp_path):
 def test_head_stays_head_after_global_pooling_mobilenetv2():
     """MobileNetV2's classifier is a 1×1 conv after the global pool: still the head."""
     net = zoo("mobilenetv2_0.25")
-    plan = make_plan(net, [Rule(preset="freeze_all_but_head")], input_shape=SHAPE)
+    plan = make_plan(net, [FreezeAllButHead()], input_shape=SHAPE)
     assert {r.name for r in plan.rows if r.trainable} == {"output.0.weight"}
     assert {r.stage for r in plan.rows} == {"stem", 1, 2, 3, 4, "head"}
 
@@ -319,7 +319,7 @@ def test_format_plan_lists_stages_and_notes_with_sizes_in_mib():
 
 
 def test_preset_freeze_bn_freezes_every_batchnorm_and_nothing_else():
-    plan = make_plan(_small(), [Rule(preset="freeze_bn")])
+    plan = make_plan(_small(), [FreezeBn()])
     rows = plan.by_name()
     assert {n for n, r in rows.items() if r.trainable} == {"0.weight", "0.bias", "2.weight", "2.bias"}
     assert {n: r.bn for n, r in rows.items() if r.bn} == dict.fromkeys(
@@ -333,15 +333,15 @@ def test_presets_take_the_rules_from_epoch_and_optional():
     net.add(mx.gluon.nn.Dense(3, in_units=4))
     net.initialize()
     # a preset's rule for a layer type the model lacks is no error: the plan says there is nothing to do
-    plan = make_plan(net, [Rule(preset="freeze_bn")])
+    plan = make_plan(net, [FreezeBn()])
     assert all(r.trainable for r in plan.rows) and plan.notes == [
         "rule 1.1 (freeze_bn: bn: frozen): no BatchNorm layer in this model, nothing to do"]
-    assert all(r.trainable for r in make_plan(net, [Rule(preset="freeze_bn", optional=True)]).rows)
+    assert all(r.trainable for r in make_plan(net, [FreezeBn(optional=True)]).rows)
     with pytest.raises(RuleError, match=r"rule 1 \(type \['BatchNorm'\] \(this model has Dense\)\) matches no "
                                         r"parameter \(names look like: 0\.weight, 0\.bias\)"):
         make_plan(net, [Rule(type=["BatchNorm"], bn="frozen")])  # the user's own rule stays strict
     big = zoo("resnet18_v1")
-    rules = [Rule(preset="freeze_all_but_head", from_epoch=2)]
+    rules = [FreezeAllButHead(from_epoch=2)]
     assert all(r.trainable for r in make_plan(big, rules, epoch=1, input_shape=SHAPE).rows if not r.aux)
     late = make_plan(big, rules, epoch=2, input_shape=SHAPE)
     assert {r.name for r in late.rows if r.trainable} == {"output.weight", "output.bias"} and late.epoch == 2
@@ -350,19 +350,19 @@ def test_presets_take_the_rules_from_epoch_and_optional():
 
 def test_freeze_until_stage_stem_head_and_missing():
     net = zoo("resnet18_v1")
-    stem = make_plan(net, [Rule(preset="freeze_until_stage", until_stage="stem")], input_shape=SHAPE)
+    stem = make_plan(net, [FreezeUntilStage(until_stage="stem")], input_shape=SHAPE)
     assert {r.stage for r in stem.rows if not r.trainable and not r.aux} == {"stem"}
     assert [p.rule.note for p in stem.rules] == ["freeze stem..stem"]
     assert {r.name for r in stem.rows if r.stage == "stem"} == {"features.0.weight", "features.1.gamma",
                                                                 "features.1.beta", "features.1.running_mean",
                                                                 "features.1.running_var"}
-    two = make_plan(net, [Rule(preset="freeze_until_stage", until_stage=2)], input_shape=SHAPE)
+    two = make_plan(net, [FreezeUntilStage(until_stage=2)], input_shape=SHAPE)
     assert {r.stage for r in two.rows if not r.trainable and not r.aux} == {"stem", 1, 2}
-    everything = make_plan(net, [Rule(preset="freeze_until_stage", until_stage="head")], input_shape=SHAPE)
+    everything = make_plan(net, [FreezeUntilStage(until_stage="head")], input_shape=SHAPE)
     assert not any(r.trainable for r in everything.rows[:-2])  # every stage up to 4 ...
     assert all(r.trainable for r in everything.rows[-2:])  # ... but the head, which no stage number reaches
     with pytest.raises(RuleError, match=r"^preset freeze_until_stage needs until_stage: N \(stem, 1, 2, …\)\.$"):
-        make_plan(net, [Rule(preset="freeze_until_stage")], input_shape=SHAPE)
+        make_plan(net, [FreezeUntilStage()], input_shape=SHAPE)
 
 
 def test_rule_errors_name_every_rule_and_what_the_model_has():
@@ -457,12 +457,12 @@ def test_graph_parameter_outside_any_layer():
 def test_preset_rules_are_listed_with_their_notes():
     from gluontl.rules import format_plan
 
-    plan = make_plan(zoo("resnet18_v1"), [Rule(preset="freeze_all_but_head")], input_shape=SHAPE)
+    plan = make_plan(zoo("resnet18_v1"), [FreezeAllButHead()], input_shape=SHAPE)
     assert format_plan(plan).splitlines()[:3] == [
         "rules (epoch 0):",
         "  1.1: match=['*'], grad_req=null, bn=frozen  # freeze everything",
         "  1.2: stage=['head'], grad_req=write  # train the head"]
-    plan = make_plan(zoo("resnet18_v1"), [Rule(preset="freeze_until_stage", until_stage=2)], input_shape=SHAPE)
+    plan = make_plan(zoo("resnet18_v1"), [FreezeUntilStage(until_stage=2)], input_shape=SHAPE)
     assert format_plan(plan).splitlines()[1] == ("  1.1: stage=['stem', 1, 2], grad_req=null, bn=frozen  "
                                                  "# freeze stem..2")
 

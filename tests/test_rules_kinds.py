@@ -10,7 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from gluontl.errors import RecipeError, RuleError
 from gluontl.naming import named_params
-from gluontl.recipe import Rule, parse_recipe
+from gluontl.recipe import FineTune, FreezeAllButHead, LayerDecay, NoWeightDecay1d, Rule, parse_recipe
 from gluontl.rules import apply_plan, expand, make_plan, param_kinds, trainable_params
 from gluontl.sources import load_model
 
@@ -168,7 +168,7 @@ def test_kinds_at_the_edges():
 
 
 def test_preset_no_weight_decay_1d_is_timms_default():
-    plan = make_plan(_mobile_net(), [Rule(preset="no_weight_decay_1d")])
+    plan = make_plan(_mobile_net(), [NoWeightDecay1d()])
     assert {r.name for r in plan.rows if r.wd_mult == 0.0} == MOBILE["1d"]
     assert {r.name for r in plan.rows if r.wd_mult == 1.0} == {"0.weight", "2.weight", "3.weight", "6.weight"}
     assert [(p.label, p.rule.kind, p.rule.wd_mult, p.rule.note) for p in plan.rules] == [
@@ -211,24 +211,24 @@ def test_layer_decay_is_timms_formula_on_a_hand_built_stage_list():
     """timm: layer_max = the last id (the head), scale = max(min_scale, rate^(layer_max - id))."""
     order = ["stem", 1, 2, "neck", "head"]
     got = [(p.label, p.rule.stage, p.rule.lr_mult)
-           for p in expand([Rule(preset="layer_decay", rate=0.5, min_scale=0.1)], order)]
+           for p in expand([LayerDecay(rate=0.5, min_scale=0.1)], order)]
     # 0.5^4 = 0.0625 is below the floor; 0.5^3, 0.5^2, 0.5^1, 0.5^0
     assert got == [("1.1", ["stem"], 0.1), ("1.2", [1], 0.125), ("1.3", [2], 0.25), ("1.4", ["neck"], 0.5),
                    ("1.5", ["head"], 1.0)]
-    assert [p.rule.note for p in expand([Rule(preset="layer_decay", rate=0.5, min_scale=0.1)], order)][::4] == [
+    assert [p.rule.note for p in expand([LayerDecay(rate=0.5, min_scale=0.1)], order)][::4] == [
         "layer decay 0.5^4, at least 0.1", "layer decay 0.5^0, at least 0.1"]
-    last = expand([Rule(preset="layer_decay", rate=0.5, last=2)], order)
+    last = expand([LayerDecay(rate=0.5, last=2)], order)
     assert [(p.rule.stage, p.rule.lr_mult, p.rule.note) for p in last] == [
         ([2], 0.25, "layer decay 0.5^2"), (["neck"], 0.5, "layer decay 0.5^1"), (["head"], 1.0, "layer decay 0.5^0")]
-    no_head = expand([Rule(preset="layer_decay", rate=0.5, last=2)], ["stem", 1, 2])  # a graph cut: no head
+    no_head = expand([LayerDecay(rate=0.5, last=2)], ["stem", 1, 2])  # a graph cut: no head
     assert [(p.rule.stage, p.rule.lr_mult) for p in no_head] == [([1], 0.5), ([2], 1.0)]
-    some = expand([Rule(preset="layer_decay", rate=0.5, stage=[1])], order)
+    some = expand([LayerDecay(rate=0.5, stage=[1])], order)
     assert [(p.rule.stage, p.rule.lr_mult) for p in some] == [([1], 0.125)]  # depth from the whole model
     with pytest.raises(RuleError, match=r"names stage 7, 8, which this model does not have \(it has stem, 1, 2, "
                                         r"neck, head\)"):
-        expand([Rule(preset="layer_decay", rate=0.5, stage=[1, 7, 8])], order)
+        expand([LayerDecay(rate=0.5, stage=[1, 7, 8])], order)
     with pytest.raises(RuleError, match=r"preset layer_decay spreads over the model's stages"):
-        expand([Rule(preset="layer_decay", rate=0.5)])
+        expand([LayerDecay(rate=0.5)])
 
 
 RESNET_STAGES = {"features.0.": "stem", "features.1.": "stem", "features.4.": 1, "features.5.": 2,
@@ -240,7 +240,7 @@ def test_layer_decay_on_resnet18_keeps_frozen_parameters_frozen_and_yields_to_la
     net = get_model("resnet18_v1", classes=5)
     net.initialize()
     net(mx.nd.zeros((1, *SHAPE)))
-    plan = make_plan(net, [Rule(preset="freeze_all_but_head"), Rule(preset="layer_decay", rate=0.75),
+    plan = make_plan(net, [FreezeAllButHead(), LayerDecay(rate=0.75),
                            Rule(match=["output.bias"], lr_mult=3.0)], input_shape=SHAPE)
     for r in plan.rows:
         if r.aux:
@@ -275,7 +275,7 @@ def test_plan_command_shows_layer_decay_set_on_the_command_line(capsys, tmp_path
 
 def test_fine_tune_expands_to_a_frozen_phase_and_discriminative_unfreezing():
     order = ["stem", 1, 2, "head"]
-    rules = expand([Rule(preset="fine_tune", freeze_epochs=2, base_lr_div=8, train_bn=False, from_epoch=1)], order)
+    rules = expand([FineTune(freeze_epochs=2, base_lr_div=8, train_bn=False, from_epoch=1)], order)
     got = [(p.label, p.rule.model_dump(exclude_defaults=True, exclude={"note", "lr_mult"}), p.rule.lr_mult)
            for p in rules]
     later = {"from_epoch": 3}  # the preset's 1 + freeze_epochs 2
@@ -295,7 +295,7 @@ def test_fine_tune_expands_to_a_frozen_phase_and_discriminative_unfreezing():
         "fine_tune: unfreeze", "fine_tune: BatchNorm trains", "fine_tune: discriminative lr 1/8^(3/3)",
         "fine_tune: discriminative lr 1/8^(2/3)", "fine_tune: discriminative lr 1/8^(1/3)",
         "fine_tune: discriminative lr 1/8^(0/3)"]
-    default = expand([Rule(preset="fine_tune")], order)  # fastai's defaults: 1 epoch, lr_mult 100, train_bn
+    default = expand([FineTune()], order)  # fastai's defaults: 1 epoch, lr_mult 100, train_bn
     assert default[1].rule.model_dump(exclude_defaults=True, exclude={"note"}) == {
         "type": ["BatchNorm"], "grad_req": "write", "bn": "train", "optional": True}  # a BN-free model has none
     assert [p.rule.from_epoch for p in default] == [0, 0, 0] + [1] * 5
@@ -303,11 +303,11 @@ def test_fine_tune_expands_to_a_frozen_phase_and_discriminative_unfreezing():
     assert [p.rule.note for p in default[:2]] == ["fine_tune: freeze the body for 1 epoch(s)",
                                                   "fine_tune: BatchNorm trains"]
     # two stages: the stem gets the whole 1/base_lr_div; one stage: nothing to spread over
-    assert [p.rule.lr_mult for p in expand([Rule(preset="fine_tune")], ["stem", "head"])[4:]] == [0.01, 1.0]
-    assert [p.rule.lr_mult for p in expand([Rule(preset="fine_tune")], ["head"])[4:]] == [1.0]
+    assert [p.rule.lr_mult for p in expand([FineTune()], ["stem", "head"])[4:]] == [0.01, 1.0]
+    assert [p.rule.lr_mult for p in expand([FineTune()], ["head"])[4:]] == [1.0]
     with pytest.raises(RuleError, match=r"^preset fine_tune spreads over the model's stages: it needs the model's "
                                         r"input shape \(model\.input_shape\)"):
-        expand([Rule(preset="fine_tune")])
+        expand([FineTune()])
 
 
 def test_fine_tune_run_trains_the_head_then_everything(tmp_path):

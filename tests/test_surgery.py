@@ -23,13 +23,13 @@ from gluontl.export import export_onnx
 from gluontl.naming import named_params
 from gluontl.onnx import import_model
 from gluontl.pipeline import prepare
-from gluontl.recipe import HeadSpec, Rule, parse_recipe
+from gluontl.recipe import FreezeAllButHead, FreezeBn, HeadSpec, parse_recipe
 from gluontl.rules import apply_plan, make_plan
 from gluontl import surgery as S
 from tests.helpers import assert_f32_close, ort_session, sgd_step, snapshot
 
 SHAPE = (3, 32, 32)
-FREEZE = [Rule(preset="freeze_all_but_head")]
+FREEZE = [FreezeAllButHead()]
 # float32 bound for any cut of resnet18 computed two ways (tests/helpers.py: f32_tol):
 # at most 17 conv layers in sequence, at most 512·3·3 products per output
 R18 = {"terms": 512 * 9, "depth": 17}
@@ -111,7 +111,7 @@ def _bn_frozen_takes_effect(cut: HybridBlock) -> None:
         with mx.autograd.predict_mode():
             return np.max(np.abs(train - cut(x).asnumpy()))
     assert gap() > 1e-3
-    apply_plan(cut, make_plan(cut, [Rule(preset="freeze_bn")], input_shape=SHAPE))
+    apply_plan(cut, make_plan(cut, [FreezeBn()], input_shape=SHAPE))
     assert gap() < 1e-5
 
 
