@@ -30,15 +30,11 @@ from mxnet.gluon import Constant, HybridBlock, Parameter, SymbolBlock
 from .adapters import LORA_TYPE, Adapted, adapter_params, adapters_of, add_lora, target
 from .errors import AdapterError, RuleError
 from .naming import Layer, ParamEntry, graph_nodes, named_params, shape_of
-from .recipe import PRESETS, Preset, Rule, as_rules
+from .recipe import Preset, Rule, as_rules  # each preset's keys and expansion: gluontl/recipe/presets.py
 from .stages import Stage, ordered, stage_map
 
 FIELDS = ("grad_req", "lr_mult", "wd_mult", "bn")
 DEFAULTS: dict[str, Any] = {"grad_req": "write", "lr_mult": 1.0, "wd_mult": 1.0, "bn": "train"}
-
-
-# PRESETS: each preset's model, with its keys and its expansion (gluontl/recipe/presets.py)
-STAGE_PRESETS = frozenset(name for name, cls in PRESETS.items() if cls.needs_stages)  # need the model's stages
 NORM_TYPES = ("BatchNorm", "LayerNorm", "GroupNorm", "InstanceNorm")
 _BIASED_OPS = ("Convolution", "Deconvolution", "FullyConnected")  # graph ops whose 3rd input is a bias
 

@@ -25,7 +25,8 @@ PLACES = {  # dotted prefix → layer; the longest matching prefix wins
     "gluontl.metrics": 0,  # the metric registry: key, label, direction, format, task
     "gluontl.console": 0,  # what a process shows: lines, bars, worker logs (data loading shows progress too)
     "gluontl.onnx": 1, "gluontl.sources": 1, "gluontl.convert": 1,
-    "gluontl.recipe": 1,  # the schema of what a user asks for; it reads an ONNX file's declared input size
+    "gluontl.recipe": 1,  # the schema of what a user asks for (a package: sections, presets, policy, compat,
+    # --set, load); recipe.sources reads an ONNX file's declared input size
     "gluontl.stages": 2, "gluontl.surgery": 2, "gluontl.adapters": 2, "gluontl.rules": 2,
     "gluontl.pipeline": 2,  # recipe → ready model: source, restore, surgery, rules
     # image decoding, transforms, splits, bad images, demo data, epoch order and the run card: what every task feeds on;

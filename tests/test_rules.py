@@ -492,9 +492,11 @@ def test_format_plan_of_a_trainable_net_and_of_one_without_parameters():
 
 
 def test_every_preset_name_the_recipe_accepts_has_an_expansion():
-    """The recipe schema checks preset names from recipe.PRESET_NAMES without importing rules;
-    rules.PRESETS must expand exactly those, in the same order (the order error messages list)."""
-    from gluontl.recipe import PRESET_NAMES
-    from gluontl.rules import PRESETS
+    """Each preset the recipe accepts is a model of its own with its own expansion, listed in the
+    order error messages list them."""
+    from gluontl.recipe import PRESET_NAMES, PRESETS, Preset
 
-    assert list(PRESETS) == list(PRESET_NAMES)
+    assert PRESET_NAMES == ("freeze_all_but_head", "freeze_until_stage", "freeze_bn", "no_weight_decay_1d",
+                            "layer_decay", "fine_tune") == tuple(PRESETS)
+    for name, cls in PRESETS.items():
+        assert cls.expand is not Preset.expand and cls.model_fields["preset"].default == name, name

@@ -462,6 +462,8 @@ class QuantizeSpec(Strict):
                                                 "depthwise-heavy models (onnxruntime #11415), else per-channel")
     exclude: list[str] = Field(default_factory=list, description="globs of ONNX node (or MXNet layer) names kept float")
     max_drop: float = Field(default=1.0, ge=0.0, le=100.0, description="allowed top-1 (or mAP) drop, in points")
+
+
 class SegmentationSpec(Strict):
     """The segmenter (task: segmentation) and its joint image + mask augmentation. ``arch`` fcn,
     psp and deeplab on a GluonCV ResNet zoo source are GluonCV's own networks; on any other source
