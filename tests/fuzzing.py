@@ -119,11 +119,13 @@ NAMES = st.one_of(
 class Worker:
     """One subprocess that runs readers on request, under the memory cap."""
 
-    def __init__(self) -> None:
+    def __init__(self, tmp: Path) -> None:
         # the checkout holding these tests comes first (the worker reads with the gluontl under
-        # test); tests/ itself is not on the path, or tests/onnx would shadow the onnx package
+        # test); tests/ itself is not on the path, or tests/onnx would shadow the onnx package.
+        # TMPDIR is the test's own temp folder ``tmp``: what the worker's libraries put in the temp
+        # folder (tempfile's first call probes it with a file: portalocker's does at import) stays there
         path = (str(TESTS.parent), os.environ.get("PYTHONPATH"))
-        env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1",
+        env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp),
                "PYTHONPATH": os.pathsep.join(p for p in path if p)}
         self.proc = subprocess.Popen([sys.executable, "-c", "from tests import fuzzing; fuzzing.serve()"], env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
@@ -175,7 +177,7 @@ def run_reader(target: str, scratch: Path, *args: Any, seconds: float = SECONDS)
     "crash" | "timeout" | "died", "error": type, "message": ..., "writes": [paths outside scratch]}``."""
     global _worker
     if _worker is None or not _worker.alive():
-        _worker = Worker()
+        _worker = Worker(scratch.parent)
         atexit.register(_worker.close)
     result = _worker.call(target, scratch, list(args), seconds)
     if result["outcome"] in ("timeout", "died"):
@@ -308,6 +310,7 @@ def import_all() -> None:
     import gluontl.recipe  # noqa: F401
     import gluontl.segment.formats  # noqa: F401
     import gluontl.train.logs  # noqa: F401
+    import gluoncv.model_zoo  # noqa: F401  (a recipe's zoo: name is checked against its list)
     import onnxruntime  # noqa: F401  (constant folding in the ONNX importer)
     import tensorboardX  # noqa: F401
 

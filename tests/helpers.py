@@ -94,6 +94,16 @@ def ort_run(model, feeds, **options) -> list:
     return session.run(None, feeds)
 
 
+def onnx_cut(model, inputs: list[str], outputs: list[str]):
+    """``model`` (a ``ModelProto``) cut between tensors ``inputs`` and ``outputs`` by onnx's own
+    extractor, shapes inferred first: onnx 1.20's ``Extractor`` no longer infers them itself and
+    refuses a cut tensor with no value_info (onnx 1.17's inferred them)."""
+    import onnx
+    import onnx.utils
+
+    return onnx.utils.Extractor(onnx.shape_inference.infer_shapes(model)).extract_model(inputs, outputs)
+
+
 def batch(n=4, c=3, hw=32, classes=5, seed=0):
     rs = np.random.RandomState(seed)
     return mx.nd.array(rs.randn(n, c, hw, hw)), mx.nd.array(rs.randint(0, classes, n))

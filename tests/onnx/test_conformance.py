@@ -31,6 +31,9 @@ DATA = Path(onnx.__file__).parent / "backend" / "test" / "data"
 SUITES = ("node", "pytorch-converted", "pytorch-operator", "simple")
 STRUCTURAL = frozenset({"Constant", "Identity"})  # present in many cases, not what they test
 
+# onnx 1.20's data adds cases and corrects one stored output (the version setup.cfg pins on Python 3.13)
+ONNX_1_20 = tuple(int(v) for v in onnx.__version__.split(".")[:2]) >= (1, 20)
+
 # MXNet fixes every shape when the graph is built: a value that sets an output shape
 # (Resize scales, Range bounds) cannot be a run-time graph input. Case -> the error's text.
 _RUNTIME_INPUT = "must be known at import time but it is a graph input"
@@ -48,6 +51,11 @@ REFUSED: dict[str, str] = {
         "resize_upsample_scales_linear_align_corners", "resize_upsample_scales_linear_half_pixel_symmetric",
         "resize_upsample_scales_nearest", "resize_upsample_scales_nearest_axes_2_3",
         "resize_upsample_scales_nearest_axes_3_2", "upsample_nearest")},
+    # RotaryEmbedding's function body (onnx 1.20) splits the head into its rotated part and the
+    # rest, here empty (the whole head rotates): MXNet holds no empty tensor
+    **({f"node/test_rotary_embedding_no_position_ids{v}_expanded":
+         r"Split node .*split sizes \[8, 0\] make an empty output" for v in ("", "_interleaved")}
+       if ONNX_1_20 else {}),
 }
 # Refused for a run-time input that real models store: run again with every graph input
 # but the first stored as an initializer (a Resize's roi and scales), so the converter's
@@ -59,9 +67,12 @@ _ALIGN_CORNERS_DOWN = (
 # Stored outputs (written by onnx's reference implementation) that onnxruntime, the
 # project's oracle, does not reproduce. Case -> why.
 ORT_REFERENCE: dict[str, str] = {
-    "node/test_averagepool_3d_dilations_large_count_include_pad_is_1_ceil_mode_is_True":
-        "the stored output divides ceil-mode windows that run past the input by the full kernel "
-        "size; onnxruntime (and PyTorch) count only input and explicit-pad positions",
+    # onnx 1.20 corrected it: its stored output, onnxruntime's and a count by hand (taps inside
+    # the input and its explicit pads, in float64) agree within 1.1e-7; 1.17's is off by 0.064
+    **({} if ONNX_1_20 else {
+        "node/test_averagepool_3d_dilations_large_count_include_pad_is_1_ceil_mode_is_True":
+            "the stored output divides ceil-mode windows that run past the input by the full kernel "
+            "size; onnxruntime (and PyTorch) count only input and explicit-pad positions"}),
     "node/test_resize_downsample_scales_linear_align_corners": _ALIGN_CORNERS_DOWN,
     "node/test_resize_downsample_scales_cubic_align_corners": _ALIGN_CORNERS_DOWN,
 }

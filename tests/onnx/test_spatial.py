@@ -8,9 +8,8 @@ from __future__ import annotations
 import mxnet as mx
 import numpy as np
 import onnx
-import onnx.utils
 import pytest
-from tests.helpers import assert_f32_close, ort_run, ort_session
+from tests.helpers import assert_f32_close, onnx_cut, ort_run, ort_session
 from onnx import TensorProto, helper, numpy_helper
 
 from gluontl.errors import GluontlError, OnnxImportError
@@ -84,8 +83,7 @@ def ort_features(path: str, hw: tuple[int, int], taps: list[str], x: np.ndarray)
     for d, size in zip(model.graph.input[0].type.tensor_type.shape.dim[2:], hw):
         d.Clear()
         d.dim_value = size
-    model = onnx.utils.Extractor(model).extract_model(["input"], taps)
-    return ort_session(model).run(taps, {"input": x})
+    return ort_session(onnx_cut(model, ["input"], taps)).run(taps, {"input": x})
 
 
 @pytest.mark.parametrize("hw", [(48, 40), (16, 64), (DECLARED, DECLARED)])
