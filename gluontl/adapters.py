@@ -36,6 +36,7 @@ from .atomic import atomic_write, write_text
 from .errors import AdapterError
 from .naming import Layer, graph_nodes, named_params, shape_of
 from .recipe import AdapterSpec, as_spec
+from .runfolder import RunFolder
 
 LORA_TYPE = "LoRA"  # the layer type adapter parameters show in a plan (no rule `type` selects it)
 FORMAT = "gluontl-lora/1"
@@ -457,7 +458,7 @@ def load_adapters(block: HybridBlock, path: str | os.PathLike) -> HybridBlock:
     for f in (path, cfg_path):
         if not f.is_file():
             raise AdapterError(f"adapter file '{f}' does not exist; save_adapters writes NAME.params and NAME.json "
-                               f"side by side (a run writes RUN/adapters.params).")
+                               f"side by side (a run writes {RunFolder('RUN').adapters_path}).")
     try:
         config = json.loads(cfg_path.read_text(encoding="utf-8"))
         if config["format"] != FORMAT:

@@ -11,6 +11,7 @@ from .console import show
 from .errors import TrainError
 from .pipeline import Prepared
 from .recipe import Recipe, as_recipe, load_recipe
+from .runfolder import RunFolder
 from .tasks import get_task
 from .train.callbacks import Callback
 from .train.loop import RunResult, finetune as _train
@@ -46,7 +47,7 @@ def finetune(recipe: Recipe | Mapping[str, Any] | str | os.PathLike, *, runs_roo
     result = _train(recipe, runs_root=runs_root, resume=resume, quiet=quiet, stop_after_steps=stop_after_steps,
                     callbacks=list(callbacks))
     if found is not None and result.is_root:  # the run's recipe.yaml holds the number; this says where it came from
-        write_text(result.run_dir / "lr_find.json", json.dumps(found.to_json(), indent=1), TrainError)
+        write_text(RunFolder(result.run_dir).lr_find_path, json.dumps(found.to_json(), indent=1), TrainError)
     if export and recipe.export.formats and result.is_root and not (result.stopped_early or result.finished_before):
         result.exported = export_run(result.run_dir, force=resume is not None)
         if result.callbacks is not None:
@@ -67,7 +68,7 @@ def _auto_lr(recipe: Recipe, runs_root: str | Path, resume: str | Path | None, q
     if recipe.train.lr != "auto":
         return recipe, None
     if resume is not None:
-        lr = load_recipe(Path(resume) / "recipe.yaml").train.lr
+        lr = load_recipe(RunFolder(resume).recipe_path).train.lr
         return recipe.model_copy(update={"train": recipe.train.model_copy(update={"lr": lr})}), None
     if os.environ.get("DMLC_ROLE") == "worker" or "HOROVOD_RANK" in os.environ:
         raise TrainError("train.lr: auto in a distributed job would run the range test in every worker; run "

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, List, NoReturn, Optional, Sequence
 import typer
 
 from .errors import GluontlError, Interrupted, ModelSourceError, short_reason
+from .runfolder import RunFolder
 
 if TYPE_CHECKING:  # MXNet is imported only by the commands that need it
     from mxnet.gluon import HybridBlock
@@ -92,7 +93,7 @@ def plan(recipe: Path = RecipeOpt, set_: Optional[List[str]] = SetOpt,
 
 @app.command()
 def finetune(recipe: Optional[Path] = typer.Option(None, "--recipe", "-r", help="YAML recipe (with --resume: "
-                                                   "defaults to the run's own recipe.yaml)"),
+                                                   f"defaults to the run's own {RunFolder.RECIPE})"),
              set_: Optional[List[str]] = SetOpt,
              resume: Optional[Path] = typer.Option(None, help="continue this run folder (runs/NAME)"),
              runs: Path = typer.Option(Path("runs"), help="where run folders are created"),
@@ -312,7 +313,7 @@ def inspect(model: str = typer.Argument(..., help="NAME, PREFIX, PATH.onnx or zo
 
 @app.command()
 def bench(model: Path = typer.Argument(..., help="an exported .onnx or -symbol.json file, a folder of them, or "
-                                       "a run folder (its export/)"),
+                                       f"a run folder (its {RunFolder.EXPORT}/)"),
           int8: bool = typer.Option(False, "--int8", help="require an int8 partner (NAME.int8.onnx, "
                                     "NAME-int8-symbol.json) for every float file and compare the two"),
           batch: str = typer.Option("1,32", "--batch", help="batch sizes, comma-separated"),
@@ -321,8 +322,8 @@ def bench(model: Path = typer.Argument(..., help="an exported .onnx or -symbol.j
                                       "started with OMP_NUM_THREADS=N)"),
           repeat: int = typer.Option(20, "--repeat", help="timed runs per round, per file and batch (after 3 warm-up "
                                      "runs); rounds are added until the spread is small"),
-          out: Optional[Path] = typer.Option(None, "--json", help="report path (default: bench.json beside the "
-                                             "models)")) -> None:
+          out: Optional[Path] = typer.Option(None, "--json", help=f"report path (default: {RunFolder.BENCH} "
+                                             "beside the models)")) -> None:
     """Latency and throughput of exports, float against int8 (ONNX in onnxruntime, symbol/params in MXNet), with
     the CPU's flags."""
     try:
@@ -383,7 +384,8 @@ def predict(model: Path = typer.Argument(..., help="run folder (runs/NAME) or a 
 
 @app.command()
 def plot(run: Path = typer.Argument(..., help="run folder"),
-         out: Optional[Path] = typer.Option(None, help="PNG path (default RUN/curves.png)")) -> None:
+         out: Optional[Path] = typer.Option(None, help=f"PNG path (default "
+                                            f"{RunFolder('RUN').curves_path})")) -> None:
     """Write a PNG of loss, the task's validation curves (accuracy, mAP, mIoU) and the learning rate from
     metrics.jsonl; a detector's per-class precision/recall curves come from `gluontl evaluate`."""
     from .train.runs import plot as run_plot

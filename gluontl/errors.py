@@ -75,9 +75,10 @@ class Interrupted(Exception):
     too, and the CLI exits 128 + signal number as shells expect (130, 143).
     """
 
-    def __init__(self, run_dir: Path, signum: int, workers: int = 1) -> None:
+    def __init__(self, run_dir: Path, signum: int, workers: int, checkpoints: Path) -> None:
+        """``checkpoints``: where the run folder keeps them (``RunFolder.checkpoints_dir``)."""
         self.run_dir, self.signum = run_dir, signum
-        super().__init__(f"stopped by {signal.Signals(signum).name}; the checkpoint is in {run_dir / 'checkpoints'}. "
+        super().__init__(f"stopped by {signal.Signals(signum).name}; the checkpoint is in {checkpoints}. "
                          f"Resume with: {resume_command(run_dir, workers)}")
 
     @property

@@ -44,7 +44,7 @@ MODULES: dict[str, tuple[str, list[str]]] = {
         "--deselect", "tests/data/test_checkpoint.py::test_a_poisoned_run_folder_runs_nothing_on_resume"]),
     # the checkpoint read-back (hash and file-name checks) that left checkpoint.py (issue 20)
     "runfolder": ("gluontl/runfolder.py", [
-        "tests/data/test_checkpoint.py",
+        "tests/data/test_checkpoint.py", "tests/test_runfolder.py",
         "--deselect", "tests/data/test_checkpoint.py::test_a_poisoned_run_folder_runs_nothing_on_resume"]),
     "verify": ("gluontl/export/verify.py", [
         "tests/export/test_export.py",  # less two 25 s exports that test the lean rewrite, not verification

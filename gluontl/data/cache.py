@@ -40,6 +40,7 @@ from ..naming import named_params
 from ..readers import name_bytes, read_json
 from ..recipe import Recipe, TrainSpec, TransformSpec
 from ..rules import Plan
+from ..runfolder import RunFolder
 from .datasets import ImageDataset, Loaders, load_split
 from .prefix import Engine, Int8Engine, MxEngine, Split, check_images, choose_engine, split_frozen_prefix
 from .sampler import EpochSampler
@@ -403,7 +404,7 @@ def stored_val(run: Path, recipe: Recipe, net: HybridBlock, plan: Plan, val: Ima
     validation (the same numbers, without decoding val or running the prefix again). None — run
     the whole network — when the folder is gone, the record differs in anything (weights, cut,
     images, labels, seed, dtype), or the prefix was int8 (evaluate reports the float network)."""
-    folder = run / "feature_cache"
+    folder = RunFolder(run).feature_cache_dir()
     if recipe.data is None or not _files(folder, "val")[1].is_file():
         return None
     split = split_frozen_prefix(net, plan, recipe.model.input_shape, ctx)

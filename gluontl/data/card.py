@@ -9,6 +9,7 @@ from typing import Any
 from ..errors import ModelSourceError, TrainError
 from ..readers import read_json
 from ..recipe import DataSpec, Recipe
+from ..runfolder import RunFolder
 from ..sources import model_input_name
 from .datasets import load_split
 from .transforms import Preprocess, load_preprocess, model_card
@@ -16,7 +17,7 @@ from .transforms import Preprocess, load_preprocess, model_card
 
 def recipe_data(recipe: Recipe, run_dir: str | Path) -> DataSpec:
     if recipe.data is None:
-        raise TrainError(f"'{Path(run_dir) / 'recipe.yaml'}' has no data: section, so there are no splits or "
+        raise TrainError(f"'{RunFolder(run_dir).recipe_path}' has no data: section, so there are no splits or "
                          f"class names to use; add the data: section the run was trained with.")
     return recipe.data
 
@@ -30,11 +31,11 @@ def run_card(recipe: Recipe, data: DataSpec, class_names: list[str]) -> dict[str
 def stored_card(run_dir: str | Path, recipe: Recipe) -> dict[str, Any]:
     """The run folder's ``preprocess.json`` (checked); runs from before it was written get it
     computed from the recipe and the training split's class names."""
-    path = Path(run_dir) / "preprocess.json"
+    path = RunFolder(run_dir).card_path
     if path.is_file():
         if load_preprocess(path)[1] is None:  # which also refuses an edited or foreign record
             raise TrainError(f"'{path}' has no \"classes\" list; it was edited. Delete it to have it computed "
-                             f"from {Path(run_dir) / 'recipe.yaml'} and the training data.")
+                             f"from {RunFolder(run_dir).recipe_path} and the training data.")
         return read_json(path, TrainError, "the run card")
     if recipe.task != "classification":  # runs from before the card were classifiers; a card is the task's
         raise TrainError(f"'{path}' is missing: a {recipe.task} run writes it when it starts, with the class names "

@@ -31,7 +31,7 @@ from ..atomic import atomic_write, link_or_copy, write_text
 from ..errors import TrainError, short_reason
 from ..naming import named_params
 from ..readers import read_json
-from ..runfolder import checkpoint_files, file_sha256, read_checkpoint as load  # load: the resume's read
+from ..runfolder import RunFolder, checkpoint_files, file_sha256, read_checkpoint as load  # load: the resume's read
 
 
 def save_params(block: HybridBlock, path: Path) -> Path:
@@ -52,18 +52,20 @@ def save(folder: Path, tag: str, block: HybridBlock, trainer: mx.gluon.Trainer, 
         stale.unlink(missing_ok=True)
     arrays, record = optimizer_state(trainer)  # before any write: a state it cannot keep leaves no file behind
     gen = secrets.token_hex(4)
-    params = save_params(block, folder / f"{tag}.{gen}.params")
-    states = atomic_write(folder / f"{tag}.{gen}.states", lambda tmp: mx.nd.save(str(tmp), arrays), TrainError)
+    params = save_params(block, RunFolder.checkpoint_file(folder, tag, "params", gen))
+    states = atomic_write(RunFolder.checkpoint_file(folder, tag, "states", gen),
+                          lambda tmp: mx.nd.save(str(tmp), arrays), TrainError)
     files = {"params": params, "states": states}
     meta = dict(state, params_file=params.name, states_file=states.name,
                 params_sha256=file_sha256(params), states_sha256=file_sha256(states), optimizer=record)
     if ema is not None:
-        files["ema"] = atomic_write(folder / f"{tag}.{gen}.ema", lambda tmp: mx.nd.save(str(tmp), ema[0]), TrainError)
+        files["ema"] = atomic_write(RunFolder.checkpoint_file(folder, tag, "ema", gen),
+                                    lambda tmp: mx.nd.save(str(tmp), ema[0]), TrainError)
         meta.update(ema_file=files["ema"].name, ema_sha256=file_sha256(files["ema"]), ema=ema[1])
-    write_text(folder / f"{tag}.json", json.dumps(meta, indent=1), TrainError)  # the commit
+    write_text(RunFolder.checkpoint_record(folder, tag), json.dumps(meta, indent=1), TrainError)  # the commit
     for kind, path in files.items():
-        atomic_write(folder / f"{tag}.{kind}", lambda tmp, src=path: _link(src, tmp), TrainError)
-        for old in folder.glob(f"{tag}.*.{kind}"):
+        atomic_write(RunFolder.checkpoint_file(folder, tag, kind), lambda tmp, src=path: _link(src, tmp), TrainError)
+        for old in RunFolder.generations(folder, tag, kind):
             if old != path:
                 old.unlink(missing_ok=True)
 
@@ -74,24 +76,25 @@ def _link(src: Path, dst: Path) -> None:
 
 
 def restore_into(folder: Path, tag: str, block: HybridBlock, trainer: mx.gluon.Trainer | None, ctx) -> None:
-    meta = read_json(folder / f"{tag}.json", TrainError, "the checkpoint record")
+    meta = read_json(RunFolder.checkpoint_record(folder, tag), TrainError, "the checkpoint record")
     files = checkpoint_files(folder, tag, meta)
     if trainer is not None and not isinstance(meta.get("optimizer"), dict):
-        run = folder.parent
+        run = RunFolder(folder.parent)
         raise TrainError(f"Cannot resume {run}: its checkpoint keeps the optimizer state in '{files['states']}' as a "
                          f"Python pickle (gluontl's format before it stopped unpickling), and unpickling a file runs "
                          f"whatever code its author put in it; the hash recorded beside it only shows the folder "
                          f"agrees with itself, not who wrote it, so gluontl does not load it. Start a new run from "
                          f"this run's weights instead (the optimizer's momentum and the schedule start afresh): "
-                         f"`gluontl finetune --recipe {run / 'recipe.yaml'} --init-from {run / tag}`.")
+                         f"`gluontl finetune --recipe {run.recipe_path} --init-from {run.path / tag}`.")
     arrays = _load_arrays(files["params"])
     entries = named_params(block)
     missing = sorted(set(entries) - set(arrays))
     if missing:
-        raise TrainError(f"Checkpoint '{folder / tag}.params' lacks {missing[:3]}: it belongs to another model.")
+        raise TrainError(f"Checkpoint '{RunFolder.checkpoint_file(folder, tag, 'params')}' lacks {missing[:3]}: "
+                         f"it belongs to another model.")
     if trainer is not None:  # checked in full before anything is set
         optimizer = _checked_optimizer(trainer, meta["optimizer"], _load_arrays(files["states"]),
-                                       f"'{folder / tag}.json'")
+                                       f"'{RunFolder.checkpoint_record(folder, tag)}'")
     for n, e in entries.items():
         e.param.set_data(arrays[n])
     if trainer is not None:  # after set_data, which resets a kvstore that updates (and its state)

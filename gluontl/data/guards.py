@@ -29,6 +29,7 @@ from ..naming import named_params
 from ..readers import read_json
 from ..pipeline import Prepared
 from ..recipe import GuardsSpec, Recipe
+from ..runfolder import RunFolder
 from ..rules import Plan, make_plan
 from ..surgery import needs_surgery
 from .datasets import Loaders
@@ -238,7 +239,7 @@ class GuardLog:
         """Warnings found before the run folder existed go into it now; a resumed run keeps the
         warnings its start found (it is not checked again)."""
         self.run_dir = run_dir
-        earlier = run_dir / "warnings.json"
+        earlier = RunFolder(run_dir).warnings_path
         if not self.warnings and earlier.is_file():
             try:
                 loaded = read_json(earlier, TrainError, "the warnings record")
@@ -249,7 +250,7 @@ class GuardLog:
 
     def save(self) -> None:
         if self.run_dir is not None and self.warnings:
-            write_text(self.run_dir / "warnings.json", json.dumps(self.warnings, indent=1), TrainError)
+            write_text(RunFolder(self.run_dir).warnings_path, json.dumps(self.warnings, indent=1), TrainError)
 
 
 def plan_flags(recipe: Recipe, prep: Prepared) -> tuple[str, list[str]]:

@@ -52,6 +52,7 @@ from ..deploy_preprocess import FORMAT as PREPROCESS_FORMAT, INTERPOLATION, VERS
 from ..errors import DataError, ModelSourceError
 from ..readers import parse_json, read_json, shown
 from ..recipe import TransformSpec, as_spec, size_hw
+from ..runfolder import RunFolder
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -391,16 +392,16 @@ def load_preprocess(spec: SpecInput) -> tuple[Preprocess, list[str] | None]:
         return Preprocess.from_json(record, "the given record"), _classes(spec.get("classes"), "the given record")
     path = Path(spec)
     if path.is_dir():
-        path = path / "preprocess.json"
+        path = RunFolder(path).card_path
     if path.suffix == ".onnx":
         return onnx_preprocess(path)
     if not path.is_file():
         raise ModelSourceError(f"'{path}' does not exist. Pass an exported .onnx file, a NAME-preprocess.json "
-                               f"written beside a symbol export, or a run folder with preprocess.json.")
+                               f"written beside a symbol export, or a run folder with {RunFolder.CARD}.")
     card = read_json(path, ModelSourceError, "the preprocessing record")
     if not isinstance(card, dict) or "preprocess" not in card:
         raise ModelSourceError(f"'{path}' has no \"preprocess\" entry; pass the NAME-preprocess.json of a "
-                               f"gluontl export or a run folder's preprocess.json.")
+                               f"gluontl export or a run folder's {RunFolder.CARD}.")
     return Preprocess.from_json(card["preprocess"], str(path)), _classes(card.get("classes"), str(path))
 
 

@@ -12,6 +12,7 @@ from mxnet import autograd
 
 from ..errors import ExportError, TrainError, short_reason
 from ..recipe import Recipe
+from ..runfolder import RunFolder
 from ..tasks import split as split_batch
 
 
@@ -27,7 +28,7 @@ def load_detector(run: Path, recipe: Recipe, tag: str, ctx=None):
         update={"weights": None, "restore": recipe.model.restore.model_copy(update={"type": None, "reuse": {}})})})
     net, _ = build_detector(bare, classes, ctx or mx.cpu())
     net = attach_adapters(net, recipe.rules, input_shape=(1, *recipe.model.input_shape))
-    checkpoint.restore_into(run / "checkpoints", tag, net, None, ctx)
+    checkpoint.restore_into(RunFolder(run).checkpoints_dir, tag, net, None, ctx)
     net.hybridize(static_alloc=True, static_shape=True)
     return net
 
@@ -50,8 +51,8 @@ def evaluate(run_dir: str | Path, recipe: Recipe, net, split: str = "val") -> di
     trained = stored_card(run, recipe)["classes"]
     if list(ds.class_names) != list(trained):  # class ids would mean other classes
         raise TrainError(f"The {split} split of {recipe.data.source} now has the classes {ds.class_names}, but "
-                         f"{run} was trained on {trained} (its preprocess.json). Set data.classes in "
-                         f"{run / 'recipe.yaml'} to {trained} to evaluate on those classes.")
+                         f"{run} was trained on {trained} (its {RunFolder.CARD}). Set data.classes in "
+                         f"{RunFolder(run).recipe_path} to {trained} to evaluate on those classes.")
     batch = recipe.data.batch_size
     batches = (_stack([ds[(i, 0)] for i in range(s, min(s + batch, len(ds)))]) for s in range(0, len(ds), batch))
     dets, gts = predict_batches(net, batches, [mx.cpu()])
@@ -59,7 +60,7 @@ def evaluate(run_dir: str | Path, recipe: Recipe, net, split: str = "val") -> di
     for d, g in zip(dets, gts):
         ev.update(d, g)
     voc, coco = ev.voc(), ev.coco()
-    curves = plot_pr(voc, run / f"pr_curves-{split}.png")
+    curves = plot_pr(voc, RunFolder(run).pr_curves_path(split))
     return {"task": "detection", "val_map50": voc["map50"], "val_map": coco["map"], "val_map75": coco.get("map75"),
             "per_class_ap50": voc["per_class"], "class_names": ds.class_names, "images": len(ds),
             "objects": int(sum(len(g) for g in gts)), "pr_curves": str(curves), "table": table(voc, coco)}
@@ -129,14 +130,14 @@ def predict(run_dir: str | Path, recipe: Recipe, net, images: list[str], out_dir
     from ..data.transforms import load_images
 
     decoded = load_images(images)
-    transform, names, hw = input_transform(stored_card(run_dir, recipe), str(Path(run_dir) / "preprocess.json"))
+    transform, names, hw = input_transform(stored_card(run_dir, recipe), str(RunFolder(run_dir).card_path))
 
     def run(x: np.ndarray) -> list[np.ndarray]:
         return [a.asnumpy() for a in net(mx.nd.array(x))]
 
     with mx.autograd.predict_mode():
         items = [(path, image, _detections(transform, image, run)) for path, image in zip(images, decoded)]
-    return _write(Path(out_dir) if out_dir else Path(run_dir) / "predictions", items, names, hw, score_thresh)
+    return _write(Path(out_dir) if out_dir else RunFolder(run_dir).predictions_dir, items, names, hw, score_thresh)
 
 
 def predict_onnx(onnx_path: str | Path, images: list[str], out_dir: str | Path | None,
@@ -188,14 +189,14 @@ def export(run_dir: str | Path, recipe: Recipe, net, out_dir: str | Path | None,
         ds = _dataset(recipe, run, recipe.data.val)
         sample = np.stack([ds[(i, 0)][0] for i in range(min(8, len(ds)))]).astype(np.float32)
     if not card.get("classes"):
-        raise TrainError(f"{run / 'preprocess.json'} lists no classes; it was edited. Delete it to have it "
+        raise TrainError(f"{RunFolder(run).card_path} lists no classes; it was edited. Delete it to have it "
                          f"computed from the recipe and the training data.")
     def write(folder: Path) -> list[Path]:
         return export_detector(net, folder, recipe.name, tuple(recipe.model.input_shape),
                                class_names=card["classes"], card=card, sample=sample, formats=formats,
                                input_name=export_input_name(recipe), rtol=recipe.export.rtol, force=force)
 
-    out = Path(out_dir or run / "export")
+    out = Path(out_dir or RunFolder(run).export_dir)
     if quantize is None:
         return write(out)
     from ..export.quantize import export_with_int8

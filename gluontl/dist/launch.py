@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Mapping, Optional, Sequence
 
 from ..errors import LaunchError
+from ..runfolder import RunFolder
 from ..threads import physical_cores, user_threads
 
 if TYPE_CHECKING:
@@ -368,7 +369,7 @@ class _Job:
         if code == 2:
             advice = "It refused its input (its message is above); fix that and launch again."
         else:
-            log = f" and in logs/worker-{child.rank}.log of the run folder" if child.rank is not None else ""
+            log = f" and in {RunFolder('.').worker_log(child.rank)} of the run folder" if child.rank is not None else ""
             advice = (f"Its output is above (lines starting [{child.spec.name}]){log}; fix the cause and launch "
                       f"again (-- finetune --resume runs/NAME continues from the last checkpoint).")
         raise LaunchError(f"{child.describe()}; stopped the {others} other process{'es' if others != 1 else ''} "

@@ -31,6 +31,7 @@ from gluontl.errors import ExportError, short_reason
 from gluontl.export import cpu
 from gluontl.export.quantize_mx import load_symbol, model_bytes, params_of
 from gluontl.export.verify import deploy_session
+from gluontl.runfolder import RunFolder
 
 INT8_SUFFIX = ".int8.onnx"
 SUFFIXES = ((INT8_SUFFIX, ".onnx"), ("-int8-symbol.json", "-symbol.json"))  # (int8, float) endings
@@ -59,15 +60,15 @@ def partner(path: Path) -> Path:
 
 def find_models(target: Path, require_int8: bool) -> list[tuple[Path | None, Path | None]]:
     """(float, int8) pairs of a file, of the .onnx and -symbol.json files of a folder, or of a run's export/."""
-    if target.is_dir() and (target / "recipe.yaml").is_file():
-        target = target / "export"
+    if target.is_dir() and RunFolder(target).is_run():
+        target = RunFolder(target).export_dir
     if target.is_dir():
         files = sorted(f for f in target.iterdir() if _kind(f))
     elif target.is_file() and _kind(target):
         files = [target]
     else:
         raise ExportError(f"'{target}' is not an .onnx or -symbol.json file, a folder of them or a run folder "
-                          f"(runs/NAME, whose export/ is benched); pass one of those.")
+                          f"(runs/NAME, whose {RunFolder.EXPORT}/ is benched); pass one of those.")
     pairs: dict[Path, list[Path | None]] = {}
     for f in files:
         is_int8 = _kind(f)[2]  # type: ignore[index]
@@ -223,8 +224,9 @@ def bench(target: str | Path, *, int8: bool = False, batches: Sequence[int] = (1
         report["mxnet"] = {"version": mx.__version__, "omp_threads": threads,
                            "graph": "SymbolBlock hybridized (static_alloc, static_shape), in a child process "
                                     "started with OMP_NUM_THREADS=threads"}
-    folder = target / "export" if (target / "recipe.yaml").is_file() else target if target.is_dir() else target.parent
-    path = write_text(Path(out) if out else folder / "bench.json", json.dumps(report, indent=1), ExportError)
+    run = RunFolder(target)
+    folder = run.export_dir if run.is_run() else target if target.is_dir() else target.parent
+    path = write_text(Path(out) if out else folder / RunFolder.BENCH, json.dumps(report, indent=1), ExportError)
     return report, path
 
 

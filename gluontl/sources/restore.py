@@ -18,7 +18,7 @@ from mxnet.gluon import HybridBlock
 from ..errors import ModelSourceError, RestoreError, short_reason
 from ..naming import named_params, shape_of
 from ..readers import read_json
-from ..runfolder import run_weights
+from ..runfolder import RunFolder, run_weights
 
 
 @dataclasses.dataclass
@@ -146,7 +146,7 @@ def old_classes(weights: str) -> list[str] | None:
     if run_weights(weights) is None:
         return None
     p = Path(weights)
-    for card in (p / "preprocess.json", p.parent / "preprocess.json", p.parent.parent / "preprocess.json"):
+    for card in (RunFolder(p).card_path, RunFolder(p.parent).card_path, RunFolder(p.parent.parent).card_path):
         if card.is_file():
             data = read_json(card, RestoreError, "the run card")
             classes = data.get("classes") if isinstance(data, dict) else None

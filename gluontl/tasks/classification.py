@@ -11,6 +11,7 @@ from mxnet import autograd, gluon
 from ..errors import ExportError, TrainError, short_reason
 from ..pipeline import Prepared, prepare
 from ..recipe import QuantizeSpec, Recipe
+from ..runfolder import RunFolder
 from . import PredictOptions, Report, split, transform_record
 
 
@@ -87,7 +88,7 @@ class Classification:
         # The checkpoint holds every parameter: skip the recipe's weights file (it may be gone).
         bare = recipe.model_copy(update={"model": recipe.model.model_copy(update={"weights": None})})
         block = prepare(bare, ctx=ctx, apply=False).block
-        restore_into(run / "checkpoints", tag, block, None, ctx)
+        restore_into(RunFolder(run).checkpoints_dir, tag, block, None, ctx)
         block.hybridize(static_alloc=True, static_shape=True)  # the same numbers, ~1.2x less CPU (EfficientNet-Lite0)
         return block
 
@@ -124,7 +125,8 @@ class Classification:
         lines += [f"{n:>{width}} " + " ".join(f"{v:>{width}}" for v in row) for n, row in zip(names, out["confusion"])]
         out["from_feature_cache"] = cached is not None
         if cached is not None:
-            lines.append(f"(the frozen prefix's {split} features finetune computed, {run / 'feature_cache'}, through "
+            lines.append(f"(the frozen prefix's {split} features finetune computed, "
+                         f"{RunFolder(run).feature_cache_dir()}, through "
                          f"the trained rest: the numbers of finetune's own validation)")
         return Report(out, lines)
 

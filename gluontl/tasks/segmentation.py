@@ -22,6 +22,7 @@ from ..errors import ExportError, RecipeError, TrainError, short_reason
 from ..naming import named_params
 from ..pipeline import Prepared, planned
 from ..recipe import QuantizeSpec, Recipe, SegmentationSpec
+from ..runfolder import RunFolder
 from ..rules import attach_adapters
 from ..sources import declared_shape
 from . import EndToEnd, PredictOptions, Report, split, transform_record
@@ -115,7 +116,7 @@ class Segmentation(EndToEnd):
                                                .model_copy(update={"type": None, "reuse": {}})})
         net, _ = _build(recipe.model_copy(update={"model": spec}), classes, ctx or mx.cpu())
         net = attach_adapters(net, recipe.rules, input_shape=(1, *recipe.model.input_shape))
-        checkpoint.restore_into(Path(run) / "checkpoints", tag, net, None, ctx)
+        checkpoint.restore_into(RunFolder(run).checkpoints_dir, tag, net, None, ctx)
         net.hybridize(static_alloc=True, static_shape=True)
         return net
 
@@ -128,8 +129,8 @@ class Segmentation(EndToEnd):
         trained = stored_card(run, recipe)["classes"]
         if list(ds.class_names) != list(trained):  # mask values would mean other classes
             raise TrainError(f"The {split} split of {recipe.data.source} now names its mask values {ds.class_names}, "
-                             f"but {run} was trained on {trained} (its preprocess.json). Set data.classes in "
-                             f"{Path(run) / 'recipe.yaml'} to {trained}.")
+                             f"but {run} was trained on {trained} (its {RunFolder.CARD}). Set data.classes in "
+                             f"{RunFolder(run).recipe_path} to {trained}.")
         with autograd.predict_mode():
             out = evaluate_batches(net, _batches(ds, recipe.data.batch_size), [mx.cpu()], ds.class_names,
                                    seg.ignore_label)
@@ -145,14 +146,14 @@ class Segmentation(EndToEnd):
 
         decoded = load_images(images)
         card = stored_card(run, recipe)
-        transform, names, _ = input_transform(card, str(Path(run) / "preprocess.json"))
+        transform, names, _ = input_transform(card, str(RunFolder(run).card_path))
 
         def masks(x: np.ndarray) -> np.ndarray:
             return net(mx.nd.array(x)).asnumpy().argmax(1)
 
         with autograd.predict_mode():
             found = [_predict_one(transform, image, masks) for image in decoded]
-        return _write(Path(opts.out) if opts.out else Path(run) / "predictions", images, decoded, found, names)
+        return _write(Path(opts.out) if opts.out else RunFolder(run).predictions_dir, images, decoded, found, names)
 
     def predict_onnx(self, path: Path, images: list[str], opts: PredictOptions) -> Report:
         from ..export.verify import ort_session

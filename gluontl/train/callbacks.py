@@ -28,6 +28,7 @@ from ..atomic import write_text
 from ..errors import TrainError
 from ..metrics import find_metric
 from ..recipe import CALLBACK_SPECS, CsvSpec, EarlyStoppingSpec, MlflowSpec, Recipe
+from ..runfolder import RunFolder
 from .hooks import Callback, RunInfo, Step
 from .mlflow_log import MlflowLogger
 
@@ -151,7 +152,7 @@ class CsvLogger(Callback):
         writer = csv.DictWriter(out, columns, lineterminator="\n")
         writer.writeheader()
         writer.writerows(self.rows)
-        write_text(run.run_dir / self.spec.file, out.getvalue(), TrainError)
+        write_text(RunFolder(run.run_dir).user_file(self.spec.file), out.getvalue(), TrainError)
 
     def state_dict(self) -> dict[str, Any]:
         return {"rows": self.rows}

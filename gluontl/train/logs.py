@@ -17,6 +17,7 @@ from ..console import show
 from ..errors import TrainError
 from ..metrics import line_fields
 from ..readers import read_json_lines
+from ..runfolder import RunFolder
 
 
 def epoch_line(row: dict[str, Any], epochs: int) -> str:
@@ -53,7 +54,7 @@ class MetricsLog:
     """
 
     def __init__(self, run_dir: Path, resume_step: int | None = None, record: bool = True) -> None:
-        self.path = run_dir / "metrics.jsonl"
+        self.path = RunFolder(run_dir).metrics_path
         self.rows, self.skipped = read_json_lines(self.path, TrainError, "the metrics log")
         self.record = record  # False: rows in memory only (a distributed worker other than rank 0)
         if not record:
@@ -70,7 +71,8 @@ class MetricsLog:
         # Event files are named by the second they were opened; a resume within the same second
         # would reopen (and truncate) the previous file, so the nanoseconds keep names unique
         # and in order.
-        self.events = SummaryWriter(str(run_dir), purge_step=None if resume_step is None else resume_step + 1,
+        self.events = SummaryWriter(str(RunFolder(run_dir).events_dir),
+                                    purge_step=None if resume_step is None else resume_step + 1,
                                     filename_suffix=f".{time.time_ns()}", flush_secs=30)
 
     def write(self, row: dict[str, Any]) -> None:

@@ -28,7 +28,7 @@ from mxnet import autograd, gluon
 
 from ..atomic import write_text
 from ..console import WorkerLog, alert, bars_on, progress, say, show
-from ..runfolder import discard_unstarted
+from ..runfolder import RunFolder, discard_unstarted
 from ..dist.backend import Backend, connect
 from ..errors import Interrupted, TrainError, resume_command
 from ..pipeline import with_input_name
@@ -130,22 +130,22 @@ def _resume_digest(recipe: Recipe) -> str:
 def _check_resume(run_dir: Path, recipe: Recipe, meta: dict[str, Any]) -> list[str]:
     """Refuse a resume that would compute something else; accept a longer or different
     schedule, returning what differs (for the run's recipe.yaml)."""
-    old = load_recipe(run_dir / "recipe.yaml")
+    old = load_recipe(RunFolder(run_dir).recipe_path)
     diff = old.differences(recipe, *_RESUME_SECTIONS)
     if meta.get("recipe_digest") not in (_resume_digest(recipe), recipe.digest(*_RESUME_SECTIONS)):
         fixed = [d for d in diff if not d.startswith(_EXTENDABLE)]
         if not fixed:  # same settings, other digest: fields added since, or recipe.yaml edited by hand
             raise TrainError(f"Cannot resume {run_dir}: its checkpoint records a recipe digest that this "
-                             f"gluontl does not compute from {run_dir / 'recipe.yaml'}, although the settings "
-                             f"agree: the run was written by an older gluontl (recipes have gained fields "
-                             f"since) or recipe.yaml was edited by hand. Start a new run from this one's "
-                             f"weights with `gluontl finetune --recipe {run_dir / 'recipe.yaml'} --init-from "
+                             f"gluontl does not compute from {RunFolder(run_dir).recipe_path}, although the "
+                             f"settings agree: the run was written by an older gluontl (recipes have gained fields "
+                             f"since) or {RunFolder.RECIPE} was edited by hand. Start a new run from this one's "
+                             f"weights with `gluontl finetune --recipe {RunFolder(run_dir).recipe_path} --init-from "
                              f"{run_dir}`.")
         raise TrainError(f"Cannot resume {run_dir}: the recipe differs from the one the run started with "
                          f"({'; '.join(fixed[:8])}). A resume may change only "
                          f"train.epochs and train.schedule (to extend the run); resume with "
-                         f"`gluontl finetune --resume {run_dir}` (it uses {run_dir / 'recipe.yaml'}), or start a "
-                         f"new run from this one's weights with `--init-from {run_dir}`.")
+                         f"`gluontl finetune --resume {run_dir}` (it uses {RunFolder(run_dir).recipe_path}), or "
+                         f"start a new run from this one's weights with `--init-from {run_dir}`.")
     done = meta["epoch"] + (1 if meta["batch_in_epoch"] else 0)
     if recipe.train.epochs < done:
         raise TrainError(f"Cannot resume {run_dir} with train.epochs={recipe.train.epochs}: it has already "
@@ -161,7 +161,7 @@ def _finished(run_dir: Path, recipe: Recipe, meta: dict[str, Any]) -> bool:
     if meta["batch_in_epoch"] or meta["epoch"] != recipe.train.epochs:
         return False
     try:
-        last = read_json(run_dir / "summary.json", TrainError, "the run summary")["last"]
+        last = read_json(RunFolder(run_dir).summary_path, TrainError, "the run summary")["last"]
         return (last["step"], last["epoch"]) == (meta["global_step"], meta["epoch"])
     except (TrainError, TypeError, KeyError):
         return False
@@ -181,36 +181,21 @@ def _nothing_to_do(run_dir: Path, recipe: Recipe, meta: dict[str, Any], dist: Ba
         stopped = meta["early_stopped"]
         show(f"{run_dir} was stopped by {stopped['reason']} after epoch {stopped['epoch']} (step {stopped['step']}; "
              f"{_best_text(meta.get('best'), recipe.train.select)}); nothing to do, nothing rewritten. To train on "
-             f"from its weights, start a new run: `gluontl finetune --recipe {run_dir / 'recipe.yaml'} --init-from "
-             f"{run_dir}`.", quiet)
+             f"from its weights, start a new run: `gluontl finetune --recipe {RunFolder(run_dir).recipe_path} "
+             f"--init-from {run_dir}`.", quiet)
     elif dist.is_root:
         epochs = meta["epoch"]
         best = _best_text(meta.get("best"), recipe.train.select)
         show(f"{run_dir} already finished its {epochs} epoch{'s' * (epochs != 1)} ({best}); "
              f"nothing to do, nothing rewritten. To train it longer: "
              f"`{resume_command(run_dir, dist.size)} --set train.epochs={epochs + 5}`.", quiet)
-    return RunResult(run_dir, read_metrics(run_dir / "metrics.jsonl"), meta.get("best"), rank=dist.rank,
+    return RunResult(run_dir, read_metrics(RunFolder(run_dir).metrics_path), meta.get("best"), rank=dist.rank,
                      workers=dist.size, finished_before=True,
                      stop_reason=(meta.get("early_stopped") or {}).get("reason"))
 
 
 def _write_recipe(run_dir: Path, recipe: Recipe) -> None:
-    write_text(run_dir / "recipe.yaml", yaml.safe_dump(recipe.as_written(), sort_keys=False))
-
-
-def _new_run_dir(root: Path, name: str) -> Path:
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        path, n = root / name, 1
-        while path.exists():
-            n += 1
-            path = root / f"{name}-{n}"
-        path.mkdir()
-        (path / "checkpoints").mkdir()
-    except OSError as e:
-        raise TrainError(f"Cannot create a run folder under '{root}': {e.strerror}. Pick a writable place "
-                         f"with --runs DIR (and check free space).") from None
-    return path
+    write_text(RunFolder(run_dir).recipe_path, yaml.safe_dump(recipe.as_written(), sort_keys=False))
 
 
 def step_seed(seed: int, epoch: int, index: int) -> int:
@@ -345,7 +330,7 @@ def _check_finite(net, step: int, run_dir: Path, plan=None) -> None:
         if not all(np.isfinite(copy.asnumpy()).all() for copy in p.list_data()):  # every context's copy
             raise TrainError(f"Parameter '{name}' holds NaN/Inf after step {step}, though the loss may not show it "
                              f"(relu and max pooling turn NaN into 0); nothing was checkpointed, the last good "
-                             f"checkpoint is in {run_dir / 'checkpoints'}. " + (
+                             f"checkpoint is in {RunFolder(run_dir).checkpoints_dir}. " + (
                                  lower_lr_hint(plan) if plan is not None and _factors(plan) else
                                  f"Lower train.lr (or the lr_mult of the rule that trains '{name}') or set "
                                  f"train.clip_gradient."))
@@ -388,7 +373,7 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
         def logged(run_dir: Path) -> None:
             made.append(run_dir)
             if worker_log is not None:
-                worker_log.open(run_dir / "logs" / f"worker-{dist.rank}.log")
+                worker_log.open(RunFolder(run_dir).worker_log(dist.rank))
 
         try:
             return _finetune(recipe, dist, ctxs, runs_root, resume, quiet, stop_after_steps, logged, list(callbacks))
@@ -421,8 +406,9 @@ def _weights_made_before(recipe: Recipe) -> None:
                          f"does not make it (every worker would train {spec.weights_from} at once). `gluontl "
                          f"launch` makes it before it starts the workers, in its working folder: on several "
                          f"machines that folder must be on a shared file system. Otherwise make it first in one "
-                         f"process (`gluontl finetune --recipe {spec.weights_from}` and copy its runs/NAME/"
-                         f"checkpoints/best.params to '{spec.weights}'), or run this recipe once without "
+                         f"process (`gluontl finetune --recipe {spec.weights_from}` and copy its "
+                         f"{RunFolder('runs/NAME').checkpoint_params('best')} to '{spec.weights}'), or run "
+                         f"this recipe once without "
                          f"train.distributed.")
 
 
@@ -434,7 +420,7 @@ def _finetune(recipe: Recipe, dist: Backend, ctxs: list[mx.Context], runs_root: 
     meta, extending = None, []
     if resume is not None:  # checked before any work: a finished run or a refused resume answers at once
         run_dir = Path(resume)
-        meta = checkpoint.load(run_dir / "checkpoints", "last")
+        meta = checkpoint.load(RunFolder(run_dir).checkpoints_dir, "last")
         extending = _check_resume(run_dir, recipe, meta)
         if _finished(run_dir, recipe, meta) or meta.get("early_stopped"):
             return _nothing_to_do(run_dir, recipe, meta, dist, quiet)
@@ -505,18 +491,18 @@ class _Run:
                 _write_recipe(run_dir, recipe)
         if resume is None:
             with dist.guard("sharing the run folder's name"):
-                run_dir = Path(dist.broadcast_text(str(_new_run_dir(Path(runs_root), recipe.name)) if root else ""))
+                run_dir = Path(dist.broadcast_text(str(RunFolder.create(Path(runs_root), recipe.name)) if root else ""))
             if root:
                 _write_recipe(run_dir, recipe)
                 if loaders.split is not None:  # an automatic hold-out: which files it held out, for audits
-                    write_text(run_dir / "split.json", json.dumps(loaders.split.to_json(), indent=1), TrainError)
+                    write_text(RunFolder(run_dir).split_path, json.dumps(loaders.split.to_json(), indent=1), TrainError)
                     say(quiet, loaders.split.summary(loaders.train_size, loaders.val_size))
         self.run_dir = run_dir
         logged(run_dir)
         if root:
             guards.attach(run_dir)
             # preprocessing + class names: what predict and exports read
-            write_text(run_dir / "preprocess.json", json.dumps(task.card(recipe, loaders), indent=1), TrainError)
+            write_text(RunFolder(run_dir).card_path, json.dumps(task.card(recipe, loaders), indent=1), TrainError)
         if dist.size > 1:
             loaders.train_sampler.shard(dist.rank, dist.size)
             if loaders.train_sampler.batches_per_epoch() == 0:
@@ -551,7 +537,8 @@ class _Run:
             # trainer (fresh optimizer state, see train_epoch): so does the resume
             fresh = not self.skip and self.start_epoch > 0 and \
                 plan.settings() != self.plan_for(self.start_epoch - 1).settings()
-            checkpoint.restore_into(run_dir / "checkpoints", "last", net, None if fresh else self.trainer, ctxs[0])
+            checkpoint.restore_into(RunFolder(run_dir).checkpoints_dir, "last", net,
+                                    None if fresh else self.trainer, ctxs[0])
         self.log = MetricsLog(run_dir, resume_step=None if meta is None else self.global_step, record=root)
         if t.hybridize:
             net.hybridize(static_alloc=True, static_shape=True)
@@ -568,12 +555,12 @@ class _Run:
         """train.ema's average: a resume's from its checkpoint, then every parameter that trains now."""
         ema = Ema(self.t.ema)
         if meta is not None:
-            loaded = checkpoint.load_ema(run_dir / "checkpoints", "last")
+            loaded = checkpoint.load_ema(RunFolder(run_dir).checkpoints_dir, "last")
             if loaded is None:
                 raise TrainError(f"Cannot resume {run_dir} with train.ema: its checkpoint holds no average (the run "
                                  f"was started without train.ema). Start a new run from its weights with "
                                  f"--init-from {run_dir}.")
-            ema.load(*loaded, self.net, f"'{run_dir / 'checkpoints' / 'last.json'}'")
+            ema.load(*loaded, self.net, f"'{RunFolder(run_dir).checkpoint('last')}'")
         ema.track(self.net)
         return ema
 
@@ -585,11 +572,11 @@ class _Run:
         _check_finite(self.net, self.global_step, self.run_dir, self.plan)  # before writing: the last good checkpoint stays
         if self.root:  # a distributed run's BatchNorm statistics were made rank 0's everywhere before
             extra = {"callbacks": self.callbacks.state()} if self.callbacks.list else {}
-            checkpoint.save(self.run_dir / "checkpoints", tag, self.net, self.trainer,
+            checkpoint.save(RunFolder(self.run_dir).checkpoints_dir, tag, self.net, self.trainer,
                             dict(self.state, **counters, **extra),
                             None if self.ema is None else (self.ema.arrays(), self.ema.record()))
             if tag == "best" and adapters_of(self.net):  # the adapters alone, for load_adapters onto the base
-                save_adapters(self.net, self.run_dir / "adapters.params")
+                save_adapters(self.net, RunFolder(self.run_dir).adapters_path)
 
     # ------------------------------------------------------------------ one epoch
 
@@ -609,7 +596,7 @@ class _Run:
                 self.ema.track(self.net)
         if replan or self.feed is None:
             dist = self.dist
-            cache_dir = self.run_dir / ("feature_cache" if dist.size == 1 else f"feature_cache-{dist.rank}")
+            cache_dir = RunFolder(self.run_dir).feature_cache_dir(dist.rank, dist.size)
             new_feed = self.task.feed(self.net, self.plan, self.recipe, self.loaders, self.ctxs[0], cache_dir,
                                       not bars_on(quiet), self.feed)
             if new_feed is not self.feed:
@@ -646,9 +633,10 @@ class _Run:
             if not np.isfinite(batch_loss):
                 self.bad_steps += 1
                 if self.bad_steps > t.max_bad_steps:
-                    saved = (self.run_dir / "checkpoints" / "last.json").is_file()  # else the folder goes
+                    saved = RunFolder(self.run_dir).has_checkpoint("last")  # else the folder goes
                     raise TrainError(f"Loss was NaN/Inf in {self.bad_steps} steps (epoch {epoch}); " + (
-                                     f"the last good checkpoint is in {self.run_dir / 'checkpoints'}" if saved else
+                                     f"the last good checkpoint is in {RunFolder(self.run_dir).checkpoints_dir}"
+                                     if saved else
                                      "no checkpoint was written yet") + f". {lower_lr_hint(self.plan)}")
                 continue
             if stepper.updated:
@@ -784,14 +772,14 @@ class _Run:
                 _card_says_stopped(run_dir, summary["stopped"])
                 show(f"stopped after epoch {last.get('epoch')} of {t.epochs} (step {last.get('step')}): "
                      f"{self.stop_reason}", quiet)
-            write_text(run_dir / "summary.json", json.dumps(summary, indent=1), TrainError)
+            write_text(RunFolder(run_dir).summary_path, json.dumps(summary, indent=1), TrainError)
             show(f"done: {_best_text(self.best, t.select)}; run folder {run_dir}", quiet)
             if len(loaders.bad):
                 say(quiet, loaders.bad.summary())
         elif not self.stopped:
             show(f"done (rank {dist.rank}); rank 0 wrote the run folder {run_dir}", quiet)
         if stop.signum is not None:
-            error = Interrupted(run_dir, stop.signum, dist.size)
+            error = Interrupted(run_dir, stop.signum, dist.size, RunFolder(run_dir).checkpoints_dir)
             self.callbacks.call("on_exception", error)
             raise error
         self.callbacks.call("on_run_end")
@@ -816,7 +804,7 @@ def _val_outputs(net, batches, ctxs: list[mx.Context]) -> tuple[np.ndarray, np.n
 
 def _card_says_stopped(run_dir: Path, stopped: dict[str, Any]) -> None:
     """The run card (preprocess.json) records why and when a callback ended the run."""
-    path = run_dir / "preprocess.json"
+    path = RunFolder(run_dir).card_path
     card = read_json(path, TrainError, "the run card")
     write_text(path, json.dumps({**card, "stopped": stopped}, indent=1), TrainError)
 
@@ -839,16 +827,16 @@ def _write_checksum(run_dir: Path, net, rank: int) -> None:
         h.update(name.encode())
         for copy in e.param.list_data():  # every context's: copies that drift apart are a bug too
             h.update(copy.asnumpy().tobytes())
-    write_text(run_dir / "logs" / f"worker-{rank}.sha256", h.hexdigest() + "\n", TrainError)
+    write_text(RunFolder(run_dir).worker_digest(rank), h.hexdigest() + "\n", TrainError)
 
 
 def _write_plan(run_dir: Path, plan: Plan, feed: Feed, transforms: dict[str, Any], epoch_data: dict[str, Any],
                 ema: Ema | None = None) -> None:
     lines = "\n".join([*transform_lines(transforms), epoch_data["note"], feed.log, *([ema.line()] if ema else [])])
-    write_text(run_dir / "plan.txt", format_plan(plan) + f"\n{lines}\n", TrainError)
-    write_text(run_dir / "plan.json", json.dumps({**plan.to_json(), "feature_cache": feed.summary(),
-                                                  "transforms": transforms, "epoch_data": epoch_data,
-                                                  **({"ema": ema.line()} if ema else {})}, indent=1),
+    write_text(RunFolder(run_dir).plan_text_path, format_plan(plan) + f"\n{lines}\n", TrainError)
+    write_text(RunFolder(run_dir).plan_json_path, json.dumps({**plan.to_json(), "feature_cache": feed.summary(),
+                                                               "transforms": transforms, "epoch_data": epoch_data,
+                                                               **({"ema": ema.line()} if ema else {})}, indent=1),
                TrainError)
 
 

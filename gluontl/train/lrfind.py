@@ -32,6 +32,7 @@ from ..atomic import atomic_write, write_text
 from ..console import bars_on, say
 from ..errors import TrainError
 from ..recipe import Recipe
+from ..runfolder import RunFolder
 
 BETA = 0.98
 DIVERGED = 4.0
@@ -185,7 +186,8 @@ def lr_find(recipe: Recipe, *, runs_root: str | Path = "runs", steps: int = 100,
     trainer = make_trainer(net, recipe.model_copy(update={"train": t.model_copy(update={"lr": start})}), Backend())
     if t.hybridize:
         net.hybridize(static_alloc=True, static_shape=True)
-    feed = task.feed(net, prep.plan, recipe, loaders, ctxs[0], out / "feature_cache", not bars_on(quiet), None)
+    feed = task.feed(net, prep.plan, recipe, loaders, ctxs[0], RunFolder(out).feature_cache_dir(), not bars_on(quiet),
+                     None)
     say(quiet, feed.log)
     stepper = Stepper(feed.net, trainer, task.forward, ctxs)
     n_batches = loaders.train_sampler.batches_per_epoch()
@@ -220,5 +222,5 @@ def lr_find(recipe: Recipe, *, runs_root: str | Path = "runs", steps: int = 100,
         feed.close()
     found.seconds = time.perf_counter() - began
     found.plot = plot(found, out / "lr_find.png", f"{recipe.name}: lr-find")
-    found.record = write_text(out / "lr_find.json", json.dumps(found.to_json(), indent=1), TrainError)
+    found.record = write_text(RunFolder(out).lr_find_path, json.dumps(found.to_json(), indent=1), TrainError)
     return found

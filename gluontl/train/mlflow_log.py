@@ -16,6 +16,7 @@ from typing import Any
 
 from ..errors import TrainError
 from ..recipe import MlflowSpec
+from ..runfolder import RunFolder
 from .hooks import Callback, RunInfo, Step
 
 _BATCH = 100  # MLflow's log_batch takes at most 100 params and 1000 metrics per call
@@ -108,9 +109,9 @@ class MlflowLogger(Callback):
     def on_run_end(self, run: RunInfo) -> None:
         if self.client is None:
             return
-        for name in ("plan.txt", "plan.json", "preprocess.json", "summary.json", "curves.png"):
-            if (run.run_dir / name).is_file():
-                self.client.log_artifact(self.run_id, str(run.run_dir / name))
+        for path in RunFolder(run.run_dir).artifacts:
+            if path.is_file():
+                self.client.log_artifact(self.run_id, str(path))
         self.client.set_terminated(self.run_id, "FINISHED")
 
     def on_exported(self, run: RunInfo, files: list[Path]) -> None:

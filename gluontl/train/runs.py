@@ -8,26 +8,25 @@ from typing import Any, Callable, Mapping
 from ..errors import ExportError, GluontlError, TrainError
 from ..metrics import find_metric
 from ..recipe import ExportSpec, QuantizeSpec, Recipe, as_spec, load_recipe
-from ..runfolder import run_weights
+from ..runfolder import RunFolder, run_weights
 from ..tasks import PredictOptions, Report, every_curve, get_task, onnx_task
 from ..data import checkpoint
 
 
 def load_run(run_dir: str | Path, tag: str = "best", ctx=None) -> tuple[Recipe, Any]:
     """The run's recipe and its model with the ``tag`` checkpoint loaded, in inference setup."""
-    run = Path(run_dir)
+    run, rf = Path(run_dir), RunFolder(run_dir)
     if not run.is_dir():
         raise TrainError(f"Run folder '{run}' {'is a file' if run.exists() else 'does not exist'}; pass the "
                          f"runs/NAME folder of a gluontl finetune run.")
-    if not (run / "recipe.yaml").is_file():
-        raise TrainError(f"'{run}' is not a run folder (no recipe.yaml); pass runs/NAME.")
-    recipe = load_recipe(run / "recipe.yaml")
-    ckpts = run / "checkpoints"
-    if not (ckpts / f"{tag}.json").is_file():
-        other = " or use --checkpoint last" if tag != "last" and (ckpts / "last.json").is_file() else ""
-        raise TrainError(f"Run '{run}' has no '{tag}' checkpoint ({ckpts / tag}.json is missing): it stopped before "
+    if not rf.is_run():
+        raise TrainError(f"'{run}' is not a run folder (no {rf.RECIPE}); pass runs/NAME.")
+    recipe = load_recipe(rf.recipe_path)
+    if not rf.has_checkpoint(tag):
+        other = " or use --checkpoint last" if tag != "last" and rf.has_checkpoint("last") else ""
+        raise TrainError(f"Run '{run}' has no '{tag}' checkpoint ({rf.checkpoint(tag)} is missing): it stopped before "
                          f"finishing an epoch. Continue it with `gluontl finetune --resume {run}`{other}.")
-    checkpoint.load(ckpts, tag)
+    checkpoint.load(rf.checkpoints_dir, tag)
     return recipe, get_task(recipe).load(run, recipe, tag, ctx)
 
 
@@ -35,17 +34,19 @@ def finetune_recipe(recipe: Path | None, set_: list[str] | None, resume: Path | 
                     start: Path | None) -> Recipe:
     """The recipe ``finetune`` trains with these options (``gluontl launch`` reads it too, to make
     the recipe's pretrained weights once before it starts the workers); ``start`` is --init-from."""
-    if resume is not None and not (resume / "recipe.yaml").is_file():
-        raise GluontlError(f"--resume {resume}: not a run folder (no recipe.yaml). Pass runs/NAME of an earlier run.")
-    if resume is not None and not (resume / "checkpoints" / "last.json").is_file():
-        raise GluontlError(f"--resume {resume}: the run has no checkpoint (checkpoints/last.json) to continue "
-                           f"from; start it again with --recipe {resume / 'recipe.yaml'}.")
+    rf = RunFolder(resume) if resume is not None else None
+    if rf is not None and not rf.is_run():
+        raise GluontlError(f"--resume {resume}: not a run folder (no {rf.RECIPE}). Pass runs/NAME of an earlier run.")
+    if rf is not None and not rf.has_checkpoint("last"):
+        raise GluontlError(f"--resume {resume}: the run has no checkpoint "
+                           f"({rf.checkpoint('last').relative_to(rf.path)}) to continue "
+                           f"from; start it again with --recipe {rf.recipe_path}.")
     if recipe is None and resume is None:
         raise GluontlError("finetune needs --recipe FILE (or --resume runs/NAME to continue a run).")
     if start is not None and resume is not None:
         raise GluontlError(f"--init-from starts a new run and --resume continues one; to continue {resume} drop "
                            f"--init-from, to start from it use --init-from {resume} without --resume.")
-    r = load_recipe(resume / "recipe.yaml" if resume is not None and recipe is None else recipe, set_)
+    r = load_recipe(rf.recipe_path if rf is not None and recipe is None else recipe, set_)
     return init_from(r, start) if start is not None else r
 
 
@@ -56,7 +57,7 @@ def init_from(recipe: Recipe, run: str | Path) -> Recipe:
     from ..recipe import parse_recipe
 
     if run_weights(run) is None:
-        raise TrainError(f"--init-from {run}: not a run folder (no recipe.yaml). Pass runs/NAME (its best "
+        raise TrainError(f"--init-from {run}: not a run folder (no {RunFolder.RECIPE}). Pass runs/NAME (its best "
                          f"checkpoint), runs/NAME/best or runs/NAME/last.")
     data = recipe.as_written()
     data["model"].update(weights=str(Path(run).resolve()), weights_from=None, pretrained=False, random_init=False)
@@ -94,7 +95,7 @@ def predict_report(source: Path, images: list[str], opts: PredictOptions) -> Rep
 
 
 def plot(run_dir: str | Path, out: str | Path | None = None) -> Path:
-    """PNG of loss, the task's validation curves and the learning rate from metrics.jsonl."""
+    """PNG of loss, the task's validation curves and the learning rate from the run's metrics log."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -103,18 +104,17 @@ def plot(run_dir: str | Path, out: str | Path | None = None) -> Path:
     from ..atomic import atomic_write
     from .logs import read_metrics
 
-    run = Path(run_dir)
-    path = run / "metrics.jsonl"
+    run, rf = Path(run_dir), RunFolder(run_dir)
+    path = rf.metrics_path
     if not path.is_file():
-        what = "has no metrics.jsonl" if run.is_dir() else "is a file" if run.exists() else "does not exist"
-        raise TrainError(f"'{run}' {what}; plot reads the metrics.jsonl gluontl finetune writes into a run "
+        what = f"has no {rf.METRICS}" if run.is_dir() else "is a file" if run.exists() else "does not exist"
+        raise TrainError(f"'{run}' {what}; plot reads the {rf.METRICS} gluontl finetune writes into a run "
                          f"folder: pass runs/NAME.")
     try:
         rows = read_metrics(path)
     except (OSError, UnicodeDecodeError) as e:
         raise TrainError(f"'{path}' is not a readable metrics log ({e}).") from None
-    recipe = run / "recipe.yaml"
-    curves = get_task(load_recipe(recipe)).curves if recipe.is_file() else every_curve()
+    curves = get_task(load_recipe(rf.recipe_path)).curves if rf.is_run() else every_curve()
     steps = _numeric_rows(rows, "step", "loss", "lr")
     epochs = _numeric_rows(rows, "step", "epoch")
     shown = [(key, _title(key), kept) for key in curves if (kept := _numeric_rows(epochs, key))]
@@ -137,7 +137,7 @@ def plot(run_dir: str | Path, out: str | Path | None = None) -> Path:
     axes[2].set(title="learning rate", xlabel="step")
     fig.suptitle(run.name)
     fig.tight_layout()
-    target = Path(out) if out else run / "curves.png"
+    target = Path(out) if out else rf.curves_path
     atomic_write(target, lambda tmp: fig.savefig(tmp, format="png", dpi=90), TrainError)
     plt.close(fig)
     return target
@@ -167,5 +167,5 @@ def export_run(run_dir: str | Path, out_dir: str | Path | None = None, *, format
         recipe = recipe.model_copy(update={"export": spec})
     run = Path(run_dir)
     quantize = recipe.export.quantize or (QuantizeSpec() if int8 else None)
-    return get_task(recipe).export_run(run, recipe, net, Path(out_dir) if out_dir else run / "export",
+    return get_task(recipe).export_run(run, recipe, net, Path(out_dir) if out_dir else RunFolder(run).export_dir,
                                        formats or list(recipe.export.formats), force, quantize, echo or print)

@@ -14,6 +14,7 @@ from ..atomic import atomic_write
 from ..errors import RecipeError, TrainError
 from ..home import gluontl_home
 from ..recipe import Recipe, load_recipe
+from ..runfolder import RunFolder
 
 
 def ensure_weights(recipe: Recipe, finetune: Callable, *, quiet: bool = False, depth: int = 0) -> None:
@@ -36,7 +37,7 @@ def ensure_weights(recipe: Recipe, finetune: Callable, *, quiet: bool = False, d
         print(f"'{spec.weights}' does not exist yet: making it with {spec.weights_from} (one time)")
     ensure_weights(source, finetune, quiet=quiet, depth=depth + 1)
     result = finetune(source, runs_root=Path(spec.weights).parent / "runs", quiet=quiet)
-    best = result.run_dir / "checkpoints" / "best.params"
+    best = RunFolder(result.run_dir).checkpoint_params("best")
     if not best.is_file():
         raise TrainError(f"{spec.weights_from} finished without a best checkpoint in {result.run_dir}.")
     Path(spec.weights).parent.mkdir(parents=True, exist_ok=True)
