@@ -13,6 +13,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from ..errors import GluontlError, RecipeError, RuleError
 from ..readers import parse_yaml
+from ..runfolder import RunFolder
 from .overrides import RecipeLoader, apply_override, culprit
 from .common import suggest
 from .presets import TAGS, AnyRule, Rule, RuleItem, plain_loc
@@ -180,7 +181,7 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
         raise RecipeError(f"Recipe file '{p}' is not valid YAML: {' '.join(str(e).split())}.") from None
     rules = data.get("rules") if isinstance(data, dict) else None
     if isinstance(rules, list):
-        if p.name == "recipe.yaml" and (p.parent / "checkpoints").is_dir():
+        if RunFolder.of_recipe(p) is not None:
             # Run folders written before runs dropped unset fields hold `grad_req: null` for "not set".
             data["rules"] = [{k: v for k, v in r.items() if v is not None} if isinstance(r, dict) else r
                              for r in rules]
