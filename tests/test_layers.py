@@ -17,7 +17,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "gluontl"
 LAYERS = ("base", "model I/O", "model ops", "data", "tasks", "engine", "front doors")
 PLACES = {  # dotted prefix → layer; the longest matching prefix wins
     "gluontl.errors": 0, "gluontl.naming": 0, "gluontl.atomic": 0, "gluontl.threads": 0,
-    "gluontl.npcompat": 0, "gluontl.graphblock": 0, "gluontl.deploy_preprocess": 0,
+    "gluontl.npcompat": 0, "gluontl.deploy_preprocess": 0,
+    "gluontl.mxinternals": 0,  # the one door to MXNet's internals: symbol JSON, Gluon privates, per-block state
     "gluontl.home": 0, "gluontl.runfolder": 0,  # $GLUONTL_HOME; a run folder's checkpoints as read back
     "gluontl.readers": 0,  # the reading policy: safe bounded YAML, JSON, JSON lines; non-UTF-8 names
     "gluontl.zoo": 0,  # the zoo's names and input sizes: a catalogue the recipe schema reads

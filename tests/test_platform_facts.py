@@ -144,7 +144,7 @@ def test_symbolblock_imports_leaves_parameter_shape_none(tmp_path):
 
 
 def test_reshape_backward_hands_a_blocked_gradient_to_transpose_which_fails():
-    """gluontl/onnx/layout.py copies the input of every convolution fed by a reshape: the
+    """gluontl/mxinternals/plain_grad.py copies the input of every convolution fed by a reshape: the
     convolution's input gradient comes out in oneDNN's blocked layout, ``_backward_reshape``
     hands it on in place under the reshaped dims, and the oneDNN transpose behind it cannot
     build the reorder. When this stops failing, the copy can go."""

@@ -36,6 +36,7 @@ from mxnet.gluon import HybridBlock
 
 from ..atomic import atomic_write, write_text
 from ..errors import TrainError
+from ..mxinternals import clear_cached_op
 from ..naming import named_params
 from ..readers import name_bytes, read_json
 from ..recipe import Recipe, TrainSpec, TransformSpec
@@ -351,7 +352,7 @@ def build_feed(net: HybridBlock, plan: Plan, recipe: Recipe, loaders: Loaders, c
     t = recipe.train
     split = split_frozen_prefix(net, plan, recipe.model.input_shape, ctx)
     if previous is not None and previous.boundary == split.boundary:
-        previous.net._clear_cached_op()  # traced with the old grad_req
+        clear_cached_op(previous.net)  # traced with the old grad_req
         return previous
     train_ds = loaders.train._dataset
     decision = decide(t, split, recipe.data.train_transform)
