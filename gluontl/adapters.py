@@ -33,8 +33,8 @@ from mxnet.gluon import HybridBlock, Parameter, ParameterDict, SymbolBlock, nn
 
 from .atomic import atomic_write, write_text
 from .errors import AdapterError
-from .mxinternals import (cached_graph, cached_symbol, children, copy_block, graph_of, lora_record, onnx_info,
-                          op_kwargs, param_table, put_param, remove_child, set_lora_record, set_onnx_info,
+from .mxinternals import (CONV_BASE, cached_graph, cached_symbol, children, conv_op_name, copy_block, dense_args, graph_of,
+                          lora_record, onnx_info, op_kwargs, param_table, put_param, remove_child, set_lora_record, set_onnx_info,
                           symbol_from)
 from .naming import Layer, graph_nodes, named_params, shape_of
 from .recipe import AdapterSpec, as_spec
@@ -115,7 +115,7 @@ def target(block: HybridBlock, layer: Layer, spec: AdapterSpec) -> Adapted | Non
     if layer.block is not None:
         if layer.type not in ("Conv", "Dense"):
             return None
-        own = nn.Dense.hybrid_forward if layer.type == "Dense" else nn.conv_layers._Conv.hybrid_forward
+        own = nn.Dense.hybrid_forward if layer.type == "Dense" else CONV_BASE.hybrid_forward
         if type(layer.block).hybrid_forward not in (own, _LoraLayer.hybrid_forward):  # the adapter's replaces it
             raise AdapterError(f"layer '{layer.name}' ({type(layer.block).__name__}) computes its own forward; LoRA "
                                f"adapts Gluon's Conv and Dense layers. Narrow the rule's match so it leaves it out.")
@@ -234,12 +234,12 @@ class _LoraLayer:
 
     def hybrid_forward(self, F, x, weight, bias=None):
         if isinstance(self, nn.Dense):
-            y = F.FullyConnected(x, weight, bias, no_bias=bias is None, num_hidden=self._units,
-                                 flatten=self._flatten, name="fwd")
+            units, flatten = dense_args(self)
+            y = F.FullyConnected(x, weight, bias, no_bias=bias is None, num_hidden=units, flatten=flatten, name="fwd")
         elif bias is None:
-            y = getattr(F, self._op_name)(x, weight, name="fwd", **op_kwargs(self))
+            y = getattr(F, conv_op_name(self))(x, weight, name="fwd", **op_kwargs(self))
         else:
-            y = getattr(F, self._op_name)(x, weight, bias, name="fwd", **op_kwargs(self))
+            y = getattr(F, conv_op_name(self))(x, weight, bias, name="fwd", **op_kwargs(self))
         scale, dropout = self._lora
         h = F.Dropout(x, p=dropout) if dropout else x
         y = y + self.lora_b(self.lora_a(h)) * scale
@@ -287,9 +287,9 @@ def _known(shape: tuple[int, ...], t: Adapted) -> tuple[int, ...]:
 def _gluon_add(layer: HybridBlock, t: Adapted) -> None:
     w_shape = _known(tuple(layer.weight.shape), t)
     conv = None if t.kind == "Dense" else dict(op_kwargs(layer))
-    flatten = getattr(layer, "_flatten", True)
+    flatten = dense_args(layer)[1] if isinstance(layer, nn.Dense) else True
     a_shape, a_kw, b_shape, b_kw = _geometry(t, w_shape, conv, flatten)
-    op = "FullyConnected" if t.kind == "Dense" else layer._op_name
+    op = "FullyConnected" if t.kind == "Dense" else conv_op_name(layer)
     ctx = layer.weight.list_ctx()
     with layer.name_scope():
         fa = _Factor(op, a_kw, a_shape, prefix="lora_a_")

@@ -19,9 +19,9 @@ import dataclasses
 import re
 from typing import Any, Iterable, Iterator
 
-from mxnet.gluon import HybridBlock, Parameter, SymbolBlock, nn, rnn
+from mxnet.gluon import HybridBlock, Parameter, SymbolBlock, nn
 
-from .mxinternals import cached_symbol, children, nodes_of, onnx_info, own_params, param_shape, param_table
+from .mxinternals import RNN_BASE, cached_symbol, children, nodes_of, onnx_info, own_params, param_shape, param_table
 
 # Gluon classes → the layer types rules can select; order matters (subclasses first).
 _BLOCK_TYPES: list[tuple[type, str]] = [
@@ -29,7 +29,7 @@ _BLOCK_TYPES: list[tuple[type, str]] = [
     (nn.Conv1D, "Conv"), (nn.Conv2D, "Conv"), (nn.Conv3D, "Conv"),
     (nn.Dense, "Dense"), (nn.BatchNorm, "BatchNorm"), (nn.LayerNorm, "LayerNorm"),
     (nn.InstanceNorm, "InstanceNorm"), (nn.GroupNorm, "GroupNorm"), (nn.Embedding, "Embedding"),
-    (nn.PReLU, "PReLU"), (rnn.rnn_layer._RNNLayer, "RNN"),
+    (nn.PReLU, "PReLU"), (RNN_BASE, "RNN"),
 ]
 _OP_TYPES = {"Convolution": "Conv", "Deconvolution": "Deconv", "FullyConnected": "Dense",
              "BatchNorm": "BatchNorm", "LayerNorm": "LayerNorm", "InstanceNorm": "InstanceNorm",

@@ -27,7 +27,8 @@ from mxnet.gluon import Constant, HybridBlock, Parameter, SymbolBlock
 
 from .adapters import LORA_TYPE, Adapted, adapter_params, adapters_of, add_lora, target
 from .errors import AdapterError, RuleError
-from .mxinternals import cached_symbol, clear_cached_ops, op_kwargs, param_table, set_graph_bn_modes, set_op_kwarg
+from .mxinternals import (cached_symbol, clear_cached_ops, is_differentiable, op_kwargs, param_table, set_graph_bn_modes,
+                          set_op_kwarg)
 from .naming import Layer, ParamEntry, graph_nodes, named_params, shape_of
 from .recipe import Rule, as_rules
 from .stages import HEAD, NECK, STEM, Stage, ordered, stage_map
@@ -272,7 +273,7 @@ def _is_aux(e: ParamEntry) -> bool:
     owner = e.layer.owner if e.layer is not None else None
     if owner is not None:
         return e.param.name in cached_symbol(owner).list_auxiliary_states()
-    return not e.param._differentiable or isinstance(e.param, Constant)
+    return not is_differentiable(e.param) or isinstance(e.param, Constant)
 
 
 def make_plan(block: HybridBlock, rules: Iterable[RuleLike], *, epoch: int | None = None,

@@ -28,7 +28,7 @@ import numpy as np
 from mxnet.gluon import HybridBlock
 
 from ..errors import ModelSourceError, RestoreError
-from ..mxinternals import clear_cached_op, collect_params_by_path, set_loaded_names
+from ..mxinternals import clear_cached_op, collect_params_by_path, set_loaded_names, ssd_anchor_geometry, ssd_anchors
 from ..naming import named_params, shape_of
 from ..recipe import Recipe
 from ..sources import ZooInit, zoo_block, materialize
@@ -127,10 +127,11 @@ def fit_ssd_anchors(net: HybridBlock, input_shape: tuple[int, ...]) -> None:
     with mx.autograd.train_mode():
         maps = [f.shape[2] for f in net.features(mx.nd.zeros((1, *input_shape), ctx=ctx))]
     for gen, rows in zip(net.anchor_generators, maps):
-        scale = height / gen._im_size[0]
+        im_size, base_sizes, ratios = ssd_anchor_geometry(gen)
+        scale = height / im_size[0]
         alloc = gen.anchors.shape[2:4]
-        sizes = tuple(s * scale for s in gen._sizes)
-        anchors = gen._generate_anchors(sizes, gen._ratios, height / rows, alloc, (0.5, 0.5))
+        sizes = tuple(s * scale for s in base_sizes)
+        anchors = ssd_anchors(gen, sizes, ratios, height / rows, alloc, (0.5, 0.5))
         gen.anchors.set_data(mx.nd.array(anchors, ctx=ctx, dtype=gen.anchors.dtype))
     clear_cached_op(net)
 

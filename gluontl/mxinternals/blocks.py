@@ -13,9 +13,13 @@ from types import MappingProxyType
 from typing import Any, Mapping, Sequence
 
 import mxnet as mx
-from mxnet.gluon import Block, HybridBlock, Parameter, ParameterDict, SymbolBlock
+from mxnet.gluon import Block, HybridBlock, Parameter, ParameterDict, SymbolBlock, nn, rnn
 
 from .symjson import graph_of, symbol_from
+
+# Gluon's private base classes, for ``isinstance``: every Conv (and transposed Conv) layer, every RNN layer.
+CONV_BASE: type = nn.conv_layers._Conv
+RNN_BASE: type = rnn.rnn_layer._RNNLayer
 
 
 # ============================================================================ graphs
@@ -118,6 +122,21 @@ def param_shape(p: Parameter) -> tuple[int, ...]:
     if p._data is not None:
         return tuple(p._data[0].shape)
     return tuple(p.shape or ())
+
+
+def is_differentiable(p: Parameter) -> bool:
+    """False for a parameter Gluon made non-differentiable (``differentiable=False``: it never gets a gradient)."""
+    return bool(p._differentiable)
+
+
+def conv_op_name(block: HybridBlock) -> str:
+    """The operator a Gluon Conv layer calls (``Convolution`` or ``Deconvolution``)."""
+    return block._op_name
+
+
+def dense_args(block: nn.Dense) -> tuple[int, bool]:
+    """A Dense layer's ``(units, flatten)``, as it passes them to ``FullyConnected``."""
+    return block._units, block._flatten
 
 
 def op_kwargs(block: HybridBlock) -> Mapping[str, Any]:

@@ -46,3 +46,10 @@ def set_update_counts(opt: mx.optimizer.Optimizer, devices: dict[int, dict[Any, 
     """Put back ``update_counts``; device 0's table is the one the next update counts on."""
     opt._all_index_update_counts = devices
     opt._index_update_count = devices.setdefault(0, {})
+
+
+def count_update(opt: mx.optimizer.Optimizer, index: int) -> tuple[float, float, int]:
+    """Count one update of parameter ``index`` as MXNet's own optimizers do at the start of ``update``;
+    its ``(learning rate, weight decay)`` with the parameter's multipliers, and its update count so far."""
+    opt._update_count(index)
+    return opt._get_lr(index), opt._get_wd(index), opt._index_update_count[index]
