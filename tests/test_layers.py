@@ -219,7 +219,9 @@ OPERATOR_NAMESPACES = frozenset({"mx.sym._internal", "mx.nd._internal"})
 KNOWN_MX_PRIVATE: set[str] = set()
 # Other private names of foreign packages (not defined anywhere in gluontl outside the door), and why they stay.
 KNOWN_FOREIGN_PRIVATE: set[str] = {
-    "gluontl.npcompat: _IR_FORMAT",  # the numpy-2 layer re-packs MXNet recordio headers with MXNet's own format
+    # MXNet's recordio header format: npcompat's numpy-2 copy of recordio.pack needs it, and npcompat
+    # runs before MXNet is imported (the door imports MXNet), so it cannot ask the door
+    "gluontl.npcompat: _IR_FORMAT",
     "gluontl.onnx.importer: _get_all_tensors",  # the onnx package's, not MXNet's
 }
 
