@@ -1,4 +1,4 @@
-"""Keep oneDNN-blocked gradients from reaching a reshape (MXNet 1.9.1 cannot train that).
+"""Keep oneDNN-blocked gradients from reaching a reshape (MXNet 1.9.1 cannot train that; issue 23).
 
 A convolution's backward writes the gradient of its data input in oneDNN's blocked layout
 (e.g. ``aBcd8b``). When that input came from a reshape (possibly through elementwise ops,
