@@ -14,12 +14,11 @@ Gluon blocks (zoo:): the layer becomes a subclass of its own class whose forward
 adapter before the activation; the factors are its children ``lora_a``/``lora_b``, so their
 parameters are ``<layer>.lora_a.weight`` and ``<layer>.lora_b.weight``. Graphs (symbol:
 checkpoints, imported ONNX): the node's output is rewired through new nodes, and the
-parameters are named the same way after the node. The block's ``gluontl_lora`` records what
+parameters are named the same way after the node. The block's adapter record (``mxinternals.lora_record``) says what
 was adapted and, for graphs, the symbol before adapters (the merged model's graph).
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import hashlib
 import json
@@ -34,6 +33,9 @@ from mxnet.gluon import HybridBlock, Parameter, ParameterDict, SymbolBlock, nn
 
 from .atomic import atomic_write, write_text
 from .errors import AdapterError
+from .mxinternals import (CONV_BASE, cached_graph, cached_symbol, children, conv_op_name, copy_block, dense_args, graph_of,
+                          lora_record, onnx_info, op_kwargs, param_table, put_param, remove_child, set_lora_record, set_onnx_info,
+                          symbol_from)
 from .naming import Layer, graph_nodes, named_params, shape_of
 from .recipe import AdapterSpec, as_spec
 from .runfolder import RunFolder
@@ -93,7 +95,7 @@ def _inside(layer: str, name: str) -> str:
 
 def adapters_of(block: HybridBlock) -> dict[str, Adapted]:
     """The adapted layers of ``block`` by layer name (empty for a plain model)."""
-    rec = getattr(block, "gluontl_lora", None)
+    rec = lora_record(block)
     return dict(rec.layers) if isinstance(rec, Record) else {}
 
 
@@ -114,13 +116,13 @@ def target(block: HybridBlock, layer: Layer, spec: AdapterSpec) -> Adapted | Non
     if layer.block is not None:
         if layer.type not in ("Conv", "Dense"):
             return None
-        own = nn.Dense.hybrid_forward if layer.type == "Dense" else nn.conv_layers._Conv.hybrid_forward
+        own = nn.Dense.hybrid_forward if layer.type == "Dense" else CONV_BASE.hybrid_forward
         if type(layer.block).hybrid_forward not in (own, _LoraLayer.hybrid_forward):  # the adapter's replaces it
             raise AdapterError(f"layer '{layer.name}' ({type(layer.block).__name__}) computes its own forward; LoRA "
                                f"adapts Gluon's Conv and Dense layers. Narrow the rule's match so it leaves it out.")
         if layer.type == "Dense":
             return Adapted(layer.name, layer.name, "Dense", spec, _inside(layer.name, "weight"), tuple(layer.params))
-        groups, layout = layer.block._kwargs["num_group"], layer.block._kwargs["layout"]
+        groups, layout = op_kwargs(layer.block)["num_group"], op_kwargs(layer.block)["layout"]
         _refuse(layer.name, groups, layout)
         return Adapted(layer.name, layer.name, "Conv", spec, _inside(layer.name, "weight"), tuple(layer.params))
     if layer.owner is None:
@@ -141,7 +143,7 @@ def target(block: HybridBlock, layer: Layer, spec: AdapterSpec) -> Adapted | Non
                            f"match so it leaves this layer out.")
     if node["op"] == "Convolution":
         _refuse(layer.name, int(_attrs(node).get("num_group", "1")), _attrs(node).get("layout") or "NC")
-    params = block.params._params
+    params = param_table(block.params)
     weight_node = nodes[node["inputs"][1][0]]
     weight = nodes[weight_node["inputs"][0][0]]["name"] if transposed else weight_node["name"]
     if weight not in params:
@@ -190,14 +192,14 @@ def add_lora(block: HybridBlock, layers: Mapping[str, AdapterSpec | Mapping[str,
     if not targets:
         return block
     if isinstance(block, SymbolBlock):
-        rec = getattr(block, "gluontl_lora", None)
+        rec = lora_record(block)
         new = _graph_add(block, targets)
-        base = rec.base if isinstance(rec, Record) else block._cached_graph[1]
+        base = rec.base if isinstance(rec, Record) else cached_symbol(block)
     else:
         for t in targets:
             _gluon_add(_child(block, t.layer), t)
         new, base = block, None
-    new.gluontl_lora = Record({**have, **{t.layer: t for t in targets}}, base)
+    set_lora_record(new, Record({**have, **{t.layer: t for t in targets}}, base))
     return new
 
 
@@ -233,12 +235,12 @@ class _LoraLayer:
 
     def hybrid_forward(self, F, x, weight, bias=None):
         if isinstance(self, nn.Dense):
-            y = F.FullyConnected(x, weight, bias, no_bias=bias is None, num_hidden=self._units,
-                                 flatten=self._flatten, name="fwd")
+            units, flatten = dense_args(self)
+            y = F.FullyConnected(x, weight, bias, no_bias=bias is None, num_hidden=units, flatten=flatten, name="fwd")
         elif bias is None:
-            y = getattr(F, self._op_name)(x, weight, name="fwd", **self._kwargs)
+            y = getattr(F, conv_op_name(self))(x, weight, name="fwd", **op_kwargs(self))
         else:
-            y = getattr(F, self._op_name)(x, weight, bias, name="fwd", **self._kwargs)
+            y = getattr(F, conv_op_name(self))(x, weight, bias, name="fwd", **op_kwargs(self))
         scale, dropout = self._lora
         h = F.Dropout(x, p=dropout) if dropout else x
         y = y + self.lora_b(self.lora_a(h)) * scale
@@ -256,7 +258,7 @@ def _lora_class(cls: type) -> type:
 
 def _child(block: HybridBlock, path: str) -> HybridBlock:
     for part in path.split(".") if path else ():
-        block = block._children[part]
+        block = children(block)[part]
     return block
 
 
@@ -285,10 +287,10 @@ def _known(shape: tuple[int, ...], t: Adapted) -> tuple[int, ...]:
 
 def _gluon_add(layer: HybridBlock, t: Adapted) -> None:
     w_shape = _known(tuple(layer.weight.shape), t)
-    conv = None if t.kind == "Dense" else dict(layer._kwargs)
-    flatten = getattr(layer, "_flatten", True)
+    conv = None if t.kind == "Dense" else dict(op_kwargs(layer))
+    flatten = dense_args(layer)[1] if isinstance(layer, nn.Dense) else True
     a_shape, a_kw, b_shape, b_kw = _geometry(t, w_shape, conv, flatten)
-    op = "FullyConnected" if t.kind == "Dense" else layer._op_name
+    op = "FullyConnected" if t.kind == "Dense" else conv_op_name(layer)
     ctx = layer.weight.list_ctx()
     with layer.name_scope():
         fa = _Factor(op, a_kw, a_shape, prefix="lora_a_")
@@ -303,8 +305,8 @@ def _gluon_add(layer: HybridBlock, t: Adapted) -> None:
 
 def _graph_add(block: SymbolBlock, targets: list[Adapted]) -> SymbolBlock:
     """The graph with each target node's output rewired through ``+ scale · B(A(x))``."""
-    inputs, sym = block._cached_graph
-    graph = json.loads(sym.tojson())
+    inputs, sym = cached_graph(block)
+    graph = graph_of(sym)
     by_node = {t.layer: t for t in targets}
     shared = ParameterDict()
     shared.update(block.params)
@@ -346,21 +348,21 @@ def _graph_add(block: SymbolBlock, targets: list[Adapted]) -> SymbolBlock:
         init_a, init_b = _factor_inits(a_shape)
         h = x
         for name, shape, kw, init in ((t.a, a_shape, a_kw, init_a), (t.b, b_shape, b_kw, init_b)):
-            shared._params[name] = _initialized(Parameter(name, shape=shape), init, ctx)
+            put_param(shared, name, _initialized(Parameter(name, shape=shape), init, ctx))
             h = add(op, name.removesuffix(".weight"), [h, add("null", name, [])], kw)
         scaled = add("_mul_scalar", f"{t.layer}.lora_scale", [h], {"scalar": t.scale})
         redirect[(i, 0)] = add("elemwise_add", f"{t.layer}.lora_sum", [[new_id[i], 0, 0], scaled])[0]
     graph["nodes"] = out
     graph["heads"] = [entry(h) for h in graph["heads"]]
     graph["arg_nodes"] = [i for i, n in enumerate(out) if n["op"] == "null"]  # node_row_ptr is recomputed on load
-    return _same_kind(block, mx.sym.load_json(json.dumps(graph)), inputs, shared)
+    return _same_kind(block, symbol_from(graph), inputs, shared)
 
 
 def _same_kind(block: SymbolBlock, sym: mx.sym.Symbol, inputs, params: ParameterDict) -> SymbolBlock:
     """A block of ``block``'s class on ``sym``, with its import record (export patches that file)."""
     new = type(block)(sym, inputs, params=params)
-    if hasattr(block, "gluontl_onnx"):
-        new.gluontl_onnx = block.gluontl_onnx
+    if onnx_info(block) is not None:
+        set_onnx_info(new, onnx_info(block))
     return new
 
 
@@ -388,35 +390,28 @@ def merge_adapters(block: HybridBlock) -> HybridBlock:
         params = ParameterDict()
         params.update(block.params)
         for name, value in merged.items():
-            params._params[name] = _initialized(Parameter(name, shape=value.shape), mx.init.Constant(value),
-                                                block.params[name].list_ctx())
-        plain = _same_kind(block, getattr(block, "gluontl_lora").base, block._cached_graph[0], params)
-        head = getattr(getattr(block, "gluontl_onnx", None), "head", None)
+            put_param(params, name, _initialized(Parameter(name, shape=value.shape), mx.init.Constant(value),
+                                                 block.params[name].list_ctx()))
+        plain = _same_kind(block, lora_record(block).base, cached_graph(block)[0], params)
+        head = getattr(onnx_info(block), "head", None)
         if head is not None and set(merged) & set(head.collect_params().keys()):
-            head = _copy(head)  # export writes an imported model's new head from the Head block itself
+            head = copy_block(head)  # export writes an imported model's new head from the Head block itself
             for name, p in head.collect_params().items():
                 if name in merged:
                     p.set_data(mx.nd.array(merged[name]))
-            plain.gluontl_onnx = dataclasses.replace(block.gluontl_onnx, head=head)
+            set_onnx_info(plain, dataclasses.replace(onnx_info(block), head=head))
         return plain
-    plain = _copy(block)
-    del plain.gluontl_lora
+    plain = copy_block(block)
+    set_lora_record(plain, None)
     for t in adapted.values():
         layer = _child(plain, t.layer)
         layer.weight.set_data(mx.nd.array(merged[t.weight]))
         for name in ("lora_a", "lora_b"):
-            del layer._children[name]
+            remove_child(layer, name)
             object.__delattr__(layer, name)
         del layer._lora
         layer.__class__ = layer.__class__.__bases__[1]
     return plain
-
-
-def _copy(block: HybridBlock) -> HybridBlock:
-    """A deep copy of a Gluon block with parameters of its own (not the trainer they belong to)."""
-    block.apply(lambda b: b._clear_cached_op())  # a cached op holds C pointers, which cannot be copied
-    trainers = {id(p._trainer): None for p in block.collect_params().values() if p._trainer is not None}
-    return copy.deepcopy(block, trainers)
 
 
 # ============================================================================ files

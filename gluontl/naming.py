@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import json
 import re
 from typing import Any, Iterable, Iterator
 
-import mxnet as mx
-from mxnet.gluon import HybridBlock, Parameter, SymbolBlock, nn, rnn
+from mxnet.gluon import HybridBlock, Parameter, SymbolBlock, nn
+
+from .mxinternals import RNN_BASE, cached_symbol, children, nodes_of, onnx_info, own_params, param_shape, param_table
 
 # Gluon classes → the layer types rules can select; order matters (subclasses first).
 _BLOCK_TYPES: list[tuple[type, str]] = [
@@ -29,7 +29,7 @@ _BLOCK_TYPES: list[tuple[type, str]] = [
     (nn.Conv1D, "Conv"), (nn.Conv2D, "Conv"), (nn.Conv3D, "Conv"),
     (nn.Dense, "Dense"), (nn.BatchNorm, "BatchNorm"), (nn.LayerNorm, "LayerNorm"),
     (nn.InstanceNorm, "InstanceNorm"), (nn.GroupNorm, "GroupNorm"), (nn.Embedding, "Embedding"),
-    (nn.PReLU, "PReLU"), (rnn.rnn_layer._RNNLayer, "RNN"),
+    (nn.PReLU, "PReLU"), (RNN_BASE, "RNN"),
 ]
 _OP_TYPES = {"Convolution": "Conv", "Deconvolution": "Deconv", "FullyConnected": "Dense",
              "BatchNorm": "BatchNorm", "LayerNorm": "LayerNorm", "InstanceNorm": "InstanceNorm",
@@ -63,12 +63,8 @@ def block_type(block: HybridBlock) -> str | None:
     return None
 
 
-def _symbol_of(block: SymbolBlock) -> mx.sym.Symbol:
-    return block._cached_graph[1]
-
-
 def graph_nodes(block: SymbolBlock) -> list[dict]:
-    return json.loads(_symbol_of(block).tojson())["nodes"]
+    return nodes_of(cached_symbol(block))
 
 
 def _graph_layers(block: SymbolBlock, prefix: str, skip: frozenset[str]) -> Iterator[ParamEntry]:
@@ -83,9 +79,9 @@ def _graph_layers(block: SymbolBlock, prefix: str, skip: frozenset[str]) -> Iter
             kind = "PReLU"
         layer = Layer(name=n["name"], type=kind, params=[], owner=block, node=n["name"])
         for v in inputs:
-            if v in block.params._params and (v not in owner_of or (owner_of[v].type is None and kind)):
+            if v in param_table(block.params) and (v not in owner_of or (owner_of[v].type is None and kind)):
                 owner_of[v] = layer
-    readable = getattr(getattr(block, "gluontl_onnx", None), "param_names", None) or {}
+    readable = getattr(onnx_info(block), "param_names", None) or {}
     for full, p in block.params.items():
         if full in skip:
             continue
@@ -98,21 +94,21 @@ def _graph_layers(block: SymbolBlock, prefix: str, skip: frozenset[str]) -> Iter
 
 def _walk(block: HybridBlock, prefix: str, seen: set[int]) -> Iterator[ParamEntry]:
     if isinstance(block, SymbolBlock):
-        info = getattr(block, "gluontl_onnx", None)
+        info = onnx_info(block)
         skip = frozenset(getattr(info, "constants", ()))
         for e in _graph_layers(block, prefix, skip):
             if id(e.param) not in seen:
                 seen.add(id(e.param))
                 yield e
         return
-    own = [(k, p) for k, p in block._reg_params.items() if id(p) not in seen]
+    own = [(k, p) for k, p in own_params(block).items() if id(p) not in seen]
     if own:
         layer = Layer(name=prefix.rstrip("."), type=block_type(block), params=[], block=block)
         for k, p in own:
             seen.add(id(p))
             layer.params.append(prefix + k)
             yield ParamEntry(prefix + k, p, layer)
-    for cname, child in block._children.items():
+    for cname, child in children(block).items():
         yield from _walk(child, f"{prefix}{cname}.", seen)
 
 
@@ -216,6 +212,4 @@ def module_names(nodes: Iterable[Any], params: Iterable[str]) -> dict[str, str]:
 
 def shape_of(p: Parameter) -> tuple[int, ...]:
     """The parameter's shape; SymbolBlock.imports leaves ``Parameter.shape`` None after loading."""
-    if p._data is not None:
-        return tuple(p._data[0].shape)
-    return tuple(p.shape or ())
+    return param_shape(p)

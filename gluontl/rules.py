@@ -20,15 +20,15 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
-import json
 from typing import Any, Iterable, Mapping
 
-import mxnet as mx
 import numpy as np
 from mxnet.gluon import Constant, HybridBlock, Parameter, SymbolBlock
 
 from .adapters import LORA_TYPE, Adapted, adapter_params, adapters_of, add_lora, target
 from .errors import AdapterError, RuleError
+from .mxinternals import (cached_symbol, clear_cached_ops, is_differentiable, op_kwargs, param_table, set_graph_bn_modes,
+                          set_op_kwarg)
 from .naming import Layer, ParamEntry, graph_nodes, named_params, shape_of
 from .recipe import Preset, Rule, as_rules  # each preset's keys and expansion: gluontl/recipe/presets.py
 from .stages import Stage, ordered, stage_map
@@ -156,7 +156,7 @@ def param_kinds(entries: Mapping[str, ParamEntry]) -> dict[str, frozenset[str]]:
             key = name[len(layer.name) + 1:] if layer.name else name
             if key == "bias" or key.endswith("_bias"):
                 kinds.add("bias")
-            if key == "weight" and layer.type == "Conv" and _depthwise(layer.block._kwargs["num_group"], shape):
+            if key == "weight" and layer.type == "Conv" and _depthwise(op_kwargs(layer.block)["num_group"], shape):
                 kinds.add("depthwise")
         elif layer is not None and layer.owner is not None:
             if id(layer.owner) not in graph_roles:
@@ -181,8 +181,8 @@ def _graph_roles(owner: SymbolBlock) -> dict[str, set[str]]:
         if len(ins) > 2 and ins[2]["op"] == "null":
             roles.setdefault(ins[2]["name"], set()).add("bias")
         weight = ins[1]  # data, weight[, bias]: a variable, or computed (a transposed Gemm weight)
-        if node["op"] == "Convolution" and weight["op"] == "null" and weight["name"] in owner.params._params and \
-                _depthwise(node["attrs"].get("num_group", 1), shape_of(owner.params._params[weight["name"]])):
+        if node["op"] == "Convolution" and weight["op"] == "null" and weight["name"] in param_table(owner.params) and \
+                _depthwise(node["attrs"].get("num_group", 1), shape_of(param_table(owner.params)[weight["name"]])):
             roles.setdefault(weight["name"], set()).add("depthwise")
     return roles
 
@@ -192,8 +192,8 @@ def _is_aux(e: ParamEntry) -> bool:
     nor are Gluon Constants (GluonCV's anchors), which refuse a grad_req with a warning."""
     owner = e.layer.owner if e.layer is not None else None
     if owner is not None:
-        return e.param.name in owner._cached_graph[1].list_auxiliary_states()
-    return not e.param._differentiable or isinstance(e.param, Constant)
+        return e.param.name in cached_symbol(owner).list_auxiliary_states()
+    return not is_differentiable(e.param) or isinstance(e.param, Constant)
 
 
 def make_plan(block: HybridBlock, rules: Iterable[RuleLike], *, epoch: int | None = None,
@@ -481,28 +481,12 @@ def apply_plan(block: HybridBlock, plan: Plan) -> None:
     graph_frozen: dict[int, tuple[SymbolBlock, dict[str, bool]]] = {}
     for layer, frozen in bn_layers.values():
         if layer.block is not None:
-            layer.block._kwargs["use_global_stats"] = frozen
+            set_op_kwarg(layer.block, "use_global_stats", frozen)
         elif layer.owner is not None:
             graph_frozen.setdefault(id(layer.owner), (layer.owner, {}))[1][layer.node] = frozen
     for owner, modes in graph_frozen.values():
-        _set_graph_bn(owner, modes)
-    _clear_cached(block)
-
-
-def _set_graph_bn(owner: SymbolBlock, modes: dict[str, bool]) -> None:
-    inputs, out = owner._cached_graph
-    graph = json.loads(out.tojson())
-    for node in graph["nodes"]:
-        if node["name"] in modes:
-            node.setdefault("attrs", {})["use_global_stats"] = str(modes[node["name"]])
-    new_out = mx.sym.load_json(json.dumps(graph))
-    owner._cached_graph = (inputs, new_out)
-
-
-def _clear_cached(block: HybridBlock) -> None:
-    block._clear_cached_op()
-    for child in block._children.values():
-        _clear_cached(child)
+        set_graph_bn_modes(owner, modes)
+    clear_cached_ops(block)
 
 
 def trainable_params(block: HybridBlock) -> dict[str, Parameter]:

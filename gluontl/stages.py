@@ -20,6 +20,7 @@ import mxnet as mx
 from mxnet.gluon import HybridBlock, SymbolBlock, nn
 
 from .errors import ModelSourceError, RuleError
+from .mxinternals import cached_graph, children, is_hybridized
 from .naming import graph_nodes, named_params
 from .recipe import HEAD, NECK, STEM
 
@@ -32,9 +33,9 @@ _FAMILY_MAPPERS: list[tuple[Callable[[HybridBlock], bool], StageMapper]] = []
 def trunk_units(net: HybridBlock) -> list[tuple[str, HybridBlock]]:
     """Top-level children, with plain Sequential containers opened one level."""
     out = []
-    for name, child in net._children.items():
-        if isinstance(child, (nn.HybridSequential, nn.Sequential)) and len(child._children) > 1:
-            out += [(f"{name}.{k}", c) for k, c in child._children.items()]
+    for name, child in children(net).items():
+        if isinstance(child, (nn.HybridSequential, nn.Sequential)) and len(children(child)) > 1:
+            out += [(f"{name}.{k}", c) for k, c in children(child).items()]
         else:
             out.append((name, child))
     return out
@@ -79,7 +80,7 @@ def stage_map(net: HybridBlock, input_shape: tuple[int, ...]) -> StageMap:
             out = output[0] if isinstance(output, (list, tuple)) else output
             shapes[name] = tuple(out.shape)
         hooks.append(unit.register_forward_hook(record))
-    active = net._active
+    active = is_hybridized(net)
     net.hybridize(False)
     try:
         with mx.autograd.predict_mode():
@@ -173,10 +174,10 @@ def graph_stage_map(net: SymbolBlock, input_shape: tuple[int, ...]) -> StageMap:
     repeated residual units instead, the layers before the first unit being the stem. Stages
     flow along data edges, not node order: a feature tap pooled for a new head must not turn
     the layers computed after it (in the file's order) into head layers."""
-    sym = net._cached_graph[1]
-    data_inputs = {s.name for s in net._cached_graph[0]}
+    inputs, sym = cached_graph(net)
+    data_inputs = {s.name for s in inputs}
     internals = sym.get_internals()
-    first = net._cached_graph[0][0].name
+    first = inputs[0].name
     _, out_shapes, _ = internals.infer_shape_partial(**{first: (1, *input_shape)})
     shape_by_name = dict(zip(internals.list_outputs(), out_shapes))
     nodes = graph_nodes(net)

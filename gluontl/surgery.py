@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import json
 from collections import Counter
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -41,6 +40,7 @@ import numpy as np
 from mxnet.gluon import HybridBlock, ParameterDict, SymbolBlock, nn
 
 from .errors import OnnxImportError, SurgeryError, short_reason
+from .mxinternals import cached_graph, children, graph_of, nodes_of, onnx_info, set_onnx_info, symbol_from
 from .recipe import HeadSpec, SurgerySpec, as_spec
 from .sources import INITS
 from .stages import trunk_units
@@ -128,10 +128,10 @@ class _Graph:
 
     def __init__(self, block: SymbolBlock) -> None:
         self.block = block
-        self.inputs, self.sym = block._cached_graph
-        self.info = getattr(block, "gluontl_onnx", None)
+        self.inputs, self.sym = cached_graph(block)
+        self.info = onnx_info(block)
         self.internals = self.sym.get_internals()
-        self.nodes = json.loads(self.sym.tojson())["nodes"]
+        self.nodes = nodes_of(self.sym)
         self.index = {n["name"]: i for i, n in enumerate(self.nodes)}
         self.entry: dict[str, tuple[int, int]] = {}  # output name -> (node index, output index)
         seen: Counter = Counter()
@@ -204,12 +204,12 @@ class _Graph:
         new = type(self.block)(out, self.inputs, params=shared)
         if self.info is not None:
             present = set(out.get_internals().list_outputs())
-            new.gluontl_onnx = dataclasses.replace(
+            set_onnx_info(new, dataclasses.replace(
                 self.info, outputs=tuple(ends) if ends is not None else self.info.outputs,
                 constants=frozenset(self.info.constants & set(new.params.keys())),
                 node_outputs={k: v for k, v in self.info.node_outputs.items() if v in present},
                 tensor_outputs={k: v for k, v in self.info.tensor_outputs.items() if v in present},
-                bypass=self.info.bypass + tuple(bypass), head=head)
+                bypass=self.info.bypass + tuple(bypass), head=head))
         return new
 
     def shapes(self, outs: Sequence[str], input_shape: Shape, what: str = "surgery",
@@ -251,9 +251,9 @@ class Trunk(HybridBlock):
             *parents, leaf = path.split(".")
             holder: HybridBlock = self
             for p in parents:
-                if p not in holder._children:
+                if p not in children(holder):
                     holder.register_child(nn.HybridSequential(prefix=""), p)
-                holder = holder._children[p]
+                holder = children(holder)[p]
             holder.register_child(block, leaf)
             if not parents:
                 self._chain.append(leaf)
@@ -267,15 +267,15 @@ class Trunk(HybridBlock):
         for path in self._paths:
             block: HybridBlock = self
             for p in path.split("."):
-                block = block._children[p]
+                block = children(block)[p]
             out.append((path, block))
         return out
 
     def _run(self, holder: HybridBlock, names: Iterable[str], x, prefix: str, feats: dict):
         for name in names:
-            path, child = prefix + name, holder._children[name]
+            path, child = prefix + name, children(holder)[name]
             if any(t.startswith(path + ".") for t in self.taps):
-                x = self._run(child, child._children, x, path + ".", feats)
+                x = self._run(child, children(child), x, path + ".", feats)
             else:
                 x = child(x)
             if path in self.taps:
@@ -330,7 +330,7 @@ def _paths(units: Sequence[tuple[str, HybridBlock]]) -> list[str]:
     def walk(path: str, block: HybridBlock) -> None:
         out.append(path)
         if _is_seq(block):
-            for k, c in block._children.items():
+            for k, c in children(block).items():
                 walk(f"{path}.{k}", c)
     for path, block in units:
         walk(path, block)
@@ -347,7 +347,7 @@ def _open(units: list[tuple[str, HybridBlock]], path: str, role: str) -> tuple[l
             if p == path:
                 return units, range(i, i + 1)
             if path.startswith(p + ".") and _is_seq(block):
-                units = units[:i] + [(f"{p}.{k}", c) for k, c in block._children.items()] + units[i + 1:]
+                units = units[:i] + [(f"{p}.{k}", c) for k, c in children(block).items()] + units[i + 1:]
                 break
         else:
             raise SurgeryError(f"{role} '{path}' is not a unit of this model (a top-level block, or a block "
@@ -425,11 +425,11 @@ def ignore(block: HybridBlock, names: Sequence[str], *, input_shape: Shape | Non
         for target in list(replace):  # ignoring a run of nodes: follow replacements through
             while replace[target] in replace:
                 replace[target] = replace[replace[target]]
-        graph = json.loads(g.sym.tojson())
+        graph = graph_of(g.sym)
         for node in graph["nodes"]:
             node["inputs"] = [[*replace.get(tuple(e[:2]), e[:2]), *e[2:]] for e in node["inputs"]]
         graph["heads"] = [[*replace.get(tuple(h[:2]), h[:2]), *h[2:]] for h in graph["heads"]]
-        sym = mx.sym.load_json(json.dumps(graph))
+        sym = symbol_from(graph)
         outs = [sym[i] for i in range(len(sym.list_outputs()))]
         new = g.rebuild(outs, bypass=bypass)
         if input_shape is not None:

@@ -39,7 +39,7 @@ def main() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import mxnet as mx
 
-    import gluontl.graphblock as graphblock
+    import gluontl.mxinternals.graphblock as graphblock
     from gluontl.errors import GluontlError
     from gluontl.export.exporters import export_block
     from gluontl.onnx import import_model, inspect_onnx

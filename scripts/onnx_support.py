@@ -105,7 +105,7 @@ def table(passed: dict[str, bool], typed: dict[str, bool], stored: dict[str, boo
         "folded weight chains (e.g. DequantizeLinear of int8 weights) become Gluon parameters "
         "named by their ONNX names; BatchNormalization statistics are auxiliary states. "
         "Scalars, integer tensors and folded shape values are never trainable; any that must "
-        "live in the graph have `grad_req='null'` and are listed in `block.gluontl_onnx.constants`.",
+        "live in the graph have `grad_req='null'` and are listed in `gluontl.mxinternals.onnx_info(block).constants`.",
         "- **Quantization.** QDQ models import as float: weights dequantize at import, "
         "activation QuantizeLinear/DequantizeLinear run as fake quantization with a "
         "straight-through gradient. QLinearConv, QLinearMatMul, ConvInteger and MatMulInteger "

@@ -20,6 +20,7 @@ from gluontl.adapters import adapters_of, add_lora, load_adapters, merge_adapter
 from gluontl.errors import AdapterError, RuleError
 from gluontl.export import export_onnx
 from gluontl.export.exporters import export_block
+from gluontl.mxinternals import lora_record, onnx_info
 from gluontl.naming import named_params
 from gluontl.recipe import as_rules, load_recipe
 from gluontl.rules import apply_plan, attach_adapters, format_plan, make_plan, trainable_params
@@ -108,8 +109,8 @@ def test_rule_errors_name_the_layer():
         make_plan(net, [{"match": "2.*", "adapter": LORA}])
 
 
-def _graph(sym) -> gluontl.graphblock.GraphBlock:
-    net = gluontl.graphblock.GraphBlock(sym, [mx.sym.var("data")])
+def _graph(sym) -> gluontl.mxinternals.graphblock.GraphBlock:
+    net = gluontl.mxinternals.graphblock.GraphBlock(sym, [mx.sym.var("data")])
     net.initialize()
     return net
 
@@ -392,7 +393,7 @@ def test_graph_model_equals_base_trains_adapters_and_exports_merged(tmp_path, ki
             assert rows[f"{name}.{f}.weight"].grad_req == "write"
             assert rows[f"{name}.{f}.weight"].global_name == f"{name}.{f}.weight"
     new_nodes = {n["name"] for n in json.loads(net._cached_graph[1].tojson())["nodes"]} - {
-        n["name"] for n in json.loads(net.gluontl_lora.base.tojson())["nodes"]}
+        n["name"] for n in json.loads(lora_record(net).base.tojson())["nodes"]}
     assert new_nodes == {f"{name}.{f}" for name in adapters_of(net) for f in (
         "lora_a", "lora_a.weight", "lora_b", "lora_b.weight", "lora_scale", "lora_sum",
         *(("lora_dropout",) if kind == "symbol" else ()))}  # named after the layer, none twice
@@ -409,7 +410,7 @@ def test_graph_model_equals_base_trains_adapters_and_exports_merged(tmp_path, ki
     names = {t.name for t in model.graph.initializer} | {v for n in model.graph.node for v in (*n.input, n.name)}
     assert not any("lora" in v for v in names)
     if kind != "symbol":  # the imported graph itself, patched: same nodes, merged values
-        source = onnx.load(net.gluontl_onnx.source)
+        source = onnx.load(onnx_info(net).source)
         assert [n.name for n in model.graph.node] == [n.name for n in source.graph.node]
     terms = int(np.prod(x.shape[1:])) * 9
     assert_f32_close(ort_run(folder / "m.onnx", x.asnumpy())[0], want, terms=terms, depth=3)
@@ -429,7 +430,7 @@ def test_adapters_added_twice_merge_into_the_base_graph(tmp_path):
         add_lora(twice, {"conv1": LORA})
     assert sorted(adapters_of(twice)) == ["conv1", "conv2"] and "conv2" not in adapters_of(once)
     merged = merge_adapters(twice)
-    assert merged._cached_graph[1].tojson() == base and merged.gluontl_onnx is net.gluontl_onnx
+    assert merged._cached_graph[1].tojson() == base and onnx_info(merged) is onnx_info(net)
 
 
 def test_onnx_matmul_merge_is_transposed_into_the_onnx_weight(tmp_path):
@@ -459,10 +460,10 @@ def test_onnx_model_with_a_new_head_exports_the_merged_head(tmp_path):
     path = export_onnx(net, tmp_path / "m.onnx")
     assert not any("lora" in t.name for t in onnx.load(str(path)).graph.initializer)
     assert_f32_close(ort_run(path, x.asnumpy())[0], _predict(net, x), terms=27 * 8, depth=2)
-    assert merge_adapters(net).gluontl_onnx.head is not net.gluontl_onnx.head  # merged values in a copy
+    assert onnx_info(merge_adapters(net)).head is not onnx_info(net).head  # merged values in a copy
     graph_only = add_lora(attach_head(cut_at(gluontl.load_model(_onnx_file(tmp_path, "conv")), "relu1"),
                                       {"classes": 3}, (3, 8, 8)), {"conv1": LORA})
-    assert merge_adapters(graph_only).gluontl_onnx is graph_only.gluontl_onnx  # no head value changed
+    assert onnx_info(merge_adapters(graph_only)) is onnx_info(graph_only)  # no head value changed
 
 
 # ----------------------------------------------------------------- a tiny Gluon model (fast: the mutation tests')

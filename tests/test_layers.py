@@ -17,7 +17,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "gluontl"
 LAYERS = ("base", "model I/O", "model ops", "data", "tasks", "engine", "front doors")
 PLACES = {  # dotted prefix → layer; the longest matching prefix wins
     "gluontl.errors": 0, "gluontl.naming": 0, "gluontl.atomic": 0, "gluontl.threads": 0,
-    "gluontl.npcompat": 0, "gluontl.graphblock": 0, "gluontl.deploy_preprocess": 0,
+    "gluontl.npcompat": 0, "gluontl.deploy_preprocess": 0,
+    "gluontl.mxinternals": 0,  # the one door to MXNet's internals: symbol JSON, Gluon privates, per-block state
     "gluontl.home": 0, "gluontl.runfolder": 0,  # $GLUONTL_HOME; a run folder's checkpoints as read back
     "gluontl.readers": 0,  # the reading policy: safe bounded YAML, JSON, JSON lines; non-UTF-8 names
     "gluontl.zoo": 0,  # the zoo's names and input sizes: a catalogue the recipe schema reads
@@ -191,3 +192,110 @@ def test_known_violations_only_shrink():
     gone = ([sorted(c) for c in KNOWN_CYCLES - set(cycles())] + sorted(KNOWN_PRIVATE - private_imports())
             + sorted(KNOWN_UPWARD - upward_imports()))
     assert not gone, f"no longer occur, remove from (or shrink in) KNOWN_*: {gone}"
+
+
+# ============================================================================ the one door to MXNet (issue 32)
+
+DOOR = "gluontl.mxinternals"
+# Private names of MXNet, Gluon and GluonCV objects that gluontl reaches: only the door names them (any
+# other foreign private name, ``_cached_op`` say, fails test_no_new_foreign_private_outside_the_door).
+MX_PRIVATE = frozenset({
+    "_cached_graph", "_clear_cached_op", "_call_cached_op", "_active",  # hybridize
+    "_children", "_reg_params", "_params", "_kwargs", "_op_name", "_units", "_flatten", "_differentiable",
+    "_trainer", "_collect_params_with_prefix", "_Conv", "_RNNLayer", "_dataset",  # blocks, parameters
+    "_params_to_init", "_kv_initialized", "_init_kvstore", "_init_params", "_updaters", "_update_on_kvstore",
+    "_kvstore", "_optimizer", "_all_index_update_counts", "_index_update_count", "_update_count", "_get_lr",
+    "_get_wd",  # Trainer, Optimizer
+    "_im_size", "_sizes", "_ratios", "_generate_anchors",  # GluonCV's SSD anchor generator
+})
+# Calls that read or write symbol JSON; ``Symbol.save`` and ``mx.sym.load`` (files) stay public.
+SYMBOL_JSON = frozenset({"tojson", "load_json"})
+# Underscore names that are public Python API.
+PUBLIC_UNDERSCORE = frozenset({"_exit", "_replace", "_asdict", "_fields", "_make"})
+# MXNet registers its scalar operators (``_plus_scalar``...) only under this namespace; they are ops,
+# named so in symbol JSON too, not attributes of an object.
+OPERATOR_NAMESPACES = frozenset({"mx.sym._internal", "mx.nd._internal"})
+
+# Uses outside the door, ``module: name``; entries leave, none arrive (a stale one fails too).
+KNOWN_MX_PRIVATE: set[str] = set()
+# Other private names of foreign packages (not defined anywhere in gluontl outside the door), and why they stay.
+KNOWN_FOREIGN_PRIVATE: set[str] = {
+    # MXNet's recordio header format: npcompat's numpy-2 copy of recordio.pack needs it, and npcompat
+    # runs before MXNet is imported (the door imports MXNet), so it cannot ask the door
+    "gluontl.npcompat: _IR_FORMAT",
+    "gluontl.onnx.importer: _get_all_tensors",  # the onnx package's, not MXNet's
+}
+
+
+def outside_door() -> list[str]:
+    return [m for m in modules() if m != DOOR and not m.startswith(DOOR + ".")]
+
+
+def attributes(module: str) -> list[ast.Attribute]:
+    return [n for n in ast.walk(tree(module)) if isinstance(n, ast.Attribute)]
+
+
+def mx_private_uses() -> set[str]:
+    """``module: name`` for each MXNet private name, symbol-JSON call or per-block state attribute
+    (``gluontl_*``: the door's BlockState carries it) used outside the door."""
+    return {f"{m}: {a.attr}" for m in outside_door() for a in attributes(m)
+            if a.attr in MX_PRIVATE | SYMBOL_JSON or a.attr.startswith(("gluontl_", "_gluontl_"))}
+
+
+@functools.cache
+def gluontl_names() -> frozenset[str]:
+    """Every name gluontl outside the door defines: functions, classes, methods, assigned names and attributes."""
+    out = set()
+    for m in outside_door():
+        for n in ast.walk(tree(m)):
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                out.add(n.name)
+            elif isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                for t in n.targets if isinstance(n, ast.Assign) else [n.target]:
+                    out |= {x.attr for x in ast.walk(t) if isinstance(x, ast.Attribute)}
+                    out |= {x.id for x in ast.walk(t) if isinstance(x, ast.Name)}
+            elif isinstance(n, ast.alias):
+                out.add((n.asname or n.name).split(".")[0])
+    return frozenset(out)
+
+
+def foreign_private_uses() -> set[str]:
+    """``module: name`` for each ``x._name`` outside the door where gluontl defines no ``_name``: another
+    package's private, which an upgrade may change without notice."""
+    found = set()
+    for m in outside_door():
+        ops = {t.id for n in ast.walk(tree(m)) if isinstance(n, ast.Assign) and ast.unparse(n.value) in OPERATOR_NAMESPACES
+               for t in n.targets if isinstance(t, ast.Name)}
+        for a in attributes(m):
+            if not a.attr.startswith("_") or a.attr.startswith("__") or a.attr in PUBLIC_UNDERSCORE:
+                continue
+            if ast.unparse(a) in OPERATOR_NAMESPACES or ast.unparse(a.value) in OPERATOR_NAMESPACES | ops:
+                continue
+            if a.attr not in gluontl_names() and a.attr not in MX_PRIVATE:
+                found.add(f"{m}: {a.attr}")
+    return found
+
+
+def test_mxnet_privates_only_through_the_door():
+    """Gluon's private attributes, symbol JSON and per-block state are the door's (gluontl.mxinternals):
+    call its named functions instead."""
+    new = mx_private_uses() - KNOWN_MX_PRIVATE
+    assert not new, sorted(new)
+
+
+def test_no_new_foreign_private_outside_the_door():
+    """A private name of MXNet (or another package) not in MX_PRIVATE yet: give the door a function for it,
+    add the name to MX_PRIVATE."""
+    new = foreign_private_uses() - KNOWN_FOREIGN_PRIVATE
+    assert not new, sorted(new)
+
+
+def test_door_allow_lists_only_shrink():
+    gone = sorted(KNOWN_MX_PRIVATE - mx_private_uses()) + sorted(KNOWN_FOREIGN_PRIVATE - foreign_private_uses())
+    assert not gone, f"no longer occur, remove from KNOWN_MX_PRIVATE / KNOWN_FOREIGN_PRIVATE: {gone}"
+
+
+def test_the_door_names_what_it_guards():
+    """Each MX_PRIVATE name is used in the door (a name nothing reaches any more leaves the list)."""
+    inside = {a.attr for m in modules() if m == DOOR or m.startswith(DOOR + ".") for a in attributes(m)}
+    assert MX_PRIVATE | SYMBOL_JSON <= inside, sorted((MX_PRIVATE | SYMBOL_JSON) - inside)

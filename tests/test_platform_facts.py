@@ -5,6 +5,7 @@ Each test says which code relies on the fact. Measured on MXNet 1.9.1 (oneDNN 2.
 """
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import sys
@@ -57,7 +58,7 @@ def test_batchnorm_statistics_move_in_backward_not_in_forward(hybrid):
 
 @pytest.mark.parametrize("static", [False, True])
 def test_batchnorm_mode_is_baked_into_the_cached_graph(static):
-    """gluontl.rules.apply_plan drops cached graphs after setting ``use_global_stats``: a
+    """gluontl.rules.apply_plan drops cached graphs after setting ``use_global_stats`` (mxinternals.clear_cached_ops): a
     hybridized block keeps the BN mode it was traced with until its graph is rebuilt."""
     for rebuild in (False, True):
         net = _conv_bn_dense()
@@ -131,7 +132,7 @@ def test_mx_onnx_lists_weights_as_graph_inputs(tmp_path):
 
 
 def test_symbolblock_imports_leaves_parameter_shape_none(tmp_path):
-    """gluontl.naming.shape_of reads the shape from the loaded data: SymbolBlock.imports
+    """gluontl.mxinternals.param_shape reads the shape from the loaded data: SymbolBlock.imports
     loads the arrays into parameters whose ``shape`` stays None."""
     net, sym, params = _export(tmp_path)
     block = mx.gluon.SymbolBlock.imports(str(sym), ["data"], str(params))
@@ -144,7 +145,7 @@ def test_symbolblock_imports_leaves_parameter_shape_none(tmp_path):
 
 
 def test_reshape_backward_hands_a_blocked_gradient_to_transpose_which_fails():
-    """gluontl/onnx/layout.py copies the input of every convolution fed by a reshape: the
+    """gluontl/mxinternals/plain_grad.py copies the input of every convolution fed by a reshape: the
     convolution's input gradient comes out in oneDNN's blocked layout, ``_backward_reshape``
     hands it on in place under the reshaped dims, and the oneDNN transpose behind it cannot
     build the reorder. When this stops failing, the copy can go."""
@@ -159,6 +160,140 @@ def test_reshape_backward_hands_a_blocked_gradient_to_transpose_which_fails():
     y.backward()
     with pytest.raises(mx.base.MXNetError, match="could not create a primitive descriptor for a reorder"):
         xn.grad.asnumpy()
+
+
+# ============================================================================ what gluontl.mxinternals relies on
+
+def test_children_and_own_params_are_ordered_tables_of_the_objects():
+    """mxinternals.children, own_params, op_kwargs, conv_op_name, dense_args, is_hybridized (and
+    surgery's unit paths, naming's structural names): ``_children`` maps attribute names to the
+    blocks themselves (not weak references) in registration order, ``_reg_params`` a block's own
+    parameters by attribute name, ``_kwargs`` a layer's operator arguments."""
+    net = _conv_bn_dense()
+    assert isinstance(net._children, dict) and list(net._children) == ["0", "1", "2"]
+    assert all(net._children[k] is net[int(k)] for k in "012")
+    assert list(net[0]._reg_params) == ["weight", "bias"] and net[0]._reg_params["weight"] is net[0].weight
+    assert not net._reg_params and net[1]._reg_params["running_mean"] is net[1].running_mean
+    conv, dense = net[0], net[2]
+    assert (conv._op_name, conv._kwargs["num_group"], conv._kwargs["layout"]) == ("Convolution", 1, "NCHW")
+    assert (dense._units, dense._flatten) == (2, True)
+    assert isinstance(conv, mx.gluon.nn.conv_layers._Conv)
+    assert isinstance(mx.gluon.rnn.LSTM(4), mx.gluon.rnn.rnn_layer._RNNLayer)
+    assert not net._active
+    net.hybridize()
+    assert net._active
+    net.hybridize(False)
+    assert not net._active
+
+
+def test_symbolblock_runs_its_cached_op_until_cleared():
+    """mxinternals.cached_graph, replace_cached_graph and set_graph_bn_modes: a SymbolBlock's
+    ``_cached_graph`` is ``(input variables, output symbol)`` from construction on, and a
+    hybridized block keeps running the graph it built its cached op from until that is cleared."""
+    data = mx.sym.var("data")
+    doubled = data * 2
+    block = mx.gluon.SymbolBlock(doubled, [data])
+    inputs, out = block._cached_graph
+    assert [s.name for s in inputs] == ["data"] and out.tojson() == doubled.tojson()
+    block.hybridize()
+    x = mx.nd.ones((1, 2))
+    assert block(x).asnumpy().tolist() == [[2, 2]]
+    block._cached_graph = (inputs, data * 3)
+    assert block(x).asnumpy().tolist() == [[2, 2]], "the old cached op no longer runs: clearing is not needed"
+    block._clear_cached_op()
+    assert block(x).asnumpy().tolist() == [[3, 3]]
+
+
+def test_parameterdict_table_and_why_put_param_bypasses_update():
+    """mxinternals.param_table and put_param: ``ParameterDict._params`` is the table behind it
+    (full names, no prefix applied); ``update`` refuses a name it holds with another Parameter."""
+    held = mx.gluon.ParameterDict("p_")
+    w = held.get("w", shape=(1,))
+    assert dict(held._params) == {"p_w": w}
+    other = mx.gluon.ParameterDict()
+    other._params["p_w"] = mx.gluon.Parameter("p_w", shape=(1,))
+    with pytest.raises(AssertionError, match="different Parameters with the same name"):
+        held.update(other)
+    new = mx.gluon.Parameter("merged", shape=(1,))
+    held._params["merged"] = new
+    assert held["merged"] is new and dict(held.items())["merged"] is new
+    assert not mx.gluon.Parameter("c", shape=(1,), differentiable=False)._differentiable  # is_differentiable
+
+
+def test_parameter_data_is_a_list_per_context():
+    """mxinternals.param_shape: ``Parameter._data`` is None before initialization, then one array per context."""
+    p = mx.gluon.Parameter("w", shape=(2, 3))
+    assert p._data is None
+    p.initialize(ctx=[mx.cpu(0), mx.cpu(1)])
+    assert [a.shape for a in p._data] == [(2, 3), (2, 3)]
+
+
+def test_deepcopy_of_a_block_needs_its_cached_op_cleared():
+    """mxinternals.copy_block clears cached ops first: a cached op holds C pointers."""
+    net = _conv_bn_dense()
+    net.hybridize()
+    net(_x())
+    with pytest.raises(ValueError, match="pointers cannot be pickled"):
+        copy.deepcopy(net)
+    net.apply(lambda b: b._clear_cached_op())
+    twin = copy.deepcopy(net)
+    assert np.array_equal(twin(_x()).asnumpy(), net(_x()).asnumpy())
+    assert twin[0].weight is not net[0].weight
+
+
+@pytest.mark.parametrize("name", ["conv_é→", 'a"b\\c', "tab\tname"])
+def test_symbol_json_reader_takes_utf8_but_no_u_escape(name):
+    """mxinternals.symjson writes with ``ensure_ascii=False``: MXNet's JSON reader (dmlc-core)
+    rejects ``\\uXXXX`` escapes (Python's default for non-ASCII), and reads UTF-8 text and the
+    other escapes (quote, backslash, tab) as JSON means them."""
+    import json
+
+    graph = json.loads(mx.sym.FullyConnected(mx.sym.var("data"), num_hidden=2, name=name).tojson())
+    assert graph["nodes"][-1]["name"] == name
+    back = mx.sym.load_json(json.dumps(graph, ensure_ascii=False))
+    assert back.list_arguments() == ["data", f"{name}_weight", f"{name}_bias"]
+    if not name.isascii():
+        with pytest.raises(mx.base.MXNetError, match="unknown string escape"):
+            mx.sym.load_json(json.dumps(graph))
+
+
+def test_trainer_sets_up_its_kvstore_and_updaters_lazily():
+    """mxinternals.trainer: a Trainer creates its kvstore and copies parameters to it at the first
+    step (``_init_kvstore``, ``_init_params``); its ``_params`` are in the order given (the optimizer
+    state's indices); with one context and no kvstore the updaters are ``_updaters``, one per
+    context; device 0's update counts are the table the optimizer counts on."""
+    net = _conv_bn_dense()
+    params = list(net.collect_params().values())
+    trainer = mx.gluon.Trainer(params, "sgd", {"momentum": 0.9})
+    assert trainer._params == params and not trainer._kv_initialized and trainer._params_to_init == params
+    trainer._init_kvstore()
+    trainer._init_params()
+    assert trainer._kv_initialized and not trainer._params_to_init
+    assert not trainer._update_on_kvstore and len(trainer._updaters) == 1
+    opt = trainer._optimizer
+    assert isinstance(opt, mx.optimizer.SGD) and opt._all_index_update_counts[0] is opt._index_update_count
+    opt._update_count(0)
+    assert opt._index_update_count[0] == 1 and opt._get_lr(0) == opt.learning_rate
+
+
+def test_dataloader_keeps_its_dataset():
+    """mxinternals.loader_dataset: Gluon's DataLoader keeps the dataset it was given as ``_dataset``."""
+    dataset = mx.gluon.data.ArrayDataset(np.arange(6))
+    assert mx.gluon.data.DataLoader(dataset, batch_size=2)._dataset is dataset
+
+
+def test_gluoncv_ssd_anchor_generator_remakes_its_anchors():
+    """mxinternals.gluoncv (detect.models.fit_ssd_anchors): an SSDAnchorGenerator keeps its base
+    size, its two sizes as (s0, sqrt(s0 s1)) and its ratios, and ``_generate_anchors`` with them and
+    its step gives its anchors."""
+    from gluoncv.model_zoo.ssd.anchor import SSDAnchorGenerator
+
+    gen = SSDAnchorGenerator(0, (300, 300), (30, 60), (1, 2, 0.5), 8, alloc_size=(4, 4))
+    gen.initialize()
+    assert (tuple(gen._im_size), tuple(gen._ratios)) == ((300, 300), (1, 2, 0.5))
+    assert tuple(gen._sizes) == (30, pytest.approx(np.sqrt(30 * 60), rel=1e-12))
+    again = gen._generate_anchors(gen._sizes, gen._ratios, 8, (4, 4), (0.5, 0.5))
+    assert np.array_equal(np.asarray(again, np.float32), gen.anchors.data().asnumpy())  # stored as float32
 
 
 def _python(code: str, **env) -> subprocess.CompletedProcess:

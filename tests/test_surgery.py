@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 from gluontl.cli import app
 from gluontl.errors import RecipeError, SurgeryError
 from gluontl.export import export_onnx
+from gluontl.mxinternals import onnx_info
 from gluontl.naming import named_params
 from gluontl.onnx import import_model
 from gluontl.pipeline import prepare
@@ -390,7 +391,7 @@ def test_onnx_cut_matches_onnxruntime(build, cut, tensor):
     kept = set(out.params.keys())
     assert kept == _same_objects(out, block) and kept < set(block.params.keys())
     assert not kept & {"fc.weight", "fc_0.w_0"}
-    assert out.gluontl_onnx.outputs == (tensor,)  # the ONNX tensor the exported graph will end at
+    assert onnx_info(out).outputs == (tensor,)  # the ONNX tensor the exported graph will end at
     _bn_frozen_takes_effect(out)  # the BatchNormalization before the cut, rewritten in the new graph
 
 

@@ -36,6 +36,7 @@ from mxnet.gluon import HybridBlock
 
 from ..atomic import atomic_write, write_text
 from ..errors import TrainError
+from ..mxinternals import clear_cached_op, loader_dataset
 from ..naming import named_params
 from ..readers import name_bytes, read_json
 from ..recipe import Recipe, TrainSpec, TransformSpec
@@ -172,7 +173,7 @@ class FeatureCache:
 
     def complete(self) -> bool:
         """Whether every view and val are in the run folder under this cache's record."""
-        train, val = len(self.loaders.train._dataset), len(self.loaders.val._dataset)
+        train, val = len(loader_dataset(self.loaders.train)), len(loader_dataset(self.loaders.val))
         return all(self._on_file(f"train view {v}", train) is not None for v in range(self.views)) \
             and self._on_file("val", val) is not None
 
@@ -224,13 +225,13 @@ class FeatureCache:
         """Compute the view epoch ``epoch`` trains on, if not yet done (before its progress bar)."""
         v = epoch % self.views
         if v not in self.train:
-            ds = self.loaders.train._dataset
+            ds = loader_dataset(self.loaders.train)
             self.train[v] = self._fill(ds, [(i, v) for i in range(len(ds))], f"train view {v}")
 
     def train_batches(self, epoch: int, skip: int) -> Iterator[tuple[mx.nd.NDArray, mx.nd.NDArray]]:
         """The batches of ``epoch`` in the loader's order, as (features, labels)."""
         self.prepare(epoch)
-        feats, labels = self.train[epoch % self.views], self.loaders.train._dataset.labels
+        feats, labels = self.train[epoch % self.views], loader_dataset(self.loaders.train).labels
         sampler: EpochSampler = self.loaders.train_sampler
         sampler.set_epoch(epoch)
         sampler.skip(skip)
@@ -239,7 +240,7 @@ class FeatureCache:
             yield mx.nd.array(feats[idx], dtype=np.float32), mx.nd.array(labels[idx], dtype=np.float32)
 
     def val_batches(self) -> Iterator[tuple[mx.nd.NDArray, mx.nd.NDArray]]:
-        ds = self.loaders.val._dataset
+        ds = loader_dataset(self.loaders.val)
         if self.val is None:
             self.val = self._fill(ds, list(range(len(ds))), "val")
         return feature_batches(self.val, ds.labels, self.batch_size)
@@ -352,16 +353,16 @@ def build_feed(net: HybridBlock, plan: Plan, recipe: Recipe, loaders: Loaders, c
     t = recipe.train
     split = split_frozen_prefix(net, plan, recipe.model.input_shape, ctx)
     if previous is not None and previous.boundary == split.boundary:
-        previous.net._clear_cached_op()  # traced with the old grad_req
+        clear_cached_op(previous.net)  # traced with the old grad_req
         return previous
-    train_ds = loaders.train._dataset
+    train_ds = loader_dataset(loaders.train)
     decision = decide(t, split, recipe.data.train_transform)
     probe = np.stack([train_ds[(i, 0)][0] for i in range(min(recipe.data.batch_size, len(train_ds)))])
     if split.prefix is not None:
         with autograd.predict_mode():
             one = split.prefix(mx.nd.array(probe[:1], ctx=ctx))
     if decision.train:
-        decision = _check_room(decision, t, one.size, len(train_ds) * decision.views + len(loaders.val._dataset),
+        decision = _check_room(decision, t, one.size, len(train_ds) * decision.views + len(loader_dataset(loaders.val)),
                                folder)
     per_step = t.prefix_engine.startswith("onnxruntime") or (t.prefix_engine == "auto" and t.cache_features != "off")
     use_engine = split.prefix is not None and (decision.train or per_step)
@@ -372,7 +373,7 @@ def build_feed(net: HybridBlock, plan: Plan, recipe: Recipe, loaders: Loaders, c
         split.suffix.hybridize(static_alloc=True, static_shape=True)
     # per step, onnxruntime must clearly beat MXNet's own step, which skips backward through the prefix
     # val transforms are deterministic, so val features are cached whenever the suffix trains
-    float_key = cache_key(recipe, split, one.shape[1:], train_ds, loaders.val._dataset)
+    float_key = cache_key(recipe, split, one.shape[1:], train_ds, loader_dataset(loaders.val))
     cache = FeatureCache(None, loaders, max(decision.views, 1), t, folder, recipe.data.batch_size,
                          recipe.data.workers, quiet, float_key)
     made_by = _complete_under(cache, [float_key] + [{**float_key, **Int8Engine.key_for(reduce)} for reduce in

@@ -29,6 +29,7 @@ from mxnet.gluon import HybridBlock
 
 from ..atomic import atomic_write, link_or_copy, write_text
 from ..errors import TrainError, short_reason
+from ..mxinternals import set_update_counts, trainer_optimizer, trainer_params, trainer_updaters, update_counts
 from ..naming import named_params
 from ..readers import read_json
 from ..runfolder import RunFolder, checkpoint_files, file_sha256, read_checkpoint as load  # load: the resume's read
@@ -122,27 +123,16 @@ def _load_arrays(path: Path) -> dict[str, mx.nd.NDArray]:
     return arrays
 
 
-def _updaters(trainer: mx.gluon.Trainer) -> list:
-    """The ``Updater`` objects holding the optimizer state: one per context, or the local
-    kvstore's when it updates (several contexts). Private API of MXNet 1.9.1 (pinned), set up as
-    ``Trainer.save_states``/``load_states`` set it up."""
-    if not trainer._kv_initialized:
-        trainer._init_kvstore()
-    if trainer._params_to_init:
-        trainer._init_params()
-    return [trainer._kvstore._updater] if trainer._update_on_kvstore else trainer._updaters
-
-
 def _optimizer_name(trainer: mx.gluon.Trainer) -> str:
-    return type(trainer._optimizer).__name__.lower()
+    return type(trainer_optimizer(trainer)).__name__.lower()
 
 
 def optimizer_state(trainer: mx.gluon.Trainer) -> tuple[dict[str, mx.nd.NDArray], dict[str, Any]]:
     """The first updater's state (``Trainer.save_states`` saves that one too) as named CPU arrays,
     and the JSON record that puts them back: per parameter index, an array's name, None (no
     state, e.g. SGD without momentum) or a list of those (Adam's mean and variance)."""
-    updater = _updaters(trainer)[0]
-    opt = trainer._optimizer
+    updater = trainer_updaters(trainer)[0]
+    opt = trainer_optimizer(trainer)
     arrays: dict[str, mx.nd.NDArray] = {}
 
     def flat(state: Any, key: str) -> Any:
@@ -157,7 +147,7 @@ def optimizer_state(trainer: mx.gluon.Trainer) -> tuple[dict[str, mx.nd.NDArray]
                          f"which gluontl cannot checkpoint; use train.optimizer sgd, nag, adam or adamw.")
 
     states = {str(i): flat(s, str(i)) for i, s in sorted(updater.states.items())}
-    counts = {str(dev): {str(i): n for i, n in sorted(c.items())} for dev, c in opt._all_index_update_counts.items()}
+    counts = {str(dev): {str(i): n for i, n in sorted(c.items())} for dev, c in update_counts(opt).items()}
     return arrays, {"format": 1, "optimizer": _optimizer_name(trainer), "num_update": opt.num_update,
                     "update_counts": counts, "states": states}
 
@@ -182,7 +172,7 @@ def _checked_optimizer(trainer: mx.gluon.Trainer, record: dict[str, Any], arrays
             raise bad(f"names parameter index {k!r:.40}, but the trainer has {len(params)} parameters")
         return int(k)
 
-    params = trainer._params
+    params = trainer_params(trainer)
     name = _optimizer_name(trainer)
     if record.get("format") != 1 or record.get("optimizer") != name:
         raise bad(f"is for optimizer {record.get('optimizer')!r:.40} (format {record.get('format')!r:.20}) where "
@@ -217,13 +207,12 @@ def _checked_optimizer(trainer: mx.gluon.Trainer, record: dict[str, Any], arrays
 def _put_optimizer(trainer: mx.gluon.Trainer, loaded: dict[int, Any], devices: dict[int, dict[int, int]],
                    num_update: int) -> None:
     """The checked state into ``trainer``, so its next step is the one the saved trainer would take."""
-    for updater in _updaters(trainer):  # each context's updater its own copies, as load_states
+    for updater in trainer_updaters(trainer):  # each context's updater its own copies, as load_states
         updater.states = {i: _copy(s) for i, s in loaded.items()}
         updater.states_synced = dict.fromkeys(loaded, False)  # moved to each weight's context on first use
-    opt = trainer._optimizer
+    opt = trainer_optimizer(trainer)
     opt.num_update = num_update
-    opt._all_index_update_counts = devices
-    opt._index_update_count = devices.setdefault(0, {})
+    set_update_counts(opt, devices)
 
 
 def _copy(state: Any) -> Any:

@@ -25,6 +25,7 @@ from mxnet.gluon import HybridBlock
 from ..atomic import write_text
 from ..console import show
 from ..errors import TrainError
+from ..mxinternals import loader_dataset
 from ..naming import named_params
 from ..readers import read_json
 from ..pipeline import Prepared
@@ -170,7 +171,7 @@ def check_features(recipe: Recipe, net: HybridBlock, plan: Plan, loaders: Loader
     if recipe.train.guards.collapsed_features == "off":  # spare the forward passes
         return []
     split = split_frozen_prefix(net, plan, recipe.model.input_shape, ctx)
-    ds = loaders.train._dataset
+    ds = loader_dataset(loaders.train)
     order = loaders.train_sampler.order(0)[:min(recipe.data.batch_size, CHECK_IMAGES)]
     x = np.stack([ds[(int(i), 0)][0] for i in order])
     with autograd.predict_mode():

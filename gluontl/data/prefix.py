@@ -10,7 +10,6 @@ is checked numerically, not assumed.
 """
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import tempfile
@@ -25,6 +24,7 @@ from mxnet import autograd
 from mxnet.gluon import HybridBlock, SymbolBlock, nn
 
 from ..errors import DataError, TrainError, short_reason
+from ..mxinternals import cached_graph, children, graph_of, symbol_from
 from ..rules import Plan
 from ..stages import trunk_units
 
@@ -63,7 +63,7 @@ def _chain(blocks: list[HybridBlock]) -> nn.HybridSequential:
 
 
 def _has_dropout(block: HybridBlock) -> bool:
-    return isinstance(block, nn.Dropout) or any(_has_dropout(c) for c in block._children.values())
+    return isinstance(block, nn.Dropout) or any(_has_dropout(c) for c in children(block).values())
 
 
 def _live(unit: str, block: HybridBlock, plan: Plan) -> str | None:
@@ -126,12 +126,12 @@ def _check(net: HybridBlock, split: Split, input_shape: tuple[int, ...], ctx: mx
 def _split_graph(net: SymbolBlock, plan: Plan) -> Split:
     """Cut an imported graph after the last frozen node that every trainable node depends on
     (a dominator of the trainable part, seen from the data input)."""
-    inputs, sym = net._cached_graph
+    inputs, sym = cached_graph(net)
     whole = Split(None, net, None, "")
     if len(inputs) != 1:
         whole.reason = "graphs with several inputs are not split"
         return whole
-    graph = json.loads(sym.tojson())
+    graph = graph_of(sym)
     nodes, heads = graph["nodes"], [h[0] for h in graph["heads"]]
     trainable = {r.global_name: r.name for r in plan.rows if r.trainable}  # the graph's names → the plan's
     bn_train = {r.layer for r in plan.rows if r.bn == "train"}
@@ -171,7 +171,7 @@ def _split_graph(net: SymbolBlock, plan: Plan) -> Split:
         nodes[c] = {"op": "null", "name": _FEATURES, "inputs": []}
         graph["arg_nodes"] = sorted(set(graph["arg_nodes"]) | {c})
         graph.pop("node_row_ptr", None)
-        suffix_sym = mx.sym.load_json(json.dumps(graph))
+        suffix_sym = symbol_from(graph)
         params = net.collect_params()
         first = next((why[i] for i in sorted(why)), "the rest trains")
         return Split(SymbolBlock(prefix_sym, mx.sym.var(inputs[0].name, dtype="float32"), params=params),

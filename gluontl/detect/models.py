@@ -28,6 +28,7 @@ import numpy as np
 from mxnet.gluon import HybridBlock
 
 from ..errors import ModelSourceError, RestoreError
+from ..mxinternals import clear_cached_op, collect_params_by_path, set_loaded_names, ssd_anchor_geometry, ssd_anchors
 from ..naming import named_params, shape_of
 from ..recipe import Recipe
 from ..sources import ZooInit, zoo_block, materialize
@@ -97,7 +98,7 @@ def build_detector(recipe: Recipe, classes: list[str], ctx: mx.Context | None = 
         small_heads(net)
     if fam == "ssd" and spec.anchors == "fit":
         fit_ssd_anchors(net, spec.input_shape)
-    net._gluontl_loaded = loaded  # what came with the backbone source, for the guards (tasks.detection)
+    set_loaded_names(net, loaded)  # what came with the backbone source, for the guards (tasks.detection)
     kind = spec.restore.type or ("detection" if spec.weights else "none")
     if spec.restore.reuse and kind != "detection":
         raise RestoreError(f"model.restore.reuse copies class rows of a detector file, which only "
@@ -126,12 +127,13 @@ def fit_ssd_anchors(net: HybridBlock, input_shape: tuple[int, ...]) -> None:
     with mx.autograd.train_mode():
         maps = [f.shape[2] for f in net.features(mx.nd.zeros((1, *input_shape), ctx=ctx))]
     for gen, rows in zip(net.anchor_generators, maps):
-        scale = height / gen._im_size[0]
+        im_size, base_sizes, ratios = ssd_anchor_geometry(gen)
+        scale = height / im_size[0]
         alloc = gen.anchors.shape[2:4]
-        sizes = tuple(s * scale for s in gen._sizes)
-        anchors = gen._generate_anchors(sizes, gen._ratios, height / rows, alloc, (0.5, 0.5))
+        sizes = tuple(s * scale for s in base_sizes)
+        anchors = ssd_anchors(gen, sizes, ratios, height / rows, alloc, (0.5, 0.5))
         gen.anchors.set_data(mx.nd.array(anchors, ctx=ctx, dtype=gen.anchors.dtype))
-    net._clear_cached_op()
+    clear_cached_op(net)
 
 
 def _ssd_on(spec, classes: list[str], ctx: mx.Context) -> tuple[HybridBlock, set[str]]:
@@ -215,7 +217,7 @@ def restore_detector(net: HybridBlock, fam: str, weights: str, kind: str, classe
     skip = BUFFERS[fam] + (HEADS[fam] if kind == "classification" else ())
     # Gluon's save_parameters (GluonCV's scripts and zoo files) names SSD's feature SymbolBlock
     # parameters without its prefix ("features.expand_bn0_beta", not "features.ssd0_expand_bn0_beta").
-    saved = {id(p): k for k, p in net._collect_params_with_prefix().items()}
+    saved = {id(p): k for k, p in collect_params_by_path(net).items()}
     used = set()
     for name, e in entries.items():
         if any(fnmatch.fnmatchcase(name, g) for g in skip):

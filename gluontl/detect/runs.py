@@ -11,6 +11,7 @@ import numpy as np
 from mxnet import autograd
 
 from ..errors import ExportError, TrainError, short_reason
+from ..mxinternals import clear_cached_op
 from ..recipe import Recipe
 from ..runfolder import RunFolder
 from ..tasks import split as split_batch
@@ -69,7 +70,7 @@ def evaluate(run_dir: str | Path, recipe: Recipe, net, split: str = "val") -> di
 def predict_batches(net, batches, ctxs) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Per image: detections ``(K, 6)`` [class, score, x1, y1, x2, y2] and ground truth ``(N, 6)``
     (padding rows removed), both in network-input pixels."""
-    net._clear_cached_op()
+    clear_cached_op(net)
     dets, gts = [], []
     try:
         with autograd.predict_mode():
@@ -81,7 +82,7 @@ def predict_batches(net, batches, ctxs) -> tuple[list[np.ndarray], list[np.ndarr
                         dets.append(d[d[:, 0] >= 0])
                         gts.append(g[g[:, 4] >= 0])
     finally:
-        net._clear_cached_op()
+        clear_cached_op(net)
     return dets, gts
 
 

@@ -29,6 +29,7 @@ import numpy as np
 from mxnet import gluon
 
 from ..errors import TrainError
+from ..mxinternals import init_trainer, trainer_params
 from ..recipe import DistributedSpec
 
 WATCHDOG_EXIT = 3  # a collective outlived train.distributed.step_timeout
@@ -151,7 +152,7 @@ def _default_layout(trainer: gluon.Trainer) -> None:
     """Fresh, plain-layout weight arrays: an inference forward (guards, validation) leaves conv
     weights in oneDNN's blocked layout, which a push to the servers cannot send ("We can't generate
     TBlob for MKLDNN data"), and the failure surfaces only as a server dying of an uninitialized key."""
-    for p in trainer._params:
+    for p in trainer_params(trainer):
         p.reset_ctx(p.list_ctx())
 
 
@@ -183,13 +184,10 @@ class KVStoreBackend(Backend):
         # would do lazily, racing the first gradient push on the same keys.
         _default_layout(trainer)
         with self.guard("the initial broadcast of the weights"):
-            if not trainer._kv_initialized:
-                trainer._init_kvstore()
-            if trainer._params_to_init:
-                trainer._init_params()
+            waiting = init_trainer(trainer)
             mx.nd.waitall()
-        if trainer._params_to_init:
-            names = ", ".join(p.name for p in trainer._params_to_init[:3])
+        if waiting:
+            names = ", ".join(p.name for p in waiting[:3])
             raise TrainError(f"Parameters {names} have no shape yet (deferred initialization), so they cannot be "
                              f"broadcast before training; give the model an input_shape.")
 
@@ -244,7 +242,7 @@ class HorovodBackend(Backend):
     def prepare(self, trainer: gluon.Trainer) -> None:
         _default_layout(trainer)
         with self.guard("the initial broadcast of the weights"):
-            self.hvd.broadcast_parameters({p.name: p for p in trainer._params}, root_rank=0)
+            self.hvd.broadcast_parameters({p.name: p for p in trainer_params(trainer)}, root_rank=0)
             mx.nd.waitall()
 
     # Stable names (one per collective and length): Horovod caches the negotiation by name.

@@ -23,7 +23,8 @@ from onnx import helper, shape_inference, version_converter
 from gluontl.adapters import merge_adapters
 from gluontl.atomic import atomic_write, write_text
 from gluontl.errors import ExportError
-from gluontl.graphblock import common_expr_pass
+from gluontl.mxinternals import graph_of, symbol_from
+from gluontl.mxinternals.graphblock import common_expr_pass
 from gluontl.export import mx_ops  # noqa: F401  (registers converters mx.onnx lacks)
 from gluontl.export.lean import make_lean
 from gluontl.export.patch import patch_model, source_info
@@ -85,7 +86,7 @@ def _normalize_dense(traced: TracedBlock) -> TracedBlock:
     Shape/Slice/Concat/Reshape nodes that ONNX shape inference cannot prove a no-op,
     while MXNet knows the input rank (it does not depend on the batch size).
     """
-    nodes = json.loads(traced.symbol.tojson())
+    nodes = graph_of(traced.symbol)
     internals = traced.symbol.get_internals()
     known = {k: v.shape for k, v in {**traced.arg_params, **traced.aux_params}.items()}
     _, shapes, _ = internals.infer_shape(**traced.input_shapes, **known)
@@ -111,7 +112,7 @@ def _normalize_dense(traced: TracedBlock) -> TracedBlock:
             changed = True
     if not changed:
         return traced
-    return dataclasses.replace(traced, symbol=mx.sym.load_json(json.dumps(nodes, ensure_ascii=False)))
+    return dataclasses.replace(traced, symbol=symbol_from(nodes))
 
 
 def _prefix_free_names(traced: TracedBlock) -> TracedBlock:
@@ -122,7 +123,7 @@ def _prefix_free_names(traced: TracedBlock) -> TracedBlock:
     tensors of one name, and the second layer reads the first one's int64 helper. Output
     identities keep their names (they are the file's output names and make no helpers).
     """
-    nodes = json.loads(traced.symbol.tojson())
+    nodes = graph_of(traced.symbol)
     movable = [n for n in nodes["nodes"] if n["op"] != "null" and n["name"] not in traced.output_names]
 
     def starts_another(name: str, pool: list[str]) -> bool:  # the names starting with it follow it
@@ -140,7 +141,7 @@ def _prefix_free_names(traced: TracedBlock) -> TracedBlock:
         changed = True
     if not changed:
         return traced
-    return dataclasses.replace(traced, symbol=mx.sym.load_json(json.dumps(nodes, ensure_ascii=False)))
+    return dataclasses.replace(traced, symbol=symbol_from(nodes))
 
 
 @contextlib.contextmanager

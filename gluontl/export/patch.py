@@ -26,6 +26,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from gluontl.errors import ExportError
+from gluontl.mxinternals import onnx_info
 from gluontl.export.lean import _unique_name, drop_dead_nodes, prune_initializers
 from gluontl.onnx.importer import ImportInfo
 
@@ -41,7 +42,7 @@ class Patched:
 
 def source_info(block: mx.gluon.HybridBlock) -> ImportInfo | None:
     """The import record of a block that came from ONNX (directly or through surgery)."""
-    info = getattr(block, "gluontl_onnx", None)
+    info = onnx_info(block)
     return info if isinstance(info, ImportInfo) and info.model is not None else None
 
 

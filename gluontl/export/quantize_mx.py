@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
-import json
 import logging
 import os
 import warnings
@@ -33,6 +32,7 @@ import numpy as np
 
 from gluontl.console import root_log_level
 from gluontl.errors import ExportError, short_reason
+from gluontl.mxinternals import nodes_of
 from gluontl.export import cpu
 from gluontl.recipe import QuantizeSpec
 
@@ -122,7 +122,7 @@ def layer_names(symbol: mx.sym.Symbol) -> list[str]:
 
 
 def _nodes(symbol: mx.sym.Symbol) -> list[dict[str, Any]]:
-    return json.loads(symbol.tojson())["nodes"]
+    return nodes_of(symbol)
 
 
 def excluded_layers(symbol: mx.sym.Symbol, globs: Sequence[str], *, strict: bool) -> tuple[list[str], list[str]]:

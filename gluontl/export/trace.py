@@ -7,13 +7,13 @@ and names of outputs regardless of how ``mx.onnx`` sorts them.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 import mxnet as mx
 import numpy as np
 
 from gluontl.errors import ExportError, short_reason
+from gluontl.mxinternals import nodes_of
 
 
 @dataclass(frozen=True)
@@ -115,7 +115,7 @@ def _fixed_gamma_names(sym: mx.sym.Symbol) -> set[str]:
     ``mx.onnx`` ignores ``fix_gamma`` and would export whatever value the stored gamma
     holds, so the trace hands it ones instead.
     """
-    nodes = json.loads(sym.tojson())["nodes"]
+    nodes = nodes_of(sym)
     names = set()
     for node in nodes:
         attrs = node.get("attrs", {})

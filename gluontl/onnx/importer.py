@@ -25,11 +25,12 @@ import onnx.inliner
 from onnx import external_data_helper, helper, numpy_helper
 
 from ..errors import OnnxImportError, short_reason
-from ..graphblock import GraphBlock
+from ..mxinternals.graphblock import GraphBlock
 from ..naming import module_names
 from . import control, fold
 from .control import outer_refs as _outer_refs
-from .layout import plain_conv_gradients
+from ..mxinternals import set_onnx_info
+from ..mxinternals.plain_grad import plain_conv_gradients
 from .ops.quantize import integer_as_float
 from .ops.shape import range_over_batch
 from .registry import Node, Tensor, canonical, carrier_dtype, get, get_evaluator, node_from_proto
@@ -1121,14 +1122,14 @@ class _Importer:
         for n, p in params.items():
             if self._is_constant(n):
                 p.grad_req = "null"
-        block.gluontl_onnx = ImportInfo(
+        set_onnx_info(block, ImportInfo(
             source=self.source, opset=self.opset, inputs=tuple(i.name for i in self.inputs),
             input_shapes=dict(self.input_shapes), batch_free=frozenset(self.batched),
             outputs=tuple(o.name for o in self.graph.output),
             constants=frozenset(n for n in params if self._is_constant(n)),
             node_outputs=self._node_outputs(nodes, group), tensor_outputs=self._tensor_outputs(group),
             passthrough=self._passthrough(nodes), model=self._skeleton(set(params.keys())),
-            param_names=module_names((p for _, p in nodes), (n for n in params if not self._is_constant(n))))
+            param_names=module_names((p for _, p in nodes), (n for n in params if not self._is_constant(n)))))
         return block
 
     def _skeleton(self, held: set[str]) -> onnx.ModelProto:

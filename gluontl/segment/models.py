@@ -35,6 +35,7 @@ import numpy as np
 from mxnet.gluon import HybridBlock, nn
 
 from ..errors import ModelSourceError, RestoreError
+from ..mxinternals import children, clear_cached_op
 from ..naming import named_params, shape_of
 from ..recipe import HEAD, STEM, ModelSpec
 from ..sources import build_model, declared_shape, materialize, weight_names
@@ -160,7 +161,7 @@ class ASPPHead(HybridBlock):
         self.aspp, self.block = aspp, block
 
     def hybrid_forward(self, F, x):
-        *atrous, pooling = self.aspp.concurent._children.values()
+        *atrous, pooling = children(self.aspp.concurent).values()
         branches = [b(x) for b in atrous] + [_up(F, pooling.gap(x), x)]
         return self.block(self.aspp.project(F.concat(*branches, dim=1)))
 
@@ -227,7 +228,7 @@ class Segmenter(HybridBlock):
         aux = self.has_aux and training
         if (aux, training) != (self._aux_on, self._training_graph):  # a graph of its own
             self._aux_on, self._training_graph = aux, training
-            self._clear_cached_op()
+            clear_cached_op(self)
         token = _TRAINING_GRAPH.set(training)
         try:
             return self._forward(x, *args)

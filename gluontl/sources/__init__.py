@@ -18,7 +18,7 @@ import mxnet as mx
 from mxnet.gluon import HybridBlock
 
 from ..errors import ModelSourceError, hwc_hint, short_reason
-from ..graphblock import GraphBlock
+from ..mxinternals.graphblock import GraphBlock
 from ..naming import graph_nodes, named_params, shape_of
 from ..recipe import ModelSpec, as_spec, resolve_source
 from ..zoo import DEFAULT_SHAPE, zoo_input_shape, zoo_names

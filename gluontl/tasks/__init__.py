@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 import mxnet as mx
 
+from ..mxinternals import clear_cached_op
 from ..recipe import QuantizeSpec, Recipe, TransformSpec
 from ..task_registry import TASKS
 from ..data.transforms import META_TASK, onnx_metadata
@@ -112,7 +113,7 @@ class EndToEnd:
         from ..data.cache import Feed
 
         if previous is not None:
-            previous.net._clear_cached_op()  # traced with the old grad_req
+            clear_cached_op(previous.net)  # traced with the old grad_req
             return previous
         return Feed(net, loaders, log=self.feed_note)
 

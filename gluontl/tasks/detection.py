@@ -19,6 +19,7 @@ from typing import Any, Callable
 import mxnet as mx
 from mxnet import autograd
 
+from ..mxinternals import clear_cached_op, loaded_names
 from ..pipeline import Prepared, planned
 from ..recipe import QuantizeSpec, Recipe
 from . import EndToEnd, PredictOptions, Report, transform_record
@@ -134,7 +135,7 @@ def prepare(recipe: Recipe, classes: list[str] | None = None, ctx=None, apply: b
         classes = load_detection_split(recipe.data, recipe.data.train, recipe.model.input_shape).class_names
     net, report = build_detector(recipe, classes, ctx or mx.cpu())
     net, plan = planned(net, recipe, apply)
-    loaded = set(net._gluontl_loaded)
+    loaded = set(loaded_names(net))
     if report is not None:
         loaded |= set(report.restored) | {n for n, _ in report.rebuilt}
     return Prepared(net, report, plan, loaded)
@@ -173,7 +174,7 @@ class _YoloTargets:
         self.fake = mx.nd.zeros((1, *input_shape))
         with autograd.train_mode():
             _, self.anchors, self.offsets, feats, *_ = net(mx.nd.zeros((1, *input_shape), ctx=ctx))
-        net._clear_cached_op()
+        clear_cached_op(net)
         self.anchors = [a.as_in_context(mx.cpu()) for a in self.anchors]
         self.offsets = [o.as_in_context(mx.cpu()) for o in self.offsets]
         self.feats = [mx.nd.zeros(f.shape) for f in feats]

@@ -10,6 +10,8 @@ import math
 
 import mxnet as mx
 
+from ..mxinternals import count_update
+
 
 @mx.optimizer.register
 class AdamW(mx.optimizer.Optimizer):
@@ -23,9 +25,7 @@ class AdamW(mx.optimizer.Optimizer):
                 mx.nd.zeros(weight.shape, weight.context, dtype=weight.dtype))
 
     def update(self, index, weight, grad, state):
-        self._update_count(index)
-        lr, wd = self._get_lr(index), self._get_wd(index)
-        t = self._index_update_count[index]
+        lr, wd, t = count_update(self, index)
         # Bias correction folded into the kernel's alpha; eta (applied to both terms) is the lr.
         # ε is scaled so that ε is added to √v̂ (PyTorch) rather than to √v (the kernel).
         correction = math.sqrt(1 - self.beta2 ** t)

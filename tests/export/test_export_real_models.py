@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from gluontl.export import export_onnx
+from gluontl.mxinternals import onnx_info
 from gluontl.onnx import import_model
 from gluontl.recipe import HeadSpec, Rule, SurgerySpec
 from gluontl.rules import apply_plan, make_plan, trainable_params
@@ -80,4 +81,4 @@ def test_paddleocr_classifier_head_swap_finetune_export(tmp_path):
         pytest.skip("pip install --no-deps rapidocr-onnxruntime==1.4.4 provides the models")
     model = next(Path(spec.origin).parent.rglob("*cls*.onnx"))
     block = import_model(str(model), input_shapes={"x": (None, 3, 48, 192)})
-    _finetune_and_export(block, block.gluontl_onnx.inputs[0], (3, 48, 192), tmp_path)
+    _finetune_and_export(block, onnx_info(block).inputs[0], (3, 48, 192), tmp_path)

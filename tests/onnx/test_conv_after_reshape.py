@@ -2,7 +2,7 @@
 
 MobileViT, EfficientFormerV2 and XCiT fold attention output back into an image and convolve
 it; MXNet 1.9.1's oneDNN backward failed there ("could not create a primitive descriptor for a
-reorder primitive", see gluontl/onnx/layout.py). The fixtures are the three patterns in small
+reorder primitive", see gluontl/mxinternals/plain_grad.py). The fixtures are the three patterns in small
 form, from both PyTorch exporters: XCiT's depthwise conv after LayerNorm → Transpose → Reshape,
 MobileViT's 1x1 projection after the fold, EfficientFormerV2's 1x1 conv after MatMul →
 Transpose → Reshape → Add → GELU. Every weight's gradient is checked against central
@@ -23,7 +23,7 @@ from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 
 from gluontl.onnx import import_model
-from gluontl.onnx.layout import plain_conv_gradients
+from gluontl.mxinternals.plain_grad import plain_conv_gradients
 from tests.helpers import EPS32, f32_tol
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -14,6 +14,7 @@ from tests.helpers import (assert_f32_close, assert_requantized, conv_integer_re
 from onnx import helper, numpy_helper
 
 from gluontl.errors import OnnxImportError
+from gluontl.mxinternals import onnx_info
 from gluontl.onnx import import_model
 
 F = onnx.TensorProto.FLOAT
@@ -147,8 +148,8 @@ def test_input_shapes_fill_symbolic_dims_for_folding():
     assert "shape_array" not in graph_ops(block)
     for b in (1, 2):
         assert_matches_ort(model, block, {"x": np.random.randn(b, 4, 5).astype("f")})
-    assert block.gluontl_onnx.input_shapes == {"x": (None, 4, 5)}
-    assert block.gluontl_onnx.batch_free == {"x"}
+    assert onnx_info(block).input_shapes == {"x": (None, 4, 5)}
+    assert onnx_info(block).batch_free == {"x"}
 
 
 def test_node_order_is_not_trusted():
@@ -233,7 +234,7 @@ def test_weights_become_named_params_and_scalars_constants():
     model = weights_model()
     block = import_model(model)
     params = block.collect_params()
-    info = block.gluontl_onnx
+    info = onnx_info(block)
     trainable = {n for n, p in params.items() if p.grad_req == "write"}
     assert trainable == {"conv1.weight", "conv1.bias", "channel_scale"}
     assert set(params) - trainable == set(info.constants) <= {"eps"}  # a scalar is never a weight
@@ -262,8 +263,8 @@ def test_training_step_changes_only_trainable_params():
 def test_node_outputs_allow_cutting_at_a_node():
     model = weights_model()
     block = import_model(model)
-    out_name = block.gluontl_onnx.node_outputs["m"]  # the Mul node (named after its output)
-    assert block.gluontl_onnx.node_outputs["c"] == block.gluontl_onnx.node_outputs["c"]
+    out_name = onnx_info(block).node_outputs["m"]  # the Mul node (named after its output)
+    assert onnx_info(block).node_outputs["c"] == onnx_info(block).node_outputs["c"]
     cut = block._cached_graph[1].get_internals()[out_name]
     sub = mx.gluon.SymbolBlock(cut, [mx.sym.var("x")], params=block.collect_params())
     x = np.random.randn(1, 3, 6, 6).astype("f")
@@ -281,7 +282,7 @@ def test_identity_shares_the_weight_and_outputs_can_be_constants():
     model = make_model(nodes, [("x", ["N", 3])], [("yd", None), ("k", None)], {"w": w})
     block = import_model(model)
     assert set(block.collect_params()) == {"w", "k"}
-    info = block.gluontl_onnx
+    info = onnx_info(block)
     assert info.node_outputs["w2"] == info.node_outputs["w"] == "w"  # Identity is an alias
     out = block(mx.nd.ones((2, 3)))
     assert isinstance(out, tuple) and [o.shape for o in out] == [(2, 3), (3,)]
@@ -366,7 +367,7 @@ def test_external_data_next_to_model_loads(tmp_path):
               all_tensors_to_one_file=True, location="m.data", size_threshold=0)
     assert os.path.getsize(tmp_path / "m.data") > 0
     block = import_model(str(tmp_path / "m.onnx"))
-    assert block.gluontl_onnx.source == str(tmp_path / "m.onnx")
+    assert onnx_info(block).source == str(tmp_path / "m.onnx")
     assert_matches_ort(inline, block, {"x": np.random.randn(1, 3, 6, 6).astype("f")}, terms=3 * 9 + 1)
 
 

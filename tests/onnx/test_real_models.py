@@ -15,6 +15,7 @@ import pytest
 from tests.helpers import assert_f32_close, ort_run
 from onnx import numpy_helper
 
+from gluontl.mxinternals import onnx_info
 from gluontl.onnx import import_model
 from tests.onnx.test_importer import graph_ops, rel_err
 from tests.onnx.test_torch_exports import f32_model_tol
@@ -52,7 +53,7 @@ def zoo(request, tmp_path_factory):
 def test_zoo_model_matches_onnxruntime_at_batch_1_and_2(zoo):
     path, model = zoo
     block = import_model(str(path))
-    name = block.gluontl_onnx.inputs[0]
+    name = onnx_info(block).inputs[0]
     for b in (1, 2):
         x = np.random.RandomState(b).randn(b, 3, SIZE, SIZE).astype("f")
         got = block(mx.nd.array(x)).asnumpy()
@@ -163,7 +164,7 @@ def _ort_with(path: Path, x: np.ndarray, extra: tuple[str, ...] = ()) -> list[np
 def _inner(block, tensor: str, x: np.ndarray) -> np.ndarray:
     """The imported block's value of ONNX tensor ``tensor``."""
     inputs, out = block._cached_graph
-    name = block.gluontl_onnx.tensor_outputs[tensor]
+    name = onnx_info(block).tensor_outputs[tensor]
     part = mx.gluon.SymbolBlock(out.get_internals()[name], inputs, params=block.collect_params())
     return part(mx.nd.array(x)).asnumpy()
 

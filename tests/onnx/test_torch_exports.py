@@ -27,6 +27,7 @@ import pytest
 from onnx import numpy_helper
 
 from gluontl.errors import OnnxImportError
+from gluontl.mxinternals import onnx_info
 from gluontl.onnx import import_model
 from tests.helpers import EPS32, ort_run
 from tests.onnx.test_importer import rel_err
@@ -162,7 +163,7 @@ def test_parameter_names_are_onnx_initializer_names(entry):
     tensors = inits | {o for n in graph.node for o in n.output}
     trainable = {n for n, p in params.items() if p.grad_req == "write"}
     assert trainable <= tensors, sorted(trainable - tensors)[:5]
-    assert set(params) - tensors <= block.gluontl_onnx.constants
+    assert set(params) - tensors <= onnx_info(block).constants
     assert set(entry["torch_names"]) <= set(params), sorted(set(entry["torch_names"]) - set(params))[:5]
 
 

@@ -1,4 +1,4 @@
-"""Keep oneDNN-blocked gradients from reaching a reshape (MXNet 1.9.1 cannot train that).
+"""Keep oneDNN-blocked gradients from reaching a reshape (MXNet 1.9.1 cannot train that; issue 23).
 
 A convolution's backward writes the gradient of its data input in oneDNN's blocked layout
 (e.g. ``aBcd8b``). When that input came from a reshape (possibly through elementwise ops,
@@ -18,9 +18,9 @@ the channel Concat of ops/slice.py ends in one).
 """
 from __future__ import annotations
 
-import json
-
 import mxnet as mx
+
+from .symjson import graph_of, symbol_from
 
 # Backward hands the incoming gradient on in place under another shape.
 RESHAPES = frozenset({"Reshape", "Flatten", "expand_dims", "squeeze", "reshape_like"})
@@ -53,7 +53,7 @@ def fed_by_reshape(nodes: list[dict], entry: int) -> bool:
 def plain_conv_gradients(sym: mx.sym.Symbol) -> mx.sym.Symbol:
     """``sym`` with a copy named ``<conv>/plain_grad`` before every convolution whose data
     input is fed by a reshape (``sym`` itself when there is none)."""
-    graph = json.loads(sym.tojson())
+    graph = graph_of(sym)
     nodes = graph["nodes"]
     targets = {i for i, n in enumerate(nodes)
                if n["op"] == "Convolution" and fed_by_reshape(nodes, n["inputs"][0][0])}
@@ -73,4 +73,4 @@ def plain_conv_gradients(sym: mx.sym.Symbol) -> mx.sym.Symbol:
     graph["arg_nodes"] = [new_index[i] for i in graph["arg_nodes"]]
     graph["heads"] = [[new_index[s], o, v] for s, o, v in graph["heads"]]
     graph.pop("node_row_ptr", None)
-    return mx.sym.load_json(json.dumps(graph, ensure_ascii=False))  # MXNet reads no \u escapes
+    return symbol_from(graph)

@@ -17,10 +17,12 @@ than ``CSE_MAX_DUPLICATES``: the copies are then computed separately, as the gra
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 
 import mxnet as mx
+
+from .blocks import cached_symbol, set_own_params
+from .symjson import nodes_of
 
 CSE_MAX_DUPLICATES = 128  # 128 copies cost MXNet's pass about 0.05 s; it grows as the cube
 
@@ -28,7 +30,7 @@ CSE_MAX_DUPLICATES = 128  # 128 copies cost MXNet's pass about 0.05 s; it grows 
 class GraphBlock(mx.gluon.SymbolBlock):
     def __init__(self, outputs, inputs, params=None) -> None:
         super().__init__(outputs, inputs, params=params)
-        self._reg_params = dict(self.params.items())  # graph names, as saved and as loaded
+        set_own_params(self, dict(self.params.items()))  # graph names, as saved and as loaded
 
     def load_parameters(self, filename, ctx=None, allow_missing=False, ignore_extra=False, cast_dtype=False,
                         dtype_source="current") -> None:
@@ -41,8 +43,8 @@ class GraphBlock(mx.gluon.SymbolBlock):
 
     def _call_cached_op(self, *args):
         # MXNet runs the pass when it builds the cached op and again at its first call per context
-        if getattr(self, "_cse_graph", None) is not self._cached_graph[1]:
-            self._cse_graph, self._cse_off = self._cached_graph[1], cse_off(self._cached_graph[1])
+        if getattr(self, "_cse_graph", None) is not cached_symbol(self):
+            self._cse_graph, self._cse_off = cached_symbol(self), cse_off(cached_symbol(self))
         if not self._cse_off:
             return super()._call_cached_op(*args)
         with _without_cse():
@@ -61,7 +63,7 @@ class GraphBlock(mx.gluon.SymbolBlock):
 def duplicate_nodes(sym: mx.sym.Symbol) -> int:
     """How many operator nodes compute what an earlier node computes (same op, attributes and
     inputs, inputs compared after merging): what MXNet's common-subexpression pass would merge."""
-    nodes = json.loads(sym.tojson())["nodes"]
+    nodes = nodes_of(sym)
     canon: list[int] = []
     seen: dict[tuple, int] = {}
     dups = 0
