@@ -63,13 +63,19 @@ def key_of(cb: Callback) -> str:
 
 
 class Callbacks:
-    """The run's callbacks called in order; their states as one JSON-able mapping."""
+    """The run's callbacks called in order, the loop's own (``engine``, see ``train/engine.py``)
+    before the user's (``list``); the user's states as one JSON-able mapping."""
 
-    def __init__(self, callbacks: list[Callback], info: RunInfo) -> None:
-        self.list, self.info = callbacks, info
+    def __init__(self, callbacks: list[Callback], info: RunInfo, engine: list[Any] = ()) -> None:
+        self.list, self.info, self.engine = callbacks, info, list(engine)
 
     def call(self, hook: str, *args: Any) -> None:
-        for cb in self.list:
+        for cb in (*self.engine, *self.list):
+            getattr(cb, hook)(self.info, *args)
+
+    def call_engine(self, hook: str, *args: Any) -> None:
+        """One of the engine's own hooks (``on_batch``, ``on_row``, ``on_saved``)."""
+        for cb in self.engine:
             getattr(cb, hook)(self.info, *args)
 
     def state(self) -> dict[str, Any]:

@@ -18,6 +18,7 @@ class Step:
     loss: float
     images: int
     lr: float
+    img_per_s: float = 0.0  # images (all workers') per second since the step before, data included
 
 
 class RunInfo:
@@ -27,6 +28,7 @@ class RunInfo:
         self.recipe, self.run_dir, self.rank, self.workers = recipe, run_dir, rank, workers
         self.epoch = 0  # 0-based, the epoch being trained
         self.global_step = 0
+        self.batches_per_epoch = 1  # training batches per epoch (per worker; ``train.accumulate`` of them make a step)
         self.stop_reason: str | None = None  # set by request_stop
 
     @property

@@ -44,7 +44,7 @@ from ..readers import read_json
 from ..recipe import selectable
 from .callbacks import Callback, Callbacks, RunInfo, Step, build as build_callbacks
 from .ema import Ema
-from .logs import MetricsLog, epoch_line
+from .engine import Average, Batch, EpochLines, FirstEpochGuards, Record
 from .gpu import check_gpus
 from ..data.guards import GuardLog
 from .schedule import lr_at
@@ -461,7 +461,6 @@ class _Run:
         self.stop_reason: str | None = None  # ended by a callback's request (a complete run)
         self.steps_this_call = 0
         self.bad_steps = 0
-        self.first_losses: list[float] = []  # per-image loss of each batch of epoch 1, for the stuck-loss guard
         self.feed: Feed | None = None
 
     # ------------------------------------------------------------------ open the run
@@ -478,7 +477,6 @@ class _Run:
         self.prep, self.loaders = prep, loaders = task.setup(recipe, ctxs[0], seed=t.seed)
         self.net = net = prep.block
         self.guards = guards = GuardLog(t.guards)
-        self.meta = meta
         if resume is None:  # a resumed run was checked when it started
             task.check(recipe, prep, loaders, ctxs[0], guards)
         if len(ctxs) > 1:
@@ -539,7 +537,6 @@ class _Run:
                 plan.settings() != self.plan_for(self.start_epoch - 1).settings()
             checkpoint.restore_into(RunFolder(run_dir).checkpoints_dir, "last", net,
                                     None if fresh else self.trainer, ctxs[0])
-        self.log = MetricsLog(run_dir, resume_step=None if meta is None else self.global_step, record=root)
         if t.hybridize:
             net.hybridize(static_alloc=True, static_shape=True)
         self.ema = None if t.ema is None else self._open_ema(run_dir, meta)
@@ -548,7 +545,11 @@ class _Run:
         self.state = {"recipe_digest": _resume_digest(recipe), **({"workers": dist.size} if dist.size > 1 else {})}
         self.info = RunInfo(recipe, run_dir, dist.rank, dist.size)
         self.info.epoch, self.info.global_step = self.start_epoch, self.global_step
-        self.callbacks = Callbacks(build_callbacks(recipe, callbacks), self.info)
+        self.info.batches_per_epoch = self.n_batches
+        self.record = Record(run_dir, None if meta is None else self.global_step, root, t.log_every)
+        engine = [self.record, EpochLines(quiet), *([Average(self.ema, net)] if self.ema is not None else []),
+                  FirstEpochGuards(guards, task, loaders, resumed=meta is not None)]
+        self.callbacks = Callbacks(build_callbacks(recipe, callbacks), self.info, engine)
         self.callbacks.load(None if meta is None else meta.get("callbacks"))
 
     def _open_ema(self, run_dir: Path, meta: dict[str, Any] | None) -> Ema:
@@ -639,26 +640,19 @@ class _Run:
                                      if saved else
                                      "no checkpoint was written yet") + f". {lower_lr_hint(self.plan)}")
                 continue
-            if stepper.updated:
-                self.global_step += 1
-                self.steps_this_call += 1
-                if self.ema is not None:
-                    self.ema.update(self.net)
-            if stepper.updated:
-                self.info.global_step = self.global_step
-                self.callbacks.call("on_step", Step(self.global_step, epoch, i, batch_loss / stepper.images,
-                                                    stepper.images, lr))
             run_loss += batch_loss
             run_n += stepper.images
             run_correct = None if stepper.correct is None else run_correct + stepper.correct
-            if epoch == 0:
-                self.first_losses.append(batch_loss / stepper.images)
             ips, tick = stepper.images / max(time.perf_counter() - tick, 1e-9), time.perf_counter()
             if hasattr(bar, "set_postfix"):
                 bar.set_postfix(loss=f"{run_loss / run_n:.4f}", lr=f"{lr:.3g}", img_s=f"{ips:.0f}")
-            if self.global_step % t.log_every == 0 and stepper.pending == 0:
-                self.log.write({"step": self.global_step, "epoch_f": epoch + (i + 1) / n_batches,
-                                "loss": batch_loss / stepper.images, "lr": lr, "img_per_s": ips})
+            self.callbacks.call_engine("on_batch", Batch(epoch, i, batch_loss / stepper.images, stepper.images))
+            if stepper.updated:
+                self.global_step += 1
+                self.steps_this_call += 1
+                self.info.global_step = self.global_step
+                self.callbacks.call("on_step", Step(self.global_step, epoch, i, batch_loss / stepper.images,
+                                                    stepper.images, lr, ips))
             halt = stepper.stop if dist.size > 1 else stop.requested
             if halt or (self.stop_after_steps is not None and self.steps_this_call >= self.stop_after_steps):
                 if stepper.pending == 0:
@@ -694,8 +688,7 @@ class _Run:
                    "seconds": time.perf_counter() - t0}
             if ema_best:
                 self._keep_best(row, epoch)
-        self.log.write(row)
-        show(epoch_line(row, t.epochs), self.quiet)
+        self.callbacks.call_engine("on_row", row)
         if validating:
             self.callbacks.call("on_validation", row)
         if validating and not ema_best:
@@ -709,8 +702,7 @@ class _Run:
             self.stop_reason = asked or "a callback on another worker"
             last = {"early_stopped": {"epoch": epoch + 1, "step": gs, "reason": self.stop_reason}}
         self.save("last", epoch=epoch + 1, batch_in_epoch=0, global_step=gs, best=self.best, **last)
-        if epoch == 0 and self.meta is None:
-            self.guards.handle(self.task.first_epoch(self.first_losses, gs, self.loaders))
+        self.callbacks.call_engine("on_saved", row)
         if halt and epoch + 1 < t.epochs and not self.stop_reason:
             self.stopped = True
         return self.stopped
@@ -745,7 +737,8 @@ class _Run:
     # ------------------------------------------------------------------ the summary
 
     def close(self, completed: bool) -> None:
-        self.log.close()
+        for cb in self.callbacks.engine:
+            cb.close(completed)
         if self.feed is not None:
             # a finished run keeps its val features for evaluate (one folder: a single worker's)
             self.feed.close(keep=not completed, keep_val=completed and self.dist.size == 1)
@@ -753,7 +746,7 @@ class _Run:
     def summary(self, stop: _Stop) -> RunResult:
         """The result, and (a run that trained to its end) summary.json."""
         t, dist, run_dir, quiet = self.t, self.dist, self.run_dir, self.quiet
-        result = RunResult(run_dir, self.log.rows, self.best, stopped_early=self.stopped, rank=dist.rank,
+        result = RunResult(run_dir, self.record.log.rows, self.best, stopped_early=self.stopped, rank=dist.rank,
                            workers=dist.size, stop_reason=self.stop_reason, callbacks=self.callbacks)
         if dist.size > 1:
             _write_checksum(run_dir, self.net, dist.rank)

@@ -4,6 +4,9 @@ import csv
 import json
 import os
 import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -120,6 +123,39 @@ def test_a_run_killed_after_epoch_1_resumes_into_the_uninterrupted_order(tiny_sy
     assert full.calls == expected(n)
     strip = [{k: v for k, v in r.items() if k not in ("seconds", "img_per_s")} for r in resumed.metrics]
     assert strip == [{k: v for k, v in r.items() if k not in ("seconds", "img_per_s")} for r in ref.metrics]
+
+
+KILLED = """
+import os, signal, sys
+from tests.train.test_callbacks import Recorder, recipe
+from gluontl.train.loop import finetune
+
+class Killed(Recorder):
+    def on_epoch_start(self, run, epoch):
+        if epoch == 1:  # epoch 1's checkpoint is on disk: die as kill -9 would, no handler, no hook
+            os.kill(os.getpid(), signal.SIGKILL)
+        super().on_epoch_start(run, epoch)
+
+finetune(recipe(sys.argv[1]), runs_root=sys.argv[2], quiet=True, callbacks=[Killed()])
+"""
+
+
+def test_a_run_killed_9_after_epoch_1_resumes_into_the_uninterrupted_order(tiny_symbol, tmp_path):
+    """A real kill (SIGKILL, in a child process) after epoch 1's checkpoint: no on_exception, and the
+    resumed run's calls are the uninterrupted run's (the first process's from the checkpoint)."""
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-c", KILLED, tiny_symbol, str(tmp_path)], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    run_dir = tmp_path / "t"
+    meta = json.loads((run_dir / "checkpoints" / "last.json").read_text())
+    assert (meta["epoch"], meta["batch_in_epoch"]) == (1, 0)
+    second = Recorder()
+    resumed = finetune(recipe(tiny_symbol), runs_root=tmp_path, resume=run_dir, quiet=True, callbacks=[second])
+    n = batches_per_epoch(resumed)
+    epoch_1 = n + 4  # run_start, epoch_start, n steps, validation, epoch_end
+    assert second.calls == expected(n)[:epoch_1] + [("run_start",)] + expected(n)[epoch_1:]
 
 
 def test_a_python_metric_picks_the_best_epoch(tiny_symbol, tmp_path):
