@@ -436,7 +436,12 @@ def onnx_card(path: str | Path) -> dict[str, Any]:
 
 def onnx_preprocess(path: str | Path) -> tuple[Preprocess, list[str]]:
     """The pipeline and class names an exported ONNX file's metadata_props record."""
-    meta = onnx_metadata(path)
+    return preprocess_of(onnx_metadata(path), path)
+
+
+def preprocess_of(meta: Mapping[str, str], path: str | Path) -> tuple[Preprocess, list[str]]:
+    """The pipeline and class names of an export's gluontl metadata (ONNX metadata_props, or an
+    OpenVINO IR's runtime info under the same keys)."""
     return (Preprocess.from_json(_json(meta[META_PREPROCESS], f"{path} ({META_PREPROCESS})"), str(path)),
             _class_list(_json(meta[META_CLASSES], f"{path} ({META_CLASSES})"), str(path)))
 
