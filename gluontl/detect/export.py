@@ -272,7 +272,7 @@ def export_detector(net: mx.gluon.HybridBlock, out_dir: str | Path, name: str, i
                     nms_thresh: float | None = None, nms_topk: int | None = None, post_nms: int | None = None,
                     score_thresh: float = GLUONCV_SCORE_THRESH, sample: np.ndarray | None = None,
                     formats: Sequence[str] = ("symbol", "onnx"), input_name: str = "data", rtol: float = 1e-4,
-                    force: bool = False) -> Exported:
+                    force: bool = False, judge: Any = None, int8: Any = None, echo: Any = log.info) -> Exported:
     """Write a GluonCV SSD/YOLOv3 as ``NAME-symbol.json``/``NAME-0000.params`` (+
     ``NAME-preprocess.json``) and/or ``NAME.onnx`` with per-class NMS (see the module doc).
 
@@ -327,7 +327,7 @@ def export_detector(net: mx.gluon.HybridBlock, out_dir: str | Path, name: str, i
                                  onnx_verdict(rtol) + " (per-class NMS: class ids exactly)"))
         if "openvino" in formats:
             add_ir(written, Path(out_dir), name, lambda folder: write_onnx(folder, True), sample_batches(sample, shape),
-                   rtol, force)
+                   rtol, force, judge=judge, int8=int8, echo=echo)
     finally:
         net.set_nms(*saved)
     return written

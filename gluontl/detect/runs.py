@@ -190,10 +190,22 @@ def export(run_dir: str | Path, recipe: Recipe, net, out_dir: str | Path | None,
     if not card.get("classes"):
         raise TrainError(f"{run / 'preprocess.json'} lists no classes; it was edited. Delete it to have it "
                          f"computed from the recipe and the training data.")
+    judge = None
+    if "openvino" in formats and (recipe.data is not None or quantize is not None):
+        from ..export.openvino_ir import Judge
+        from .metrics import int8_metric
+
+        data = recipe_data(recipe, run)
+        val = _dataset(recipe, run, data.val)
+        calib = val if quantize is None or quantize.calibration == "val" else _dataset(recipe, run, data.train)
+        judge = Judge(val, [val[(i, 0)][1] for i in range(len(val))], int8_metric(card["classes"]),
+                      lambda _, ds: lambda i: ds[(i, 0)][0], calib)
+
     def write(folder: Path) -> list[Path]:
         return export_detector(net, folder, recipe.name, tuple(recipe.model.input_shape),
                                class_names=card["classes"], card=card, sample=sample, formats=formats,
-                               input_name=export_input_name(recipe), rtol=recipe.export.rtol, force=force)
+                               input_name=export_input_name(recipe), rtol=recipe.export.rtol, force=force,
+                               judge=judge, int8=quantize, echo=echo or print)
 
     out = Path(out_dir or run / "export")
     if quantize is None:

@@ -308,6 +308,13 @@ def export_with_int8(write_float: Callable[[Path], Exported], out_dir: Path, nam
         floats = write_float(scratch)
         made += floats.artifacts
         result.refused += [Refusal(r.format, r.precision, name_out(r.reason)) for r in floats.refused]  # OpenVINO's
+        if any(a.format == "openvino" for a in made) and not any(
+                a.format == "openvino" and a.precision == "int8" for a in made) and not any(
+                r.format == "openvino" for r in result.refused):
+            result.refused.append(Refusal("openvino", "int8", "The int8 OpenVINO IR was not made: it is judged by "
+                                          "the task's metric on the run's validation split, and this task's exporter "
+                                          "gives OpenVINO none yet (classification and detection do). Use --format "
+                                          "onnx --int8, or ship the float IR."))
         float_onnx = next((a.path for a in made if a.format == "onnx"), None)
         float_json = next((a.path for a in made if a.format == "symbol"), None)
         if float_onnx is None and float_json is None and not any(a.format == "openvino" for a in made):

@@ -144,3 +144,24 @@ def test_openvino_not_installed_is_one_paragraph_before_any_work(digits_run, tmp
     err = " ".join(done.stderr.split())
     assert "gluontl[openvino]" in err and "Traceback" not in err
     assert not (tmp_path / "o").exists()
+
+
+@needs_openvino
+def test_bench_times_the_ir_beside_the_onnx_file_and_gives_the_ratio_to_it(exported, capsys):
+    """The run's export folder (ONNX and IR, float and int8: the run's recipe quantizes): every IR
+    timed in OpenVINO, paired with its int8 IR, and each row's speed against the float ONNX file in
+    onnxruntime; the float ONNX row's own ratio is 1 by definition."""
+    d, run, out, _ = exported
+    code, printed, err = helpers.run_cli(capsys, "bench", str(out), "--int8", "--batch", "1,2", "--repeat", "2",
+                                         "--json", str(d / "b.json"))
+    assert code == 0, err
+    report = json.loads((d / "b.json").read_text())
+    by_file = {e["float"]["file"]: e for e in report["models"]}
+    ir = by_file[str(out / "t-openvino" / "t.xml")]
+    assert ir["int8"]["file"] == str(out / "t.int8-openvino" / "t.int8.xml")
+    assert ir["float"]["bytes"] == sum((out / "t-openvino" / f).stat().st_size for f in ("t.xml", "t.bin"))
+    onnx_entry = by_file[str(out / "t.onnx")]
+    for f, o in zip(ir["float"]["runs"], onnx_entry["float"]["runs"]):
+        assert f["batch"] == o["batch"] and abs(f["vs_onnx"] - o["median_ms"] / f["median_ms"]) < 1e-12
+    assert all(r["vs_onnx"] == 1.0 for r in onnx_entry["float"]["runs"])
+    assert "OpenVINO" in printed and "vs float ONNX" in printed and report["openvino"].startswith("2026.4")
