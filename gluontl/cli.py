@@ -197,8 +197,9 @@ def _exported(paths: list[Path]) -> None:
     listed = set()
     for a in paths.artifacts:
         for f in a.files:
-            note = " (int8, checked on the validation split)" if a.precision == "int8" and f == a.path else \
-                " (verified)" if a.format in ("onnx", "openvino") and f == a.path else ""
+            note = "" if f != a.path else f" ({a.verdict})" if a.format == "openvino" else \
+                " (int8, checked on the validation split)" if a.precision == "int8" else \
+                " (verified)" if a.format == "onnx" else ""
             typer.echo(f"exported {f}{note}")
             listed.add(f)
     for p in paths:

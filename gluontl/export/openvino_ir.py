@@ -196,6 +196,13 @@ def from_onnx(written: Exported, out_dir: Path, name: str, make_onnx: Callable[[
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+def _float_summary(verdict: dict[str, Any]) -> str:
+    """A task metric's report (quantize's ``Metric``: ``metric``, ``float``, ``int8``, ``images``)
+    read as float ONNX (onnxruntime) against the float IR (OpenVINO)."""
+    return (f"{verdict['metric']} {100 * verdict['float']:.3f} ONNX (onnxruntime), {100 * verdict['int8']:.3f} "
+            f"OpenVINO ({-verdict['drop']:+.3f} points) on {verdict['images']} validation images")
+
+
 def add_ir(written: Exported, out_dir: Path, name: str, make_onnx: Callable[[Path], Path],
            batches: Sequence[tuple[str, np.ndarray]], rtol: float, force: bool, judge: "Judge | None" = None,
            int8: Any = None, echo: Callable[[str], None] = print) -> Exported:
@@ -217,10 +224,10 @@ def add_openvino(result: Exported, out_dir: Path, name: str, *, onnx_path: Path,
         verdict = judge.verdict(onnx_path, _onnxruntime(onnx_path), _openvino(artifact.path))
         if abs(verdict["drop"]) > 0.05:
             shutil.rmtree(artifact.path.parent, ignore_errors=True)
-            raise ExportError(f"{artifact.path} was not written: {verdict['summary']} (OpenVINO float against the "
-                              f"ONNX file); a float conversion must not change the metric. Ship the ONNX file.")
+            raise ExportError(f"{artifact.path} was not written: {_float_summary(verdict)}; a float conversion must "
+                              f"not change the metric. Ship the ONNX file.")
         artifact = Artifact(artifact.format, artifact.precision, artifact.files,
-                            f"{artifact.verdict}; {verdict['summary']}")
+                            f"{artifact.verdict}; {_float_summary(verdict)}")
     result.add(artifact)
     if int8_spec is None or judge is None:
         return result
