@@ -193,13 +193,14 @@ def export(run_dir: str | Path, recipe: Recipe, net, out_dir: str | Path | None,
     judge = None
     if "openvino" in formats and (recipe.data is not None or quantize is not None):
         from ..export.openvino_ir import Judge
+        from ..export.quantize import calibration_indices
         from .metrics import int8_metric
 
         data = recipe_data(recipe, run)
         val = _dataset(recipe, run, data.val)
         calib = val if quantize is None or quantize.calibration == "val" else _dataset(recipe, run, data.train)
         judge = Judge(val, [val[(i, 0)][1] for i in range(len(val))], int8_metric(card["classes"]),
-                      lambda _, ds: lambda i: ds[(i, 0)][0], calib)
+                      lambda _, ds: lambda i: ds[(i, 0)][0], lambda q: calibration_indices(q.calibration, calib, val))
 
     def write(folder: Path) -> list[Path]:
         return export_detector(net, folder, recipe.name, tuple(recipe.model.input_shape),

@@ -190,13 +190,14 @@ class Classification:
         judge = None
         if "openvino" in formats and (recipe.data is not None or quantize is not None):
             from ..export.openvino_ir import Judge
-            from ..export.quantize import classification_metric, file_tensors
+            from ..export.quantize import calibration_indices, classification_metric, file_tensors
 
             data = recipe_data(recipe, run)
             val = load_split(data, data.val)
-            calib = None if quantize is None or quantize.calibration == "val" else data.train
+            calib = val if quantize is None or quantize.calibration == "val" else load_split(data, data.train,
+                                                                                              check=False)
             judge = Judge(val, val.labels, classification_metric, file_tensors,
-                          val if calib is None else load_split(data, calib, check=False))
+                          lambda q: calibration_indices(q.calibration, calib, val))
 
         def write(folder: Path) -> list[Path]:
             return export_block(net, folder, recipe.name, {name: (1, *recipe.model.input_shape)}, formats=formats,
