@@ -151,11 +151,11 @@ def export(source: str = typer.Argument(..., help="run folder (runs/NAME) or mod
            force: bool = typer.Option(False, "--force", help="overwrite existing files"),
            input_shape: Optional[List[str]] = ShapeOpt,
            checkpoint: str = CheckpointOpt,
-           int8: bool = typer.Option(False, "--int8", help="also write NAME.int8.onnx (onnxruntime) and/or "
-                                     "NAME-int8-symbol.json + NAME-int8-0000.params (MXNet oneDNN), a run's "
-                                     "export only: calibrated on the run's images, refused if top-1 (mAP, mIoU) "
-                                     "drops by more than export.quantize.max_drop points on its validation "
-                                     "split")) -> None:
+           int8: bool = typer.Option(False, "--int8", help="also write NAME.int8.onnx (onnxruntime), "
+                                     "NAME-int8-symbol.json + NAME-int8-0000.params (MXNet oneDNN) and/or "
+                                     "NAME.int8-openvino/ (NNCF), a run's export only: calibrated on the run's "
+                                     "images, each refused (the rest written) if top-1 (mAP, mIoU) drops by more "
+                                     "than export.quantize.max_drop points on its validation split")) -> None:
     """Export a run or a model to MXNet symbol/params, ONNX and/or OpenVINO IR, each verified before it is
     written; a refused int8 model is named and the others are written (exit 2 only when int8 was asked
     for and none holds)."""
