@@ -144,15 +144,15 @@ def predict_onnx(onnx_path: str | Path, images: list[str], out_dir: str | Path |
     """:func:`predict` with a detector's ONNX export in onnxruntime, preprocessing and class
     names from the file's metadata alone (what a deployment has); outputs go to ``out_dir``
     (default NAME-predictions beside the file)."""
-    from ..export.verify import ort_session
-    from ..data.transforms import load_images, onnx_card
+    from ..export.openvino_ir import deployed_card, deployed_session
+    from ..data.transforms import load_images
     from .export import OUTPUT_NAMES
 
     path = Path(onnx_path)
-    card = onnx_card(path)  # no metadata: refused before any work
+    card = deployed_card(path)  # no metadata: refused before any work (an OpenVINO IR: its runtime info)
     transform, names, hw = input_transform(card, f"'{path}'")
     decoded = load_images(images)
-    session = ort_session(path, f"'{path}'")
+    session = deployed_session(path)  # an OpenVINO IR folder runs behind the same calls
     inputs, outputs = session.get_inputs(), [o.name for o in session.get_outputs()]
     want = card["preprocess"]["input"]["shape"][1:]  # checked by input_transform
     if len(inputs) != 1 or len(inputs[0].shape) != 4 or sorted(outputs) != sorted(OUTPUT_NAMES) or any(

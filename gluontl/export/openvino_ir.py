@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 import onnx
 
-from gluontl.data.transforms import META_CLASSES, META_PREPROCESS, onnx_metadata, preprocess_of
+from gluontl.data.transforms import META_CLASSES, META_PREPROCESS, card_of, onnx_metadata, preprocess_of
 from gluontl.errors import ExportError, ModelSourceError, short_reason
 from gluontl.export.artifacts import Artifact, Exported, Refusal
 from gluontl.export.verify import output_error
@@ -332,6 +332,11 @@ def deployed_metadata(path: Path) -> dict[str, str]:
 def deployed_preprocess(path: Path) -> tuple[Any, list[str]]:
     """The recorded pipeline and class names of an IR or an ONNX file."""
     return preprocess_of(deployed_metadata(path), path)
+
+
+def deployed_card(path: Path) -> dict[str, Any]:
+    """The run card (``preprocess``, ``classes``) of an IR or an ONNX file."""
+    return card_of(deployed_metadata(path), path)
 
 
 def deployed_session(path: Path) -> Any:

@@ -161,7 +161,9 @@ def export_run(run_dir: str | Path, out_dir: str | Path | None = None, *, format
     """Export a run's checkpoint as the recipe's ``export:`` section says (or ``export``, an
     ``ExportSpec`` or a dict of its keys, in its place), verified on real val images; into
     ``RUN/export/`` unless ``out_dir`` says where. ``int8`` (or ``export.quantize`` set) adds
-    ``NAME.int8.onnx`` (see gluontl.export.quantize); ``echo`` prints its choices and numbers."""
+    ``NAME.int8.onnx`` (see gluontl.export.quantize); ``echo`` prints its choices and numbers. The
+    answer lists the written paths and is an ``export.artifacts.Exported``: ``.artifacts`` (format,
+    precision, files, verdict) and ``.refused`` (an int8 model whose verdict failed, with its numbers)."""
     from ..export.registry import check_formats
 
     if formats is not None:
@@ -172,6 +174,7 @@ def export_run(run_dir: str | Path, out_dir: str | Path | None = None, *, format
                        "It takes the keys of a recipe's export section (see docs/export.md).")
         recipe = recipe.model_copy(update={"export": spec})
     run = Path(run_dir)
+    check_formats(formats or list(recipe.export.formats), "export.formats")  # the recipe's: is the extra there?
     quantize = recipe.export.quantize or (QuantizeSpec() if int8 else None)
     return get_task(recipe).export_run(run, recipe, net, Path(out_dir) if out_dir else run / "export",
                                        formats or list(recipe.export.formats), force, quantize, echo or print)
