@@ -35,7 +35,6 @@ ShapeOpt = typer.Option(None, "--input-shape", help="C,H,W of the first input, o
                         "(repeatable). Default: the model's own (ONNX: from the file; zoo: its family's size, "
                         "e.g. 3,299,299 for inceptionv3, 3,512,512 for ssd_512_*; symbol: 3,224,224)")
 CheckpointOpt = typer.Option("best", help="run checkpoint: best or last")
-FORMATS = {"both": ["symbol", "onnx"], "symbol": ["symbol"], "onnx": ["onnx"]}
 CHECKPOINTS = ("best", "last")
 MAX_INPUT_ELEMENTS = 1 << 28  # 1 GiB of float32 per input: beyond, a typo (3,22400,224), not a model
 
@@ -147,18 +146,26 @@ def lr_find(recipe: Path = RecipeOpt, set_: Optional[List[str]] = SetOpt,
 @app.command()
 def export(source: str = typer.Argument(..., help="run folder (runs/NAME) or model: NAME, PREFIX, PATH.onnx "
                                         "or zoo:/symbol:/onnx:"),
-           fmt: str = typer.Option("both", "--format", help="symbol, onnx or both"),
+           fmt: str = typer.Option("both", "--format", help="symbol, onnx, openvino (OpenVINO IR, the "
+                                   "[openvino] extra) or both (symbol and onnx)"),
            out: Path = typer.Option(Path("export"), "--out", help="output folder"),
            force: bool = typer.Option(False, "--force", help="overwrite existing files"),
            input_shape: Optional[List[str]] = ShapeOpt,
            checkpoint: str = CheckpointOpt,
-           int8: bool = typer.Option(False, "--int8", help="also write NAME.int8.onnx (onnxruntime) and/or "
-                                     "NAME-int8-symbol.json + NAME-int8-0000.params (MXNet oneDNN), a run's "
-                                     "export only: calibrated on the run's images, refused if top-1 (mAP, mIoU) "
-                                     "drops by more than export.quantize.max_drop points on its validation "
-                                     "split")) -> None:
-    """Export a run or a model to MXNet symbol/params and/or ONNX, verified against onnxruntime."""
-    formats = FORMATS[_choice(fmt, list(FORMATS), "--format")]
+           int8: bool = typer.Option(False, "--int8", help="also write NAME.int8.onnx (onnxruntime), "
+                                     "NAME-int8-symbol.json + NAME-int8-0000.params (MXNet oneDNN) and/or "
+                                     "NAME.int8-openvino/ (NNCF), a run's export only: calibrated on the run's "
+                                     "images, each refused (the rest written) if top-1 (mAP, mIoU) drops by more "
+                                     "than export.quantize.max_drop points on its validation split")) -> None:
+    """Export a run or a model to MXNet symbol/params, ONNX and/or OpenVINO IR, each verified before it is
+    written; a refused int8 model is named and the others are written (exit 2 only when int8 was asked
+    for and none holds)."""
+    from .export.registry import BOTH, FORMATS, check_formats, check_int8
+
+    formats = check_formats(list(BOTH) if _choice(fmt, ["both", *FORMATS], "--format") == "both" else [fmt],
+                            "--format")
+    if int8:
+        check_int8(formats)
     _choice(checkpoint, CHECKPOINTS, "--checkpoint")
     if Path(source).is_dir():
         from .train.runs import export_run
@@ -182,14 +189,30 @@ def export(source: str = typer.Argument(..., help="run folder (runs/NAME) or mod
 
 
 def _exported(paths: list[Path]) -> None:
-    """Every ONNX export was checked against onnxruntime before it was kept; say so."""
+    """Say what was written and how each artifact was checked, then name every refused one; exit 2
+    when a precision asked for got no artifact at all (``Exported.failure``)."""
+    from .export.artifacts import Exported
+
+    if not isinstance(paths, Exported):  # a run that exported nothing (stopped early, export=False)
+        paths = Exported()
+    listed = set()
+    for a in paths.artifacts:
+        for f in a.files:
+            note = "" if f != a.path else f" ({a.verdict})" if a.format == "openvino" else \
+                " (int8, checked on the validation split)" if a.precision == "int8" else \
+                " (verified)" if a.format == "onnx" else ""
+            typer.echo(f"exported {f}{note}")
+            listed.add(f)
     for p in paths:
-        if p.name.endswith((".int8.onnx", "-int8-symbol.json")):
-            typer.echo(f"exported {p} (int8, checked on the validation split)")
-        elif p.name.endswith((".int8.json", "-int8-symbol.report.json")):
+        if p not in listed:
             typer.echo(f"int8 report {p}")
-        else:
-            typer.echo(f"exported {p} (verified)" if p.suffix == ".onnx" else f"exported {p}")
+    unmet = paths.unmet()
+    for r in paths.refused:
+        if r not in unmet:  # the unmet ones are the exit-2 paragraph
+            typer.echo(f"refused ({r.format} {r.precision}, the other files were written): {r.reason}", err=True)
+    failure = paths.failure()
+    if failure is not None:
+        raise failure
 
 
 def _choice(value: str, allowed: Sequence[str], option: str) -> str:

@@ -364,7 +364,8 @@ def build_feed(net: HybridBlock, plan: Plan, recipe: Recipe, loaders: Loaders, c
     if decision.train:
         decision = _check_room(decision, t, one.size, len(train_ds) * decision.views + len(loader_dataset(loaders.val)),
                                folder)
-    per_step = t.prefix_engine.startswith("onnxruntime") or (t.prefix_engine == "auto" and t.cache_features != "off")
+    per_step = t.prefix_engine.startswith(("onnxruntime", "openvino")) or (t.prefix_engine == "auto"
+                                                                          and t.cache_features != "off")
     use_engine = split.prefix is not None and (decision.train or per_step)
     if not use_engine:
         return Feed(net, loaders, split, log=f"feature cache: off ({decision.reason})",
@@ -377,7 +378,8 @@ def build_feed(net: HybridBlock, plan: Plan, recipe: Recipe, loaders: Loaders, c
     cache = FeatureCache(None, loaders, max(decision.views, 1), t, folder, recipe.data.batch_size,
                          recipe.data.workers, quiet, float_key)
     made_by = _complete_under(cache, [float_key] + [{**float_key, **Int8Engine.key_for(reduce)} for reduce in
-                                                    (False, True) if t.prefix_engine == "onnxruntime-int8"])
+                                                    (False, True) if t.prefix_engine == "onnxruntime-int8"]
+                              + [{**float_key, "engine": "openvino-int8"}] * (t.prefix_engine == "openvino-int8"))
     if decision.train and made_by is not None:  # a resume with every feature at hand: skip the engines' probe
         engine, engine_log = MxEngine(split.prefix, recipe.model.input_shape, ctx, t.hybridize), \
             f"prefix engine: none run (every feature is in {folder}{made_by})"
@@ -431,7 +433,8 @@ def _complete_under(cache: FeatureCache, keys: list[dict[str, Any]]) -> str | No
     for key in keys:
         cache.key = key
         if cache.complete():
-            return f", made by {key['engine']} with reduce_range {key['reduce_range']}" if "engine" in key else ""
+            return (f", made by {key['engine']}" + (f" with reduce_range {key['reduce_range']}" if "reduce_range" in key
+                                                      else "")) if "engine" in key else ""
     cache.key = keys[0]
     return None
 

@@ -291,6 +291,84 @@ class Int8Engine(OrtEngine):
         return {"engine": Int8Engine.name, "reduce_range": reduce}
 
 
+class OvEngine:
+    """The float onnxruntime prefix's ONNX model converted by OpenVINO (``openvino.convert_model``) and
+    compiled for the CPU in float32 (the CPU plugin picks bfloat16 by itself where the CPU has it);
+    checked against MXNet by ``choose_engine`` like the onnxruntime one."""
+
+    name = "openvino"
+    key: dict = {}  # float features agree with MXNet's within AGREE_RTOL: the same cache
+
+    def __init__(self, float_engine: OrtEngine, model=None) -> None:
+        from ..export import openvino_ir
+
+        ov = openvino_ir.require()
+        if model is None:
+            with tempfile.TemporaryDirectory(prefix="gluontl-prefix-ov-") as d:
+                path = Path(d) / "prefix.onnx"
+                path.write_bytes(float_engine.model)
+                model = ov.convert_model(str(path))
+        self.model, self.input_shape = model, float_engine.input_shape
+        threads = int(os.environ.get("OMP_NUM_THREADS", "0") or 0) or None
+        self.compiled = openvino_ir.compiled(model, threads)
+        self.request = self.compiled.create_infer_request()
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        check_images(x.shape, self.input_shape, f"the frozen prefix ({self.name})")
+        return np.array(self.request.infer({0: np.ascontiguousarray(x, np.float32)})[self.compiled.output(0)])
+
+
+class OvInt8Engine(OvEngine):
+    """The OpenVINO prefix quantized by NNCF (post-training, performance preset), calibrated on
+    ``calibration`` batches."""
+
+    name = "openvino-int8"
+
+    def __init__(self, float_engine: "OvEngine", calibration: Sequence[np.ndarray], ort_engine: OrtEngine) -> None:
+        import nncf
+
+        images = getattr(calibration, "images", None) or sum(len(b) for b in calibration)
+        model = nncf.quantize(float_engine.model.clone(), nncf.Dataset(calibration, lambda b: np.ascontiguousarray(
+            b, np.float32)), subset_size=max(len(calibration), 1), preset=nncf.QuantizationPreset.PERFORMANCE)
+        super().__init__(ort_engine, model)
+        self.note = f"NNCF int8 calibrated on {images} training images"
+        self.key = {"engine": self.name}
+
+
+def _openvino_or_fallback(kind: str, ort_engine: OrtEngine, calibration: Sequence[np.ndarray], probe: np.ndarray,
+                          want: np.ndarray, rel: float) -> tuple[Engine, str]:
+    """``prefix_engine: openvino`` / ``openvino-int8``: OpenVINO's float prefix if it agrees with MXNet
+    within AGREE_RTOL (else an error, as for onnxruntime); its NNCF int8 when its features are within
+    INT8_AGREE_RTOL and not collapsed, else the float OpenVINO prefix, and the log says why."""
+    try:
+        engine = OvEngine(ort_engine)
+    except Exception as e:  # not installed (a GluontlError naming the extra), or OpenVINO's own errors
+        raise TrainError(f"train.prefix_engine: {kind}, but the frozen prefix cannot run in OpenVINO "
+                         f"({short_reason(e, 300)}). Use prefix_engine: onnxruntime or auto.") from None
+    rel_ov = _rel(engine(probe), want)
+    if rel_ov > AGREE_RTOL:
+        raise TrainError(f"train.prefix_engine: {kind}, but OpenVINO's prefix output differs from MXNet's by rel "
+                         f"{rel_ov:.1e} > {AGREE_RTOL:.0e} on the first batch. Use prefix_engine: onnxruntime, and "
+                         f"report the model.")
+    line = f"prefix engine: openvino (agrees with mxnet: rel {rel_ov:.1e}; onnxruntime rel {rel:.1e})"
+    if kind == "openvino":
+        return engine, line
+    try:
+        int8 = OvInt8Engine(engine, calibration, ort_engine)
+    except Exception as e:  # NNCF missing or failing
+        return engine, f"{line}; openvino-int8 refused: NNCF could not quantize the prefix ({short_reason(e)})"
+    got = int8(probe)
+    rel8 = _rel(got, want) if np.isfinite(got).all() else float("inf")
+    if rel8 > INT8_AGREE_RTOL:
+        return engine, f"{line}; openvino-int8 refused: its features differ from MXNet's by rel {rel8:.1e} > " \
+                       f"{INT8_AGREE_RTOL:g} on the first batch ({int8.note})"
+    if len(probe) > 1 and collapsed(got) and not collapsed(want):
+        return engine, f"{line}; openvino-int8 refused: its features are the same for every image of the first " \
+                       f"batch ({int8.note})"
+    return int8, f"prefix engine: openvino-int8 ({int8.note}; agrees with mxnet: rel {rel8:.1e} <= " \
+                 f"{INT8_AGREE_RTOL:g}, float openvino rel {rel_ov:.1e})"
+
+
 def _median_seconds(engine: Engine, x: np.ndarray, reps: int = 3) -> float:
     engine(x)
     times = []
@@ -341,10 +419,32 @@ def choose_engine(kind: str, prefix: HybridBlock, input_shape: tuple[int, ...], 
         return _int8_or_float(ort_engine, calibration, ctx, probe, want, rel)
     if kind == "onnxruntime":
         return ort_engine, f"prefix engine: onnxruntime (agrees with mxnet: rel {rel:.1e})"
+    if kind in ("openvino", "openvino-int8"):
+        return _openvino_or_fallback(kind, ort_engine, calibration, probe, want, rel)
     t_mx, t_ort = _median_seconds(mx_engine, probe), _median_seconds(ort_engine, probe)
-    best = ort_engine if t_ort * margin < t_mx else mx_engine
-    return best, (f"prefix engine: {best.name} (auto: mxnet {t_mx * 1e3:.1f} ms, onnxruntime "
-                  f"{t_ort * 1e3:.1f} ms per batch of {len(probe)}; agreement rel {rel:.1e})")
+    timed = f"mxnet {t_mx * 1e3:.1f} ms, onnxruntime {t_ort * 1e3:.1f} ms"
+    best, t_best = (ort_engine, t_ort) if t_ort * margin < t_mx else (mx_engine, t_mx)
+    ov_engine = _agreeing_openvino(ort_engine, probe, want)  # measured, not assumed: only where installed
+    if ov_engine is not None:
+        t_ov = _median_seconds(ov_engine, probe)
+        timed += f", openvino {t_ov * 1e3:.1f} ms"
+        if t_ov * (margin if best is mx_engine else 1.0) < t_best:
+            best = ov_engine
+    return best, (f"prefix engine: {best.name} (auto: {timed} per batch of {len(probe)}; agreement rel "
+                  f"{rel:.1e})")
+
+
+def _agreeing_openvino(ort_engine: OrtEngine, probe: np.ndarray, want: np.ndarray) -> "OvEngine | None":
+    """OpenVINO's float prefix for ``auto`` to time, if OpenVINO is installed and agrees with MXNet."""
+    import importlib.util
+
+    if importlib.util.find_spec("openvino") is None:
+        return None
+    try:
+        engine = OvEngine(ort_engine)
+        return engine if _rel(engine(probe), want) <= AGREE_RTOL else None
+    except Exception:  # auto falls back to what it measured without it
+        return None
 
 
 def _int8_or_float(ort_engine: OrtEngine, calibration: Sequence[np.ndarray], ctx: mx.Context, probe: np.ndarray,

@@ -428,7 +428,11 @@ def onnx_props(card: Mapping[str, Any]) -> dict[str, str]:
 def onnx_card(path: str | Path) -> dict[str, Any]:
     """The run card an exported ONNX file's metadata carries (``preprocess``, ``classes``), parsed;
     a file without it, or with text that is no JSON, is refused naming the file."""
-    meta = onnx_metadata(path)
+    return card_of(onnx_metadata(path), path)
+
+
+def card_of(meta: Mapping[str, str], path: str | Path) -> dict[str, Any]:
+    """:func:`onnx_card` of an export's gluontl metadata (an ONNX file's, or an OpenVINO IR's runtime info)."""
     try:
         return {"preprocess": parse_json(meta[META_PREPROCESS]), "classes": parse_json(meta[META_CLASSES])}
     except ValueError as e:
@@ -437,7 +441,12 @@ def onnx_card(path: str | Path) -> dict[str, Any]:
 
 def onnx_preprocess(path: str | Path) -> tuple[Preprocess, list[str]]:
     """The pipeline and class names an exported ONNX file's metadata_props record."""
-    meta = onnx_metadata(path)
+    return preprocess_of(onnx_metadata(path), path)
+
+
+def preprocess_of(meta: Mapping[str, str], path: str | Path) -> tuple[Preprocess, list[str]]:
+    """The pipeline and class names of an export's gluontl metadata (ONNX metadata_props, or an
+    OpenVINO IR's runtime info under the same keys)."""
     return (Preprocess.from_json(_json(meta[META_PREPROCESS], f"{path} ({META_PREPROCESS})"), str(path)),
             _class_list(_json(meta[META_CLASSES], f"{path} ({META_CLASSES})"), str(path)))
 

@@ -25,7 +25,11 @@ from onnx import TensorProto, helper, numpy_helper
 
 from gluontl.atomic import atomic_write
 from gluontl.errors import ExportError, short_reason
-from gluontl.export.exporters import check_target, convert_block, export_block, finish_model, set_metadata
+from gluontl.export.artifacts import Artifact, Exported
+from gluontl.export.openvino_ir import add_ir
+from gluontl.export.registry import check_formats
+from gluontl.export.exporters import check_target, convert_block, export_block, finish_model, onnx_verdict, \
+    set_metadata
 from gluontl.export.trace import sample_batches
 from gluontl.export.verify import ort_session
 from gluontl.data.transforms import META_CLASSES, onnx_props
@@ -268,7 +272,7 @@ def export_detector(net: mx.gluon.HybridBlock, out_dir: str | Path, name: str, i
                     nms_thresh: float | None = None, nms_topk: int | None = None, post_nms: int | None = None,
                     score_thresh: float = GLUONCV_SCORE_THRESH, sample: np.ndarray | None = None,
                     formats: Sequence[str] = ("symbol", "onnx"), input_name: str = "data", rtol: float = 1e-4,
-                    force: bool = False) -> list[Path]:
+                    force: bool = False, judge: Any = None, int8: Any = None, echo: Any = log.info) -> Exported:
     """Write a GluonCV SSD/YOLOv3 as ``NAME-symbol.json``/``NAME-0000.params`` (+
     ``NAME-preprocess.json``) and/or ``NAME.onnx`` with per-class NMS (see the module doc).
 
@@ -294,9 +298,7 @@ def export_detector(net: mx.gluon.HybridBlock, out_dir: str | Path, name: str, i
                 "nms_topk": int(net.nms_topk if nms_topk is None else nms_topk),
                 "post_nms": int(net.post_nms if post_nms is None else post_nms),
                 "score_thresh": float(score_thresh)}
-    unknown = sorted(set(formats) - {"symbol", "onnx"})
-    if unknown:
-        raise ExportError(f"Unknown export formats {unknown}; use 'symbol' and/or 'onnx'.")
+    check_formats(formats, "formats")
     _check_thresholds(settings["nms_thresh"], settings["score_thresh"])
     if "symbol" in formats and settings["score_thresh"] != GLUONCV_SCORE_THRESH:
         raise ExportError(f"score_thresh {score_thresh} cannot go into the symbol export: GluonCV's graph fixes it at "
@@ -309,16 +311,23 @@ def export_detector(net: mx.gluon.HybridBlock, out_dir: str | Path, name: str, i
         # creates the folder (with its errors) also when only ONNX is asked for
         written = export_block(net, out_dir, name, {input_name: shape}, formats=[f for f in formats if f == "symbol"],
                                force=force, card=full_card)
-        if "onnx" in formats:
-            path = Path(out_dir) / f"{name}.onnx"
-            check_target(path, force)
+        def write_onnx(folder: Path, overwrite: bool) -> Path:
+            path = Path(folder) / f"{name}.onnx"
+            check_target(path, overwrite)
             net.set_nms(-1, -1, -1)
             model = _detector_onnx(net, input_name, shape, len(classes), settings)
             meta = onnx_props(full_card) if "preprocess" in full_card else {META_CLASSES: json.dumps(classes)}
             set_metadata(model, {**meta, META_NMS: json.dumps(settings)})
             data = model.SerializeToString()
             _verify(data, net, path, sample_batches(sample, shape), settings, max(shape[2:]), rtol)
-            written.append(atomic_write(path, lambda p: p.write_bytes(data), ExportError))
+            return atomic_write(path, lambda p: p.write_bytes(data), ExportError)
+
+        if "onnx" in formats:
+            written.add(Artifact("onnx", "float", (write_onnx(Path(out_dir), force),),
+                                 onnx_verdict(rtol) + " (per-class NMS: class ids exactly)"))
+        if "openvino" in formats:
+            add_ir(written, Path(out_dir), name, lambda folder: write_onnx(folder, True), sample_batches(sample, shape),
+                   rtol, force, judge=judge, int8=int8, echo=echo)
     finally:
         net.set_nms(*saved)
     return written

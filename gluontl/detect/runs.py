@@ -146,15 +146,15 @@ def predict_onnx(onnx_path: str | Path, images: list[str], out_dir: str | Path |
     """:func:`predict` with a detector's ONNX export in onnxruntime, preprocessing and class
     names from the file's metadata alone (what a deployment has); outputs go to ``out_dir``
     (default NAME-predictions beside the file)."""
-    from ..export.verify import ort_session
-    from ..data.transforms import load_images, onnx_card
+    from ..export.openvino_ir import deployed_card, deployed_session
+    from ..data.transforms import load_images
     from .export import OUTPUT_NAMES
 
     path = Path(onnx_path)
-    card = onnx_card(path)  # no metadata: refused before any work
+    card = deployed_card(path)  # no metadata: refused before any work (an OpenVINO IR: its runtime info)
     transform, names, hw = input_transform(card, f"'{path}'")
     decoded = load_images(images)
-    session = ort_session(path, f"'{path}'")
+    session = deployed_session(path)  # an OpenVINO IR folder runs behind the same calls
     inputs, outputs = session.get_inputs(), [o.name for o in session.get_outputs()]
     want = card["preprocess"]["input"]["shape"][1:]  # checked by input_transform
     if len(inputs) != 1 or len(inputs[0].shape) != 4 or sorted(outputs) != sorted(OUTPUT_NAMES) or any(
@@ -192,10 +192,23 @@ def export(run_dir: str | Path, recipe: Recipe, net, out_dir: str | Path | None,
     if not card.get("classes"):
         raise TrainError(f"{RunFolder(run).card_path} lists no classes; it was edited. Delete it to have it "
                          f"computed from the recipe and the training data.")
+    judge = None
+    if "openvino" in formats and (recipe.data is not None or quantize is not None):
+        from ..export.openvino_ir import Judge
+        from ..export.quantize import calibration_indices
+        from .metrics import int8_metric
+
+        data = recipe_data(recipe, run)
+        val = _dataset(recipe, run, data.val)
+        calib = val if quantize is None or quantize.calibration == "val" else _dataset(recipe, run, data.train)
+        judge = Judge(val, [val[(i, 0)][1] for i in range(len(val))], int8_metric(card["classes"]),
+                      lambda _, ds: lambda i: ds[(i, 0)][0], lambda q: calibration_indices(q.calibration, calib, val))
+
     def write(folder: Path) -> list[Path]:
         return export_detector(net, folder, recipe.name, tuple(recipe.model.input_shape),
                                class_names=card["classes"], card=card, sample=sample, formats=formats,
-                               input_name=export_input_name(recipe), rtol=recipe.export.rtol, force=force)
+                               input_name=export_input_name(recipe), rtol=recipe.export.rtol, force=force,
+                               judge=judge, int8=quantize, echo=echo or print)
 
     out = Path(out_dir or RunFolder(run).export_dir)
     if quantize is None:

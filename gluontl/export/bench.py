@@ -34,7 +34,8 @@ from gluontl.export.verify import deploy_session
 from gluontl.runfolder import RunFolder
 
 INT8_SUFFIX = ".int8.onnx"
-SUFFIXES = ((INT8_SUFFIX, ".onnx"), ("-int8-symbol.json", "-symbol.json"))  # (int8, float) endings
+SUFFIXES = ((INT8_SUFFIX, ".onnx"), ("-int8-symbol.json", "-symbol.json"), (".int8.xml", ".xml"))  # (int8, float)
+IR_FOLDER = "-openvino"  # an OpenVINO IR is NAME-openvino/NAME.xml (+ .bin), its int8 NAME.int8-openvino/NAME.int8.xml
 _WARMUP = 3
 MAX_SPREAD = 0.10  # (p90 - p10) / median that counts as a steady figure
 MAX_ROUNDS = 5  # rounds of ``repeat`` timed runs before a figure is called noisy
@@ -55,15 +56,22 @@ def partner(path: Path) -> Path:
     ``m-symbol.json`` / ``m-int8-symbol.json``)."""
     int8, flt, is_int8 = _kind(path)  # type: ignore[misc]
     cut, add = (int8, flt) if is_int8 else (flt, int8)
-    return path.with_name(path.name[: -len(cut)] + add)
+    name = path.name[: -len(cut)] + add
+    if flt == ".xml":  # each IR in its own folder, named as its file
+        return path.parent.parent / f"{name[: -len('.xml')]}{IR_FOLDER}" / name
+    return path.with_name(name)
 
 
 def find_models(target: Path, require_int8: bool) -> list[tuple[Path | None, Path | None]]:
-    """(float, int8) pairs of a file, of the .onnx and -symbol.json files of a folder, or of a run's export/."""
+    """(float, int8) pairs of a file, of the .onnx and -symbol.json files and IR folders
+    (NAME-openvino/NAME.xml) of a folder, or of a run's export/."""
     if target.is_dir() and RunFolder(target).is_run():
         target = RunFolder(target).export_dir
-    if target.is_dir():
-        files = sorted(f for f in target.iterdir() if _kind(f))
+    if target.is_dir() and target.name.endswith(IR_FOLDER) and any(target.glob("*.xml")):
+        files = sorted(target.glob("*.xml"))
+    elif target.is_dir():
+        files = sorted(f for f in target.iterdir() if f.is_file() and _kind(f) and f.suffix != ".xml")
+        files += sorted(target.glob(f"*{IR_FOLDER}/*.xml"))
     elif target.is_file() and _kind(target):
         files = [target]
     else:
@@ -133,6 +141,8 @@ def time_runs(run: Callable[[], Any], repeat: int, clock: Callable[[], float] = 
 def bench_file(path: Path, batches: Sequence[int], threads: int, repeat: int) -> list[dict[str, Any]]:
     if path.name.endswith("-symbol.json"):
         return _bench_symbol_with(path, batches, threads, repeat)
+    if path.suffix == ".xml":
+        return bench_ir(path, batches, threads, repeat)
     try:
         session = deploy_session(path, threads)
     except Exception as err:  # onnxruntime's errors share no base class
@@ -143,6 +153,30 @@ def bench_file(path: Path, batches: Sequence[int], threads: int, repeat: int) ->
         stats = time_runs(lambda: session.run(None, feeds), repeat)
         rows.append({"file": str(path), "batch": b, **stats, "images_per_s": 1000 * b / stats["median_ms"],
                      "threads": session.get_session_options().intra_op_num_threads})
+    return rows
+
+
+def bench_ir(path: Path, batches: Sequence[int], threads: int, repeat: int) -> list[dict[str, Any]]:
+    """An OpenVINO IR compiled for the CPU on ``threads`` inference threads (float32 precision
+    for a float IR, as it was verified; an int8 IR runs its integer kernels)."""
+    from gluontl.export import openvino_ir
+
+    ov = openvino_ir.require()
+    xml = openvino_ir.ir_xml(path)
+    try:
+        net = openvino_ir.compiled(ov.Core().read_model(str(xml)), threads)
+    except Exception as err:
+        raise ExportError(f"OpenVINO cannot load '{xml}' ({short_reason(err)}); re-export it.") from None
+    shape = list(net.input(0).get_partial_shape())
+    if any(not d.is_static for d in shape[1:]):
+        raise ExportError(f"'{xml}' has free input sizes besides the batch; bench feeds fixed shapes.")
+    rows = []
+    for b in batches:
+        x = np.random.default_rng(0).standard_normal([b, *(d.get_length() for d in shape[1:])]).astype(np.float32)
+        request = net.create_infer_request()
+        stats = time_runs(lambda: request.infer({0: x}), repeat)
+        rows.append({"file": str(xml), "batch": b, **stats, "images_per_s": 1000 * b / stats["median_ms"],
+                     "threads": threads})
     return rows
 
 
@@ -216,6 +250,7 @@ def bench(target: str | Path, *, int8: bool = False, batches: Sequence[int] = (1
                                        for f, q in zip(entry["float"]["runs"], entry["int8"]["runs"])}
             entry["size_ratio"] = entry["float"]["bytes"] / entry["int8"]["bytes"]
         results.append(entry)
+    _against_float_onnx(results)
     report = {"cpu": {**cpu.flag_summary(flags), "described": cpu.describe(flags)}, "threads": threads,
               "repeat": repeat, "warmup": _WARMUP, "max_spread": MAX_SPREAD, "max_rounds": MAX_ROUNDS,
               "onnxruntime": ort.__version__, "session": "CPUExecutionProvider, all graph optimizations",
@@ -224,21 +259,49 @@ def bench(target: str | Path, *, int8: bool = False, batches: Sequence[int] = (1
         report["mxnet"] = {"version": mx.__version__, "omp_threads": threads,
                            "graph": "SymbolBlock hybridized (static_alloc, static_shape), in a child process "
                                     "started with OMP_NUM_THREADS=threads"}
+    if any(Path(e[k]["file"]).suffix == ".xml" for e in results for k in ("float", "int8") if k in e):
+        from gluontl.export import openvino_ir
+
+        report["openvino"] = openvino_ir.require().__version__
     run = RunFolder(target)
     folder = run.export_dir if run.is_run() else target if target.is_dir() else target.parent
     path = write_text(Path(out) if out else folder / RunFolder.BENCH, json.dumps(report, indent=1), ExportError)
     return report, path
 
 
+def _against_float_onnx(results: list[dict[str, Any]]) -> None:
+    """Each run's speed against the float ONNX file of the same name in onnxruntime (the baseline
+    every deployment has), as ``vs_onnx`` (its median / this median), where that file was benched."""
+    def stem(file: str) -> str:
+        p = Path(file)
+        for int8, flt in SUFFIXES:
+            for end in (int8, flt):
+                if p.name.endswith(end):
+                    return p.name[: -len(end)]
+        return p.name
+
+    base = {stem(e["float"]["file"]): {r["batch"]: r["median_ms"] for r in e["float"]["runs"]}
+            for e in results if "float" in e and e["float"]["file"].endswith(".onnx")}
+    for entry in results:
+        for kind in ("float", "int8"):
+            for r in entry.get(kind, {}).get("runs", []):
+                ms = base.get(stem(r["file"]), {}).get(r["batch"])
+                if ms is not None:
+                    r["vs_onnx"] = ms / r["median_ms"]
+
+
 def table(report: dict[str, Any]) -> str:
     """The report as aligned text: one row per file and batch, the int8 speed-up beside int8 rows."""
     engines = f"onnxruntime {report['onnxruntime']}"
+    if "openvino" in report:
+        engines += f", OpenVINO {report['openvino']}"
     if "mxnet" in report:
         engines += f" and MXNet {report['mxnet']['version']}"
     lines = [f"CPU: {report['cpu']['described']}; {engines}, each on {report['threads']} thread(s); medians of "
              f"{report['repeat']} runs after {report['warmup']} warm-up runs, more (up to {report['max_rounds']} "
              f"rounds) until the p10-p90 spread is within {100 * report['max_spread']:.0f} % of the median"]
-    header = ("file", "batch", "median ms", "p10-p90 ms", "spread", "runs", "images/s", "int8 speed-up")
+    header = ("file", "batch", "median ms", "p10-p90 ms", "spread", "runs", "images/s", "int8 speed-up",
+              "vs float ONNX")
     rows, noisy = [], []
     for entry in report["models"]:
         for kind in ("float", "int8"):
@@ -252,7 +315,8 @@ def table(report: dict[str, Any]) -> str:
                 rows.append((Path(r["file"]).name, str(r["batch"]), f"{r['median_ms']:.2f}",
                              f"{r['p10_ms']:.2f}-{r['p90_ms']:.2f}", f"{100 * r['spread']:.0f} %"
                              + ("" if r["steady"] else " noisy"), str(r["runs"]), f"{r['images_per_s']:.1f}",
-                             "" if not ratio else f"{ratio:.2f}x" if steady else f"? ({ratio:.2f}x, noisy)"))
+                             "" if not ratio else f"{ratio:.2f}x" if steady else f"? ({ratio:.2f}x, noisy)",
+                             f"{r['vs_onnx']:.2f}x" if "vs_onnx" in r else ""))
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
         lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())

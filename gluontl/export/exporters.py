@@ -26,9 +26,10 @@ from gluontl.errors import ExportError
 from gluontl.mxinternals import graph_of, symbol_from
 from gluontl.mxinternals.graphblock import common_expr_pass
 from gluontl.export import mx_ops  # noqa: F401  (registers converters mx.onnx lacks)
+from gluontl.export.artifacts import Artifact, Exported
 from gluontl.export.lean import make_lean
 from gluontl.export.patch import patch_model, source_info
-from gluontl.export.trace import TracedBlock, dummy_inputs, predict, trace_block
+from gluontl.export.trace import TracedBlock, dummy_inputs, predict, sample_batches, trace_block
 from gluontl.export.verify import compare, ort_session, output_error, saturating_scales
 from gluontl.data.transforms import META_CLASSES, META_PREPROCESS, META_TASK, load_preprocess, onnx_props
 
@@ -476,13 +477,20 @@ def export_symbol(
 def export_block(block, out_dir: str | Path, name: str, input_shapes: Mapping[str, tuple[int, ...]], *,
                  formats: list[str], opset: int | None = None, rtol: float = 1e-4, lean: bool = True,
                  force: bool = False, sample: Mapping[str, np.ndarray] | None = None,
-                 output_names: list[str] | None = None, card: Mapping[str, Any] | None = None) -> list[Path]:
+                 output_names: list[str] | None = None, card: Mapping[str, Any] | None = None,
+                 judge: Any = None, int8: Any = None, echo: Any = log.info) -> Exported:
     """Export to symbol/params and/or ONNX (verified against onnxruntime, on ``sample`` too).
 
     ``input_shapes`` maps each input name, in call order, to its batch-first shape. ``card``
     (a run's preprocessing and class names) goes into the ONNX metadata_props and beside the
-    symbol files as ``NAME-preprocess.json``; bare models have none.
+    symbol files as ``NAME-preprocess.json``; bare models have none. ``openvino`` in ``formats``
+    converts the verified ONNX file (made in a scratch folder if ``onnx`` is not asked for) to an IR
+    (``export.openvino_ir``); a ``judge`` (a run's validation split and metric) checks it by the
+    task's metric, and ``int8`` (a QuantizeSpec) adds its NNCF int8 partner.
     """
+    from gluontl.export.registry import check_formats
+
+    check_formats(formats, "formats")
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ExportError(f"Output folder '{out}' is a file; pass a folder (new or existing) with --out.")
@@ -492,16 +500,35 @@ def export_block(block, out_dir: str | Path, name: str, input_shapes: Mapping[st
         raise ExportError(f"Cannot create the output folder '{out}': {e.strerror}. Pick a writable place "
                           f"with --out.") from None
     shapes = dict(input_shapes)
-    written: list[Path] = []
+    written = Exported()
     if "symbol" in formats:
         card_path = out / f"{name}-preprocess.json"
         if card is not None and card_path.exists() and not force:
             raise ExportError(f"{card_path} already exists; refusing to overwrite it. Pass --force to replace it.")
-        written += list(export_symbol(block, out / name, shapes, force=force))
+        files = list(export_symbol(block, out / name, shapes, force=force))
         if card is not None:
-            written.append(write_text(card_path, json.dumps(card, indent=1), ExportError))
+            files.append(write_text(card_path, json.dumps(card, indent=1), ExportError))
+        written.add(Artifact("symbol", "float", tuple(files), SYMBOL_VERDICT))
     if "onnx" in formats:
-        written.append(export_onnx(block, out / f"{name}.onnx", shapes, opset=opset, rtol=rtol, lean=lean,
-                                   force=force, sample=None if sample is None else dict(sample),
-                                   output_names=output_names, metadata=onnx_props(card) if card else None))
+        written.add(Artifact("onnx", "float", (export_onnx(
+            block, out / f"{name}.onnx", shapes, opset=opset, rtol=rtol, lean=lean, force=force,
+            sample=None if sample is None else dict(sample), output_names=output_names,
+            metadata=onnx_props(card) if card else None),), onnx_verdict(rtol)))
+    if "openvino" in formats:
+        from gluontl.export import openvino_ir
+
+        first = next(iter(sample.values())) if sample else None
+        openvino_ir.add_ir(written, out, name, lambda folder: export_onnx(
+            block, folder / f"{name}.onnx", shapes, opset=opset, rtol=rtol, lean=lean, force=True,
+            sample=None if sample is None else dict(sample), output_names=output_names,
+            metadata=onnx_props(card) if card else None),
+            sample_batches(None if first is None else np.asarray(first, np.float32), next(iter(shapes.values()))),
+            rtol, force, judge=judge, int8=int8, echo=echo)
     return written
+
+
+SYMBOL_VERDICT = "reloaded in MXNet and compared with the block"
+
+
+def onnx_verdict(rtol: float) -> str:
+    return f"verified: onnxruntime reproduces MXNet within rtol {rtol:g}"

@@ -29,6 +29,7 @@ from gluontl.atomic import atomic_write, write_text
 from gluontl.console import root_log_level
 from gluontl.errors import ExportError, short_reason
 from gluontl.export import cpu, quantize_mx
+from gluontl.export.artifacts import Artifact, Exported, Refusal
 from gluontl.export.exporters import check_target, set_metadata
 from gluontl.export.verify import deploy_session
 
@@ -271,22 +272,23 @@ def quantize_verified(float_path: Path, spec: QuantizeSpec, train: Images, val: 
     return Int8Result(model, report)
 
 
-def export_with_int8(write_float: Callable[[Path], list[Path]], out_dir: Path, name: str, spec: QuantizeSpec,
+def export_with_int8(write_float: Callable[[Path], Exported], out_dir: Path, name: str, spec: QuantizeSpec,
                      train: Images, val: Images, labels: Any, metric: Metric, *, force: bool = False,
                      report_dir: Path | None = None, echo: Callable[[str], None] = log.info,
                      tensors: Callable[[Path, Any], Callable[[int], np.ndarray]] | None = None,
                      op_types: Sequence[str] | None = None, outputs: Sequence[str] | None = None,
-                     symbol_outputs: quantize_mx.Outputs | None = None) -> list[Path]:
-    """The float export (``write_float(folder)`` writes it, verified, and returns its files) and
+                     symbol_outputs: quantize_mx.Outputs | None = None) -> Exported:
+    """The float export (``write_float(folder)`` writes it, verified, and returns its artifacts) and
     its int8 partners beside it: ``NAME.int8.onnx`` for an ONNX file (onnxruntime),
-    ``NAME-int8-symbol.json`` / ``NAME-int8-0000.params`` for symbol files (MXNet oneDNN). All
-    are made in a scratch folder and moved into ``out_dir`` only once every int8 model passed,
-    so a refused one leaves ``out_dir`` as it was. The reports also go to ``report_dir`` (a run
-    folder) as ``NAME.int8.json`` and ``NAME-int8-symbol.report.json``. ``tensors(float_file,
-    images)``: a task's model inputs (default: the preprocessing each file records); ``op_types``
-    limits quantization to those ONNX op types (MXNet: the operators computing them);
-    ``outputs``: the ONNX outputs the metric reads, ``symbol_outputs`` the same of the symbol's
-    outputs of one batch (a segmenter's arg-max)."""
+    ``NAME-int8-symbol.json`` / ``NAME-int8-0000.params`` for symbol files (MXNet oneDNN). Each
+    is made in a scratch folder and moved into ``out_dir`` if its own verdict holds: a refused
+    int8 model is listed in ``refused`` (with its numbers and what to try) and takes neither the
+    float files nor another int8 model down with it. The reports of the written ones also go to
+    ``report_dir`` (a run folder) as ``NAME.int8.json`` and ``NAME-int8-symbol.report.json``.
+    ``tensors(float_file, images)``: a task's model inputs (default: the preprocessing each file
+    records); ``op_types`` limits quantization to those ONNX op types (MXNet: the operators
+    computing them); ``outputs``: the ONNX outputs the metric reads, ``symbol_outputs`` the same
+    of the symbol's outputs of one batch (a segmenter's arg-max)."""
     created = not out_dir.exists()
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -294,48 +296,78 @@ def export_with_int8(write_float: Callable[[Path], list[Path]], out_dir: Path, n
         raise ExportError(f"Cannot create the output folder '{out_dir}': {e.strerror}. Pick a writable place "
                           f"with --out.") from None
     scratch = None
+    result = Exported()
+    made: list[Artifact] = []  # in scratch: the float artifacts, then the int8 ones that passed
     reports: list[tuple[str, Path, Path, dict[str, Any]]] = []  # (report name, float file, int8 file, report)
+
+    def name_out(text: str) -> str:  # messages name where the file would have gone, not the scratch folder
+        return text.replace(str(scratch), str(out_dir))
+
     try:
         scratch = Path(tempfile.mkdtemp(dir=out_dir, prefix=f".{name}.int8."))
-        made = write_float(scratch)
-        float_onnx = next((p for p in made if p.suffix == ".onnx"), None)
-        float_json = next((p for p in made if p.name.endswith("-symbol.json")), None)
-        if float_onnx is None and float_json is None:
+        floats = write_float(scratch)
+        made += floats.artifacts
+        result.refused += [Refusal(r.format, r.precision, name_out(r.reason)) for r in floats.refused]  # OpenVINO's
+        if any(a.format == "openvino" for a in made) and not any(
+                a.format == "openvino" and a.precision == "int8" for a in made) and not any(
+                r.format == "openvino" for r in result.refused):
+            result.refused.append(Refusal("openvino", "int8", "The int8 OpenVINO IR was not made: it is judged by "
+                                          "the task's metric on the run's validation split, and this task's exporter "
+                                          "gives OpenVINO none yet (classification and detection do). Use --format "
+                                          "onnx --int8, or ship the float IR."))
+        float_onnx = next((a.path for a in made if a.format == "onnx"), None)
+        float_json = next((a.path for a in made if a.format == "symbol"), None)
+        if float_onnx is None and float_json is None and not any(a.format == "openvino" for a in made):
             raise ExportError("int8 quantizes the ONNX or the symbol export; add onnx or symbol to export.formats "
                               "(or --format onnx/symbol/both).")
         if float_json is not None:
             quantize_mx.check_method(spec)
         targets = [f"{name}.int8.onnx"] * (float_onnx is not None)
         targets += list(quantize_mx.int8_names(name)) * (float_json is not None)
-        for p in [*made, *(scratch / t for t in targets)]:
-            check_target(out_dir / p.name, force)
+        for f in [*(f for a in made for f in a.files), *(scratch / t for t in targets)]:
+            if (out_dir / f.relative_to(scratch)).parent.is_dir():  # (an IR folder not there yet: nothing to lose)
+                check_target(out_dir / f.relative_to(scratch), force)
         calib = calibration_indices(spec.calibration, train, val)
         if float_onnx is not None:
-            result = quantize_verified(float_onnx, spec, train, val, labels, metric, echo=echo, op_types=op_types,
-                                       outputs=outputs, **({"tensors": tensors} if tensors else {}))
-            (scratch / targets[0]).write_bytes(result.model.SerializeToString())
-            reports.append((f"{name}.int8.json", float_onnx, scratch / targets[0], result.report))
+            try:
+                onnx_result = quantize_verified(float_onnx, spec, train, val, labels, metric, echo=echo,
+                                                op_types=op_types, outputs=outputs,
+                                                **({"tensors": tensors} if tensors else {}))
+                (scratch / targets[0]).write_bytes(onnx_result.model.SerializeToString())
+                made.append(Artifact("onnx", "int8", (scratch / targets[0],),
+                                     f"int8 (onnxruntime): {onnx_result.report['verification']['summary']}"))
+                reports.append((f"{name}.int8.json", float_onnx, scratch / targets[0], onnx_result.report))
+            except ExportError as err:
+                result.refused.append(Refusal("onnx", "int8", name_out(str(err))))
         if float_json is not None:
-            mx_result = quantize_mx.quantize_symbol_verified(
-                float_json, spec, *calib, val, labels, metric, tensors or symbol_tensors, out_dir=scratch,
-                op_types=op_types, outputs=symbol_outputs or (lambda outs: outs), strict_exclude=float_onnx is None,
-                echo=echo)
-            reports.append((f"{name}-int8-symbol.report.json", float_json, mx_result.files[0], mx_result.report))
-        written = [atomic_write(out_dir / p.name, lambda t, src=p: shutil.copyfile(src, t), ExportError)
-                   for p in [*made, *(scratch / t for t in targets)]]
+            try:
+                mx_result = quantize_mx.quantize_symbol_verified(
+                    float_json, spec, *calib, val, labels, metric, tensors or symbol_tensors, out_dir=scratch,
+                    op_types=op_types, outputs=symbol_outputs or (lambda outs: outs),
+                    strict_exclude=float_onnx is None, echo=echo)
+                made.append(Artifact("symbol", "int8", tuple(mx_result.files),
+                                     f"int8 (MXNet oneDNN): {mx_result.report['verification']['summary']}"))
+                reports.append((f"{name}-int8-symbol.report.json", float_json, mx_result.files[0], mx_result.report))
+            except ExportError as err:
+                result.refused.append(Refusal("symbol", "int8", name_out(str(err))))
+        for artifact in made:
+            for f in artifact.files:
+                (out_dir / f.relative_to(scratch)).parent.mkdir(exist_ok=True)
+                atomic_write(out_dir / f.relative_to(scratch), lambda t, src=f: shutil.copyfile(src, t), ExportError)
+            result.add(artifact.moved(scratch, out_dir))
     except BaseException as err:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
-        if created:  # a refused export leaves no trace, not even the folder it made
+        if created:  # an export that failed before writing anything leaves no trace, not even its folder
             shutil.rmtree(out_dir, ignore_errors=True)
         if isinstance(err, ExportError) and scratch is not None and str(scratch) in str(err):
-            raise ExportError(str(err).replace(str(scratch), str(out_dir))) from None  # name where it would go
+            raise ExportError(name_out(str(err))) from None
         raise
     shutil.rmtree(scratch, ignore_errors=True)
     if report_dir is not None:
         for report_name, float_file, int8_file, report in reports:
             sizes = {"float_bytes": quantize_mx.model_bytes(out_dir / float_file.name),
                      "int8_bytes": quantize_mx.model_bytes(out_dir / int8_file.name)}
-            written.append(write_text(report_dir / report_name, json.dumps(
+            result.append(write_text(report_dir / report_name, json.dumps(
                 {"file": str(out_dir / int8_file.name), **sizes, **report}, indent=1), ExportError))
-    return written
+    return result

@@ -59,6 +59,8 @@ def model_bytes(path: Path) -> int:
     """An ONNX file's size; a symbol export's is its graph's and its params' together."""
     if path.name.endswith("-symbol.json"):
         return path.stat().st_size + params_of(path).stat().st_size
+    if path.suffix == ".xml":  # an OpenVINO IR: its graph and its weights
+        return path.stat().st_size + path.with_suffix(".bin").stat().st_size
     return path.stat().st_size
 
 

@@ -387,7 +387,7 @@ class TrainSpec(Strict):
     cache_dtype: Literal["float32", "float16"] = "float32"
     cache_max_bytes: int = Field(default=2 * 2**30, gt=0, description="beyond this, cached features "
                                  "go to a memory-mapped file in the run folder")
-    prefix_engine: Literal["auto", "mxnet", "onnxruntime", "onnxruntime-int8"] = "auto"
+    prefix_engine: Literal["auto", "mxnet", "onnxruntime", "onnxruntime-int8", "openvino", "openvino-int8"] = "auto"
     log_every: int = Field(default=10, gt=0, le=1 << 30)
     val_every: int = Field(default=1, gt=0, le=100_000, description="validate after every N-th epoch and after "
                            "the last (Lightning's check_val_every_n_epoch); the best checkpoint is chosen among "
@@ -528,7 +528,7 @@ class ExportSpec(Strict):
     exported as that graph, patched); zoo and symbol models get ``data``, ``output``, opset 13.
     ``quantize`` set: the export also writes ``NAME.int8.onnx`` (see QuantizeSpec)."""
 
-    formats: list[Literal["symbol", "onnx"]] = Field(default_factory=lambda: ["onnx"])
+    formats: list[Literal["symbol", "onnx", "openvino"]] = Field(default_factory=lambda: ["onnx"])
     opset: int | None = Field(default=None, ge=7, le=21)
     input_names: list[str] | None = Field(default=None, min_length=1)
     output_names: list[str] | None = Field(default=None, min_length=1)

@@ -23,7 +23,11 @@ from onnx import TensorProto, helper
 
 from gluontl.atomic import atomic_write
 from gluontl.errors import ExportError, short_reason
-from gluontl.export.exporters import check_target, convert_block, export_block, finish_model, set_metadata
+from gluontl.export.artifacts import Artifact, Exported
+from gluontl.export.openvino_ir import add_ir
+from gluontl.export.registry import check_formats
+from gluontl.export.exporters import check_target, convert_block, export_block, finish_model, onnx_verdict, \
+    set_metadata
 from gluontl.export.trace import dummy_inputs, predict, sample_batches
 from gluontl.export.verify import ort_session, output_error
 from gluontl.data.transforms import META_TASK, onnx_props
@@ -37,31 +41,34 @@ TASK = "segmentation"
 def export_segmenter(net: mx.gluon.HybridBlock, out_dir: str | Path, name: str, input_shape: Sequence[int], *,
                      formats: Sequence[str] = ("symbol", "onnx"), force: bool = False, sample: np.ndarray | None = None,
                      card: Mapping[str, Any] | None = None, opset: int = 13, rtol: float = 1e-4,
-                     input_name: str = "data") -> list[Path]:
+                     input_name: str = "data") -> Exported:
     """Write ``NAME-symbol.json``/``NAME-0000.params`` (+ ``NAME-preprocess.json`` with ``card``)
     and/or ``NAME.onnx`` (module docstring) for ``net`` at C, H, W ``input_shape``. ``sample``:
     preprocessed images (N, C, H, W) to verify on; ``card``: a run's ``{"classes", "preprocess"}``
     record, written into the ONNX metadata with ``gluontl.task`` = segmentation."""
-    unknown = sorted(set(formats) - {"symbol", "onnx"})
-    if unknown:
-        raise ExportError(f"Unknown export formats {unknown}; use 'symbol' and/or 'onnx'.")
+    check_formats(formats, "formats")
     shape = (1, *(int(d) for d in input_shape))
     classes = _classes(net, shape, input_name)
     if card is not None and len(card.get("classes", ())) != classes:
         raise ExportError(f"the card names {len(card.get('classes', ()))} classes but the network predicts {classes}; "
                           f"pass the run's card (one class name per output channel).")
     batches = sample_batches(sample, shape)
-    model = segmenter_onnx(net, input_name, shape, opset) if "onnx" in formats else None  # fails before any write
+    model = segmenter_onnx(net, input_name, shape, opset) if {"onnx", "openvino"} & set(formats) else None  # fails before any write
     # creates the folder (with its errors) also when only ONNX is asked for
     written = export_block(net, out_dir, name, {input_name: shape}, formats=[f for f in formats if f == "symbol"],
                            force=force, card=card)
-    if model is not None:
-        path = Path(out_dir) / f"{name}.onnx"
-        check_target(path, force)
+    def write_onnx(folder: Path, overwrite: bool) -> Path:
+        path = Path(folder) / f"{name}.onnx"
+        check_target(path, overwrite)
         set_metadata(model, {**(onnx_props(card) if card is not None else {}), META_TASK: TASK})
         data = model.SerializeToString()
         _verify(data, net, path, batches, rtol)
-        written.append(atomic_write(path, lambda p: p.write_bytes(data), ExportError))
+        return atomic_write(path, lambda p: p.write_bytes(data), ExportError)
+
+    if "onnx" in formats:
+        written.add(Artifact("onnx", "float", (write_onnx(Path(out_dir), force),), onnx_verdict(rtol) + " (masks)"))
+    if "openvino" in formats:
+        add_ir(written, Path(out_dir), name, lambda folder: write_onnx(folder, True), batches, rtol, force)
     return written
 
 

@@ -163,7 +163,9 @@ LEGACY_TASK_KEYS = {"gluontl.nms": "detection"}  # exports from before gluontl.t
 def onnx_task(path: str | Path) -> Task:
     """The task of a gluontl ONNX export, from its metadata (a file without any: refused by
     ``onnx_metadata``, naming the file)."""
-    meta = onnx_metadata(path)
+    from ..export.openvino_ir import deployed_metadata
+
+    meta = deployed_metadata(Path(path))  # an ONNX file's metadata_props, or an OpenVINO IR's runtime info
     name = meta.get(META_TASK) or next((t for k, t in LEGACY_TASK_KEYS.items() if k in meta), "classification")
     if name not in TASKS:
         from ..errors import ExportError

@@ -143,12 +143,12 @@ class Classification:
         return _report(rows)
 
     def predict_onnx(self, path: Path, images: list[str], opts: PredictOptions) -> Report:
-        from ..export.verify import ort_session
-        from ..data.transforms import load_images, onnx_preprocess
+        from ..export.openvino_ir import deployed_preprocess, deployed_session
+        from ..data.transforms import load_images
 
-        prep, names = onnx_preprocess(path)  # no metadata: refused before any work
+        prep, names = deployed_preprocess(path)  # no metadata: refused before any work
         decoded = load_images(images)
-        session = ort_session(path, f"'{path}'")
+        session = deployed_session(path)  # an OpenVINO IR folder runs behind the same calls
         inputs, outputs = session.get_inputs(), session.get_outputs()
         if len(inputs) != 1 or len(inputs[0].shape) != 4:
             raise ExportError(f"'{path}' takes inputs {[(i.name, i.shape) for i in inputs]}; predict feeds one "
@@ -189,10 +189,22 @@ class Classification:
             ds = load_split(recipe.data, recipe.data.val)
             sample = {name: np.stack([ds[i][0] for i in range(min(8, len(ds)))]).astype(np.float32)}
 
+        judge = None
+        if "openvino" in formats and (recipe.data is not None or quantize is not None):
+            from ..export.openvino_ir import Judge
+            from ..export.quantize import calibration_indices, classification_metric, file_tensors
+
+            data = recipe_data(recipe, run)
+            val = load_split(data, data.val)
+            calib = val if quantize is None or quantize.calibration == "val" else load_split(data, data.train,
+                                                                                              check=False)
+            judge = Judge(val, val.labels, classification_metric, file_tensors,
+                          lambda q: calibration_indices(q.calibration, calib, val))
+
         def write(folder: Path) -> list[Path]:
             return export_block(net, folder, recipe.name, {name: (1, *recipe.model.input_shape)}, formats=formats,
                                 opset=spec.opset, rtol=spec.rtol, lean=spec.lean, force=force, sample=sample,
-                                output_names=spec.output_names, card=card)
+                                output_names=spec.output_names, card=card, judge=judge, int8=quantize, echo=echo)
 
         if quantize is None:
             return write(out_dir)

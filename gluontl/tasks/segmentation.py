@@ -156,14 +156,14 @@ class Segmentation(EndToEnd):
         return _write(Path(opts.out) if opts.out else RunFolder(run).predictions_dir, images, decoded, found, names)
 
     def predict_onnx(self, path: Path, images: list[str], opts: PredictOptions) -> Report:
-        from ..export.verify import ort_session
-        from ..data.transforms import load_images, onnx_card
+        from ..export.openvino_ir import deployed_card, deployed_session
+        from ..data.transforms import load_images
 
         path = Path(path)
-        card = onnx_card(path)  # no metadata: refused before any work
+        card = deployed_card(path)  # no metadata: refused before any work (an OpenVINO IR: its runtime info)
         transform, names, hw = input_transform(card, f"'{path}'")
         decoded = load_images(images)
-        session = ort_session(path, f"'{path}'")
+        session = deployed_session(path)  # an OpenVINO IR folder runs behind the same calls
         inputs = session.get_inputs()
         if len(inputs) != 1 or len(inputs[0].shape) != 4:
             raise ExportError(f"'{path}' takes inputs {[(i.name, i.shape) for i in inputs]}; a segmenter's export "

@@ -87,7 +87,9 @@ def predict(source: str | Path, images: list[str], topk: int = 5, tag: str = "be
 def predict_report(source: Path, images: list[str], opts: PredictOptions) -> Report:
     from ..data.transforms import load_images
 
-    if not source.is_dir():
+    from ..export.openvino_ir import is_ir
+
+    if not source.is_dir() or is_ir(source):  # an ONNX file, or an OpenVINO IR (its folder or its .xml)
         return onnx_task(source).predict_onnx(source, images, opts)
     load_images(images)  # a bad image fails before the model loads
     recipe, net = load_run(source, opts.tag)
@@ -159,13 +161,20 @@ def export_run(run_dir: str | Path, out_dir: str | Path | None = None, *, format
     """Export a run's checkpoint as the recipe's ``export:`` section says (or ``export``, an
     ``ExportSpec`` or a dict of its keys, in its place), verified on real val images; into
     ``RUN/export/`` unless ``out_dir`` says where. ``int8`` (or ``export.quantize`` set) adds
-    ``NAME.int8.onnx`` (see gluontl.export.quantize); ``echo`` prints its choices and numbers."""
+    ``NAME.int8.onnx`` (see gluontl.export.quantize); ``echo`` prints its choices and numbers. The
+    answer lists the written paths and is an ``export.artifacts.Exported``: ``.artifacts`` (format,
+    precision, files, verdict) and ``.refused`` (an int8 model whose verdict failed, with its numbers)."""
+    from ..export.registry import check_formats
+
+    if formats is not None:
+        check_formats(formats, "formats")  # an unknown one, or one whose extra is missing: before the model loads
     recipe, net = load_run(run_dir, tag)
     if export is not None:
         spec = as_spec(export, ExportSpec, "export", ExportError, "{'formats': ['onnx'], 'opset': 13}",
                        "It takes the keys of a recipe's export section (see docs/export.md).")
         recipe = recipe.model_copy(update={"export": spec})
     run = Path(run_dir)
+    check_formats(formats or list(recipe.export.formats), "export.formats")  # the recipe's: is the extra there?
     quantize = recipe.export.quantize or (QuantizeSpec() if int8 else None)
     return get_task(recipe).export_run(run, recipe, net, Path(out_dir) if out_dir else RunFolder(run).export_dir,
                                        formats or list(recipe.export.formats), force, quantize, echo or print)

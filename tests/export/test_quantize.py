@@ -230,7 +230,9 @@ def test_export_int8_writes_a_labelled_qdq_file_with_the_float_metadata_and_benc
     assert {r["threads"] for k in ("float", "int8") for r in entry[k]["runs"]} == {1}
 
 
-def test_max_drop_refuses_a_black_calibration_image_and_writes_nothing(digits_run, capsys):
+def test_max_drop_refuses_a_black_calibration_image_and_keeps_the_float_file(digits_run, capsys):
+    """``--format onnx --int8`` names the int8 ONNX file: refused, it is exit 2, but the float file
+    (whose own check passed) is written and the refusal gives its numbers and what to try."""
     d, run = digits_run
     broken = d / "broken_digits"
     shutil.copytree(d / "digits", broken)
@@ -243,15 +245,49 @@ def test_max_drop_refuses_a_black_calibration_image_and_writes_nothing(digits_ru
     (run / "recipe.yaml").write_text(yaml.safe_dump(edited))
     before = sorted(p.name for p in run.iterdir())
     try:
-        code, out, err = helpers.run_cli(capsys, "export", str(run), "--int8", "--out", str(d / "bad"))
+        code, out, err = helpers.run_cli(capsys, "export", str(run), "--int8", "--out", str(d / "bad"),
+                                         "--format", "onnx")
     finally:
         (run / "recipe.yaml").write_text(recipe)
     assert code == 2, err
     err = " ".join(err.split())
     assert "max_drop" in err and "not written" in err and "exclude" in err and "Traceback" not in err
-    assert "1 training images" in err
-    assert not (d / "bad").exists()  # no float file, no scratch folder, not even the --out folder
-    assert sorted(p.name for p in run.iterdir()) == before
+    assert "1 training images" in err and "points" in err
+    assert sorted(p.name for p in (d / "bad").iterdir()) == ["t.onnx"]  # no int8 file, no scratch folder
+    assert f"exported {d / 'bad' / 't.onnx'} (verified)" in out
+    assert sorted(p.name for p in run.iterdir()) == before  # no report of a refused file
+
+
+def test_a_refused_int8_symbol_takes_nothing_else_down(digits_run, capsys, monkeypatch):
+    """The README's case: the int8 ONNX file passes its verdict, the int8 symbol does not (here a
+    judge that costs the second int8 model, the symbol, 1.12 points more than max_drop allows).
+    The float files and the int8 ONNX file are written, the symbol is named with its numbers,
+    and the export exits 0: int8 was asked for and one int8 model holds."""
+    from gluontl.export import quantize
+
+    d, run = digits_run
+    calls, top1 = [], quantize.classification_metric
+
+    def judge(float_out, int8_out, labels):
+        v = top1(float_out, int8_out, labels)
+        calls.append(v)
+        if len(calls) == 2:  # onnxruntime's model is judged first, MXNet's second
+            v = {**v, "drop": 5 + 1.12, "summary": "top-1 cost 6.12 points (by construction)"}
+        return v
+
+    monkeypatch.setattr(quantize, "classification_metric", judge)
+    out_dir = d / "mixed"
+    code, out, err = helpers.run_cli(capsys, "export", str(run), "--int8", "--out", str(out_dir))
+    assert code == 0, err
+    assert len(calls) == 2
+    assert sorted(p.name for p in out_dir.iterdir()) == ["t-0000.params", "t-preprocess.json", "t-symbol.json",
+                                                         "t.int8.onnx", "t.onnx"]
+    err = " ".join(err.split())
+    assert "refused (symbol int8" in err and "t-int8-symbol.json was not written" in err
+    assert "6.12 points (by construction)" in err and "max_drop 5" in err and "Try" in err
+    assert f"exported {out_dir / 't.int8.onnx'} (int8, checked on the validation split)" in out
+    q = onnx.load(str(out_dir / "t.int8.onnx"))
+    assert any(n.op_type == "QuantizeLinear" for n in q.graph.node)
 
 
 def docs_int8_snippet():

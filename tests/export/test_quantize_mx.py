@@ -148,7 +148,7 @@ def export_symbol_edited(run, capsys, out, changes):
     return code, " ".join(err.split())
 
 
-def test_max_drop_refuses_a_mean_gray_calibration_image_for_the_symbol_and_writes_nothing(digits_run, capsys):
+def test_max_drop_refuses_a_mean_gray_calibration_image_for_the_symbol_and_keeps_the_float_pair(digits_run, capsys):
     """MXNet's ranges are symmetric around 0, so a black image (about -2 after normalization)
     still spans most inputs; the mean color normalizes to about 0 and squeezes every range."""
     d, run = digits_run
@@ -162,7 +162,7 @@ def test_max_drop_refuses_a_mean_gray_calibration_image_for_the_symbol_and_write
     assert code == 2, err
     assert "t-int8-symbol.json was not written" in err and "max_drop" in err and "Traceback" not in err
     assert "1 training images" in err
-    assert not (d / "bad").exists()
+    assert sorted(p.name for p in (d / "bad").iterdir()) == ["t-0000.params", "t-preprocess.json", "t-symbol.json"]
     assert sorted(p.name for p in run.iterdir()) == before
 
 

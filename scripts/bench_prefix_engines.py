@@ -1,0 +1,53 @@
+"""The ELPV demo with each frozen-prefix engine, back to back on one machine state:
+onnxruntime float, onnxruntime int8, OpenVINO float, OpenVINO int8 (issue 38). Each is one
+``scripts/bench_demo.py`` run (finetune + evaluate, two processes) with ``--set
+train.prefix_engine=ENGINE``; the table gives cache-fill seconds, whole-job seconds, CPU seconds
+and val top-1 / balanced accuracy, each engine's log line saying what ran (an int8 engine whose
+agreement check failed runs its float one, and says so).
+
+Usage: python scripts/bench_prefix_engines.py [--code DIR] [--engines onnxruntime,openvino,...] [--json out.json]
+
+Needs OpenVINO (and NNCF for openvino-int8) in this Python: the [openvino] and [openvino-int8]
+extras. ``--code DIR``: the checkout to run (its recipe schema must list the openvino engines).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ENGINES = ("onnxruntime", "onnxruntime-int8", "openvino", "openvino-int8")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--code", type=Path, default=ROOT)
+    ap.add_argument("--engines", default=",".join(ENGINES))
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+    results = []
+    for engine in args.engines.split(","):
+        with tempfile.TemporaryDirectory(prefix=f"bench-prefix-{engine}-") as d:
+            out = Path(d) / "res.json"
+            subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_demo.py"), "--code", str(args.code),
+                            "--runs", str(Path(d) / "runs"), "--json", str(out),
+                            "--set", f"train.prefix_engine={engine}"], check=True)
+            res = json.loads(out.read_text())
+        res.pop("evaluate_out", None)
+        results.append({"asked": engine, **res})
+    print(f"{'asked':18} {'ran':18} {'cache fill s':>12} {'job s':>7} {'CPU s':>7} {'top-1':>7} {'balanced':>8}")
+    for r in results:
+        print(f"{r['asked']:18} {r['prefix_engine']:18} {r['cache_fill']:12.1f} {r['wall']:7.1f} {r['cpu']:7.1f} "
+              f"{r['val_top1']:7.4f} {r['val_balanced_acc']:8.4f}")
+    for r in results:
+        print(f"{r['asked']}: {r['engine_log']}")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
