@@ -28,6 +28,7 @@ from gluontl.data.transforms import META_CLASSES, META_PREPROCESS, card_of, onnx
 from gluontl.errors import ExportError, ModelSourceError, short_reason
 from gluontl.export.artifacts import Artifact, Exported, Refusal
 from gluontl.export.verify import output_error
+from gluontl.runfolder import RunFolder
 
 INSTALL = ("OpenVINO is not installed in this Python; install gluontl's extra: pip install 'gluontl[openvino]' "
            "(openvino 2026.4), or export --format onnx.")
@@ -302,7 +303,7 @@ def ir_xml(path: Path) -> Path:
 
 def is_ir(path: Path) -> bool:
     path = Path(path)
-    return path.suffix == ".xml" or (path.is_dir() and not (path / "recipe.yaml").exists()
+    return path.suffix == ".xml" or (path.is_dir() and not RunFolder(path).is_run()
                                      and any(path.glob("*.xml")))
 
 
