@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # module -> (file to mutate, pytest arguments selecting the tests that exercise it; fast ones only)
 MODULES: dict[str, tuple[str, list[str]]] = {
-    "rules": ("gluontl/rules.py", ["tests/test_rules.py", "tests/test_graph_bn.py", "tests/test_rules_kinds.py",
+    "rules": ("gluontl/rules.py", ["tests/test_rules.py", "tests/test_rules_graph_bn.py", "tests/test_rules_kinds.py",
                                    "--deselect",  # a whole finetune run (~15 s) that the expansion test covers
                                    "tests/test_rules_kinds.py::test_fine_tune_run_trains_the_head_then_everything"]),
     "restore": ("gluontl/sources/restore.py", ["tests/sources/test_sources.py"]),
@@ -65,7 +65,7 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     "detect_metrics": ("gluontl/detect/metrics.py", ["tests/detect/test_detect_metrics.py",
                                                       "tests/detect/test_detect_iou.py"]),
     "sampler": ("gluontl/data/sampler.py", [
-        "tests/distributed/test_shard.py",
+        "tests/dist/test_shard.py",
         "tests/data/test_data.py::test_same_seed_same_batches_other_seed_other_batches",
         "tests/data/test_data.py::test_skip_resumes_with_the_tail_of_the_epoch",
         "tests/data/test_data.py::test_epoch_sampler_keep_and_discard"]),

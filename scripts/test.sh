@@ -67,7 +67,7 @@ trap 'kill "$prep" 2>/dev/null || true; rm -f "$prep_log"' EXIT
 python -m pytest tests -n "$workers" "$@"
 wait "$prep" || { cat "$prep_log" >&2; exit 1; }
 grep -v "is ignored: it is neither a file nor a directory" "$prep_log" >&2 || true
-not_kernels=(tests/distributed tests/train/test_interrupt.py tests/test_cli_hostile.py tests/test_cli_recipes.py
+not_kernels=(tests/dist tests/train/test_interrupt.py tests/test_cli_hostile.py tests/test_cli_recipes.py
              tests/test_recipe_fuzz.py tests/test_recipe_null.py tests/test_atomic.py tests/test_api_consistency.py
              tests/train/test_logs.py tests/data/test_data.py tests/tasks/test_split.py tests/train/test_faults.py
              tests/detect/test_formats.py tests/detect/test_synth.py tests/detect/test_detect_data.py

@@ -180,7 +180,7 @@ class KVStoreBackend(Backend):
         return gluon.Trainer(params, optimizer, options, kvstore=self.kv, update_on_kvstore=False)
 
     def prepare(self, trainer: gluon.Trainer) -> None:
-        # Private API of MXNet 1.9.1 (pinned; tests/distributed pin it too): the broadcast that step()
+        # Private API of MXNet 1.9.1 (pinned; tests/dist pin it too): the broadcast that step()
         # would do lazily, racing the first gradient push on the same keys.
         _default_layout(trainer)
         with self.guard("the initial broadcast of the weights"):

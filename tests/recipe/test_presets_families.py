@@ -23,7 +23,7 @@ from gluontl.onnx import import_model
 from gluontl.recipe import FineTune, FreezeAllButHead, FreezeBn, FreezeUntilStage, LayerDecay, NoWeightDecay1d, Rule
 from gluontl.rules import make_plan
 
-FIXTURES = Path(__file__).parent / "onnx" / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "onnx" / "fixtures"
 MANIFEST = {e["file"]: e for e in json.loads((FIXTURES / "MANIFEST.json").read_text())["fixtures"]}
 FAMILIES = {  # file → families it stands for
     "resnet_legacy_op13_nofold.onnx": "batchnorm",

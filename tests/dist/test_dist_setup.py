@@ -102,7 +102,7 @@ def test_horovod_backend_without_horovod_says_how_to_build_it(monkeypatch, tmp_p
     try:
         import horovod.mxnet  # noqa: F401
         pytest.skip("horovod.mxnet imports here (scripts/build_horovod.sh ran); "
-                    "tests/distributed/test_dist_train.py's Horovod test uses it")
+                    "tests/dist/test_dist_train.py's Horovod test uses it")
     except ImportError:
         pass
     with pytest.raises(TrainError, match="scripts/build_horovod.sh"):

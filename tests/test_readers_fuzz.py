@@ -3,7 +3,7 @@ each from real files (the repo's recipes, images and cards gluontl writes), muta
 only return or raise gluontl's input error, within the worker's memory and time bounds, writing
 nothing outside its scratch folder. Detection formats: tests/detect/test_fuzz_formats.py; masks:
 tests/segment/test_fuzz_masks.py; run folders: tests/train/test_run_records.py; hosts files:
-tests/distributed/test_fuzz_hosts.py."""
+tests/dist/test_fuzz_hosts.py."""
 from __future__ import annotations
 
 import io
