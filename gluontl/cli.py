@@ -186,9 +186,9 @@ def sweep(recipe: Optional[Path] = typer.Option(None, "--recipe", "-r", help="YA
         r = load_recipe(recipe, set_)
         from .sweep.runner import parse, sweep as run
 
-        r, dims, data = parse(r, space)
+        r, dims, data, origin = parse(r, space)
         result = run(r, dims, trials=trials, jobs=jobs, timeout=timeout, root=root, sampler=sampler, pruner=pruner,
-                     storage_url=storage, quiet=quiet, space_data=data)
+                     storage_url=storage, quiet=quiet, space_data=data, origin=origin)
     typer.echo(f"sweep folder: {result.folder}")
 
 

@@ -21,10 +21,10 @@ def sweep(recipe: Any, space: Mapping[str, Any] | str | os.PathLike, *, trials: 
     folder, best value and prefix passes. ``callbacks`` go to every trial's run."""
     from .runner import parse, sweep as run
 
-    r, dims, data = parse(recipe, space)
+    r, dims, data, origin = parse(recipe, space)
     return run(r, dims, trials=trials, jobs=jobs, timeout=timeout, root=root, name=name, sampler=sampler,
                pruner=pruner, storage_url=storage, quiet=quiet, callbacks=callbacks, study_callbacks=study_callbacks,
-               space_data=data)
+               space_data=data, origin=origin)
 
 
 def resume(folder: str | Path, recipe: Any = None, *, jobs: int = 1, timeout: float | None = None,

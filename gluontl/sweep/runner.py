@@ -157,14 +157,14 @@ def _optimize(folder: Path, settings: Settings, recipe: Recipe, dims: list[Dim],
 
 def start(recipe: Recipe, dims: list[Dim], *, trials: int, root: str | Path = "sweeps", name: str | None = None,
           sampler: str = "tpe", pruner: str = "median", storage_url: str | None = None,
-          space_data: dict[str, Any] | None = None) -> tuple[Path, Settings]:
+          space_data: dict[str, Any] | None = None, origin: str = "the sweep space") -> tuple[Path, Settings]:
     """Check everything, then make the sweep folder: nothing is written before the checks pass."""
     if trials < 1:
         raise SweepError(f"--trials {trials}: a sweep runs at least one trial.")
     if recipe.train.lr == "auto":
         raise SweepError("train.lr: auto would run a range test in every trial; set train.lr to a number or "
                          "sweep it (train.lr: {log_uniform: [1.0e-4, 1.0e-1]}).")
-    check_space(recipe, dims, "the sweep space")
+    check_space(recipe, dims, origin)
     direction(recipe.train.select)
     make_sampler(sampler, 0, dims), make_pruner(pruner)
     settings = Settings(trials=trials, sampler=sampler, pruner=pruner, storage=storage_url, seed=recipe.train.seed,
@@ -262,16 +262,17 @@ def _value(dim: Dim, stored: Any) -> Any:
 def sweep(recipe: Recipe, dims: list[Dim], *, trials: int = 16, jobs: int = 1, timeout: float | None = None,
           root: str | Path = "sweeps", name: str | None = None, sampler: str = "tpe", pruner: str = "median",
           storage_url: str | None = None, quiet: bool = False, callbacks: Sequence[Callback] = (),
-          study_callbacks: Sequence[Any] = (), space_data: dict[str, Any] | None = None) -> SweepResult:
+          study_callbacks: Sequence[Any] = (), space_data: dict[str, Any] | None = None,
+          origin: str = "the sweep space") -> SweepResult:
     folder, settings = start(recipe, dims, trials=trials, root=root, name=name, sampler=sampler, pruner=pruner,
-                             storage_url=storage_url, space_data=space_data)
+                             storage_url=storage_url, space_data=space_data, origin=origin)
     show(f"sweep {folder}: {trials} trials, sampler {sampler}, pruner {pruner}, objective {recipe.train.select} "
          f"({direction(recipe.train.select)})", quiet)
     return run(folder, settings, recipe, dims, jobs=jobs, timeout=timeout, quiet=quiet, callbacks=callbacks,
                study_callbacks=study_callbacks)
 
 
-def parse(recipe: Any, space: Any) -> tuple[Recipe, list[Dim], dict[str, Any]]:
+def parse(recipe: Any, space: Any) -> tuple[Recipe, list[Dim], dict[str, Any], str]:
     """A recipe (Recipe, dict or YAML path) and a space (dict or YAML path) as the API takes them."""
     from ..readers import read_yaml
     from ..recipe import as_recipe
@@ -279,7 +280,7 @@ def parse(recipe: Any, space: Any) -> tuple[Recipe, list[Dim], dict[str, Any]]:
     r = as_recipe(recipe)
     data = space if isinstance(space, dict) else read_yaml(space, SweepError, "the sweep space")
     origin = "the space dict" if isinstance(space, dict) else str(space)
-    return r, parse_space(data, origin), data
+    return r, parse_space(data, origin), data, origin
 
 
 __all__ = ["SweepResult", "sweep", "resume", "show_table", "parse_recipe"]

@@ -37,7 +37,9 @@ class Dim:
         if self.kind == "choice":
             return list(self.args)
         low, high = self.args
-        inner = math.sqrt(low * high) if self.kind == "log_uniform" else (low + high) / 2
+        at = 0.381966  # an inner point no integer range lands on at once (a midpoint of [1, 5] is 3.0)
+        inner = math.exp(math.log(low) + at * math.log(high / low)) if self.kind == "log_uniform" \
+            else low + at * (high - low)
         return [low, high] if self.kind == "int" else [low, high, inner]
 
     def choices(self) -> list[Any]:
@@ -103,7 +105,7 @@ def check_space(recipe: Recipe, dims: list[Dim], origin: str) -> None:
             try:
                 with_params(recipe, {dim.key: value})
             except RecipeError as e:
-                why = str(e).split(": ", 1)[-1] if str(e).startswith("Invalid --set") else str(e)
+                why = str(e).removeprefix("Invalid --set value: ").split(". Fix the value given with --set")[0]
                 raise SweepError(f"{origin}: space key '{dim.key}' ({dim.kind} {list(dim.args)}) cannot be used: "
                                  f"the value {value!r} makes recipe '{recipe.name}' invalid ({why.rstrip('.')}). "
                                  f"Use a key the recipe schema knows (docs/recipes.md) and a distribution its "
