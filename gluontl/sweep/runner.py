@@ -169,6 +169,8 @@ def start(recipe: Recipe, dims: list[Dim], *, trials: int, root: str | Path = "s
     make_sampler(sampler, 0, dims), make_pruner(pruner)
     settings = Settings(trials=trials, sampler=sampler, pruner=pruner, storage=storage_url, seed=recipe.train.seed,
                         recipe_digest=recipe.digest(), space=space_data or {d.key: {d.kind: list(d.args)} for d in dims})
+    if storage_url is not None:  # an unusable --storage fails before sweeps/ is made
+        storage.open_storage(storage_url, Path(root))
     folder = _new_folder(Path(root), name or recipe.name)
     try:
         _open_study(folder, settings, dims, recipe)  # an unreachable --storage fails here, before any trial
