@@ -77,3 +77,15 @@ def test_two_processes_compute_each_view_once(prefix, tmp_path):
     assert strip(metrics[0]) == strip(metrics[1])
     val = next(p["rows"] for p in log if p["what"] == "val")
     assert np.load(next((tmp_path / "shared").glob("*val.npy")), mmap_mode="r").shape[0] == val
+
+
+def test_runs_with_more_views_add_only_the_views_missing(prefix, tmp_path):
+    """View v is drawn the same whatever train.cache_views is: 2 then 4 views compute 4 views in all."""
+    flip = {"train_transform": {"resize": 16, "flip": True}}
+    with shared_features(tmp_path / "shared") as folder:
+        for views in (2, 4):
+            finetune(parse_recipe(helpers.tiny_recipe(prefix, rules=FROZEN, export=[], data=flip, seed=0, epochs=views,
+                                                      lr=0.05, cache_views=views)),
+                     runs_root=tmp_path / f"runs{views}", quiet=True)
+    log = [json.loads(line)["what"] for line in (folder / "passes.jsonl").read_text().splitlines()]
+    assert log == ["train view 0", "val", "train view 1", "train view 2", "train view 3"]
