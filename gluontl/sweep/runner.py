@@ -83,12 +83,15 @@ def _new_folder(root: Path, name: str) -> Path:
     raise SweepError(f"{root} holds 10,000 sweeps named {name}; remove some.")
 
 
-def _open_study(folder: Path, settings: Settings, dims: list[Dim], recipe: Recipe, heartbeat: bool = True):
+def _open_study(folder: Path, settings: Settings, dims: list[Dim], recipe: Recipe, heartbeat: bool = True,
+                worker: int = 0):
+    """The study; ``worker`` k > 0 (a --jobs process) seeds its sampler seed + k, so processes do
+    not propose the same trials."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     return optuna.create_study(storage=storage.open_storage(settings.storage, folder, heartbeat),
-                               sampler=make_sampler(settings.sampler, settings.seed, dims),
+                               sampler=make_sampler(settings.sampler, settings.seed + worker, dims),
                                pruner=make_pruner(settings.pruner), study_name=folder.name,
                                direction=direction(recipe.train.select), load_if_exists=True)
 
@@ -139,12 +142,14 @@ def _progress(total: int, select: str, quiet: bool):
 
 
 def _optimize(folder: Path, settings: Settings, recipe: Recipe, dims: list[Dim], timeout: float | None,
-              quiet: bool, callbacks: Sequence[Callback] = (), study_callbacks: Sequence[Any] = ()) -> None:
-    """Run trials in this process until the study holds ``settings.trials`` complete or pruned ones."""
+              quiet: bool, callbacks: Sequence[Callback] = (), study_callbacks: Sequence[Any] = (),
+              worker: int = 0) -> None:
+    """Run trials in this process until the study holds ``settings.trials`` complete or pruned ones
+    (with other processes on the study, up to one more per process: each finishes its trial)."""
     from optuna.study import MaxTrialsCallback
     from optuna.trial import TrialState
 
-    study = _open_study(folder, settings, dims, recipe)
+    study = _open_study(folder, settings, dims, recipe, worker=worker)
     left = settings.trials - _done(study)
     if left <= 0:
         return
@@ -169,16 +174,10 @@ def start(recipe: Recipe, dims: list[Dim], *, trials: int, root: str | Path = "s
     make_sampler(sampler, 0, dims), make_pruner(pruner)
     settings = Settings(trials=trials, sampler=sampler, pruner=pruner, storage=storage_url, seed=recipe.train.seed,
                         recipe_digest=recipe.digest(), space=space_data or {d.key: {d.kind: list(d.args)} for d in dims})
-    if storage_url is not None:  # an unusable --storage fails before sweeps/ is made
-        storage.open_storage(storage_url, Path(root))
+    if storage_url is not None:  # an unreachable --storage fails here, before the folder is made
+        storage.open_storage(storage_url, Path(root), heartbeat=False)
     folder = _new_folder(Path(root), name or recipe.name)
-    try:
-        _open_study(folder, settings, dims, recipe)  # an unreachable --storage fails here, before any trial
-    except GluontlError:
-        import shutil
-
-        shutil.rmtree(folder, ignore_errors=True)
-        raise
+    _open_study(folder, settings, dims, recipe)
     write_text(folder / "recipe.yaml", yaml.safe_dump(recipe.as_written(), sort_keys=False), SweepError)
     write_text(folder / "sweep.json", json.dumps({"format": FORMAT, **settings.__dict__}, indent=1), SweepError)
     return folder, settings
@@ -208,7 +207,7 @@ def run(folder: Path, settings: Settings, recipe: Recipe, dims: list[Dim], *, jo
     """Run the sweep to its trial count (``jobs`` processes on one study), then write its report."""
     workers = [subprocess.Popen([sys.executable, "-m", "gluontl", "sweep", "--worker", str(folder)]
                                 + (["--timeout", str(timeout)] if timeout else []),
-                                env={**os.environ, "GLUONTL_SWEEP_WORKER": "1"}) for _ in range(jobs - 1)]
+                                env={**os.environ, "GLUONTL_SWEEP_WORKER": str(k)}) for k in range(1, jobs)]
     try:
         _optimize(folder, settings, recipe, dims, timeout, quiet, callbacks, study_callbacks)
     finally:
@@ -220,7 +219,7 @@ def run(folder: Path, settings: Settings, recipe: Recipe, dims: list[Dim], *, jo
 def work(folder: str | Path, timeout: float | None = None) -> None:
     """One more process on a running sweep (what ``--jobs K`` starts K - 1 of)."""
     folder, settings, recipe, dims = load(folder)
-    _optimize(folder, settings, recipe, dims, timeout, quiet=True)
+    _optimize(folder, settings, recipe, dims, timeout, quiet=True, worker=int(os.environ.get("GLUONTL_SWEEP_WORKER", 1)))
 
 
 def resume(folder: str | Path, recipe: Recipe | None = None, **kw: Any) -> SweepResult:
