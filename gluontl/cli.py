@@ -158,6 +158,8 @@ def sweep(recipe: Optional[Path] = typer.Option(None, "--recipe", "-r", help="YA
           root: Path = typer.Option(Path("sweeps"), "--sweeps", help="sweeps go to SWEEPS/NAME/"),
           resume: Optional[Path] = typer.Option(None, "--resume", help="continue sweeps/NAME"),
           show_: Optional[Path] = typer.Option(None, "--show", help="print the trial table of sweeps/NAME"),
+          dashboard: bool = typer.Option(False, "--dashboard", help="serve optuna-dashboard on 127.0.0.1 while "
+                                         "the sweep runs"),
           worker: Optional[Path] = typer.Option(None, "--worker", hidden=True),
           quiet: bool = typer.Option(False, "--quiet", "-q", help="only the trial lines")) -> None:
     """Search recipe settings with Optuna; trials with the same frozen prefix share one feature cache."""
@@ -178,7 +180,7 @@ def sweep(recipe: Optional[Path] = typer.Option(None, "--recipe", "-r", help="YA
         from .sweep.runner import resume as run_resume
 
         result = run_resume(resume, None if recipe is None else load_recipe(recipe, set_), jobs=jobs,
-                            timeout=timeout, quiet=quiet)
+                            timeout=timeout, quiet=quiet, dashboard=dashboard)
     else:
         if recipe is None or space is None:
             raise SweepError("gluontl sweep needs --recipe R.yaml and --space S.yaml (or --resume sweeps/NAME, "
@@ -188,7 +190,7 @@ def sweep(recipe: Optional[Path] = typer.Option(None, "--recipe", "-r", help="YA
 
         r, dims, data, origin = parse(r, space)
         result = run(r, dims, trials=trials, jobs=jobs, timeout=timeout, root=root, sampler=sampler, pruner=pruner,
-                     storage_url=storage, quiet=quiet, space_data=data, origin=origin)
+                     storage_url=storage, quiet=quiet, space_data=data, origin=origin, dashboard=dashboard)
     typer.echo(f"sweep folder: {result.folder}")
 
 

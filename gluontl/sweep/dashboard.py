@@ -7,7 +7,8 @@ stops and frees its port on exit.
 from __future__ import annotations
 
 import threading
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from ..errors import SweepError
@@ -58,3 +59,12 @@ class Dashboard:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+
+def serve(url: str | None, folder: Path, show: Callable[[str], None]) -> Dashboard:
+    """A started dashboard for the sweep in ``folder`` (storage ``url``, None: its SQLite file)."""
+    from .storage import open_storage
+
+    board = Dashboard(open_storage(url, folder, heartbeat=False)).start()
+    show(f"dashboard: {board.url} (127.0.0.1 only; it stops with the sweep)")
+    return board

@@ -203,8 +203,11 @@ def load(folder: str | Path, recipe: Recipe | None = None) -> tuple[Path, Settin
 
 def run(folder: Path, settings: Settings, recipe: Recipe, dims: list[Dim], *, jobs: int = 1,
         timeout: float | None = None, quiet: bool = False, callbacks: Sequence[Callback] = (),
-        study_callbacks: Sequence[Any] = ()) -> SweepResult:
+        study_callbacks: Sequence[Any] = (), dashboard: bool = False) -> SweepResult:
     """Run the sweep to its trial count (``jobs`` processes on one study), then write its report."""
+    from .dashboard import serve
+
+    board = serve(settings.storage, folder, lambda line: show(line, False)) if dashboard else None
     workers = [subprocess.Popen([sys.executable, "-m", "gluontl", "sweep", "--worker", str(folder)]
                                 + (["--timeout", str(timeout)] if timeout else []),
                                 env={**os.environ, "GLUONTL_SWEEP_WORKER": str(k)}) for k in range(1, jobs)]
@@ -213,6 +216,8 @@ def run(folder: Path, settings: Settings, recipe: Recipe, dims: list[Dim], *, jo
     finally:
         for w in workers:
             w.wait()
+        if board is not None:
+            board.stop()
     return finish(folder, settings, recipe, dims, quiet)
 
 
@@ -264,13 +269,13 @@ def sweep(recipe: Recipe, dims: list[Dim], *, trials: int = 16, jobs: int = 1, t
           root: str | Path = "sweeps", name: str | None = None, sampler: str = "tpe", pruner: str = "median",
           storage_url: str | None = None, quiet: bool = False, callbacks: Sequence[Callback] = (),
           study_callbacks: Sequence[Any] = (), space_data: dict[str, Any] | None = None,
-          origin: str = "the sweep space") -> SweepResult:
+          origin: str = "the sweep space", dashboard: bool = False) -> SweepResult:
     folder, settings = start(recipe, dims, trials=trials, root=root, name=name, sampler=sampler, pruner=pruner,
                              storage_url=storage_url, space_data=space_data, origin=origin)
     show(f"sweep {folder}: {trials} trials, sampler {sampler}, pruner {pruner}, objective {recipe.train.select} "
          f"({direction(recipe.train.select)})", quiet)
     return run(folder, settings, recipe, dims, jobs=jobs, timeout=timeout, quiet=quiet, callbacks=callbacks,
-               study_callbacks=study_callbacks)
+               study_callbacks=study_callbacks, dashboard=dashboard)
 
 
 def parse(recipe: Any, space: Any) -> tuple[Recipe, list[Dim], dict[str, Any], str]:

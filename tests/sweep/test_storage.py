@@ -5,6 +5,7 @@ a real PostgreSQL server (tests/sweep/postgres.py)."""
 from __future__ import annotations
 
 import collections
+import re
 import os
 import signal
 import socket
@@ -215,3 +216,30 @@ def test_two_workers_on_postgres_run_every_trial_once_and_the_killed_ones_trial_
     for t in study.get_trials(states=(optuna.trial.TrialState.COMPLETE,)):
         assert t.value == t.params["x"] * t.params["x"]
     assert study.trials[killed].system_attrs[st.OWNER]["pid"] == a.proc.pid
+
+
+# --- the sweep command on PostgreSQL, and its dashboard ---------------------------------------------
+
+def test_gluontl_sweep_with_two_jobs_on_postgres_and_its_dashboard(tmp_path, capsys, monkeypatch, postgres,
+                                                                     prefix):
+    """``gluontl sweep --jobs 2 --storage postgresql://... --dashboard`` on the tiny recipe: the study
+    lives on the server with its 3 trials complete, each its own run; the dashboard was announced on
+    127.0.0.1 and nothing listens there once the command returned."""
+    monkeypatch.chdir(tmp_path)
+    url = postgres.url()
+    r = common.write(tmp_path, common.recipe(prefix, epochs=1), "r.yaml")
+    s = common.write(tmp_path, {"train.lr": {"log_uniform": [1e-3, 0.3]}}, "s.yaml")
+    code, out, err = helpers.run_cli(capsys, "sweep", "--recipe", str(r), "--space", str(s), "--trials", "3",
+                                     "--jobs", "2", "--storage", url, "--sampler", "random", "--pruner", "none",
+                                     "--dashboard")
+    assert code == 0, err
+    board = re.search(r"dashboard: http://127\.0\.0\.1:(\d+)/dashboard/", out + err)
+    assert board, out + err
+    with pytest.raises(ConnectionRefusedError), socket.create_connection(("127.0.0.1", int(board[1])), timeout=5):
+        pass
+    study = optuna.load_study(study_name="t", storage=url)
+    done = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+    assert len(done) >= 3 and not study.get_trials(states=(optuna.trial.TrialState.RUNNING,))
+    assert len({t.user_attrs["run_dir"] for t in done}) == len(done)
+    assert all((tmp_path / "sweeps" / "t" / t.user_attrs["run_dir"] / "metrics.jsonl").is_file() for t in done)
+    assert not (tmp_path / "sweeps" / "t" / "study.db").exists()  # the study is on the server
