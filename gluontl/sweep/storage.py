@@ -39,6 +39,9 @@ def open_storage(url: str | None, folder: Path, heartbeat: bool = True):
     """
     import sqlalchemy
 
+    advice = ("Check that the server runs and this machine reaches it (host, port, user, password, database; "
+              "the database must exist), or leave --storage out for a SQLite file in the sweep folder."
+              if url else f"Check that {folder} is writable and its study.db, if any, is Optuna's.")
     url = url or f"sqlite:///{Path(folder).resolve() / 'study.db'}"
     try:
         parsed = sqlalchemy.engine.make_url(url)
@@ -65,10 +68,7 @@ def open_storage(url: str | None, folder: Path, heartbeat: bool = True):
                          f"Optuna RDB URL (postgresql://, mysql+pymysql://, sqlite:///), or leave --storage out "
                          f"for a SQLite file in the sweep folder.") from None
     except Exception as e:  # SQLAlchemy and the drivers raise many types for a database they cannot open
-        raise SweepError(f"Cannot open the sweep storage '{mask(url)}': {_reason(e)}. Check that the "
-                         f"server runs and this machine reaches it (host, port, user, password, database; "
-                         f"the database must exist), or leave --storage out for a SQLite file in the sweep "
-                         f"folder.") from None
+        raise SweepError(f"Cannot open the sweep storage '{mask(url)}': {_reason(e)}. {advice}") from None
     if sqlite and parsed.database not in (None, "", ":memory:"):
         with storage.engine.connect() as c:  # WAL: readers do not wait for the writer; kept in the file
             c.exec_driver_sql("PRAGMA journal_mode=WAL")

@@ -243,3 +243,11 @@ def test_gluontl_sweep_with_two_jobs_on_postgres_and_its_dashboard(tmp_path, cap
     assert len({t.user_attrs["run_dir"] for t in done}) == len(done)
     assert all((tmp_path / "sweeps" / "t" / t.user_attrs["run_dir"] / "metrics.jsonl").is_file() for t in done)
     assert not (tmp_path / "sweeps" / "t" / "study.db").exists()  # the study is on the server
+
+
+def test_a_study_db_that_is_no_database_is_one_paragraph(tmp_path):
+    (tmp_path / "study.db").write_bytes(b"not sqlite at all" * 64)
+    with pytest.raises(SweepError) as e:
+        st.open_storage(None, tmp_path)
+    assert "file is not a database" in str(e.value) and f"Check that {tmp_path} is writable" in str(e.value)
+    assert (tmp_path / "study.db").read_bytes() == b"not sqlite at all" * 64  # the user's file is kept
