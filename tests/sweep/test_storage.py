@@ -86,7 +86,7 @@ def closed_port() -> int:
 
 
 @pytest.mark.parametrize("url, needles", [
-    (f"postgresql://me:hunter2@127.0.0.1:{closed_port()}/db", ["postgresql://me:***@127.0.0.1", "Connection refused",
+    ("postgresql://me:hunter2@127.0.0.1:{port}/db", ["postgresql://me:***@127.0.0.1", "Connection refused",
                                                               "Check that the server runs"]),
     ("not a url", ["'not a url'", "is not a database URL", "postgresql://USER:PASSWORD@HOST"]),
     ("mysql://me:hunter2@127.0.0.1/db", ["mysql://me:***@127.0.0.1/db", "needs the database driver pymysql",
@@ -97,6 +97,7 @@ def closed_port() -> int:
 def test_unusable_storage_exits_2_before_any_trial(tmp_path, capsys, monkeypatch, prefix, url, needles):
     if url.startswith("mysql") and any(m in sys.modules or _importable(m) for m in ("pymysql",)):
         pytest.skip("pymysql is installed here, so a mysql URL is no missing driver")
+    url = url.format(port=closed_port())  # not at collection: xdist's workers must collect the same ids
     monkeypatch.chdir(tmp_path)
     r = common.write(tmp_path, common.recipe(prefix), "r.yaml")
     s = common.write(tmp_path, common.SPACE, "s.yaml")
