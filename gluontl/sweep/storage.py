@@ -37,6 +37,7 @@ def open_storage(url: str | None, folder: Path, heartbeat: bool = True):
 
     An unreachable or malformed URL raises ``SweepError`` within ``CONNECT_SECONDS``, before any trial.
     """
+    import optuna  # noqa: F401  (before the driver's ImportError is caught below)
     import sqlalchemy
 
     advice = ("Check that the server runs and this machine reaches it (host, port, user, password, database; "
@@ -58,6 +59,9 @@ def open_storage(url: str | None, folder: Path, heartbeat: bool = True):
     connect = {k: v for k, v in connect.items() if k not in parsed.query}
     try:
         storage = _make(parsed, {"connect_args": connect}, heartbeat)
+        if sqlite and parsed.database not in (None, "", ":memory:"):
+            with storage.engine.connect() as c:  # WAL: readers do not wait for the writer; kept in the file
+                c.exec_driver_sql("PRAGMA journal_mode=WAL")
     except ImportError as e:  # Optuna re-raises the driver's ImportError with a note of its own
         module = (getattr(e.__cause__, "name", None) or getattr(e, "name", None) or "?").split(".")[0]
         how = INSTALL.get(module.lower(), f"install the Python package {module}")
@@ -69,9 +73,6 @@ def open_storage(url: str | None, folder: Path, heartbeat: bool = True):
                          f"for a SQLite file in the sweep folder.") from None
     except Exception as e:  # SQLAlchemy and the drivers raise many types for a database they cannot open
         raise SweepError(f"Cannot open the sweep storage '{mask(url)}': {_reason(e)}. {advice}") from None
-    if sqlite and parsed.database not in (None, "", ":memory:"):
-        with storage.engine.connect() as c:  # WAL: readers do not wait for the writer; kept in the file
-            c.exec_driver_sql("PRAGMA journal_mode=WAL")
     return storage
 
 
