@@ -1,5 +1,5 @@
-"""A sweep end to end on a tiny recipe: trials share the frozen-prefix features (one computation per
-cut and view), pruned trials stop at once, the report's files round-trip, and a seeded sweep
+"""A sweep end to end on a tiny recipe: trials share the frozen-prefix features (the prefix runs once
+per image and view; a deeper cut starts from a shallower one's features), pruned trials stop at once, the report's files round-trip, and a seeded sweep
 proposes the same trials with the same numbers."""
 import csv
 import json
@@ -38,8 +38,10 @@ def test_every_trial_reads_one_shared_cache_per_cut(swept):
     assert sorted((p["boundary"], p["what"]) for p in log) == sorted(
         {(p["boundary"], p["what"]) for p in log})
     assert {p["boundary"] for p in log} == {"pool0_fwd", "pool1_fwd"}
+    # the shallower cut (trial 0) ran the prefix; the deeper one ran conv1 + pool1 on its features
+    assert [p.get("from") for p in log if p["boundary"] == "pool1_fwd"] == ["pool0_fwd", "pool0_fwd"]
     n_train, n_val = (next(p["rows"] for p in log if p["what"] == w) for w in ("train view 0", "val"))
-    assert swept.prefix_passes == (n_train + n_val) * 2
+    assert swept.prefix_passes == n_train + n_val  # once per (image, view) for the whole sweep
     for data in (swept.folder / "features").glob("*.npy"):  # complete files only, nothing half-written left
         assert np.load(data, mmap_mode="r").shape[0] in (n_train, n_val)
 
