@@ -22,7 +22,7 @@ from ..console import show
 from ..data.cache import prefix_passes, shared_features
 from ..errors import GluontlError, SweepError
 from ..readers import read_json
-from ..recipe import Recipe, load_recipe, parse_recipe
+from ..recipe import Recipe, load_recipe
 from ..train.hooks import Callback, RunInfo
 from . import report, storage
 from .space import Dim, check_space, parse_space, with_params
@@ -284,9 +284,7 @@ def parse(recipe: Any, space: Any) -> tuple[Recipe, list[Dim], dict[str, Any], s
     return r, parse_space(data, origin), data, origin
 
 
-__all__ = ["SweepResult", "sweep", "resume", "show_table", "parse_recipe"]
-
-
 def show_table(folder: str | Path) -> str:
+    """``gluontl sweep --show``: the trial table of a sweep folder."""
     folder, settings, recipe, dims = load(folder)
     return report.format_table(report.table(_open_study(folder, settings, dims, recipe)), recipe.train.select)

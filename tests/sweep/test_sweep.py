@@ -7,7 +7,6 @@ import json
 import numpy as np
 import optuna
 import pytest
-import yaml
 
 import gluontl
 from gluontl.data.cache import shared_features
