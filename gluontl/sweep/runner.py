@@ -25,7 +25,7 @@ from ..readers import read_json
 from ..recipe import Recipe, load_recipe
 from ..train.hooks import Callback, RunInfo
 from . import report, storage
-from .space import Dim, check_space, parse_space, with_params
+from .space import Dim, baseline, check_space, parse_space, with_params
 from .study import direction, make_pruner, make_sampler
 
 FORMAT = 1
@@ -176,8 +176,12 @@ def start(recipe: Recipe, dims: list[Dim], *, trials: int, root: str | Path = "s
                         recipe_digest=recipe.digest(), space=space_data or {d.key: {d.kind: list(d.args)} for d in dims})
     if storage_url is not None:  # an unreachable --storage fails here, before the folder is made
         storage.open_storage(storage_url, Path(root), heartbeat=False)
+    first = baseline(recipe, dims)
     folder = _new_folder(Path(root), name or recipe.name)
-    _open_study(folder, settings, dims, recipe)
+    if first is not None:  # trial 0 is the recipe as written, when the space holds it
+        _open_study(folder, settings, dims, recipe).enqueue_trial(first)
+    else:
+        _open_study(folder, settings, dims, recipe)
     write_text(folder / "recipe.yaml", yaml.safe_dump(recipe.as_written(), sort_keys=False), SweepError)
     write_text(folder / "sweep.json", json.dumps({"format": FORMAT, **settings.__dict__}, indent=1), SweepError)
     return folder, settings

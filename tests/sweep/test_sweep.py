@@ -91,3 +91,15 @@ def test_pruned_trial_stops_at_its_first_validation(prefix, tmp_path):
     assert list(trial.intermediate_values) == [1]
     metrics = [json.loads(line) for line in (tmp_path / trial.user_attrs["run_dir"] / "metrics.jsonl").read_text().splitlines()]
     assert max(m.get("epoch", 0) for m in metrics) == 1
+
+
+def test_trial_0_is_the_recipe_as_written(prefix, swept, tmp_path):
+    """The space holds the recipe's own values, so they are trial 0: its number is a plain run's
+    (the shared cache gives the very features an own cache does), and the sweep is never worse."""
+    from gluontl.train.loop import finetune
+
+    row = swept.table[0]
+    assert row["train.lr"] == 0.05 and row["rules"] == json.dumps(common.CUT1, sort_keys=True)
+    plain = finetune(parse_recipe(common.recipe(prefix)), runs_root=tmp_path, quiet=True)
+    assert row["value"] == plain.best["val_top1"]
+    assert swept.best_value >= plain.best["val_top1"]
