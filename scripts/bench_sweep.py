@@ -41,6 +41,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--recipe", default=str(ROOT / "recipes" / "elpv_efficientnet_lite0.yaml"))
     ap.add_argument("--trials", type=int, default=16)
+    ap.add_argument("--space", default=None, help="a space YAML file instead of the built-in one (whose cut "
+                    "points are the ELPV recipe's)")
     ap.add_argument("--out", default=None, help="folder for runs/ and sweeps/ (default: a temp folder)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -49,8 +51,11 @@ def main() -> None:
     from gluontl.api import finetune
     from gluontl.recipe import load_recipe
 
+    from gluontl.readers import read_yaml
+
     out = Path(args.out or tempfile.mkdtemp(prefix="bench_sweep-"))
     recipe = load_recipe(args.recipe)
+    space = SPACE if args.space is None else read_yaml(args.space, ValueError, "the space")
     select = recipe.train.select
     start = time.perf_counter()
     plain = finetune(recipe, runs_root=out / "runs", quiet=True)
@@ -60,13 +65,14 @@ def main() -> None:
     print(f"plain fine-tune: {t_plain:.1f}s, best {select} {plain_value:.4f}, peak RSS {rss_plain:.0f} MiB", flush=True)
 
     start = time.perf_counter()
-    result = gluontl.sweep(recipe, SPACE, trials=args.trials, root=out / "sweeps", sampler="tpe", pruner="median")
+    result = gluontl.sweep(recipe, space, trials=args.trials, root=out / "sweeps", sampler="tpe", pruner="median")
     t_sweep = time.perf_counter() - start
     rss_sweep = peak_rss_mib()
     summary = json.loads((plain.run_dir / "summary.json").read_text())
     train_images = json.loads((plain.run_dir / "preprocess.json").read_text()).get("train_images")
-    cuts = len({json.dumps(c) for c in CUTS})
-    views = max(SPACE["train.cache_views"]["choice"])
+    cuts = len({json.dumps(c) for c in space["rules"]["choice"]}) if "rules" in space else 1
+    views = max(space["train.cache_views"]["choice"]) if "train.cache_views" in space else \
+        max(recipe.train.cache_views, 1)
     rows = [r for r in result.table]
     passes_log = [json.loads(line) for line in (result.folder / "features" / "passes.jsonl").read_text().splitlines()]
     n_train = max((p["rows"] for p in passes_log if p["what"].startswith("train")), default=0)

@@ -37,7 +37,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import mxnet as mx
 import numpy as np
@@ -51,7 +51,8 @@ from ..readers import name_bytes, read_json
 from ..recipe import Recipe, TrainSpec, TransformSpec
 from ..rules import Plan
 from .datasets import ImageDataset, Loaders, load_split
-from .prefix import Engine, Int8Engine, MxEngine, Split, check_images, choose_engine, split_frozen_prefix
+from .prefix import (Engine, Int8Engine, MxEngine, Split, check_images, choose_engine, nested,
+                     split_frozen_prefix)
 from .sampler import EpochSampler
 
 _RANDOM_STEPS = ("random_resized_crop", "flip", "color_jitter")
@@ -105,16 +106,22 @@ def cache_key(recipe: Recipe, split: Split, row_shape: tuple[int, ...], train: I
     (same recipe, same count) must not pair old features with new labels. The float engines
     agree within 1e-4 and share a key; an int8 prefix's features are others, and which ones
     depends on ``reduce_range`` (the CPU's), so the engine that ran keys them (``engine.key``)."""
-    h = hashlib.sha256()
-    for name, e in sorted(named_params(split.prefix).items()):
-        h.update(name.encode())
-        h.update(e.param.list_data()[0].asnumpy().tobytes())
     items = hashlib.sha256()
     for ds in (train, val):
         items.update(name_bytes("\n".join(ds.name(i) for i in range(len(ds)))) + b"\0" + ds.labels.tobytes() + b"\0")
-    return {"format": 1, "boundary": split.boundary, "prefix_sha256": h.hexdigest(), "items_sha256": items.hexdigest(),
+    return {"format": 1, "boundary": split.boundary, "prefix_sha256": params_digest(split.prefix),
+            "items_sha256": items.hexdigest(),
             "recipe": recipe.digest("model", "surgery", "data"), "seed": recipe.train.seed,
             "dtype": recipe.train.cache_dtype, "row_shape": list(row_shape), **(engine.key if engine else {})}
+
+
+def params_digest(block: HybridBlock) -> str:
+    """SHA-256 of a block's parameter names and values (a frozen prefix's identity)."""
+    h = hashlib.sha256()
+    for name, e in sorted(named_params(block).items()):
+        h.update(name.encode())
+        h.update(e.param.list_data()[0].asnumpy().tobytes())
+    return h.hexdigest()
 
 
 class Calibration:
@@ -156,11 +163,60 @@ def shared_features(folder: str | Path) -> Iterator[Path]:
 
 
 def prefix_passes(folder: str | Path) -> int:
-    """Images the frozen prefix ran on for the features in a ``shared_features`` folder."""
+    """Images the whole frozen prefix ran on for the features in a ``shared_features`` folder
+    (features a deeper cut made from a shallower cut's are not counted: no image went through)."""
     log = Path(folder) / "passes.jsonl"
     if not log.is_file():
         return 0
-    return sum(json.loads(line)["rows"] for line in log.read_text(encoding="utf-8").splitlines() if line.strip())
+    rows = [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return sum(r["rows"] for r in rows if "from" not in r)
+
+
+_SAME_SOURCE = ("format", "items_sha256", "recipe", "seed", "dtype")
+
+
+def _shallower_source(net: HybridBlock, split: Split, cache: "FeatureCache", probe: np.ndarray, ctx: mx.Context,
+                      hybridize: bool) -> Callable[[str, int], tuple[np.ndarray, Callable, str] | None]:
+    """For a shared cache: find features a shallower cut of the same model, images and settings
+    stored, whose prefix has this one's weights (``params_digest``) and whose middle blocks make
+    this cut's features on the probe (``prefix.nested``); the middle then runs on them alone."""
+
+    def find(what: str, rows: int) -> tuple[np.ndarray, Callable, str] | None:
+        if "engine" in cache.key:  # int8 features are their engine's own
+            return None
+        for record_path in sorted(cache.folder.glob(f"*-{what.replace(' ', '_')}.json")):
+            try:
+                record = read_json(record_path, TrainError, "the feature-cache record")
+            except TrainError:
+                continue
+            if (record.get("what") != what or record.get("rows") != rows or "engine" in record
+                    or record.get("boundary") == cache.key["boundary"]
+                    or any(record.get(k) != cache.key[k] for k in _SAME_SOURCE)):
+                continue
+            parts = nested(net, split, record["boundary"])
+            if parts is None or params_digest(parts[0]) != record["prefix_sha256"]:
+                continue
+            head, middle = parts
+            key = {k: v for k, v in record.items() if k not in ("what", "rows")}
+            stored = stored_features(cache.folder, what, record, cache.dtype, f"{_key_digest(key)}-{what}")
+            if stored is None:
+                continue
+            if hybridize:
+                middle.hybridize(static_alloc=True, static_shape=True)
+            with autograd.predict_mode():
+                x = mx.nd.array(probe, ctx=ctx)
+                want, got = split.prefix(x).asnumpy(), middle(head(x)).asnumpy()
+            if want.shape != got.shape or not np.allclose(got, want, rtol=1e-4, atol=1e-5):
+                continue
+
+            def run(f: np.ndarray, middle=middle) -> np.ndarray:
+                with autograd.predict_mode():
+                    return middle(mx.nd.array(f, ctx=ctx)).asnumpy()
+
+            return stored, run, record["boundary"]
+        return None
+
+    return find
 
 
 def _key_digest(key: dict[str, Any]) -> str:
@@ -200,6 +256,9 @@ class FeatureCache:
         self.reused: list[str] = []  # what was read from the run folder instead of computed
         self.on_disk: set[str] = set()  # what is in the run folder under this cache's record
         self.shared = False  # the folder is a shared_features one: named by key, locked, never removed
+        # in a shared folder: (what, rows) -> a shallower cut's stored features and the block that
+        # makes this cut's from them (prefix.nested), or None
+        self.from_shallower: Callable[[str, int], tuple[np.ndarray, Callable, str] | None] | None = None
 
     def _name(self, what: str) -> str:
         return f"{_key_digest(self.key)}-{what}" if self.shared else what
@@ -265,12 +324,20 @@ class FeatureCache:
             if stored is not None:
                 return stored
             tmp = data.with_name(f".{data.name}.{os.getpid()}.tmp")
-            batches = [keys[i:i + self.batch_size] for i in range(0, len(keys), self.batch_size)]
-            loader = gluon.data.DataLoader(ds, batch_sampler=batches, num_workers=self.workers, thread_pool=False)
+            source = self.from_shallower(what, len(keys)) if self.from_shallower is not None else None
+            if source is None:
+                batches = [keys[i:i + self.batch_size] for i in range(0, len(keys), self.batch_size)]
+                loader = gluon.data.DataLoader(ds, batch_sampler=batches, num_workers=self.workers,
+                                               thread_pool=False)
+                steps, engine = ((x.asnumpy(), None) for x, _ in loader), self.engine
+            else:  # the shallower cut's features through the middle blocks: no image decoded, no early layer run
+                stored, engine, _ = source
+                steps = ((np.asarray(stored[i:i + self.batch_size], np.float32), None)
+                         for i in range(0, len(keys), self.batch_size))
             out, row, start = None, 0, time.perf_counter()
             try:
-                for x, _ in loader:
-                    f = self.engine(x.asnumpy())
+                for x, _ in steps:
+                    f = engine(x)
                     if out is None:
                         out = np.lib.format.open_memmap(tmp, "w+", self.dtype, (len(keys), *f.shape[1:]))
                     out[row:row + len(f)] = f
@@ -283,7 +350,8 @@ class FeatureCache:
             self.fill_seconds += time.perf_counter() - start
             write_text(record, json.dumps(self._record(what, len(keys))), TrainError)
             with open(self.folder / "passes.jsonl", "a", encoding="utf-8") as log:
-                log.write(json.dumps({"what": what, "rows": len(keys), "boundary": self.key["boundary"]}) + "\n")
+                log.write(json.dumps({"what": what, "rows": len(keys), "boundary": self.key["boundary"],
+                                      **({"from": source[2]} if source is not None else {})}) + "\n")
         stored = self._on_file(what, len(keys))
         if stored is None:
             raise TrainError(f"The shared feature file {data} was written but does not read back; remove it "
@@ -461,6 +529,8 @@ def build_feed(net: HybridBlock, plan: Plan, recipe: Recipe, loaders: Loaders, c
     cache = FeatureCache(None, loaders, max(decision.views, 1), t, _SHARED[-1] if _SHARED else folder,
                          recipe.data.batch_size, recipe.data.workers, quiet, float_key)
     cache.shared = bool(_SHARED)
+    if cache.shared:
+        cache.from_shallower = _shallower_source(net, split, cache, probe, ctx, t.hybridize)
     made_by = _complete_under(cache, [float_key] + [{**float_key, **Int8Engine.key_for(reduce)} for reduce in
                                                     (False, True) if t.prefix_engine == "onnxruntime-int8"])
     if decision.train and made_by is not None:  # a resume with every feature at hand: skip the engines' probe

@@ -22,10 +22,10 @@ from ..console import show
 from ..data.cache import prefix_passes, shared_features
 from ..errors import GluontlError, SweepError
 from ..readers import read_json
-from ..recipe import Recipe, load_recipe, parse_recipe
+from ..recipe import Recipe, load_recipe
 from ..train.hooks import Callback, RunInfo
 from . import report, storage
-from .space import Dim, check_space, parse_space, with_params
+from .space import Dim, baseline, check_space, parse_space, with_params
 from .study import direction, make_pruner, make_sampler
 
 FORMAT = 1
@@ -176,8 +176,12 @@ def start(recipe: Recipe, dims: list[Dim], *, trials: int, root: str | Path = "s
                         recipe_digest=recipe.digest(), space=space_data or {d.key: {d.kind: list(d.args)} for d in dims})
     if storage_url is not None:  # an unreachable --storage fails here, before the folder is made
         storage.open_storage(storage_url, Path(root), heartbeat=False)
+    first = baseline(recipe, dims)
     folder = _new_folder(Path(root), name or recipe.name)
-    _open_study(folder, settings, dims, recipe)
+    if first is not None:  # trial 0 is the recipe as written, when the space holds it
+        _open_study(folder, settings, dims, recipe).enqueue_trial(first)
+    else:
+        _open_study(folder, settings, dims, recipe)
     write_text(folder / "recipe.yaml", yaml.safe_dump(recipe.as_written(), sort_keys=False), SweepError)
     write_text(folder / "sweep.json", json.dumps({"format": FORMAT, **settings.__dict__}, indent=1), SweepError)
     return folder, settings
@@ -289,9 +293,7 @@ def parse(recipe: Any, space: Any) -> tuple[Recipe, list[Dim], dict[str, Any], s
     return r, parse_space(data, origin), data, origin
 
 
-__all__ = ["SweepResult", "sweep", "resume", "show_table", "parse_recipe"]
-
-
 def show_table(folder: str | Path) -> str:
+    """``gluontl sweep --show``: the trial table of a sweep folder."""
     folder, settings, recipe, dims = load(folder)
     return report.format_table(report.table(_open_study(folder, settings, dims, recipe)), recipe.train.select)

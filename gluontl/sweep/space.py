@@ -111,3 +111,35 @@ def check_space(recipe: Recipe, dims: list[Dim], origin: str) -> None:
                                  f"Use a key the recipe schema knows (docs/recipes.md) and a distribution its "
                                  f"type takes: log_uniform/uniform for numbers, int for integers, choice for "
                                  f"anything.") from None
+
+
+def _written(recipe: Recipe, key: str) -> Any:
+    node: Any = recipe.model_dump(mode="json")
+    for part in key.split("."):
+        if isinstance(node, list) and part.isdigit() and 1 <= int(part) <= len(node):
+            node = node[int(part) - 1]
+        elif isinstance(node, dict) and part in node:
+            node = node[part]
+        else:
+            return None
+    return node
+
+
+def baseline(recipe: Recipe, dims: list[Dim]) -> dict[str, Any] | None:
+    """The recipe's own values as Optuna parameters (a sweep's first trial, so its best is never
+    worse than the recipe as written), or None when one lies outside the space."""
+    out: dict[str, Any] = {}
+    for dim in dims:
+        if dim.kind == "choice":  # a choice is the recipe's when setting it changes nothing
+            same = [i for i, c in enumerate(dim.args) if with_params(recipe, {dim.key: c}).digest() == recipe.digest()]
+            if not same:
+                return None
+            out[dim.key] = dim.choices()[same[0]]
+            continue
+        value = _written(recipe, dim.key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not dim.args[0] <= value <= dim.args[1]:
+            return None
+        if dim.kind == "int" and value != int(value):
+            return None
+        out[dim.key] = int(value) if dim.kind == "int" else float(value)
+    return out

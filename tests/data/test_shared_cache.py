@@ -89,3 +89,33 @@ def test_runs_with_more_views_add_only_the_views_missing(prefix, tmp_path):
                      runs_root=tmp_path / f"runs{views}", quiet=True)
     log = [json.loads(line)["what"] for line in (folder / "passes.jsonl").read_text().splitlines()]
     assert log == ["train view 0", "val", "train view 1", "train view 2", "train view 3"]
+
+
+DEEPER = [{"match": ["conv0*", "conv1*"], "grad_req": "null"}]
+
+
+def test_a_deeper_cut_is_made_from_a_shallower_cuts_features(prefix, tmp_path):
+    """After a run cut at pool0, a run cut at pool1 runs only conv1 + pool1 on pool0's stored
+    features: no image goes through the prefix again, and its features are the direct ones
+    within float32 rounding of one 3x3x8 conv (helpers.f32_tol)."""
+    def run(rules, folder, name):
+        with shared_features(folder):
+            finetune(parse_recipe(helpers.tiny_recipe(prefix, rules=rules, export=[], seed=0, epochs=1, lr=0.05)),
+                     runs_root=tmp_path / name, quiet=True)
+
+    run(FROZEN, tmp_path / "nested", "a")
+    run(DEEPER, tmp_path / "nested", "b")
+    run(DEEPER, tmp_path / "direct", "c")
+    log = [json.loads(line) for line in (tmp_path / "nested" / "passes.jsonl").read_text().splitlines()]
+    assert [(p["boundary"], p["what"], p.get("from")) for p in log] == [
+        ("pool0_fwd", "train view 0", None), ("pool0_fwd", "val", None),
+        ("pool1_fwd", "train view 0", "pool0_fwd"), ("pool1_fwd", "val", "pool0_fwd")]
+    assert prefix_passes(tmp_path / "nested") == log[0]["rows"] + log[1]["rows"]
+    direct = json.loads((tmp_path / "direct" / "passes.jsonl").read_text().splitlines()[0])
+    assert "from" not in direct and prefix_passes(tmp_path / "direct") > 0
+    for what in ("train_view_0", "val"):
+        got = next(p for p in (tmp_path / "nested").glob(f"*-{what}.npy")
+                   if np.load(p, mmap_mode="r").shape[1] == 16)
+        want = next((tmp_path / "direct").glob(f"*-{what}.npy"))
+        a, b = np.load(got), np.load(want)
+        np.testing.assert_allclose(a, b, rtol=0, atol=helpers.f32_tol(float(np.abs(b).max()), 3 * 3 * 8, depth=2))

@@ -1,5 +1,5 @@
-"""A sweep end to end on a tiny recipe: trials share the frozen-prefix features (one computation per
-cut and view), pruned trials stop at once, the report's files round-trip, and a seeded sweep
+"""A sweep end to end on a tiny recipe: trials share the frozen-prefix features (the prefix runs once
+per image and view; a deeper cut starts from a shallower one's features), pruned trials stop at once, the report's files round-trip, and a seeded sweep
 proposes the same trials with the same numbers."""
 import csv
 import json
@@ -7,7 +7,6 @@ import json
 import numpy as np
 import optuna
 import pytest
-import yaml
 
 import gluontl
 from gluontl.data.cache import shared_features
@@ -38,8 +37,10 @@ def test_every_trial_reads_one_shared_cache_per_cut(swept):
     assert sorted((p["boundary"], p["what"]) for p in log) == sorted(
         {(p["boundary"], p["what"]) for p in log})
     assert {p["boundary"] for p in log} == {"pool0_fwd", "pool1_fwd"}
+    # the shallower cut (trial 0) ran the prefix; the deeper one ran conv1 + pool1 on its features
+    assert [p.get("from") for p in log if p["boundary"] == "pool1_fwd"] == ["pool0_fwd", "pool0_fwd"]
     n_train, n_val = (next(p["rows"] for p in log if p["what"] == w) for w in ("train view 0", "val"))
-    assert swept.prefix_passes == (n_train + n_val) * 2
+    assert swept.prefix_passes == n_train + n_val  # once per (image, view) for the whole sweep
     for data in (swept.folder / "features").glob("*.npy"):  # complete files only, nothing half-written left
         assert np.load(data, mmap_mode="r").shape[0] in (n_train, n_val)
 
@@ -90,3 +91,15 @@ def test_pruned_trial_stops_at_its_first_validation(prefix, tmp_path):
     assert list(trial.intermediate_values) == [1]
     metrics = [json.loads(line) for line in (tmp_path / trial.user_attrs["run_dir"] / "metrics.jsonl").read_text().splitlines()]
     assert max(m.get("epoch", 0) for m in metrics) == 1
+
+
+def test_trial_0_is_the_recipe_as_written(prefix, swept, tmp_path):
+    """The space holds the recipe's own values, so they are trial 0: its number is a plain run's
+    (the shared cache gives the very features an own cache does), and the sweep is never worse."""
+    from gluontl.train.loop import finetune
+
+    row = swept.table[0]
+    assert row["train.lr"] == 0.05 and row["rules"] == json.dumps(common.CUT1, sort_keys=True)
+    plain = finetune(parse_recipe(common.recipe(prefix)), runs_root=tmp_path, quiet=True)
+    assert row["value"] == plain.best["val_top1"]
+    assert swept.best_value >= plain.best["val_top1"]
