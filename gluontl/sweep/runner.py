@@ -187,8 +187,10 @@ def start(recipe: Recipe, dims: list[Dim], *, trials: int, root: str | Path = "s
     return folder, settings
 
 
-def load(folder: str | Path, recipe: Recipe | None = None) -> tuple[Path, Settings, Recipe, list[Dim]]:
-    """A sweep folder's settings, recipe and space; ``recipe`` (given again on resume) must be the one it ran."""
+def load(folder: str | Path, recipe: Recipe | None = None, space: dict[str, Any] | None = None
+         ) -> tuple[Path, Settings, Recipe, list[Dim]]:
+    """A sweep folder's settings, recipe and space; ``recipe`` and ``space`` (given again on resume)
+    must be the ones it ran."""
     folder = Path(folder)
     if not (folder / "sweep.json").is_file():
         raise SweepError(f"'{folder}' is not a sweep folder (no sweep.json); pass sweeps/NAME as made by "
@@ -202,6 +204,10 @@ def load(folder: str | Path, recipe: Recipe | None = None) -> tuple[Path, Settin
                          f"{recipe.digest()} vs {settings.recipe_digest}), so its trials could not be compared. "
                          f"Resume with the recipe unchanged (it is kept in {folder / 'recipe.yaml'}), or start a "
                          f"new sweep.")
+    if space is not None and json.loads(json.dumps(space)) != settings.space:
+        raise SweepError(f"The space given differs from the one sweep {folder} ran ({json.dumps(settings.space)}), "
+                         f"so its trials could not be compared. Resume without --space (the sweep keeps its own "
+                         f"in {folder / 'sweep.json'}), or start a new sweep.")
     return folder, settings, stored, parse_space(settings.space, str(folder / "sweep.json"))
 
 
@@ -226,10 +232,11 @@ def work(folder: str | Path, timeout: float | None = None) -> None:
     _optimize(folder, settings, recipe, dims, timeout, quiet=True, worker=int(os.environ.get("GLUONTL_SWEEP_WORKER", 1)))
 
 
-def resume(folder: str | Path, recipe: Recipe | None = None, **kw: Any) -> SweepResult:
+def resume(folder: str | Path, recipe: Recipe | None = None, space: dict[str, Any] | None = None,
+           **kw: Any) -> SweepResult:
     """Continue a killed sweep: trials its dead process left running are marked failed, then the
     sweep runs until it holds its trial count."""
-    folder, settings, stored, dims = load(folder, recipe)
+    folder, settings, stored, dims = load(folder, recipe, space)
     study = _open_study(folder, settings, dims, stored)
     failed = storage.fail_stale(study)
     if failed:

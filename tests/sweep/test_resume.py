@@ -51,6 +51,15 @@ def test_changed_recipe_is_refused(killed, capsys):
     assert sorted(str(p) for p in tmp.rglob("*")) == before
 
 
+def test_changed_space_is_refused(killed, capsys):
+    tmp, recipe, folder = killed
+    space = common.write(tmp, {"train.lr": {"log_uniform": [1e-4, 0.3]}}, "wider.yaml")
+    before = sorted(str(p) for p in tmp.rglob("*"))
+    code, out, err = helpers.run_cli(capsys, "sweep", "--resume", str(folder), "--space", str(space))
+    helpers.assert_one_paragraph(code, out, err, ["space given differs", str(folder), "sweep.json"])
+    assert sorted(str(p) for p in tmp.rglob("*")) == before
+
+
 def test_resume_finishes_without_duplicates(killed, capsys):
     tmp, recipe, folder = killed
     study = optuna.load_study(study_name=folder.name, storage=f"sqlite:///{folder / 'study.db'}")
