@@ -22,6 +22,7 @@ from ..console import show
 from ..data.cache import prefix_passes, shared_features
 from ..errors import GluontlError, SweepError
 from ..readers import read_json
+from ..pipeline import with_input_name
 from ..recipe import Recipe, load_recipe
 from ..train.hooks import Callback, RunInfo
 from . import report, storage
@@ -164,6 +165,7 @@ def start(recipe: Recipe, dims: list[Dim], *, trials: int, root: str | Path = "s
           sampler: str = "tpe", pruner: str = "median", storage_url: str | None = None,
           space_data: dict[str, Any] | None = None, origin: str = "the sweep space") -> tuple[Path, Settings]:
     """Check everything, then make the sweep folder: nothing is written before the checks pass."""
+    recipe = with_input_name(recipe)  # trials' recipes and best.yaml name the model's own input, as runs do
     if trials < 1:
         raise SweepError(f"--trials {trials}: a sweep runs at least one trial.")
     if recipe.train.lr == "auto":
@@ -199,6 +201,7 @@ def load(folder: str | Path, recipe: Recipe | None = None, space: dict[str, Any]
     data.pop("format", None)
     settings = Settings(**data)
     stored = load_recipe(folder / "recipe.yaml")
+    recipe = None if recipe is None else with_input_name(recipe)
     if recipe is not None and recipe.digest() != settings.recipe_digest:
         raise SweepError(f"The recipe '{recipe.name}' differs from the one sweep {folder} ran (recipe digest "
                          f"{recipe.digest()} vs {settings.recipe_digest}), so its trials could not be compared. "
@@ -276,6 +279,7 @@ def sweep(recipe: Recipe, dims: list[Dim], *, trials: int = 16, jobs: int = 1, t
           storage_url: str | None = None, quiet: bool = False, callbacks: Sequence[Callback] = (),
           study_callbacks: Sequence[Any] = (), space_data: dict[str, Any] | None = None,
           origin: str = "the sweep space") -> SweepResult:
+    recipe = with_input_name(recipe)
     folder, settings = start(recipe, dims, trials=trials, root=root, name=name, sampler=sampler, pruner=pruner,
                              storage_url=storage_url, space_data=space_data, origin=origin)
     show(f"sweep {folder}: {trials} trials, sampler {sampler}, pruner {pruner}, objective {recipe.train.select} "
