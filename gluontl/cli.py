@@ -177,9 +177,11 @@ def sweep(recipe: Optional[Path] = typer.Option(None, "--recipe", "-r", help="YA
         work(worker, timeout)
         return
     if resume is not None:
+        from .readers import read_yaml
         from .sweep.runner import resume as run_resume
 
-        result = run_resume(resume, None if recipe is None else load_recipe(recipe, set_), jobs=jobs,
+        result = run_resume(resume, None if recipe is None else load_recipe(recipe, set_),
+                            None if space is None else read_yaml(space, SweepError, "the sweep space"), jobs=jobs,
                             timeout=timeout, quiet=quiet, dashboard=dashboard)
     else:
         if recipe is None or space is None:

@@ -22,6 +22,7 @@ from ..console import show
 from ..data.cache import prefix_passes, shared_features
 from ..errors import GluontlError, SweepError
 from ..readers import read_json
+from ..pipeline import with_input_name
 from ..recipe import Recipe, load_recipe
 from ..train.hooks import Callback, RunInfo
 from . import report, storage
@@ -164,6 +165,7 @@ def start(recipe: Recipe, dims: list[Dim], *, trials: int, root: str | Path = "s
           sampler: str = "tpe", pruner: str = "median", storage_url: str | None = None,
           space_data: dict[str, Any] | None = None, origin: str = "the sweep space") -> tuple[Path, Settings]:
     """Check everything, then make the sweep folder: nothing is written before the checks pass."""
+    recipe = with_input_name(recipe)  # trials' recipes and best.yaml name the model's own input, as runs do
     if trials < 1:
         raise SweepError(f"--trials {trials}: a sweep runs at least one trial.")
     if recipe.train.lr == "auto":
@@ -187,8 +189,10 @@ def start(recipe: Recipe, dims: list[Dim], *, trials: int, root: str | Path = "s
     return folder, settings
 
 
-def load(folder: str | Path, recipe: Recipe | None = None) -> tuple[Path, Settings, Recipe, list[Dim]]:
-    """A sweep folder's settings, recipe and space; ``recipe`` (given again on resume) must be the one it ran."""
+def load(folder: str | Path, recipe: Recipe | None = None, space: dict[str, Any] | None = None
+         ) -> tuple[Path, Settings, Recipe, list[Dim]]:
+    """A sweep folder's settings, recipe and space; ``recipe`` and ``space`` (given again on resume)
+    must be the ones it ran."""
     folder = Path(folder)
     if not (folder / "sweep.json").is_file():
         raise SweepError(f"'{folder}' is not a sweep folder (no sweep.json); pass sweeps/NAME as made by "
@@ -197,11 +201,16 @@ def load(folder: str | Path, recipe: Recipe | None = None) -> tuple[Path, Settin
     data.pop("format", None)
     settings = Settings(**data)
     stored = load_recipe(folder / "recipe.yaml")
+    recipe = None if recipe is None else with_input_name(recipe)
     if recipe is not None and recipe.digest() != settings.recipe_digest:
         raise SweepError(f"The recipe '{recipe.name}' differs from the one sweep {folder} ran (recipe digest "
                          f"{recipe.digest()} vs {settings.recipe_digest}), so its trials could not be compared. "
                          f"Resume with the recipe unchanged (it is kept in {folder / 'recipe.yaml'}), or start a "
                          f"new sweep.")
+    if space is not None and json.loads(json.dumps(space)) != settings.space:
+        raise SweepError(f"The space given differs from the one sweep {folder} ran ({json.dumps(settings.space)}), "
+                         f"so its trials could not be compared. Resume without --space (the sweep keeps its own "
+                         f"in {folder / 'sweep.json'}), or start a new sweep.")
     return folder, settings, stored, parse_space(settings.space, str(folder / "sweep.json"))
 
 
@@ -231,10 +240,11 @@ def work(folder: str | Path, timeout: float | None = None) -> None:
     _optimize(folder, settings, recipe, dims, timeout, quiet=True, worker=int(os.environ.get("GLUONTL_SWEEP_WORKER", 1)))
 
 
-def resume(folder: str | Path, recipe: Recipe | None = None, **kw: Any) -> SweepResult:
+def resume(folder: str | Path, recipe: Recipe | None = None, space: dict[str, Any] | None = None,
+           **kw: Any) -> SweepResult:
     """Continue a killed sweep: trials its dead process left running are marked failed, then the
     sweep runs until it holds its trial count."""
-    folder, settings, stored, dims = load(folder, recipe)
+    folder, settings, stored, dims = load(folder, recipe, space)
     study = _open_study(folder, settings, dims, stored)
     failed = storage.fail_stale(study)
     if failed:
@@ -274,6 +284,7 @@ def sweep(recipe: Recipe, dims: list[Dim], *, trials: int = 16, jobs: int = 1, t
           storage_url: str | None = None, quiet: bool = False, callbacks: Sequence[Callback] = (),
           study_callbacks: Sequence[Any] = (), space_data: dict[str, Any] | None = None,
           origin: str = "the sweep space", dashboard: bool = False) -> SweepResult:
+    recipe = with_input_name(recipe)
     folder, settings = start(recipe, dims, trials=trials, root=root, name=name, sampler=sampler, pruner=pruner,
                              storage_url=storage_url, space_data=space_data, origin=origin)
     show(f"sweep {folder}: {trials} trials, sampler {sampler}, pruner {pruner}, objective {recipe.train.select} "

@@ -42,12 +42,16 @@ def killed(tmp_path_factory):
     return tmp, recipe, tmp / "sweeps" / "t"
 
 
-def test_changed_recipe_is_refused(killed, capsys):
+@pytest.mark.parametrize("option, needles", [
+    ("--recipe", ["differs from the one sweep", "recipe.yaml"]),
+    ("--space", ["space given differs", "sweep.json"])])
+def test_a_changed_recipe_or_space_is_refused(killed, capsys, option, needles):
     tmp, recipe, folder = killed
-    changed = common.write(tmp, {**common.recipe(helpers.tiny_symbol(tmp), epochs=2)}, "changed.yaml")
+    changed = common.write(tmp, common.recipe(str(tmp / "tiny"), epochs=2) if option == "--recipe" else
+                           {"train.lr": {"log_uniform": [1e-4, 0.3]}}, "changed.yaml")
     before = sorted(str(p) for p in tmp.rglob("*"))
-    code, out, err = helpers.run_cli(capsys, "sweep", "--resume", str(folder), "--recipe", str(changed))
-    helpers.assert_one_paragraph(code, out, err, ["differs from the one sweep", str(folder), "recipe.yaml"])
+    code, out, err = helpers.run_cli(capsys, "sweep", "--resume", str(folder), option, str(changed))
+    helpers.assert_one_paragraph(code, out, err, [*needles, str(folder)])
     assert sorted(str(p) for p in tmp.rglob("*")) == before
 
 
