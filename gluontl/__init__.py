@@ -35,6 +35,7 @@ _API = {
     "register_callback": ("gluontl.train.callbacks", "register_callback"),
     "EarlyStopping": ("gluontl.train.callbacks", "EarlyStopping"),
     "CsvLogger": ("gluontl.train.callbacks", "CsvLogger"),
+    "sweep": ("gluontl.sweep", "sweep"),  # the package is callable too: gluontl.sweep(recipe, space, trials=...)
 }
 __all__ = sorted(_API)
 

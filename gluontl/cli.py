@@ -144,6 +144,59 @@ def lr_find(recipe: Path = RecipeOpt, set_: Optional[List[str]] = SetOpt,
 
 
 @app.command()
+def sweep(recipe: Optional[Path] = typer.Option(None, "--recipe", "-r", help="YAML recipe the trials vary"),
+          space: Optional[Path] = typer.Option(None, "--space", help="YAML space: dotted recipe keys to "
+                                               "distributions, e.g. train.lr: {log_uniform: [1.0e-4, 1.0e-1]}"),
+          set_: Optional[List[str]] = SetOpt,
+          trials: int = typer.Option(16, "--trials", help="complete or pruned trials to run"),
+          jobs: int = typer.Option(1, "--jobs", min=1, help="processes working on the study at once"),
+          timeout: Optional[float] = typer.Option(None, "--timeout", help="stop starting trials after S seconds"),
+          storage: Optional[str] = typer.Option(None, "--storage", help="Optuna RDB URL (default: SQLite file in "
+                                                "the sweep folder)"),
+          sampler: str = typer.Option("tpe", "--sampler", help="tpe, random, grid or cmaes"),
+          pruner: str = typer.Option("median", "--pruner", help="median, halving, hyperband or none"),
+          root: Path = typer.Option(Path("sweeps"), "--sweeps", help="sweeps go to SWEEPS/NAME/"),
+          resume: Optional[Path] = typer.Option(None, "--resume", help="continue sweeps/NAME"),
+          show_: Optional[Path] = typer.Option(None, "--show", help="print the trial table of sweeps/NAME"),
+          dashboard: bool = typer.Option(False, "--dashboard", help="serve optuna-dashboard on 127.0.0.1 while "
+                                         "the sweep runs"),
+          worker: Optional[Path] = typer.Option(None, "--worker", hidden=True),
+          quiet: bool = typer.Option(False, "--quiet", "-q", help="only the trial lines")) -> None:
+    """Search recipe settings with Optuna; trials with the same frozen prefix share one feature cache."""
+    from .errors import SweepError
+    from .recipe import load_recipe
+
+    if show_ is not None:
+        from .sweep.runner import show_table
+
+        typer.echo(show_table(show_))
+        return
+    if worker is not None:
+        from .sweep.runner import work
+
+        work(worker, timeout)
+        return
+    if resume is not None:
+        from .readers import read_yaml
+        from .sweep.runner import resume as run_resume
+
+        result = run_resume(resume, None if recipe is None else load_recipe(recipe, set_),
+                            None if space is None else read_yaml(space, SweepError, "the sweep space"), jobs=jobs,
+                            timeout=timeout, quiet=quiet, dashboard=dashboard)
+    else:
+        if recipe is None or space is None:
+            raise SweepError("gluontl sweep needs --recipe R.yaml and --space S.yaml (or --resume sweeps/NAME, "
+                             "or --show sweeps/NAME).")
+        r = load_recipe(recipe, set_)
+        from .sweep.runner import parse, sweep as run
+
+        r, dims, data, origin = parse(r, space)
+        result = run(r, dims, trials=trials, jobs=jobs, timeout=timeout, root=root, sampler=sampler, pruner=pruner,
+                     storage_url=storage, quiet=quiet, space_data=data, origin=origin, dashboard=dashboard)
+    typer.echo(f"sweep folder: {result.folder}")
+
+
+@app.command()
 def export(source: str = typer.Argument(..., help="run folder (runs/NAME) or model: NAME, PREFIX, PATH.onnx "
                                         "or zoo:/symbol:/onnx:"),
            fmt: str = typer.Option("both", "--format", help="symbol, onnx, openvino (OpenVINO IR, the "

@@ -59,6 +59,10 @@ class TrainError(GluontlError):
     """Training cannot proceed (diverged, incompatible resume, unwritable run folder)."""
 
 
+class SweepError(GluontlError):
+    """A sweep's space, storage or folder is not usable (``gluontl sweep``)."""
+
+
 class LaunchError(GluontlError):
     """``gluontl launch`` got bad input (exit code 2), or a process of its job failed or it was
     stopped: then the code is 1, 2 when the failed worker refused its input, or 128 + signal."""

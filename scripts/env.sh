@@ -61,7 +61,7 @@ if [ ! -f "$stamp" ]; then
   # setuptools' note that an editable install imports through a finder ("Editable installation.",
   # 10 lines) is a warning recent pip (26.3 here) shows for local builds; it asks nothing of the user
   PYTHONWARNINGS="ignore:Editable installation:UserWarning" \
-    "$venv/bin/python" -m pip install -q -c "$constraints" "${find_links[@]}" -e "$root[test,demo]" 2>&1 | quiet
+    "$venv/bin/python" -m pip install -q -c "$constraints" "${find_links[@]}" -e "$root[test,demo,sweep]" 2>&1 | quiet
   "$venv/bin/python" -m pip install -q --no-deps "${no_deps[@]}" 2>&1 | quiet
   rm -f "$venv"/.gluontl-setup-*
   touch "$stamp"

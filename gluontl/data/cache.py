@@ -17,17 +17,27 @@ sections, the seed, dtype and shape. A resume whose record matches reads the fil
 running the prefix again (so a short slot trains at once, on the very features the
 uninterrupted run uses); any difference recomputes. Memory-mapped features get their record as
 soon as they are complete, so they survive kill -9 too. A finished run removes the folder.
+
+Inside ``shared_features(FOLDER)`` (what ``gluontl sweep`` runs its trials in) every run's features
+go to FOLDER instead, named by a digest of their record, so runs with the same prefix identity
+(cut, prefix weights, images, model/surgery/data sections, seed, dtype, engine) read one file: the
+first run to need a view computes it under an exclusive ``fcntl`` lock into a temp file renamed into
+place, the others wait for the lock and memory-map the result read-only. Each computation appends
+its image count to ``FOLDER/passes.jsonl`` (the sweep's prefix passes). Nothing there is removed
+by a run.
 """
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
+import os
 import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import mxnet as mx
 import numpy as np
@@ -43,7 +53,8 @@ from ..recipe import Recipe, TrainSpec, TransformSpec
 from ..rules import Plan
 from ..runfolder import RunFolder
 from .datasets import ImageDataset, Loaders, load_split
-from .prefix import Engine, Int8Engine, MxEngine, Split, check_images, choose_engine, split_frozen_prefix
+from .prefix import (Engine, Int8Engine, MxEngine, Split, check_images, choose_engine, nested,
+                     split_frozen_prefix)
 from .sampler import EpochSampler
 
 _RANDOM_STEPS = ("random_resized_crop", "flip", "color_jitter")
@@ -97,16 +108,22 @@ def cache_key(recipe: Recipe, split: Split, row_shape: tuple[int, ...], train: I
     (same recipe, same count) must not pair old features with new labels. The float engines
     agree within 1e-4 and share a key; an int8 prefix's features are others, and which ones
     depends on ``reduce_range`` (the CPU's), so the engine that ran keys them (``engine.key``)."""
-    h = hashlib.sha256()
-    for name, e in sorted(named_params(split.prefix).items()):
-        h.update(name.encode())
-        h.update(e.param.list_data()[0].asnumpy().tobytes())
     items = hashlib.sha256()
     for ds in (train, val):
         items.update(name_bytes("\n".join(ds.name(i) for i in range(len(ds)))) + b"\0" + ds.labels.tobytes() + b"\0")
-    return {"format": 1, "boundary": split.boundary, "prefix_sha256": h.hexdigest(), "items_sha256": items.hexdigest(),
+    return {"format": 1, "boundary": split.boundary, "prefix_sha256": params_digest(split.prefix),
+            "items_sha256": items.hexdigest(),
             "recipe": recipe.digest("model", "surgery", "data"), "seed": recipe.train.seed,
             "dtype": recipe.train.cache_dtype, "row_shape": list(row_shape), **(engine.key if engine else {})}
+
+
+def params_digest(block: HybridBlock) -> str:
+    """SHA-256 of a block's parameter names and values (a frozen prefix's identity)."""
+    h = hashlib.sha256()
+    for name, e in sorted(named_params(block).items()):
+        h.update(name.encode())
+        h.update(e.param.list_data()[0].asnumpy().tobytes())
+    return h.hexdigest()
 
 
 class Calibration:
@@ -131,10 +148,89 @@ def _files(folder: Path, what: str) -> tuple[Path, Path]:
     return folder / f"{name}.npy", folder / f"{name}.json"
 
 
-def stored_features(folder: Path, what: str, record: dict[str, Any], dtype: np.dtype) -> np.ndarray | None:
-    """The features in ``folder`` for ``what`` (memory-mapped), if their record is ``record``
-    and the file holds what it says; None otherwise (missing, another key, damaged)."""
-    data, path = _files(folder, what)
+_SHARED: list[Path] = []  # the folder of shared_features, innermost last
+
+
+@contextlib.contextmanager
+def shared_features(folder: str | Path) -> Iterator[Path]:
+    """Runs started inside share frozen-prefix features through ``folder`` (see the module
+    docstring): one computation per prefix identity and view, whatever the number of runs."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    _SHARED.append(folder)
+    try:
+        yield folder
+    finally:
+        _SHARED.remove(folder)
+
+
+def prefix_passes(folder: str | Path) -> int:
+    """Images the whole frozen prefix ran on for the features in a ``shared_features`` folder
+    (features a deeper cut made from a shallower cut's are not counted: no image went through)."""
+    log = Path(folder) / "passes.jsonl"
+    if not log.is_file():
+        return 0
+    rows = [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return sum(r["rows"] for r in rows if "from" not in r)
+
+
+_SAME_SOURCE = ("format", "items_sha256", "recipe", "seed", "dtype")
+
+
+def _shallower_source(net: HybridBlock, split: Split, cache: "FeatureCache", probe: np.ndarray, ctx: mx.Context,
+                      hybridize: bool) -> Callable[[str, int], tuple[np.ndarray, Callable, str] | None]:
+    """For a shared cache: find features a shallower cut of the same model, images and settings
+    stored, whose prefix has this one's weights (``params_digest``) and whose middle blocks make
+    this cut's features on the probe (``prefix.nested``); the middle then runs on them alone."""
+
+    def find(what: str, rows: int) -> tuple[np.ndarray, Callable, str] | None:
+        if "engine" in cache.key:  # int8 features are their engine's own
+            return None
+        for record_path in sorted(cache.folder.glob(f"*-{what.replace(' ', '_')}.json")):
+            try:
+                record = read_json(record_path, TrainError, "the feature-cache record")
+            except TrainError:
+                continue
+            if (record.get("what") != what or record.get("rows") != rows or "engine" in record
+                    or record.get("boundary") == cache.key["boundary"]
+                    or any(record.get(k) != cache.key[k] for k in _SAME_SOURCE)):
+                continue
+            parts = nested(net, split, record["boundary"])
+            if parts is None or params_digest(parts[0]) != record["prefix_sha256"]:
+                continue
+            head, middle = parts
+            key = {k: v for k, v in record.items() if k not in ("what", "rows")}
+            stored = stored_features(cache.folder, what, record, cache.dtype, f"{_key_digest(key)}-{what}")
+            if stored is None:
+                continue
+            if hybridize:
+                middle.hybridize(static_alloc=True, static_shape=True)
+            with autograd.predict_mode():
+                x = mx.nd.array(probe, ctx=ctx)
+                want, got = split.prefix(x).asnumpy(), middle(head(x)).asnumpy()
+            if want.shape != got.shape or not np.allclose(got, want, rtol=1e-4, atol=1e-5):
+                continue
+
+            def run(f: np.ndarray, middle=middle) -> np.ndarray:
+                with autograd.predict_mode():
+                    return middle(mx.nd.array(f, ctx=ctx)).asnumpy()
+
+            return stored, run, record["boundary"]
+        return None
+
+    return find
+
+
+def _key_digest(key: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def stored_features(folder: Path, what: str, record: dict[str, Any], dtype: np.dtype,
+                    name: str | None = None) -> np.ndarray | None:
+    """The features in ``folder`` for ``what`` (files ``name``, default ``what``; memory-mapped), if
+    their record is ``record`` and the file holds what it says; None otherwise (missing, another
+    key, damaged)."""
+    data, path = _files(folder, name or what)
     try:
         if read_json(path, TrainError, "the feature-cache record") != record:
             return None
@@ -161,15 +257,22 @@ class FeatureCache:
         self.fill_seconds = 0.0  # the frozen prefix's share of the run's wall time
         self.reused: list[str] = []  # what was read from the run folder instead of computed
         self.on_disk: set[str] = set()  # what is in the run folder under this cache's record
+        self.shared = False  # the folder is a shared_features one: named by key, locked, never removed
+        # in a shared folder: (what, rows) -> a shallower cut's stored features and the block that
+        # makes this cut's from them (prefix.nested), or None
+        self.from_shallower: Callable[[str, int], tuple[np.ndarray, Callable, str] | None] | None = None
+
+    def _name(self, what: str) -> str:
+        return f"{_key_digest(self.key)}-{what}" if self.shared else what
 
     def _files(self, what: str) -> tuple[Path, Path]:
-        return _files(self.folder, what)
+        return _files(self.folder, self._name(what))
 
     def _record(self, what: str, rows: int) -> dict[str, Any]:
         return {**self.key, "what": what, "rows": rows}
 
     def _on_file(self, what: str, rows: int) -> np.ndarray | None:
-        return stored_features(self.folder, what, self._record(what, rows), self.dtype)
+        return stored_features(self.folder, what, self._record(what, rows), self.dtype, self._name(what))
 
     def complete(self) -> bool:
         """Whether every view and val are in the run folder under this cache's record."""
@@ -192,6 +295,8 @@ class FeatureCache:
         stored = self._stored(what, len(keys))
         if stored is not None:
             return stored
+        if self.shared:
+            return self._fill_shared(ds, keys, what)
         batches = [keys[i:i + self.batch_size] for i in range(0, len(keys), self.batch_size)]
         loader = gluon.data.DataLoader(ds, batch_sampler=batches, num_workers=self.workers, thread_pool=False)
         out = None
@@ -210,6 +315,52 @@ class FeatureCache:
             write_text(self._files(what)[1], json.dumps(self._record(what, len(keys))), TrainError)
             self.on_disk.add(what)
         return out
+
+    def _fill_shared(self, ds: ImageDataset, keys: list, what: str) -> np.ndarray:
+        """Compute ``what`` into the shared folder under its lock, unless another run did while
+        this one waited for the lock; then read it memory-mapped."""
+        data, record = self._files(what)
+        with open(data.with_suffix(".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also when the process dies
+            stored = self._stored(what, len(keys))
+            if stored is not None:
+                return stored
+            tmp = data.with_name(f".{data.name}.{os.getpid()}.tmp")
+            source = self.from_shallower(what, len(keys)) if self.from_shallower is not None else None
+            if source is None:
+                batches = [keys[i:i + self.batch_size] for i in range(0, len(keys), self.batch_size)]
+                loader = gluon.data.DataLoader(ds, batch_sampler=batches, num_workers=self.workers,
+                                               thread_pool=False)
+                steps, engine = ((x.asnumpy(), None) for x, _ in loader), self.engine
+            else:  # the shallower cut's features through the middle blocks: no image decoded, no early layer run
+                stored, engine, _ = source
+                steps = ((np.asarray(stored[i:i + self.batch_size], np.float32), None)
+                         for i in range(0, len(keys), self.batch_size))
+            out, row, start = None, 0, time.perf_counter()
+            try:
+                for x, _ in steps:
+                    f = engine(x)
+                    if out is None:
+                        out = np.lib.format.open_memmap(tmp, "w+", self.dtype, (len(keys), *f.shape[1:]))
+                    out[row:row + len(f)] = f
+                    row += len(f)
+                out.flush()
+                del out
+                os.replace(tmp, data)
+            finally:
+                tmp.unlink(missing_ok=True)
+            self.fill_seconds += time.perf_counter() - start
+            write_text(record, json.dumps(self._record(what, len(keys))), TrainError)
+            with open(self.folder / "passes.jsonl", "a", encoding="utf-8") as log:
+                log.write(json.dumps({"what": what, "rows": len(keys), "boundary": self.key["boundary"],
+                                      **({"from": source[2]} if source is not None else {})}) + "\n")
+        stored = self._on_file(what, len(keys))
+        if stored is None:
+            raise TrainError(f"The shared feature file {data} was written but does not read back; remove it "
+                             f"and run again.")
+        self.bytes += stored.nbytes
+        self.on_disk.add(what)
+        return stored
 
     def _allocate(self, shape: tuple[int, ...], what: str) -> np.ndarray:
         size = int(np.prod(shape)) * self.dtype.itemsize
@@ -255,6 +406,8 @@ class FeatureCache:
         filled += [("val", self.val)] if self.val is not None else []
         self.train.clear()
         self.val = None
+        if self.shared:  # the shared folder's files serve other runs
+            return
         if not keep:
             filled = [(w, a) for w, a in filled if keep_val and w == "val" and "engine" not in self.key]
             kept = {p.name for p in self._files("val")} if filled else set()
@@ -275,7 +428,8 @@ class FeatureCache:
                 write_text(record, json.dumps(self._record(what, len(features))), TrainError)
 
     def describe(self) -> str:
-        where = "memory" if self.bytes <= self.max_bytes else f"memory-mapped files in {self.folder}"
+        where = "memory" if self.bytes <= self.max_bytes and not self.shared else \
+            f"memory-mapped files in {self.folder}"
         reused = f", {', '.join(self.reused)} read from {self.folder}" if self.reused else ""
         return f"{self.bytes / 2**20:.1f} MiB of {self.dtype.name} features in {where}{reused}"
 
@@ -375,8 +529,11 @@ def build_feed(net: HybridBlock, plan: Plan, recipe: Recipe, loaders: Loaders, c
     # per step, onnxruntime must clearly beat MXNet's own step, which skips backward through the prefix
     # val transforms are deterministic, so val features are cached whenever the suffix trains
     float_key = cache_key(recipe, split, one.shape[1:], train_ds, loader_dataset(loaders.val))
-    cache = FeatureCache(None, loaders, max(decision.views, 1), t, folder, recipe.data.batch_size,
-                         recipe.data.workers, quiet, float_key)
+    cache = FeatureCache(None, loaders, max(decision.views, 1), t, _SHARED[-1] if _SHARED else folder,
+                         recipe.data.batch_size, recipe.data.workers, quiet, float_key)
+    cache.shared = bool(_SHARED)
+    if cache.shared:
+        cache.from_shallower = _shallower_source(net, split, cache, probe, ctx, t.hybridize)
     made_by = _complete_under(cache, [float_key] + [{**float_key, **Int8Engine.key_for(reduce)} for reduce in
                                                     (False, True) if t.prefix_engine == "onnxruntime-int8"]
                               + [{**float_key, "engine": "openvino-int8"}] * (t.prefix_engine == "openvino-int8"))

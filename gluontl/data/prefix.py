@@ -181,6 +181,41 @@ def _split_graph(net: SymbolBlock, plan: Plan) -> Split:
     return whole
 
 
+def nested(net: HybridBlock, split: Split, shallower: str) -> tuple[HybridBlock, HybridBlock] | None:
+    """``(head, middle)`` with ``middle(head(x)) == split.prefix(x)``: ``head`` the frozen prefix of a
+    shallower cut of ``net`` (the ``boundary`` of its split), ``middle`` the rest of ``split.prefix``.
+    Features stored for the shallower cut then make this cut's by running ``middle`` alone. None when
+    ``shallower`` is not a cut inside this prefix. Callers check the numbers (``middle(head(x))``)."""
+    if split.prefix is None or shallower == split.boundary:
+        return None
+    if not isinstance(net, SymbolBlock):
+        units = trunk_units(net)
+        names = [n for n, _ in units]
+        if shallower not in names or split.boundary not in names:
+            return None
+        k, cut = names.index(shallower), names.index(split.boundary)
+        if not 0 < k < cut:
+            return None
+        return _chain([b for _, b in units[:k]]), _chain([b for _, b in units[k:cut]])
+    inputs, sym = net._cached_graph
+    internals = sym.get_internals()
+    prefix_sym = internals[_entry_name(sym, split.boundary)]
+    graph = json.loads(prefix_sym.tojson())
+    at = [i for i, n in enumerate(graph["nodes"]) if n["name"] == shallower and n["op"] != "null"]
+    if len(at) != 1:
+        return None
+    graph["nodes"][at[0]] = {"op": "null", "name": _FEATURES, "inputs": []}
+    graph["arg_nodes"] = sorted(set(graph["arg_nodes"]) | {at[0]})
+    graph.pop("node_row_ptr", None)
+    middle_sym = mx.sym.load_json(json.dumps(graph))
+    if inputs[0].name in middle_sym.list_arguments():  # the data reaches this cut around the shallower one
+        return None
+    params = net.collect_params()
+    return (SymbolBlock(internals[_entry_name(sym, shallower)], mx.sym.var(inputs[0].name, dtype="float32"),
+                        params=params),
+            SymbolBlock(middle_sym, mx.sym.var(_FEATURES, dtype="float32"), params=params))
+
+
 def _entry_name(sym: mx.sym.Symbol, node: str) -> str:
     outs = set(sym.get_internals().list_outputs())
     return f"{node}_output" if f"{node}_output" in outs else f"{node}_output0"

@@ -1,0 +1,3 @@
+import pytest
+
+pytest.importorskip("optuna", reason="gluontl sweep needs Optuna: pip install -e .[sweep]")
