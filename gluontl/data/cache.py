@@ -48,7 +48,7 @@ from ..atomic import atomic_write, write_text
 from ..errors import TrainError
 from ..mxinternals import clear_cached_op, loader_dataset
 from ..naming import named_params
-from ..readers import name_bytes, read_json
+from ..readers import name_bytes, read_json, read_json_lines
 from ..recipe import Recipe, TrainSpec, TransformSpec
 from ..rules import Plan
 from ..runfolder import RunFolder
@@ -167,11 +167,8 @@ def shared_features(folder: str | Path) -> Iterator[Path]:
 def prefix_passes(folder: str | Path) -> int:
     """Images the whole frozen prefix ran on for the features in a ``shared_features`` folder
     (features a deeper cut made from a shallower cut's are not counted: no image went through)."""
-    log = Path(folder) / "passes.jsonl"
-    if not log.is_file():
-        return 0
-    rows = [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines() if line.strip()]
-    return sum(r["rows"] for r in rows if "from" not in r)
+    rows, _ = read_json_lines(Path(folder) / "passes.jsonl", TrainError, "the shared cache's pass log")
+    return sum(r["rows"] for r in rows if "from" not in r and isinstance(r.get("rows"), int))
 
 
 _SAME_SOURCE = ("format", "items_sha256", "recipe", "seed", "dtype")

@@ -197,17 +197,17 @@ def nested(net: HybridBlock, split: Split, shallower: str) -> tuple[HybridBlock,
         if not 0 < k < cut:
             return None
         return _chain([b for _, b in units[:k]]), _chain([b for _, b in units[k:cut]])
-    inputs, sym = net._cached_graph
+    inputs, sym = cached_graph(net)
     internals = sym.get_internals()
     prefix_sym = internals[_entry_name(sym, split.boundary)]
-    graph = json.loads(prefix_sym.tojson())
+    graph = graph_of(prefix_sym)
     at = [i for i, n in enumerate(graph["nodes"]) if n["name"] == shallower and n["op"] != "null"]
     if len(at) != 1:
         return None
     graph["nodes"][at[0]] = {"op": "null", "name": _FEATURES, "inputs": []}
     graph["arg_nodes"] = sorted(set(graph["arg_nodes"]) | {at[0]})
     graph.pop("node_row_ptr", None)
-    middle_sym = mx.sym.load_json(json.dumps(graph))
+    middle_sym = symbol_from(graph)
     if inputs[0].name in middle_sym.list_arguments():  # the data reaches this cut around the shallower one
         return None
     params = net.collect_params()
