@@ -76,7 +76,7 @@ not_kernels=(tests/dist tests/train/test_interrupt.py tests/test_cli_hostile.py 
              tests/sources/test_random_init.py tests/test_layers.py tests/onnx/test_inspect.py tests/train/test_gpu.py
              tests/detect/test_detect_transforms.py tests/segment/test_seg_synth.py tests/test_docs.py
              tests/segment/test_seg_recipe.py tests/segment/test_seg_data.py tests/segment/test_seg_draw.py
-             tests/segment/test_seg_int8.py)
+             tests/segment/test_seg_int8.py tests/sweep/test_storage.py tests/sweep/test_dashboard.py)
 numbers_only=("${not_kernels[@]/#/--ignore=}")
 # the numpy 2 pass also runs the data readers and transforms, whose bytes numpy's promotion could change
 numpy2_keeps=(tests/data/test_data.py tests/detect/test_detect_data.py tests/detect/test_detect_transforms.py

@@ -13,6 +13,7 @@ import yaml
 from ..atomic import atomic_write, write_text
 from ..console import show
 from ..errors import SweepError
+from ..runfolder import RunFolder
 
 PLOTS = {"history": "plot_optimization_history", "importances": "plot_param_importances",
          "parallel": "plot_parallel_coordinate", "intermediate": "plot_intermediate_values"}
@@ -81,7 +82,7 @@ def write(folder: Path, study, rows: list[dict[str, Any]], best_recipe, passes: 
         if any(r["state"] == "COMPLETE" for r in rows) else None
     summary = {"trials": len(rows), **{k.lower(): v for k, v in states.items()}, "prefix_passes": passes,
                "best": best, "plots": [p.name for p in made]}
-    write_text(folder / "summary.json", json.dumps(summary, indent=1), SweepError)
+    write_text(folder / RunFolder.SUMMARY, json.dumps(summary, indent=1), SweepError)
     show(f"sweep done: {states['COMPLETE']} complete, {states['PRUNED']} pruned, {states['FAIL']} failed; "
          f"prefix passes {passes} images; " + (f"best {best['value']:.4g} (trial {best['trial']}), "
                                                f"recipe {folder / 'best.yaml'}" if best else "no best trial"), quiet)

@@ -24,6 +24,7 @@ from ..errors import GluontlError, SweepError
 from ..readers import read_json
 from ..pipeline import with_input_name
 from ..recipe import Recipe, load_recipe
+from ..runfolder import RunFolder
 from ..train.hooks import Callback, RunInfo
 from . import report, storage
 from .space import Dim, baseline, check_space, parse_space, with_params
@@ -184,7 +185,7 @@ def start(recipe: Recipe, dims: list[Dim], *, trials: int, root: str | Path = "s
         _open_study(folder, settings, dims, recipe).enqueue_trial(first)
     else:
         _open_study(folder, settings, dims, recipe)
-    write_text(folder / "recipe.yaml", yaml.safe_dump(recipe.as_written(), sort_keys=False), SweepError)
+    write_text(folder / RunFolder.RECIPE, yaml.safe_dump(recipe.as_written(), sort_keys=False), SweepError)
     write_text(folder / "sweep.json", json.dumps({"format": FORMAT, **settings.__dict__}, indent=1), SweepError)
     return folder, settings
 
@@ -200,12 +201,12 @@ def load(folder: str | Path, recipe: Recipe | None = None, space: dict[str, Any]
     data = read_json(folder / "sweep.json", SweepError, "the sweep record")
     data.pop("format", None)
     settings = Settings(**data)
-    stored = load_recipe(folder / "recipe.yaml")
+    stored = load_recipe(folder / RunFolder.RECIPE)
     recipe = None if recipe is None else with_input_name(recipe)
     if recipe is not None and recipe.digest() != settings.recipe_digest:
         raise SweepError(f"The recipe '{recipe.name}' differs from the one sweep {folder} ran (recipe digest "
                          f"{recipe.digest()} vs {settings.recipe_digest}), so its trials could not be compared. "
-                         f"Resume with the recipe unchanged (it is kept in {folder / 'recipe.yaml'}), or start a "
+                         f"Resume with the recipe unchanged (it is kept in {folder / RunFolder.RECIPE}), or start a "
                          f"new sweep.")
     if space is not None and json.loads(json.dumps(space)) != settings.space:
         raise SweepError(f"The space given differs from the one sweep {folder} ran ({json.dumps(settings.space)}), "
