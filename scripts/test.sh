@@ -10,7 +10,8 @@
 #    nor numpy's version can change (they compare a run with another run on the same machine —
 #    resumes, frozen arrays, restored rows — or check files, messages and processes): distributed
 #    jobs, signals and kill -9, CLI input, recipes, logs, checkpoints, guards, detector restores and
-#    runs. What stays compares numbers against references: the ONNX importer, exports against
+#    runs, callbacks and early stopping, and the services (sweeps' Optuna workers, PostgreSQL and
+#    dashboard; the MLflow server). What stays compares numbers against references: the ONNX importer, exports against
 #    onnxruntime, training steps, caches, mAP, and the data readers and transforms, whose bytes
 #    numpy 2's promotion could change (tests/data/test_data.py runs DataLoader workers under spawn
 #    and forkserver).
@@ -76,7 +77,9 @@ not_kernels=(tests/dist tests/train/test_interrupt.py tests/test_cli_hostile.py 
              tests/sources/test_random_init.py tests/test_layers.py tests/onnx/test_inspect.py tests/train/test_gpu.py
              tests/detect/test_detect_transforms.py tests/segment/test_seg_synth.py tests/test_docs.py
              tests/segment/test_seg_recipe.py tests/segment/test_seg_data.py tests/segment/test_seg_draw.py
-             tests/segment/test_seg_int8.py tests/sweep/test_storage.py tests/sweep/test_dashboard.py)
+             tests/segment/test_seg_int8.py tests/sweep tests/train/test_mlflow.py tests/train/test_callbacks.py
+             tests/train/test_early_stopping.py tests/train/test_run_records.py tests/test_runfolder.py
+             tests/test_runfolder_names.py tests/recipe)
 numbers_only=("${not_kernels[@]/#/--ignore=}")
 # the numpy 2 pass also runs the data readers and transforms, whose bytes numpy's promotion could change
 numpy2_keeps=(tests/data/test_data.py tests/detect/test_detect_data.py tests/detect/test_detect_transforms.py
