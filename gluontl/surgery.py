@@ -37,6 +37,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import mxnet as mx
 import numpy as np
+import onnx
 from mxnet.gluon import HybridBlock, ParameterDict, SymbolBlock, nn
 
 from .errors import OnnxImportError, SurgeryError, short_reason
@@ -217,6 +218,8 @@ class _Graph:
         known = {self.inputs[0].name: (batch, *input_shape)}
         if self.info is not None:
             for name, shape in self.info.input_shapes.items():
+                if name not in known and shape is not None and shape and name in self.info.batch_free:
+                    shape = (batch, *shape[1:])  # a second batched input (a text model's mask)
                 if name not in known and shape is not None and None not in shape:
                     known[name] = tuple(shape)
         try:
@@ -548,6 +551,14 @@ def feature_end(block: HybridBlock, input_shape: Shape) -> str:
     """The last node whose output is still a feature map (rank ≥ 3) of every sample: the default
     cut for a new head. Shapes are taken at batch 2, so a node that keeps one sample (``t[:1]``)
     is not mistaken for a feature map."""
+    info = onnx_info(block)
+    tokens = [] if info is None or info.model is None else [
+        i.name for i in info.model.graph.input if i.name in info.inputs
+        and i.type.tensor_type.elem_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32)]
+    if tokens:  # rank-3 tensors of a text model are [batch, tokens, features] or attention maps
+        raise SurgeryError(f"this model reads integer input(s) {tokens} (token ids), so its rank ≥ 3 "
+                           "tensors are not image feature maps to pool for a new head; say where the head "
+                           "goes with head.inputs (e.g. the pooled output) or surgery.cut_at.")
     maps = [n for n in list_nodes(block, input_shape, batch=2)
             if n.shape is not None and len(n.shape) >= 3 and n.shape[0] == 2]
     if not maps:

@@ -29,7 +29,7 @@ from ..mxinternals.graphblock import GraphBlock
 from ..naming import module_names
 from . import control, fold
 from .control import outer_refs as _outer_refs
-from ..mxinternals import set_onnx_info
+from ..mxinternals import onnx_info, set_onnx_info
 from ..mxinternals.plain_grad import plain_conv_gradients
 from .ops.quantize import integer_as_float
 from .ops.shape import range_over_batch
@@ -76,8 +76,33 @@ class OnnxBlock(GraphBlock):
     graph-output order (SymbolBlock itself returns a list)."""
 
     def forward(self, x, *args):
-        out = super().forward(*(_carried(a) for a in (x, *args)))
+        try:
+            out = super().forward(*(_carried(a) for a in (x, *args)))
+        except mx.base.MXNetError as err:
+            _explain_fixed_dims(self, (x, *args), err)
+            raise
         return tuple(out) if isinstance(out, list) else out
+
+
+def _explain_fixed_dims(block, args: Sequence, err: Exception) -> None:
+    """MXNet fixes shapes when the graph is built: a call at other non-batch sizes than the
+    import's (a text encoder's sequence length, H/W a Resize folded) fails inside MXNet;
+    say which input and what to do instead of MXNet's broadcast message."""
+    info = onnx_info(block)
+    if info is None or not isinstance(info, ImportInfo):
+        return
+    for name, a in zip(info.inputs, args):
+        fixed = info.input_shapes.get(name)
+        if not isinstance(a, mx.nd.NDArray) or fixed is None or len(fixed) != a.ndim:
+            continue
+        off = [k for k, d in enumerate(fixed) if k > 0 and d is not None and d != a.shape[k]]
+        if off:
+            want = ["N" if k == 0 else d for k, d in enumerate(fixed)]
+            raise OnnxImportError(
+                f"Input '{name}' has shape {tuple(a.shape)} but '{info.source}' was imported for "
+                f"{want} (N free): MXNet fixes the other dimensions when the graph is built. Import "
+                f"again with input_shapes={{'{name}': [None, ...]}} at this size, or pad to the imported "
+                f"size (with an attention mask, padding a text encoder's tokens changes nothing).") from err
 
 
 def _carried(value):
@@ -536,6 +561,7 @@ class _Importer:
         self.b2 = self.b1 + 1 if self.batched else self.b1
         self.consts: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # value at b1, b2
         self.weights: set[str] = set()
+        self.shaped: set[str] = set()  # folded values computed from a run-time tensor's shape
         self.alias: dict[str, str] = {}
         self.runtime: dict[str, Tensor] = {}
         self.materialized: dict[str, Tensor] = {}
@@ -760,8 +786,19 @@ class _Importer:
                 return None
         return out
 
+    def _gathers_rows_by_shape(self, node: Node) -> bool:
+        """A Gather of weight rows at indices computed from an input's shape (BERT's position
+        embeddings at ``arange(S)``) runs at run time: folded, the rows would train as a new
+        tensor of the import's sequence length, and the export would bake that length in; kept,
+        the table trains under its own name and the exported graph still gathers by length."""
+        names = [self.alias.get(x, x) for x in node.inputs]
+        return node.op_type == "Gather" and len(names) == 2 and names[0] in self.weights \
+            and names[1] in self.shaped
+
     def _fold(self, node: Node, proto: onnx.NodeProto, known: list) -> None:
         names = [self.alias.get(x, x) if x else "" for x in node.inputs]
+        if any(x in self.shaped for x in names):
+            self.shaped.update(o for o in node.outputs if o)
         if node.op_type == "Identity" or node.op_type == "Dropout" and len(
                 [o for o in node.outputs if o]) == 1:
             self.alias[node.outputs[0]] = names[0]
@@ -806,6 +843,7 @@ class _Importer:
             vals = [np.array(s, dtype=np.int64)[start:end] for s in (s1, s2)]
         self._set_const(node.outputs[0], *vals)
         self.producer[node.outputs[0]] = (node, proto)
+        self.shaped.add(node.outputs[0])
         return True
 
     def _inputs_for(self, node: Node) -> tuple[list[Tensor | None], tuple[int, ...]]:
@@ -928,6 +966,8 @@ class _Importer:
             if node.op_type == "Scan":
                 return self._unroll_scan(node, proto, reads)
             return self._unroll_loop(node, proto, reads)
+        if known is not None and self._gathers_rows_by_shape(node):
+            known = None
         if known is not None:
             try:
                 self._fold(node, proto, known)
