@@ -13,7 +13,9 @@ cost in units of 16·u (u = eps32/2, the unit roundoff) of its output's size:
   Algorithms*, §3.1): cost sqrt(n) (+1 where an exp, log or rsqrt follows the sum);
 - **transcendental ops** (Exp, Log, Tanh, Sigmoid, Erf, Pow, …) are not correctly rounded: each
   library's approximation is within a few ulps: cost 1; so are ops engines re-associate
-  (BatchNormalization folded into a Conv or split, HardSwish, Resize's interpolation weights);
+  (BatchNormalization folded into a Conv or split, HardSwish); linear interpolation (Resize,
+  GridSample) costs max(2, size / 4) per resized axis, its weights being off by ulps of the
+  float32 source coordinate (``_interpolation_cost``);
 - **elementwise arithmetic** (Add, Mul, Div, PRelu, …) rounds a difference already there to
   the output's grid: one ulp, cost 1/8. Data movement (Reshape, Transpose, Relu, MaxPool,
   Concat, …) is exact: cost 0.
@@ -59,7 +61,8 @@ _NORMS = {"LayerNormalization", "InstanceNormalization", "GroupNormalization", "
 _TRANSCENDENTAL = {"Exp", "Log", "Tanh", "Sigmoid", "Erf", "Pow", "Softplus", "Softsign", "Gelu", "Elu",
                    "Selu", "Celu", "Mish", "Sin", "Cos", "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh",
                    "Asinh", "Acosh", "Atanh", "Reciprocal", "BatchNormalization", "HardSwish", "HardSigmoid",
-                   "Resize", "Upsample", "GridSample", "RoiAlign", "DequantizeLinear", "QuantizeLinear"}
+                   "DequantizeLinear", "QuantizeLinear"}
+_INTERPOLATE = {"Resize", "Upsample", "GridSample", "RoiAlign"}
 _ROUNDING = {"Add", "Sub", "Mul", "Div", "Sum", "Mean", "Sqrt", "PRelu", "LeakyRelu"}  # one rounding each
 _EXP_INSIDE = {"Softmax", "LogSoftmax", "ReduceLogSumExp", "ReduceLogSum", "LayerNormalization",
                "InstanceNormalization", "GroupNormalization", "MeanVarianceNormalization", "LpNormalization",
@@ -163,6 +166,8 @@ def node_cost(node, dims: dict[str, list[int]]) -> tuple[float, str, int]:
         kind = "reduction"
     elif op in _TRANSCENDENTAL:
         return 1.0, "transcendental", 1
+    elif op in _INTERPOLATE:
+        return _interpolation_cost(node, shape(0), dims.get(node.output[0], [])), "transcendental", 1
     elif op in _ROUNDING:
         return 0.125, "", 1
     if not kind:
@@ -171,6 +176,20 @@ def node_cost(node, dims: dict[str, list[int]]) -> tuple[float, str, int]:
         extra = 1.0
     terms = max(int(terms), 1)
     return math.sqrt(terms) + extra, kind, terms
+
+
+def _interpolation_cost(node, x: list[int], y: list[int]) -> float:
+    """Linear or cubic interpolation: each engine computes the float32 source coordinate its own
+    way, so a weight is off by a few ulps of the coordinate (2**-21 below 8: 4·eps32), and a
+    weight error e moves the output by up to 2e·max|x| per axis: 16·eps32·max|x| below 8, in
+    proportion to the size above (cost max(2, size / 4) per resized axis; unknown sizes 2).
+    Nearest picks the same pixel in both engines (the importer follows onnxruntime's rounding): 1."""
+    mode = _attr(node, "mode", b"nearest" if node.op_type in ("Resize", "Upsample") else b"linear")
+    mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+    if node.op_type in ("Resize", "Upsample") and mode == "nearest":
+        return 1.0
+    axes = range(2, max(len(x), len(y)))
+    return float(sum(max(2.0, max(x[a] if a < len(x) else 0, y[a] if a < len(y) else 0) / 4) for a in axes)) or 4.0
 
 
 def _subgraph_cost(node, dims, consts: dict[str, np.ndarray]) -> float:
