@@ -31,7 +31,7 @@ from gluontl.export.registry import check_formats
 from gluontl.export.exporters import check_target, convert_block, export_block, finish_model, onnx_verdict, \
     set_metadata
 from gluontl.export.trace import sample_batches
-from gluontl.export.verify import ort_session
+from gluontl.export.verify import FIXED_RTOL, ort_session
 from gluontl.data.transforms import META_CLASSES, onnx_props
 
 log = logging.getLogger(__name__)
@@ -271,7 +271,7 @@ def export_detector(net: mx.gluon.HybridBlock, out_dir: str | Path, name: str, i
                     class_names: Sequence[str], card: Mapping[str, Any] | None = None,
                     nms_thresh: float | None = None, nms_topk: int | None = None, post_nms: int | None = None,
                     score_thresh: float = GLUONCV_SCORE_THRESH, sample: np.ndarray | None = None,
-                    formats: Sequence[str] = ("symbol", "onnx"), input_name: str = "data", rtol: float = 1e-4,
+                    formats: Sequence[str] = ("symbol", "onnx"), input_name: str = "data", rtol: float | None = None,
                     force: bool = False, judge: Any = None, int8: Any = None, echo: Any = log.info) -> Exported:
     """Write a GluonCV SSD/YOLOv3 as ``NAME-symbol.json``/``NAME-0000.params`` (+
     ``NAME-preprocess.json``) and/or ``NAME.onnx`` with per-class NMS (see the module doc).
@@ -289,6 +289,7 @@ def export_detector(net: mx.gluon.HybridBlock, out_dir: str | Path, name: str, i
         raise ExportError(f"export_detector exports GluonCV SSD and YOLOv3 networks (their candidates are what "
                           f"its NMS step reproduces), not a {type(net).__name__}; export other models with "
                           "export_symbol.")
+    rtol = FIXED_RTOL if rtol is None else rtol  # scores in [0, 1] and boxes judged by it (None: the default)
     classes = [str(c) for c in class_names]
     net_classes = list(net.classes)
     if len(classes) != len(net_classes):

@@ -30,7 +30,8 @@ from gluontl.export.artifacts import Artifact, Exported
 from gluontl.export.lean import make_lean
 from gluontl.export.patch import patch_model, source_info
 from gluontl.export.trace import TracedBlock, dummy_inputs, predict, sample_batches, trace_block
-from gluontl.export.verify import compare, ort_session, output_error, saturating_scales
+from gluontl.export.errorbound import output_budgets
+from gluontl.export.verify import FIXED_RTOL, compare, ort_session, output_error, saturating_scales
 from gluontl.data.transforms import META_CLASSES, META_PREPROCESS, META_TASK, load_preprocess, onnx_props
 
 log = logging.getLogger(__name__)
@@ -360,7 +361,7 @@ def export_onnx(
     force: bool = False,
     lean: bool = True,
     verify: bool = True,
-    rtol: float = 1e-4,
+    rtol: float | None = None,
     sample: dict[str, np.ndarray] | None = None,
     output_names: list[str] | None = None,
     metadata: dict[str, str] | None = None,
@@ -368,8 +369,9 @@ def export_onnx(
     preprocess: Any = None,
 ) -> Path:
     """Write ``block`` as ONNX; with ``verify``, only if onnxruntime reproduces the block's
-    predict-mode outputs on batches of 1 and 2 (and ``sample``) within ``rtol`` of each output's
-    range (see ``verify.output_error``).
+    predict-mode outputs on batches of 1 and 2 (and ``sample``) within the float32 bound of the
+    file's graph (``errorbound``: two correct float32 runs differ by at most that), or within
+    ``rtol`` of each output's range when ``rtol`` is given (see ``verify.check_output``).
 
     A block imported from ONNX (also after surgery) is written as its own graph, patched with
     the trained values (see ``patch``): same opset (unless ``opset`` asks for another), node
@@ -403,19 +405,22 @@ def export_onnx(
     data = model.SerializeToString()
     if verify:
         session = ort_session(data, f"the export for {path} (not written)")
-        scales = saturating_scales(model)
+        scales, budgets = saturating_scales(model), output_budgets(model)
         for label, batch in _verification_batches(shapes, dtypes, sizes, sample):
-            report = compare(session, block, batch, rtol, scales)
+            report = compare(session, block, batch, rtol, scales, budgets)
             if not report.ok:
+                worst = report.worst
                 raise ExportError(
                     f"Export to {path} was not written: onnxruntime disagrees with the MXNet block on a "
-                    f"{label} (error {report.max_rel:.2e} of the output's range > rtol {rtol:.0e}; "
-                    f"{report.describe()}). "
+                    f"{label}: output {worst.name!r} differs by up to {worst.max_abs:.2e} "
+                    f"({worst.rel:.2e} of the output's range) > tolerance {worst.tolerance:.2e} "
+                    f"({worst.why}); {report.describe()}. "
                     + ("The graph was patched from the imported file, so an importer converter computes "
                        "something onnxruntime does not; please report the model."
                        if info is not None else
                        "The model likely uses an op mx.onnx converts wrongly; re-run with lean=False to see "
-                       "whether the lean rewrite is at fault, or raise rtol if the difference is acceptable.")
+                       "whether the lean rewrite is at fault, or set rtol (relative to the output's range) "
+                       "if the difference is acceptable.")
                 )
             log.info("verified %s on %s: max error %.2e of the output range", path, label, report.max_rel)
     return atomic_write(path, lambda p: p.write_bytes(data), ExportError)
@@ -475,7 +480,7 @@ def export_symbol(
 
 
 def export_block(block, out_dir: str | Path, name: str, input_shapes: Mapping[str, tuple[int, ...]], *,
-                 formats: list[str], opset: int | None = None, rtol: float = 1e-4, lean: bool = True,
+                 formats: list[str], opset: int | None = None, rtol: float | None = None, lean: bool = True,
                  force: bool = False, sample: Mapping[str, np.ndarray] | None = None,
                  output_names: list[str] | None = None, card: Mapping[str, Any] | None = None,
                  judge: Any = None, int8: Any = None, echo: Any = log.info) -> Exported:
@@ -523,12 +528,14 @@ def export_block(block, out_dir: str | Path, name: str, input_shapes: Mapping[st
             sample=None if sample is None else dict(sample), output_names=output_names,
             metadata=onnx_props(card) if card else None),
             sample_batches(None if first is None else np.asarray(first, np.float32), next(iter(shapes.values()))),
-            rtol, force, judge=judge, int8=int8, echo=echo)
+            FIXED_RTOL if rtol is None else rtol, force, judge=judge, int8=int8, echo=echo)
     return written
 
 
 SYMBOL_VERDICT = "reloaded in MXNet and compared with the block"
 
 
-def onnx_verdict(rtol: float) -> str:
+def onnx_verdict(rtol: float | None) -> str:
+    if rtol is None:
+        return "verified: onnxruntime reproduces MXNet within the float32 bound of its graph"
     return f"verified: onnxruntime reproduces MXNet within rtol {rtol:g}"

@@ -10,7 +10,10 @@ import onnx
 import onnxruntime as ort
 
 from gluontl.errors import ExportError, short_reason
+from gluontl.export.errorbound import Budget, bound, output_budgets
 from gluontl.export.trace import predict
+
+FIXED_RTOL = 1e-4  # checks not judged by a graph's float32 bound (detection scores, OpenVINO): rtol None means this
 
 _ORT_TYPES = {"tensor(float)": np.float32, "tensor(double)": np.float64, "tensor(float16)": np.float16,
               "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int8)": np.int8,
@@ -56,38 +59,94 @@ def output_error(got: np.ndarray, want: np.ndarray, floor: float = 0.0) -> tuple
     diff = np.abs(g - w)
     diff[g == w] = 0.0  # equal infinities
     max_abs = float(np.max(diff))
+    return max_abs, max_abs / range_scale(w, floor)
+
+
+def range_scale(want: np.ndarray, floor: float = 0.0) -> float:
+    """The scale ``output_error`` divides by: the range of ``want`` (its magnitude if constant, 1
+    if zero or not finite), at least ``floor``."""
+    w = np.asarray(want, np.float64)
+    if w.size == 0:
+        return max(1.0, floor)
     span = float(np.max(w) - np.min(w))
     scale = span if np.isfinite(span) and span > 0 else float(np.max(np.abs(w)))
     if not np.isfinite(scale) or scale == 0:
         scale = 1.0
-    scale = max(scale, floor)
-    return max_abs, max_abs / scale
+    return max(scale, floor)
 
 
 @dataclass(frozen=True)
 class OutputCheck:
-    """One output's agreement: ``rel`` is max |onnx - mxnet| over the range of the MXNet output
-    (see ``output_error``)."""
+    """One output's agreement: ``max_abs`` = max |onnx - mxnet|, ``rel`` the same over the range of
+    the MXNet output (see ``output_error``), ``tolerance`` the largest ``max_abs`` allowed (the
+    float32 bound, or ``rtol`` of the range when one was given), ``where`` the index of the
+    largest difference with the two values there, ``why`` how the tolerance was reached."""
 
     name: str
     shape: tuple[int, ...]
     max_abs: float
     rel: float
+    tolerance: float = float("inf")
+    where: tuple[int, ...] = ()
+    values: tuple[float, float] = (0.0, 0.0)  # (onnxruntime, MXNet) at ``where``
+    why: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.max_abs <= self.tolerance)  # NaN fails
+
+    def describe(self) -> str:
+        at = (f" at {list(self.where)} (onnxruntime {self.values[0]:.7g}, MXNet {self.values[1]:.7g})"
+              if self.where or self.shape == () else "")
+        return (f"{self.name}{list(self.shape)}: max |difference| {self.max_abs:.2e}{at}, "
+                f"{self.rel:.2e} of the range; tolerance {self.tolerance:.2e} ({self.why})")
 
 
 @dataclass(frozen=True)
 class VerifyReport:
-    """Worst-case agreement over all outputs of one batch; ``ok`` means max_rel <= rtol, where
-    ``max_rel`` is the largest ``OutputCheck.rel`` (error relative to the output's range)."""
+    """Agreement over all outputs of one batch; ``ok`` means every output's ``max_abs`` is within its
+    ``tolerance``. ``max_rel`` is the largest ``OutputCheck.rel`` (error over the output's range);
+    ``rtol`` the fixed tolerance asked for (None: each output's float32 bound)."""
 
     max_abs: float
     max_rel: float
     ok: bool
-    rtol: float
+    rtol: float | None
     outputs: list[OutputCheck] = field(default_factory=list)
 
     def describe(self) -> str:
-        return ", ".join(f"{o.name}{list(o.shape)}: rel to range {o.rel:.2e}, max abs {o.max_abs:.2e}" for o in self.outputs)
+        return "; ".join(o.describe() for o in self.outputs)
+
+    @property
+    def worst(self) -> OutputCheck:
+        """The output furthest past (or nearest to) its tolerance."""
+        return max(self.outputs, key=lambda o: o.max_abs / o.tolerance if o.tolerance > 0 else np.inf)
+
+
+def check_output(name: str, got: np.ndarray, want: np.ndarray, rtol: float | None, floor: float = 0.0,
+                 budget: Budget | None = None) -> OutputCheck:
+    """``got`` (onnxruntime) against ``want`` (MXNet). With ``rtol`` None the tolerance is the float32
+    bound of the output's ``budget`` (``errorbound``) at the scale max(max |want|, ``floor``);
+    with a number, ``rtol`` times the range ``output_error`` judges by."""
+    max_abs, rel = output_error(got, want, floor)
+    g, w = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    where, values = (), (0.0, 0.0)
+    if g.shape == w.shape and w.size:
+        diff = np.abs(g - w)
+        diff[g == w] = 0.0
+        diff[np.isnan(diff)] = np.inf
+        where = tuple(int(i) for i in np.unravel_index(int(np.argmax(diff)), w.shape))
+        values = (float(g[where]), float(w[where]))
+    if rtol is not None:
+        tolerance = rtol * range_scale(w, floor)
+        why = f"rtol {rtol:g} of the range"
+    else:
+        finite = w[np.isfinite(w)] if w.size else w
+        scale = max(float(np.max(np.abs(finite), initial=0.0)), floor)
+        budget = budget or Budget(1.0)
+        tolerance = bound(budget, scale)
+        why = f"float32 bound 8·eps32·D·scale, scale {scale:.3g}, {budget.describe()}"
+    return OutputCheck(name, tuple(w.shape), max_abs, rel, float(tolerance), where, values, why)
 
 
 def ort_session(model: str | os.PathLike | bytes, label: str) -> ort.InferenceSession:
@@ -122,9 +181,11 @@ def deploy_session(model: str | os.PathLike | bytes, threads: int = 1) -> ort.In
 
 
 def compare(session: ort.InferenceSession, block: mx.gluon.HybridBlock, inputs: dict[str, np.ndarray],
-            rtol: float, scales: dict[str, float] | None = None) -> VerifyReport:
+            rtol: float | None, scales: dict[str, float] | None = None,
+            budgets: dict[str, Budget] | None = None) -> VerifyReport:
     """Run ``session`` and ``block`` on ``inputs``; the block gets them in the file's input order.
-    ``scales`` are the outputs' ``saturating_scales``."""
+    ``scales`` are the outputs' ``saturating_scales``, ``budgets`` their float32 budgets
+    (``errorbound.output_budgets`` of the file's graph; judged with ``check_output``)."""
     file_inputs = [i.name for i in session.get_inputs()]
     if set(file_inputs) != set(inputs):
         raise ExportError(
@@ -148,19 +209,21 @@ def compare(session: ort.InferenceSession, block: mx.gluon.HybridBlock, inputs: 
             f"The ONNX file has {len(got)} outputs {names} but the block returns {len(want)}; "
             "this file was not exported from this block."
         )
-    scales = scales or {}
-    checks = [OutputCheck(name, tuple(w.shape), *output_error(np.asarray(g), w, scales.get(name, 0.0)))
+    scales, budgets = scales or {}, budgets or {}
+    checks = [check_output(name, np.asarray(g), w, rtol, scales.get(name, 0.0), budgets.get(name))
               for name, g, w in zip(names, got, want)]
-    max_rel = max(c.rel for c in checks)
-    return VerifyReport(max(c.max_abs for c in checks), max_rel, bool(max_rel <= rtol), rtol, checks)
+    return VerifyReport(max(c.max_abs for c in checks), max(c.rel for c in checks), all(c.ok for c in checks),
+                        rtol, checks)
 
 
 def verify_onnx(block: mx.gluon.HybridBlock, path: str | os.PathLike, inputs: dict[str, np.ndarray],
-                rtol: float = 1e-4) -> VerifyReport:
-    """Run ``path`` in onnxruntime and ``block`` in MXNet predict mode on the same batch."""
+                rtol: float | None = None) -> VerifyReport:
+    """Run ``path`` in onnxruntime and ``block`` in MXNet predict mode on the same batch; each output
+    within the float32 bound of its graph (``rtol`` None) or ``rtol`` of its range."""
     session = ort_session(path, os.fspath(path))
     try:
-        scales = saturating_scales(onnx.load(os.fspath(path), load_external_data=False))
-    except Exception:  # onnxruntime read it, so only an exotic encoding gets here: judge by range alone
-        scales = {}
-    return compare(session, block, inputs, rtol, scales)
+        model = onnx.load(os.fspath(path), load_external_data=False)
+        scales, budgets = saturating_scales(model), output_budgets(model)
+    except Exception:  # onnxruntime read it, so only an exotic encoding gets here: one unit at the output
+        scales, budgets = {}, {}
+    return compare(session, block, inputs, rtol, scales, budgets)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +74,15 @@ def _presets(data: dict[str, Any]) -> None:
         data["rules"] = [{**dict.fromkeys(FLAT_RULE_KEYS), **rule} for rule in data["rules"]]
 
 
+RTOL_V6 = 1e-4  # export.rtol's default before version 7
+
+
+def _rtol(data: dict[str, Any]) -> None:
+    export = data.get("export")
+    if export is not None and export.get("rtol") is None:
+        export["rtol"] = RTOL_V6
+
+
 CHANGES = (
     Change(2, "c247d34", "train.distributed: hashed only when a backend other than none is set", _distributed),
     Change(3, "1a99bf7", "data.last_batch: hashed only when keep (discard is what epochs did before)", _last_batch),
@@ -82,6 +91,8 @@ CHANGES = (
     Change(5, "d06fb41", "sections segmentation, train.ema and export.quantize: hashed only when set", _sections),
     Change(6, "recipe-pkg", "schema_version (never hashed); each preset a model of its own: a rule hashes "
            "with every key of the one Rule model before it, unset ones null", _presets),
+    Change(7, "onnxtol", "export.rtol unset (null): ONNX verification by the graph's float32 bound; hashed as 1e-4, "
+           "the default before", _rtol),
 )
 assert [c.version for c in CHANGES] == list(range(2, SCHEMA_VERSION + 1))
 

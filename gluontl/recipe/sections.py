@@ -532,7 +532,9 @@ class ExportSpec(Strict):
     opset: int | None = Field(default=None, ge=7, le=21)
     input_names: list[str] | None = Field(default=None, min_length=1)
     output_names: list[str] | None = Field(default=None, min_length=1)
-    rtol: float = Field(default=1e-4, gt=0.0)
+    rtol: float | None = Field(default=None, gt=0.0, description=(
+        "ONNX verification's tolerance relative to each output's range; unset: the float32 bound of the "
+        "exported graph (docs/onnx-import.md, 'How close is close enough')"))
     lean: bool = True
     quantize: QuantizeSpec | None = None
 

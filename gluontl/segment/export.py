@@ -29,7 +29,7 @@ from gluontl.export.registry import check_formats
 from gluontl.export.exporters import check_target, convert_block, export_block, finish_model, onnx_verdict, \
     set_metadata
 from gluontl.export.trace import dummy_inputs, predict, sample_batches
-from gluontl.export.verify import ort_session, output_error
+from gluontl.export.verify import FIXED_RTOL, ort_session, output_error
 from gluontl.data.transforms import META_TASK, onnx_props
 
 log = logging.getLogger(__name__)
@@ -40,13 +40,14 @@ TASK = "segmentation"
 
 def export_segmenter(net: mx.gluon.HybridBlock, out_dir: str | Path, name: str, input_shape: Sequence[int], *,
                      formats: Sequence[str] = ("symbol", "onnx"), force: bool = False, sample: np.ndarray | None = None,
-                     card: Mapping[str, Any] | None = None, opset: int = 13, rtol: float = 1e-4,
+                     card: Mapping[str, Any] | None = None, opset: int = 13, rtol: float | None = None,
                      input_name: str = "data") -> Exported:
     """Write ``NAME-symbol.json``/``NAME-0000.params`` (+ ``NAME-preprocess.json`` with ``card``)
     and/or ``NAME.onnx`` (module docstring) for ``net`` at C, H, W ``input_shape``. ``sample``:
     preprocessed images (N, C, H, W) to verify on; ``card``: a run's ``{"classes", "preprocess"}``
     record, written into the ONNX metadata with ``gluontl.task`` = segmentation."""
     check_formats(formats, "formats")
+    rtol = FIXED_RTOL if rtol is None else rtol  # logits judged on their range (None: the default)
     shape = (1, *(int(d) for d in input_shape))
     classes = _classes(net, shape, input_name)
     if card is not None and len(card.get("classes", ())) != classes:

@@ -75,12 +75,38 @@ def flatten(node, inputs):
     return mx.sym.reshape(tail, shape=(-1, 0), reverse=True, name=node.name)
 
 
+# Transposes this module made, by output name: (axes attribute as MXNet prints it, input name).
+# Keras-family exports (tf2onnx without its optimizer, Keras->PyTorch conversions) put a
+# Transpose to NCHW before every Conv and one back after it, so two convolutions in a row read
+# through a pair that cancels; such a pair becomes one copy. A name is checked against the
+# symbol's own axes and input, so an entry from another import cannot match by accident.
+_MADE: dict[str, tuple[str, str]] = {}
+
+
+def _undone(x, perm: tuple[int, ...]):
+    """The input of ``x`` if ``x`` is a transpose this module made that ``perm`` undoes, else None."""
+    made = _MADE.get(x.name)
+    children = x.get_children() if made is not None else None
+    if made is None or children is None or len(children) != 1 or children[0].name != made[1] \
+            or x.list_attr().get("axes") != made[0]:
+        return None
+    inner = tuple(int(a) for a in made[0].strip("()[] ").split(",") if a.strip())
+    return children[0] if len(inner) == len(perm) and all(inner[q] == i for i, q in enumerate(perm)) else None
+
+
 @converter("Transpose", since=1)
 def transpose(node, inputs):
     perm = node.attr("perm")
     if perm is None:
         perm = list(range(need_rank(node, inputs[0])))[::-1]
-    return mx.sym.transpose(inputs[0].sym, axes=tuple(perm), name=node.name)
+    source = _undone(inputs[0].sym, tuple(perm))
+    if source is not None:
+        return mx.sym.identity(source, name=node.name)
+    out = mx.sym.transpose(inputs[0].sym, axes=tuple(perm), name=node.name)
+    if len(_MADE) > 100_000:  # names of long-finished imports
+        _MADE.clear()
+    _MADE[out.name] = (out.list_attr().get("axes", ""), inputs[0].sym.name)
+    return out
 
 
 @converter("Squeeze", since=1)
