@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +74,13 @@ def _presets(data: dict[str, Any]) -> None:
         data["rules"] = [{**dict.fromkeys(FLAT_RULE_KEYS), **rule} for rule in data["rules"]]
 
 
+def _imbalance(data: dict[str, Any]) -> None:
+    if (data.get("data") or {}).get("sampler") == "uniform":
+        del data["data"]["sampler"]
+    if "loss" in (data.get("train") or {}) and data["train"]["loss"] is None:
+        del data["train"]["loss"]
+
+
 CHANGES = (
     Change(2, "c247d34", "train.distributed: hashed only when a backend other than none is set", _distributed),
     Change(3, "1a99bf7", "data.last_batch: hashed only when keep (discard is what epochs did before)", _last_batch),
@@ -82,6 +89,8 @@ CHANGES = (
     Change(5, "d06fb41", "sections segmentation, train.ema and export.quantize: hashed only when set", _sections),
     Change(6, "recipe-pkg", "schema_version (never hashed); each preset a model of its own: a rule hashes "
            "with every key of the one Rule model before it, unset ones null", _presets),
+    Change(7, "imbalance", "data.sampler and train.loss: hashed only when set (uniform, unset: what runs did "
+           "before)", _imbalance),
 )
 assert [c.version for c in CHANGES] == list(range(2, SCHEMA_VERSION + 1))
 
