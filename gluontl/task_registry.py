@@ -27,8 +27,8 @@ class TaskEntry:
 TASKS: dict[str, TaskEntry] = {t.name: t for t in (
     TaskEntry("classification", "gluontl.tasks.classification:Classification",
               metrics=("val_top1", "val_balanced_acc", "val_loss"),
-              sources=("demo:digits", "demo:elpv", "folder:", "rec:", "list:"),
-              source_help="demo:digits, demo:elpv, folder:PATH, rec:PATH or list:PATH",
+              sources=("demo:digits", "demo:elpv", "demo:elpv_graded", "folder:", "rec:", "list:"),
+              source_help="demo:digits, demo:elpv, demo:elpv_graded, folder:PATH, rec:PATH or list:PATH",
               shown=("val_top5",),  # only with more than 5 classes
               curves=("val_top1", "val_top5", "train_acc")),
     TaskEntry("detection", "gluontl.tasks.detection:Detection",

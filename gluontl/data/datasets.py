@@ -186,6 +186,11 @@ def make_loaders(spec: DataSpec, *, seed: int, shuffle_train: bool = True,
         ds.class_names = class_names
         bad.extend(ds.bad)
         sampler = split_sampler(spec, w, len(ds), seed=seed, shuffle_train=shuffle_train)
+        if w == "train" and shuffle_train and spec.sampler != "uniform":
+            from .balance import class_sampler
+            sampler = class_sampler(ds.labels, class_names, mode=spec.sampler, batch_size=spec.batch_size, seed=seed,
+                                    last_batch=sampler.last_batch, where=f"the train split '{spec.train}' of "
+                                    f"{spec.source}")
         batchify = functools.partial(_batchify, shared=spec.workers > 0, split=getattr(spec, w))
         loaders[w] = gluon.data.DataLoader(ds, batch_sampler=sampler, batchify_fn=batchify,
                                            num_workers=spec.workers, thread_pool=False)

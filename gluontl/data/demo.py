@@ -13,6 +13,10 @@ defect probability 0, 1/3, 2/3 or 1 by an expert. The task is ``functional`` (p 
 ``defective`` (p >= 0.5). The original PNGs are hard-linked (copied across file systems, never
 re-encoded) to ``datasets/elpv/v1-val<fraction>/<split>/<class>/cellNNNN.png``.
 
+``demo:elpv_graded``: the same images and the same split, in four classes by the defect
+probability itself (``p0``, ``p33``, ``p67``, ``p100`` for 0, 1/3, 2/3, 1; 1508 / 295 / 106 / 715
+images): a real imbalanced problem, the one ``data.sampler`` and ``train.loss`` are for.
+
 Both splits are ``stratified_holdout`` with its fixed seed, so they never move with the run
 seed; ELPV is stratified on the probability level and the cell type (mono/poly) together, so
 train and val see the same mix of uncertain ratings and of both cell types.
@@ -35,9 +39,10 @@ from ..errors import DataError
 from ..home import gluontl_home
 from .splits import stratified_holdout
 
-DEMOS = ("digits", "elpv")
+DEMOS = ("digits", "elpv", "elpv_graded")
 DIGITS_SIZE = 32
 ELPV_CLASSES = ("functional", "defective")
+ELPV_GRADES = ("p0", "p33", "p67", "p100")  # defect probability 0, 1/3, 2/3, 1 in percent
 _LAYOUT = "v1"  # bump when the pixels or the layout change, so stale caches are not reused
 
 
@@ -128,19 +133,22 @@ def elpv_labels() -> tuple[list[Path], np.ndarray, np.ndarray]:
     return paths, np.array(probs), np.array(types)
 
 
-def elpv_folder(val_fraction: float, home: Path | None = None) -> Path:
-    """The ELPV ImageFolder (functional/defective) for this split fraction, written on first use."""
+def elpv_folder(val_fraction: float, home: Path | None = None, *, graded: bool = False) -> Path:
+    """The ELPV ImageFolder (functional/defective, or the four ``graded`` levels) for this split
+    fraction, written on first use; both gradings hold out the same images."""
     def fill(tmp: Path) -> None:
         paths, probs, types = elpv_labels()
         levels = np.rint(probs * 3).astype(np.int64)  # 0, 1/3, 2/3, 1 -> 0..3
         kinds = np.unique(types, return_inverse=True)[1]
         is_val = stratified_holdout(levels * (kinds.max() + 1) + kinds, val_fraction)
-        for src, p, val in zip(paths, probs, is_val):
-            folder = tmp / ("val" if val else "train") / ELPV_CLASSES[int(p >= 0.5)]
+        for src, p, level, val in zip(paths, probs, levels, is_val):
+            name = ELPV_GRADES[level] if graded else ELPV_CLASSES[int(p >= 0.5)]
+            folder = tmp / ("val" if val else "train") / name
             folder.mkdir(parents=True, exist_ok=True)
             link_or_copy(src, folder / src.name)
 
-    return materialize(_cache_dir("elpv", val_fraction, home), "elpv", fill)
+    name = "elpv_graded" if graded else "elpv"
+    return materialize(_cache_dir(name, val_fraction, home), name, fill)
 
 
 def demo_folder(name: str, val_fraction: float) -> Path:
@@ -148,4 +156,6 @@ def demo_folder(name: str, val_fraction: float) -> Path:
     if name not in DEMOS:
         raise DataError(f"Unknown demo dataset 'demo:{name}'. Available: "
                         f"{', '.join('demo:' + d for d in DEMOS)}.")
+    if name == "elpv_graded":
+        return elpv_folder(val_fraction, graded=True)
     return (digits_folder if name == "digits" else elpv_folder)(val_fraction)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +83,13 @@ def _rtol(data: dict[str, Any]) -> None:
         export["rtol"] = RTOL_V6
 
 
+def _imbalance(data: dict[str, Any]) -> None:
+    if (data.get("data") or {}).get("sampler") == "uniform":
+        del data["data"]["sampler"]
+    if "loss" in (data.get("train") or {}) and data["train"]["loss"] is None:
+        del data["train"]["loss"]
+
+
 CHANGES = (
     Change(2, "c247d34", "train.distributed: hashed only when a backend other than none is set", _distributed),
     Change(3, "1a99bf7", "data.last_batch: hashed only when keep (discard is what epochs did before)", _last_batch),
@@ -93,6 +100,8 @@ CHANGES = (
            "with every key of the one Rule model before it, unset ones null", _presets),
     Change(7, "onnxtol", "export.rtol unset (null): ONNX verification by the graph's float32 bound; hashed as 1e-4, "
            "the default before", _rtol),
+    Change(8, "imbalance", "data.sampler and train.loss: hashed only when set (uniform, unset: what runs did "
+           "before)", _imbalance),
 )
 assert [c.version for c in CHANGES] == list(range(2, SCHEMA_VERSION + 1))
 

@@ -73,10 +73,28 @@ def check_task(recipe: Any) -> None:
     if recipe.task == "detection" and (recipe.train.label_smoothing or recipe.train.cache_features == "on"):
         raise ValueError("train.label_smoothing and train.cache_features: on are for classification; a "
                          "detector uses its family's loss and trains on augmented images end to end")
+    _imbalance_fits(recipe)
     if recipe.task == "detection" and recipe.surgery != SurgerySpec():
         raise ValueError("surgery (cut_at, drop_last, ignore, head) is for classifiers; a detector gets its "
                          "new classes from data.classes and keeps its own heads (model.restore.reuse "
                          "chooses which class rows start from old ones)")
+
+
+def _imbalance_fits(recipe: Any) -> None:
+    """data.sampler and train.loss are classification's; a class_weights list has one weight per class."""
+    loss, sampler = recipe.train.loss, recipe.data.sampler if recipe.data is not None else "uniform"
+    if recipe.task != "classification" and (loss is not None or sampler != "uniform"):
+        raise ValueError(f"train.loss and data.sampler are for task: classification; a {recipe.task} recipe uses "
+                         f"its own loss and samples uniformly (remove them)")
+    if loss is None or not isinstance(loss.class_weights, list):
+        return
+    head = recipe.surgery.head.classes if recipe.surgery.head is not None else None
+    named = len(recipe.data.classes) if recipe.data is not None and recipe.data.classes is not None else None
+    for classes, where in ((named, "data.classes"), (head, "surgery.head.classes")):
+        if classes is not None and len(loss.class_weights) != classes:
+            raise ValueError(f"train.loss.class_weights lists {len(loss.class_weights)} weights but {where} makes "
+                             f"{classes} classes; give one weight per class, in label order (or class_weights: "
+                             f"balanced)")
 
 
 def _segmentation_fits(recipe: Any) -> None:

@@ -211,6 +211,10 @@ class DataSpec(Strict):
         "distributed) and leaves out the rest of its shuffled order, another set each epoch (the run's plan says "
         "how many); keep: trains them as a smaller last batch (distributed: split over the workers, unless fewer "
         "than the workers are left)")
+    sampler: Literal["uniform", "balanced", "sqrt"] = Field(
+        default="uniform", description="classification: how an epoch draws its training images; balanced: each "
+        "class equally often, sqrt: classes in proportion to the square root of their image counts (both draw "
+        "as many images as the split has, deterministic per seed and epoch; gluontl/data/balance.py)")
     # transform key -> why it is (partly) a default rather than the recipe's own, and the transform as the
     # recipe gave it (None: not at all); see Recipe._transforms_fit
     _defaults: dict[str, str] = PrivateAttr(default_factory=dict)
@@ -367,6 +371,18 @@ def _callback_item(item: Any) -> Any:
     return {name: spec.model_validate(settings)}
 
 
+class LossSpec(Strict):
+    """Classification's loss: softmax cross-entropy or focal loss (Lin et al. 2017), each with optional
+    per-class weights (the true class's weight scales an image's loss; gluontl/tasks/class_loss.py)."""
+
+    kind: Literal["cross_entropy", "focal"] = "cross_entropy"
+    gamma: float = Field(default=2.0, ge=0.0, le=10.0, description="focal: the (1 - p) exponent; 0 is "
+                         "cross-entropy")
+    class_weights: Literal["none", "balanced"] | list[Annotated[float, Field(gt=0.0)]] = Field(
+        default="none", description="balanced: N / (classes × images of the class) over the train split "
+        "(scikit-learn's; weights average 1 over its images); or one positive weight per class, in label order")
+
+
 class TrainSpec(Strict):
     epochs: int = Field(default=5, gt=0, le=100_000)
     optimizer: Literal["sgd", "nag", "adam", "adamw"] = "sgd"
@@ -378,6 +394,8 @@ class TrainSpec(Strict):
     clip_gradient: float | None = Field(default=None, gt=0.0)
     accumulate: int = Field(default=1, gt=0, le=4096)
     label_smoothing: float = Field(default=0.0, ge=0.0, lt=1.0)
+    loss: LossSpec | None = Field(default=None, description="classification: unset is cross-entropy "
+                                  "(train.label_smoothing applies to either kind)")
     ctx: str = "cpu"
     seed: int = Field(default=0, ge=0, lt=1 << 63)
     hybridize: bool = True

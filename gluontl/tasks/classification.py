@@ -25,11 +25,15 @@ class Classification:
 
         if recipe.data is not None:
             require_two_classes(recipe.data)
+        from ..data.balance import plan_notes
+        from ..data.datasets import load_split
+
+        weights = plan_notes(recipe, lambda: load_split(recipe.data, recipe.data.train, check=False))
         split = split_preview(recipe.data) if recipe.data is not None else None
         if not split:
-            return preview(recipe, prep.block, prep.plan), [], {}
+            return preview(recipe, prep.block, prep.plan), weights, {}
         return (preview(recipe, prep.block, prep.plan),
-                [split[0].summary(*split[1:]) + " (as listed: finetune leaves out bad images)"],
+                [split[0].summary(*split[1:]) + " (as listed: finetune leaves out bad images)", *weights],
                 {"split": {k: v for k, v in split[0].to_json().items() if k != "val"}})
 
     def setup(self, recipe: Recipe, ctx: mx.Context, *, seed: int):
@@ -44,7 +48,7 @@ class Classification:
                              f"classes ({', '.join(loaders.class_names[:10])}). Make them equal.")
         if head is None:
             _check_outputs(prep.block, recipe, loaders.num_classes, loaders.class_names, ctx)
-        self.loss_fn = loss_fn(recipe, loaders.num_classes)
+        self.loss_fn = loss_fn(recipe, loaders.num_classes, loaders)
         self.num_classes = loaders.num_classes
         return prep, loaders
 
@@ -269,8 +273,14 @@ def balanced_accuracy(conf: np.ndarray) -> float:
     return float(np.mean(np.diag(conf)[present] / support[present])) if present.any() else 0.0
 
 
-def loss_fn(recipe: Recipe, num_classes: int) -> Callable:
+def loss_fn(recipe: Recipe, num_classes: int, loaders=None) -> Callable:
     eps = recipe.train.label_smoothing
+    if recipe.train.loss is not None:
+        from .class_loss import imbalance_loss
+
+        custom = imbalance_loss(recipe, num_classes, loaders)
+        if custom is not None:
+            return custom
     if eps == 0:
         return gluon.loss.SoftmaxCrossEntropyLoss()
     ce = gluon.loss.SoftmaxCrossEntropyLoss(sparse_label=False)
