@@ -57,7 +57,7 @@ from .prefix import (Engine, Int8Engine, MxEngine, Split, check_images, choose_e
                      split_frozen_prefix)
 from .sampler import EpochSampler
 
-_RANDOM_STEPS = ("random_resized_crop", "flip", "color_jitter")
+_RANDOM_STEPS = ("random_resized_crop", "flip", "color_jitter", "randaugment", "trivial_augment", "random_erasing")
 PER_STEP_MARGIN = 1.5
 # The int8 prefix's activation ranges come from this many training images (a fixed draw, each
 # in one of the views the cache holds), in batches of CALIBRATION_BATCH.

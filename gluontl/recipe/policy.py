@@ -54,6 +54,8 @@ def check_task(recipe: Any) -> None:
         raise ValueError(f"data.source {recipe.data.source} is {' or '.join(owners)} data, not {recipe.task} data "
                          f"(the recipe's task); set task: {owners[0]} or use a {recipe.task} source "
                          f"({TASK_SCHEMAS[recipe.task].source_help})")
+    if recipe.task in ("detection", "segmentation"):
+        _strong_augmentation_refused(recipe)
     if recipe.task == "segmentation":
         _segmentation_fits(recipe)
     if recipe.train.distributed.backend == "horovod" and "," in recipe.train.ctx:
@@ -77,6 +79,22 @@ def check_task(recipe: Any) -> None:
         raise ValueError("surgery (cut_at, drop_last, ignore, head) is for classifiers; a detector gets its "
                          "new classes from data.classes and keeps its own heads (model.restore.reuse "
                          "chooses which class rows start from old ones)")
+
+
+STRONG_AUGMENTATION = ("randaugment", "trivial_augment", "random_erasing")
+
+
+def _strong_augmentation_refused(recipe: Any) -> None:
+    """Mixup/CutMix and the photometric-geometric policies are classification's: they would move pixels
+    without the boxes or masks, and a mixed box or mask has no label."""
+    keys = ["train.mixup"] * (recipe.train.mixup is not None) + [
+        f"data.{k}.{f}" for k in TRANSFORMS if recipe.data is not None
+        for f in STRONG_AUGMENTATION if getattr(getattr(recipe.data, k), f)]
+    if keys:
+        raise ValueError(f"{', '.join(keys)} {'is' if len(keys) == 1 else 'are'} for task: classification; a "
+                         f"{recipe.task} recipe's images carry {'boxes' if recipe.task == 'detection' else 'masks'} "
+                         f"that mixing, RandAugment, TrivialAugment and random erasing would not move or mix with "
+                         f"them. Remove {'it' if len(keys) == 1 else 'them'}")
 
 
 def _segmentation_fits(recipe: Any) -> None:
