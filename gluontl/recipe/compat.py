@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +74,21 @@ def _presets(data: dict[str, Any]) -> None:
         data["rules"] = [{**dict.fromkeys(FLAT_RULE_KEYS), **rule} for rule in data["rules"]]
 
 
+STRONG_AUGMENTATION_V7 = (("randaugment", None), ("trivial_augment", False), ("random_erasing", None))
+
+
+def _strong_augmentation(data: dict[str, Any]) -> None:
+    section = data.get("data") or {}
+    for key in ("train_transform", "val_transform"):
+        spec = section.get(key) or {}
+        for name, unset in STRONG_AUGMENTATION_V7:
+            if name in spec and spec[name] == unset:
+                del spec[name]
+    train = data.get("train") or {}
+    if "mixup" in train and train["mixup"] is None:
+        del train["mixup"]
+
+
 CHANGES = (
     Change(2, "c247d34", "train.distributed: hashed only when a backend other than none is set", _distributed),
     Change(3, "1a99bf7", "data.last_batch: hashed only when keep (discard is what epochs did before)", _last_batch),
@@ -82,6 +97,8 @@ CHANGES = (
     Change(5, "d06fb41", "sections segmentation, train.ema and export.quantize: hashed only when set", _sections),
     Change(6, "recipe-pkg", "schema_version (never hashed); each preset a model of its own: a rule hashes "
            "with every key of the one Rule model before it, unset ones null", _presets),
+    Change(7, "augment", "transforms' randaugment, trivial_augment, random_erasing and train.mixup: hashed only "
+           "when set", _strong_augmentation),
 )
 assert [c.version for c in CHANGES] == list(range(2, SCHEMA_VERSION + 1))
 
