@@ -57,7 +57,7 @@ from .prefix import (Engine, Int8Engine, MxEngine, Split, check_images, choose_e
                      split_frozen_prefix)
 from .sampler import EpochSampler
 
-_RANDOM_STEPS = ("random_resized_crop", "flip", "color_jitter")
+_RANDOM_STEPS = ("random_resized_crop", "flip", "color_jitter", "randaugment", "trivial_augment", "random_erasing")
 PER_STEP_MARGIN = 1.5
 # The int8 prefix's activation ranges come from this many training images (a fixed draw, each
 # in one of the views the cache holds), in batches of CALIBRATION_BATCH.
@@ -98,7 +98,19 @@ def decide(t: TrainSpec, split: Split, train_transform: TransformSpec) -> Decisi
         return Decision(False, 0, why_not)
     views = t.cache_views if steps else 1
     more = f", {views} augmented views (epoch e uses view e % {views})" if steps else ""
+    if t.mixup is not None:
+        more += "; train.mixup mixes these cached features (after the prefix, docs/classification.md)"
     return Decision(True, views, f"{split.reason}{more}")
+
+
+def check_mixing(t: TrainSpec, decision: Decision, features: tuple[int, ...]) -> None:
+    """CutMix cuts boxes from a feature map: on a cached prefix's flat (N, D) features it is refused
+    before any work (``features`` is the prefix's output shape for a batch)."""
+    if decision.train and t.mixup is not None and t.mixup.cutmix_alpha > 0 and len(features) != 4:
+        raise TrainError(f"train.mixup.cutmix_alpha is {t.mixup.cutmix_alpha:g}, but with the feature cache "
+                         f"CutMix cuts boxes from the frozen prefix's features, and these are flat "
+                         f"({list(features)}, no H x W). Set cutmix_alpha: 0 (mixup mixes flat features "
+                         f"fine), cut the model earlier, or set train.cache_features: off to mix images.")
 
 
 def cache_key(recipe: Recipe, split: Split, row_shape: tuple[int, ...], train: ImageDataset, val: ImageDataset,
@@ -512,6 +524,8 @@ def build_feed(net: HybridBlock, plan: Plan, recipe: Recipe, loaders: Loaders, c
     if split.prefix is not None:
         with autograd.predict_mode():
             one = split.prefix(mx.nd.array(probe[:1], ctx=ctx))
+    if split.prefix is not None:
+        check_mixing(t, decision, tuple(one.shape))
     if decision.train:
         decision = _check_room(decision, t, one.size, len(train_ds) * decision.views + len(loader_dataset(loaders.val)),
                                folder)
@@ -615,6 +629,10 @@ def preview(recipe: Recipe, net: HybridBlock, plan: Plan, ctx: mx.Context | None
     spec = recipe.data.train_transform if recipe.data is not None else TransformSpec()
     try:
         d = decide(recipe.train, split, spec)
+        if d.train and recipe.train.mixup is not None:
+            with autograd.predict_mode():
+                one = split.prefix(mx.nd.zeros((1, *recipe.model.input_shape), ctx=ctx or mx.cpu()))
+            check_mixing(recipe.train, d, tuple(one.shape))
     except TrainError as e:
         return f"feature cache: error ({e})"
     return f"feature cache: {'on' if d.train else 'off'} ({d.reason})"

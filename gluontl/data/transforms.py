@@ -52,6 +52,7 @@ from ..deploy_preprocess import FORMAT as PREPROCESS_FORMAT, INTERPOLATION, VERS
 from ..errors import DataError, ModelSourceError
 from ..readers import parse_json, read_json, shown
 from ..recipe import TransformSpec, as_spec, size_hw
+from .randaugment import rand_augment, random_erasing, trivial_augment
 from ..runfolder import RunFolder
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -225,9 +226,15 @@ def describe(spec: TransformSpec, train: bool) -> str:
     parts = [_step_text(op, size) for op, size in _steps(spec, train)]
     if train and spec.flip:
         parts.append("horizontal flip (p 1/2)")
+    if train and (ra := spec.randaugment):
+        parts.append(f"RandAugment n {ra.n} m {ra.m:g} mstd {ra.mstd:g} p {ra.p:g}")
+    if train and spec.trivial_augment:
+        parts.append("TrivialAugmentWide")
     if train and spec.color_jitter:
         parts.append(f"colour jitter {spec.color_jitter:g}")
-    return ", ".join([*parts, describe_normalize(spec)])
+    erasing = [f"random erasing p {e.prob:g} ({e.mode}, {e.count} box{'es' * (e.count > 1)})"
+               for e in [spec.random_erasing] if train and e]
+    return ", ".join([*parts, describe_normalize(spec), *erasing])
 
 
 def describe_normalize(spec: TransformSpec) -> str:
@@ -328,7 +335,8 @@ class Transform:
     def __init__(self, spec: TransformSpec, train: bool) -> None:
         self.spec = spec
         self.train = train
-        self.random = train and bool(spec.random_resized_crop or spec.flip or spec.color_jitter)
+        self.random = train and bool(spec.random_resized_crop or spec.flip or spec.color_jitter or spec.randaugment
+                                     or spec.trivial_augment or spec.random_erasing)
         self.eval = Preprocess.from_spec(spec)
         self._steps = _steps(spec, train)
 
@@ -338,12 +346,22 @@ class Transform:
         if self.random and rng is None:
             raise ValueError("this transform is random; pass rng=sample_rng(seed, epoch, index)")
         s = self.spec
-        img = _geometry(img, self._steps, rng).astype(np.float32)
+        img = _geometry(img, self._steps, rng)
         if s.flip and rng.random() < 0.5:
             img = img[:, ::-1]
+        if s.randaugment or s.trivial_augment:  # on 8-bit pixels, as timm's PIL ops (randaugment.py)
+            fill = tuple(min(255, round(255 * v)) for v in self.eval.mean)
+            if s.randaugment:
+                img = rand_augment(np.ascontiguousarray(img), s.randaugment, rng, fill)
+            if s.trivial_augment:
+                img = trivial_augment(np.ascontiguousarray(img), rng, fill)
+        img = img.astype(np.float32)
         if s.color_jitter:
             img = color_jitter_image(img, s.color_jitter, rng)
-        return to_tensor(img, self.eval.mean, self.eval.std)
+        x = to_tensor(img, self.eval.mean, self.eval.std)
+        if e := s.random_erasing:  # on the normalised tensor, as timm's
+            x = random_erasing(x, e.prob, e.mode, e.count, e.min_area, e.max_area, e.min_aspect, rng)
+        return x
 
 
 def build(spec: TransformSpec, train: bool) -> Transform:

@@ -18,7 +18,8 @@ from .presets import (PRESET_KEYS, PRESET_NAMES, PRESETS, AdapterSpec, AnyRule, 
 from .schema import Recipe
 from .sections import (CALLBACK_SPECS, TASK_METRICS, TASK_SCHEMAS, CsvSpec, DataSpec, DetectorSpec, DistributedSpec,
                        EarlyStoppingSpec, EmaSpec, ExportSpec, GuardLevel, GuardsSpec, HeadSpec, MlflowSpec,
-                       ModelSpec, QuantizeSpec, RestoreSpec, ScheduleSpec, SegmentationSpec, Side, Size,
+                       MixupSpec, ModelSpec, QuantizeSpec, RandAugmentSpec, RandomErasingSpec, RestoreSpec,
+                       ScheduleSpec, SegmentationSpec, Side, Size,
                        SurgerySpec, TrainSpec, TransformSpec, selectable, size_hw)
 from .sources import SOURCE_FORMS, resolve_source
 
@@ -29,6 +30,6 @@ __all__ = [
     "FineTune", "FreezeAllButHead", "FreezeBn", "FreezeUntilStage", "LayerDecay", "NoWeightDecay1d", "Preset",
     "Rule", "RuleItem", "StageRange", "Recipe", "CALLBACK_SPECS", "TASK_METRICS", "TASK_SCHEMAS", "CsvSpec",
     "DataSpec", "DetectorSpec", "DistributedSpec", "EarlyStoppingSpec", "EmaSpec", "ExportSpec", "GuardLevel",
-    "GuardsSpec", "HeadSpec", "MlflowSpec", "ModelSpec", "QuantizeSpec", "RestoreSpec", "ScheduleSpec",
+    "GuardsSpec", "HeadSpec", "MixupSpec", "MlflowSpec", "ModelSpec", "RandAugmentSpec", "RandomErasingSpec", "QuantizeSpec", "RestoreSpec", "ScheduleSpec",
     "SegmentationSpec", "Side", "Size", "SurgerySpec", "TrainSpec", "TransformSpec", "selectable", "size_hw",
     "SOURCE_FORMS", "resolve_source"]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +90,21 @@ def _imbalance(data: dict[str, Any]) -> None:
         del data["train"]["loss"]
 
 
+STRONG_AUGMENTATION_V7 = (("randaugment", None), ("trivial_augment", False), ("random_erasing", None))
+
+
+def _strong_augmentation(data: dict[str, Any]) -> None:
+    section = data.get("data") or {}
+    for key in ("train_transform", "val_transform"):
+        spec = section.get(key) or {}
+        for name, unset in STRONG_AUGMENTATION_V7:
+            if name in spec and spec[name] == unset:
+                del spec[name]
+    train = data.get("train") or {}
+    if "mixup" in train and train["mixup"] is None:
+        del train["mixup"]
+
+
 CHANGES = (
     Change(2, "c247d34", "train.distributed: hashed only when a backend other than none is set", _distributed),
     Change(3, "1a99bf7", "data.last_batch: hashed only when keep (discard is what epochs did before)", _last_batch),
@@ -102,6 +117,8 @@ CHANGES = (
            "the default before", _rtol),
     Change(8, "imbalance", "data.sampler and train.loss: hashed only when set (uniform, unset: what runs did "
            "before)", _imbalance),
+    Change(9, "augment", "transforms' randaugment, trivial_augment, random_erasing and train.mixup: hashed only "
+           "when set", _strong_augmentation),
 )
 assert [c.version for c in CHANGES] == list(range(2, SCHEMA_VERSION + 1))
 

@@ -54,6 +54,8 @@ def check_task(recipe: Any) -> None:
         raise ValueError(f"data.source {recipe.data.source} is {' or '.join(owners)} data, not {recipe.task} data "
                          f"(the recipe's task); set task: {owners[0]} or use a {recipe.task} source "
                          f"({TASK_SCHEMAS[recipe.task].source_help})")
+    if recipe.task in ("detection", "segmentation"):
+        _strong_augmentation_refused(recipe)
     if recipe.task == "segmentation":
         _segmentation_fits(recipe)
     if recipe.train.distributed.backend == "horovod" and "," in recipe.train.ctx:
@@ -86,6 +88,11 @@ def _imbalance_fits(recipe: Any) -> None:
     if recipe.task != "classification" and (loss is not None or sampler != "uniform"):
         raise ValueError(f"train.loss and data.sampler are for task: classification; a {recipe.task} recipe uses "
                          f"its own loss and samples uniformly (remove them)")
+    if loss is not None and recipe.train.mixup is not None and (loss.kind != "cross_entropy"
+                                                                or loss.class_weights != "none"):
+        raise ValueError("train.mixup trains on mixed soft targets with plain cross-entropy, so it would ignore "
+                         "train.loss's focal kind and class_weights; remove train.mixup or train.loss (balance "
+                         "classes with data.sampler instead, which combines with mixup)")
     if loss is None or not isinstance(loss.class_weights, list):
         return
     head = recipe.surgery.head.classes if recipe.surgery.head is not None else None
@@ -95,6 +102,22 @@ def _imbalance_fits(recipe: Any) -> None:
             raise ValueError(f"train.loss.class_weights lists {len(loss.class_weights)} weights but {where} makes "
                              f"{classes} classes; give one weight per class, in label order (or class_weights: "
                              f"balanced)")
+
+
+STRONG_AUGMENTATION = ("randaugment", "trivial_augment", "random_erasing")
+
+
+def _strong_augmentation_refused(recipe: Any) -> None:
+    """Mixup/CutMix and the photometric-geometric policies are classification's: they would move pixels
+    without the boxes or masks, and a mixed box or mask has no label."""
+    keys = ["train.mixup"] * (recipe.train.mixup is not None) + [
+        f"data.{k}.{f}" for k in TRANSFORMS if recipe.data is not None
+        for f in STRONG_AUGMENTATION if getattr(getattr(recipe.data, k), f)]
+    if keys:
+        raise ValueError(f"{', '.join(keys)} {'is' if len(keys) == 1 else 'are'} for task: classification; a "
+                         f"{recipe.task} recipe's images carry {'boxes' if recipe.task == 'detection' else 'masks'} "
+                         f"that mixing, RandAugment, TrivialAugment and random erasing would not move or mix with "
+                         f"them. Remove {'it' if len(keys) == 1 else 'them'}")
 
 
 def _segmentation_fits(recipe: Any) -> None:

@@ -156,12 +156,46 @@ def size_hw(size: int | tuple[int, int] | list[int]) -> tuple[int, int]:
     return (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
 
 
+class RandAugmentSpec(Strict):
+    """timm's RandAugment (``rand-m9-n2-mstd0.5``): ``n`` ops drawn with replacement from timm's 15, each
+    applied with probability ``p`` at magnitude ``m`` (of 10), jittered by a normal of std ``mstd``
+    (``mstd`` > 100: uniform in [0, m], as timm) and clipped to [0, 10] (docs/classification.md)."""
+
+    n: int = Field(default=2, ge=1, le=15, description="ops per image (timm num_layers)")
+    m: float = Field(default=9.0, ge=0.0, le=10.0, description="magnitude, 0..10 (timm's _LEVEL_DENOM scale)")
+    mstd: float = Field(default=0.0, ge=0.0, description="std of the per-op magnitude noise; > 100: uniform")
+    p: float = Field(default=0.5, ge=0.0, le=1.0, description="probability each drawn op is applied (timm p)")
+
+
+class RandomErasingSpec(Strict):
+    """timm's RandomErasing, on the normalised tensor: with probability ``prob``, ``count`` boxes of
+    area ``min_area``..``max_area`` of the image (shared by the boxes), aspect ``min_aspect``..1/``min_aspect``
+    (log-uniform), filled with 0 (const), a normal per channel (rand) or per pixel (pixel)."""
+
+    prob: float = Field(default=0.25, ge=0.0, le=1.0)
+    mode: Literal["const", "rand", "pixel"] = "pixel"
+    count: int = Field(default=1, ge=1, le=16)
+    min_area: float = Field(default=0.02, gt=0.0, lt=1.0)
+    max_area: float = Field(default=1 / 3, gt=0.0, lt=1.0)
+    min_aspect: float = Field(default=0.3, gt=0.0, le=1.0)
+
+    @model_validator(mode="after")
+    def _areas(self) -> "RandomErasingSpec":
+        if self.min_area > self.max_area:
+            raise ValueError(f"random_erasing.min_area {self.min_area} is above max_area {self.max_area}")
+        return self
+
+
 class TransformSpec(Strict):
     resize: Size | None = None
     random_resized_crop: Size | None = None
     center_crop: Size | None = None
     flip: bool = False
     color_jitter: float = Field(default=0.0, ge=0.0, le=1.0)
+    randaugment: RandAugmentSpec | None = None
+    trivial_augment: bool = Field(default=False, description="torchvision's TrivialAugmentWide (one op, "
+                                  "a uniform magnitude of 31 bins)")
+    random_erasing: RandomErasingSpec | None = None
     normalize: Literal["imagenet", "none"] | tuple[tuple[float, float, float], tuple[float, float, float]] = "imagenet"
 
     @field_validator("resize", "random_resized_crop", "center_crop", mode="after")
@@ -383,6 +417,28 @@ class LossSpec(Strict):
         "(scikit-learn's; weights average 1 over its images); or one positive weight per class, in label order")
 
 
+class MixupSpec(Strict):
+    """timm's Mixup / CutMix on each training batch, targets soft (with train.label_smoothing as timm's
+    ``label_smoothing``): with probability ``prob`` a batch (``mode: batch``), each pair i, N-1-i (``pair``)
+    or each image (``elem``) is mixed with the batch reversed, by CutMix with probability ``switch_prob``
+    when both alphas are > 0; lambda ~ Beta(alpha, alpha); CutMix's lambda is corrected to the box's
+    area (``correct_lam``). With a frozen prefix the mixing is of its features (docs/classification.md)."""
+
+    mixup_alpha: float = Field(default=0.8, ge=0.0, le=100.0)
+    cutmix_alpha: float = Field(default=0.0, ge=0.0, le=100.0)
+    prob: float = Field(default=1.0, ge=0.0, le=1.0)
+    switch_prob: float = Field(default=0.5, ge=0.0, le=1.0)
+    mode: Literal["batch", "pair", "elem"] = "batch"
+    correct_lam: bool = True
+
+    @model_validator(mode="after")
+    def _some_alpha(self) -> "MixupSpec":
+        if not (self.mixup_alpha > 0 or self.cutmix_alpha > 0):
+            raise ValueError("train.mixup needs mixup_alpha > 0 or cutmix_alpha > 0 (both are 0: nothing mixes); "
+                             "remove train.mixup to train without it")
+        return self
+
+
 class TrainSpec(Strict):
     epochs: int = Field(default=5, gt=0, le=100_000)
     optimizer: Literal["sgd", "nag", "adam", "adamw"] = "sgd"
@@ -396,6 +452,7 @@ class TrainSpec(Strict):
     label_smoothing: float = Field(default=0.0, ge=0.0, lt=1.0)
     loss: LossSpec | None = Field(default=None, description="classification: unset is cross-entropy "
                                   "(train.label_smoothing applies to either kind)")
+    mixup: MixupSpec | None = None
     ctx: str = "cpu"
     seed: int = Field(default=0, ge=0, lt=1 << 63)
     hybridize: bool = True

@@ -60,10 +60,16 @@ class Classification:
 
     def feed(self, net, plan, recipe: Recipe, loaders, ctx, folder: Path, quiet: bool, previous):
         from ..data.cache import build_feed
+        from ..data.mixup import MixedFeed
 
-        return build_feed(net, plan, recipe, loaders, ctx, folder, quiet, previous)
+        feed = build_feed(net, plan, recipe, loaders, ctx, folder, quiet, previous)
+        if recipe.train.mixup is None or feed is previous:
+            return feed
+        return MixedFeed(feed, recipe.train.mixup, loaders.num_classes, recipe.train.label_smoothing, recipe.train.seed)
 
     def forward(self, net, xs, ys):
+        if ys and ys[0].ndim == 2:  # mixed soft targets (train.mixup), label smoothing already in them
+            return classify(net, xs, ys, _SOFT_CE)
         return classify(net, xs, ys, self.loss_fn)
 
     def evaluate(self, net, batches, ctxs) -> dict[str, Any]:
@@ -234,7 +240,8 @@ def classify(net, xs, ys, loss: Callable) -> tuple[list[mx.nd.NDArray], list[mx.
     outs = [net(x) for x in xs]
     losses = [loss(o, y) for o, y in zip(outs, ys)]
     with autograd.pause():  # read after backward is queued, so counting does not stall the step
-        hits = [(o.argmax(axis=1) == y).sum() for o, y in zip(outs, ys)]
+        # soft targets (mixup): a hit is the class with the larger share
+        hits = [(o.argmax(axis=1) == (y.argmax(axis=1) if y.ndim == 2 else y)).sum() for o, y in zip(outs, ys)]
     return losses, hits
 
 
@@ -271,6 +278,9 @@ def balanced_accuracy(conf: np.ndarray) -> float:
     support = conf.sum(axis=1)
     present = support > 0
     return float(np.mean(np.diag(conf)[present] / support[present])) if present.any() else 0.0
+
+
+_SOFT_CE = gluon.loss.SoftmaxCrossEntropyLoss(sparse_label=False)
 
 
 def loss_fn(recipe: Recipe, num_classes: int, loaders=None) -> Callable:

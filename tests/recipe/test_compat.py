@@ -28,7 +28,8 @@ BEFORE = {2: ["before-de45187-resnet18_freeze.yaml", "before-c247d34-per_type.ya
           5: ["before-a80b625-resnet18_last_stage.yaml", "before-d06fb41-segment_digits.yaml"],
           6: ["before-de45187-resnet18_freeze.yaml", "run-7a6ec71-elpv_efficientnet_lite0.yaml"],
           7: ["before-de45187-resnet18_freeze.yaml", "before-d06fb41-segment_digits.yaml"],
-          8: ["before-d06fb41-segment_digits.yaml", "run-7a6ec71-elpv_efficientnet_lite0.yaml"]}
+          8: ["before-d06fb41-segment_digits.yaml", "run-7a6ec71-elpv_efficientnet_lite0.yaml"],
+          9: ["run-7a6ec71-elpv_efficientnet_lite0.yaml", "before-d06fb41-segment_digits.yaml"]}
 
 
 def _digests(name: str) -> dict[str, str]:
