@@ -27,6 +27,7 @@ import onnx
 from gluontl.data.transforms import META_CLASSES, META_PREPROCESS, card_of, onnx_metadata, preprocess_of
 from gluontl.errors import ExportError, ModelSourceError, short_reason
 from gluontl.export.artifacts import Artifact, Exported, Refusal
+from gluontl.export.registry import ExportFormat, ExportJob, register
 from gluontl.export.verify import output_error
 from gluontl.runfolder import RunFolder
 
@@ -212,15 +213,13 @@ def _float_summary(verdict: dict[str, Any]) -> str:
             f"OpenVINO ({-verdict['drop']:+.3f} points) on {verdict['images']} validation images")
 
 
-def add_ir(written: Exported, out_dir: Path, name: str, make_onnx: Callable[[Path], Path],
-           batches: Sequence[tuple[str, np.ndarray]], rtol: float, force: bool, judge: "Judge | None" = None,
-           int8: Any = None, echo: Callable[[str], None] = print) -> Exported:
-    """A task exporter's IR step: its verified float ONNX (``written``'s, or ``make_onnx(folder)``'s
-    in a scratch folder) converted and checked by ``add_openvino``."""
+def write(job: ExportJob, result: Exported) -> None:
+    """The ``openvino`` format's step: the task's verified float ONNX (``result``'s, or one written
+    into a scratch folder) converted and checked by ``add_openvino``."""
     require()
-    with from_onnx(written, out_dir, name, make_onnx) as onnx_path:
-        return add_openvino(written, out_dir, name, onnx_path=onnx_path, batches=batches, rtol=rtol, force=force,
-                            judge=judge, int8_spec=int8, echo=echo)
+    with from_onnx(result, job.out, job.name, lambda folder: job.graph.write_onnx(folder, True)) as onnx_path:
+        add_openvino(result, job.out, job.name, onnx_path=onnx_path, batches=job.graph.batches(), rtol=job.rtol,
+                     force=job.force, judge=job.judge, int8_spec=job.int8, echo=job.echo)
 
 
 def add_openvino(result: Exported, out_dir: Path, name: str, *, onnx_path: Path, batches, rtol: float,
@@ -282,6 +281,12 @@ class Judge:
         tensor = self.tensors(onnx_path, self.val)
         return self.metric(outputs_on(reference, tensor, len(self.val)), outputs_on(candidate, tensor, len(self.val)),
                            self.labels)
+
+
+FORMAT = register(ExportFormat(
+    "openvino", "NAME-openvino/NAME.xml + NAME.bin",
+    "OpenVINO reproduces the verified ONNX within export.rtol, and the run's metric on its validation split",
+    "NNCF post-training quantization", "onnx", write, extra="openvino", needs="openvino"))
 
 
 # ---------------------------------------------------------------- reading an IR (predict)
