@@ -341,6 +341,11 @@ class DetectorGraph:
     def batches(self) -> list[tuple[str, np.ndarray]]:
         return sample_batches(self.sample, self.shape)
 
+    def compare(self, got: list[np.ndarray], want: list[np.ndarray]) -> str | None:
+        """Another runtime's detections against the ONNX file's as the file is checked against
+        MXNet: ids exactly, near-tied scores' rows aligned first (an order swap is no error)."""
+        return _compare(got, want, max(self.shape[2:]), self.rtol)
+
 
 def _verify(data: bytes, net: mx.gluon.HybridBlock, path: Path, batches: list[tuple[str, np.ndarray]],
             settings: Mapping[str, Any], box_scale: float, rtol: float) -> None:

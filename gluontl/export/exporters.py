@@ -478,6 +478,7 @@ class BlockGraph:
     against it on ``sample`` and random batches."""
 
     note = ""
+    compare = None
 
     def __init__(self, block, name: str, input_shapes: Mapping[str, tuple[int, ...]], *, opset: int | None = None,
                  rtol: float = 1e-4, lean: bool = True, sample: Mapping[str, np.ndarray] | None = None,

@@ -29,6 +29,9 @@ class GraphFinisher(Protocol):
     MXNet. Formats whose ``source`` is ``onnx`` are written from this one file."""
 
     note: str  # what its verification adds to the ONNX verdict, e.g. " (masks)"
+    # how a format made from the ONNX file is checked against it: (its outputs, onnxruntime's) -> why
+    # they differ, or None; None here: every output within rtol of its range (a detector aligns ties)
+    compare: Callable[[list, list], str | None] | None
 
     def write_onnx(self, folder: Path, overwrite: bool) -> Path:
         """The verified ``folder/NAME.onnx`` (ExportError, nothing written, when it disagrees)."""

@@ -61,6 +61,7 @@ class SegmenterGraph:
     verified against MXNet (logits within rtol, masks equal but at near-ties)."""
 
     note = " (masks)"
+    compare = None  # logits within rtol, masks equal on 99.9 % of pixels (openvino_ir.verify_float)
 
     def __init__(self, net: mx.gluon.HybridBlock, name: str, input_name: str, shape: tuple[int, ...],
                  card: Mapping[str, Any] | None, sample: np.ndarray | None, opset: int, rtol: float,
