@@ -10,7 +10,8 @@ Usage: python scripts/bench_prefix_engines.py [--code DIR] [--engines onnxruntim
 
 Ratios are against the first engine listed (onnxruntime float by default), run in the same
 invocation. ``--set`` goes to every finetune (``--set train.epochs=1``: a smoke run, the cache
-fill whole and one suffix epoch).
+fill whole and one suffix epoch); ``--recipe`` runs another classification recipe (a smoke run:
+``--recipe recipes/resnet18_freeze.yaml``, its pretrained backbone made once by its weights_from).
 
 Needs OpenVINO (and NNCF for openvino-int8) in this Python: the [openvino] and [openvino-int8]
 extras. ``--code DIR``: the checkout to run (its recipe schema must list the openvino engines).
@@ -34,6 +35,8 @@ def main() -> None:
     ap.add_argument("--engines", default=",".join(ENGINES))
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--set", dest="sets", action="append", default=[], help="passed to every finetune")
+    ap.add_argument("--recipe", type=Path, default=None, help="another classification recipe than the ELPV demo's "
+                    "(a smoke run: recipes/resnet18_freeze.yaml)")
     args = ap.parse_args()
     results = []
     for engine in args.engines.split(","):
@@ -42,6 +45,7 @@ def main() -> None:
             subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_demo.py"), "--code", str(args.code),
                             "--runs", str(Path(d) / "runs"), "--json", str(out),
                             *[a for x in args.sets for a in ("--set", x)],
+                            *(["--recipe", str(args.recipe.resolve())] if args.recipe else []),
                             "--set", f"train.prefix_engine={engine}"], check=True)
             res = json.loads(out.read_text())
         res.pop("evaluate_out", None)
