@@ -213,9 +213,9 @@ def export(source: str = typer.Argument(..., help="run folder (runs/NAME) or mod
     """Export a run or a model to MXNet symbol/params, ONNX and/or OpenVINO IR, each verified before it is
     written; a refused int8 model is named and the others are written (exit 2 only when int8 was asked
     for and none holds)."""
-    from .export.registry import BOTH, FORMATS, check_formats, check_int8
+    from .export.registry import BOTH, check_formats, check_int8, formats as registered
 
-    formats = check_formats(list(BOTH) if _choice(fmt, ["both", *FORMATS], "--format") == "both" else [fmt],
+    formats = check_formats(list(BOTH) if _choice(fmt, ["both", *registered()], "--format") == "both" else [fmt],
                             "--format")
     if int8:
         check_int8(formats)
@@ -245,15 +245,14 @@ def _exported(paths: list[Path]) -> None:
     """Say what was written and how each artifact was checked, then name every refused one; exit 2
     when a precision asked for got no artifact at all (``Exported.failure``)."""
     from .export.artifacts import Exported
+    from .export.registry import brief
 
     if not isinstance(paths, Exported):  # a run that exported nothing (stopped early, export=False)
         paths = Exported()
     listed = set()
     for a in paths.artifacts:
         for f in a.files:
-            note = "" if f != a.path else f" ({a.verdict})" if a.format == "openvino" else \
-                " (int8, checked on the validation split)" if a.precision == "int8" else \
-                " (verified)" if a.format == "onnx" else ""
+            note = brief(a) if f == a.path else ""
             typer.echo(f"exported {f}{note}")
             listed.add(f)
     for p in paths:

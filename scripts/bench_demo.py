@@ -85,12 +85,14 @@ def main() -> None:
     ap.add_argument("--runs", type=Path, default=None, help="where the run folder goes (default: a temp folder)")
     ap.add_argument("--json", type=Path, default=None, help="also write the numbers here")
     ap.add_argument("--set", dest="sets", action="append", default=[], help="passed to finetune")
+    ap.add_argument("--recipe", type=Path, default=None, help="another classification recipe (default: the "
+                    "checkout's recipes/elpv_efficientnet_lite0.yaml)")
     args = ap.parse_args()
     code = args.code.resolve()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(code), os.environ.get("PYTHONPATH")])))
     env.setdefault("GLUONTL_HOME", str(Path.home() / ".cache" / "gluontl"))
     runs = (args.runs or Path(tempfile.mkdtemp(prefix="bench-demo-"))).resolve()
-    recipe = code / "recipes" / "elpv_efficientnet_lite0.yaml"
+    recipe = args.recipe.resolve() if args.recipe else code / "recipes" / "elpv_efficientnet_lite0.yaml"
     sets = [a for s in args.sets for a in ("--set", s)]
     ft_wall, ft_cpu, out, samples = _timed([sys.executable, "-m", "gluontl", "finetune", "--recipe", str(recipe),
                                             "--runs", str(runs), "-q", *sets], env, code, runs)

@@ -25,11 +25,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from gluontl.atomic import atomic_write
 from gluontl.errors import ExportError, short_reason
-from gluontl.export.artifacts import Artifact, Exported
-from gluontl.export.openvino_ir import add_ir
-from gluontl.export.registry import check_formats
-from gluontl.export.exporters import check_target, convert_block, export_block, finish_model, onnx_verdict, \
-    set_metadata
+from gluontl.export import registry
+from gluontl.export.artifacts import Exported
+from gluontl.export.exporters import check_target, convert_block, export_block, finish_model, set_metadata
 from gluontl.export.trace import sample_batches
 from gluontl.export.verify import FIXED_RTOL, ort_session
 from gluontl.data.transforms import META_CLASSES, onnx_props
@@ -299,39 +297,55 @@ def export_detector(net: mx.gluon.HybridBlock, out_dir: str | Path, name: str, i
                 "nms_topk": int(net.nms_topk if nms_topk is None else nms_topk),
                 "post_nms": int(net.post_nms if post_nms is None else post_nms),
                 "score_thresh": float(score_thresh)}
-    check_formats(formats, "formats")
+    registry.check_formats(formats, "formats")
     _check_thresholds(settings["nms_thresh"], settings["score_thresh"])
-    if "symbol" in formats and settings["score_thresh"] != GLUONCV_SCORE_THRESH:
-        raise ExportError(f"score_thresh {score_thresh} cannot go into the symbol export: GluonCV's graph fixes it at "
-                          f"{GLUONCV_SCORE_THRESH}. Export only 'onnx' with it, or keep the default.")
+    traced = [f for f in formats if registry.get(f).source == "block"]
+    if traced and settings["score_thresh"] != GLUONCV_SCORE_THRESH:
+        raise ExportError(f"score_thresh {score_thresh} cannot go into the {', '.join(traced)} export: GluonCV's graph "
+                          f"fixes it at {GLUONCV_SCORE_THRESH}. Export only formats made from ONNX (onnx, openvino) "
+                          f"with it, or keep the default.")
     shape = (1, *(int(d) for d in input_shape))
     full_card = {**(card or {}), "classes": classes, "nms": settings}
     saved = (net.nms_thresh, net.nms_topk, net.post_nms)
     try:
-        net.set_nms(settings["nms_thresh"], settings["nms_topk"], settings["post_nms"])
-        # creates the folder (with its errors) also when only ONNX is asked for
-        written = export_block(net, out_dir, name, {input_name: shape}, formats=[f for f in formats if f == "symbol"],
-                               force=force, card=full_card)
-        def write_onnx(folder: Path, overwrite: bool) -> Path:
-            path = Path(folder) / f"{name}.onnx"
-            check_target(path, overwrite)
-            net.set_nms(-1, -1, -1)
-            model = _detector_onnx(net, input_name, shape, len(classes), settings)
-            meta = onnx_props(full_card) if "preprocess" in full_card else {META_CLASSES: json.dumps(classes)}
-            set_metadata(model, {**meta, META_NMS: json.dumps(settings)})
-            data = model.SerializeToString()
-            _verify(data, net, path, sample_batches(sample, shape), settings, max(shape[2:]), rtol)
-            return atomic_write(path, lambda p: p.write_bytes(data), ExportError)
-
-        if "onnx" in formats:
-            written.add(Artifact("onnx", "float", (write_onnx(Path(out_dir), force),),
-                                 onnx_verdict(rtol) + " (per-class NMS: class ids exactly)"))
-        if "openvino" in formats:
-            add_ir(written, Path(out_dir), name, lambda folder: write_onnx(folder, True), sample_batches(sample, shape),
-                   rtol, force, judge=judge, int8=int8, echo=echo)
+        net.set_nms(settings["nms_thresh"], settings["nms_topk"], settings["post_nms"])  # what the symbol holds
+        graph = DetectorGraph(net, name, input_name, shape, classes, full_card, settings, sample, rtol)
+        return export_block(net, out_dir, name, {input_name: shape}, formats=formats, rtol=rtol, force=force,
+                            card=full_card, judge=judge, int8=int8, echo=echo, graph=graph)
     finally:
         net.set_nms(*saved)
-    return written
+
+
+class DetectorGraph:
+    """The detection finisher: the net's decoded per-class candidates, then MXNet's per-class NMS
+    in ONNX ops, verified against ``box_nms`` (class ids exactly)."""
+
+    note = " (per-class NMS: class ids exactly)"
+
+    def __init__(self, net: mx.gluon.HybridBlock, name: str, input_name: str, shape: tuple[int, ...],
+                 classes: list[str], card: Mapping[str, Any], settings: Mapping[str, Any],
+                 sample: np.ndarray | None, rtol: float) -> None:
+        self.net, self.name, self.input_name, self.shape = net, name, input_name, shape
+        self.classes, self.card, self.settings, self.sample, self.rtol = classes, card, settings, sample, rtol
+
+    def write_onnx(self, folder: Path, overwrite: bool) -> Path:
+        path = Path(folder) / f"{self.name}.onnx"
+        check_target(path, overwrite)
+        self.net.set_nms(-1, -1, -1)
+        model = _detector_onnx(self.net, self.input_name, self.shape, len(self.classes), self.settings)
+        meta = onnx_props(self.card) if "preprocess" in self.card else {META_CLASSES: json.dumps(self.classes)}
+        set_metadata(model, {**meta, META_NMS: json.dumps(self.settings)})
+        data = model.SerializeToString()
+        _verify(data, self.net, path, self.batches(), self.settings, max(self.shape[2:]), self.rtol)
+        return atomic_write(path, lambda p: p.write_bytes(data), ExportError)
+
+    def batches(self) -> list[tuple[str, np.ndarray]]:
+        return sample_batches(self.sample, self.shape)
+
+    def compare(self, got: list[np.ndarray], want: list[np.ndarray]) -> str | None:
+        """Another runtime's detections against the ONNX file's as the file is checked against
+        MXNet: ids exactly, near-tied scores' rows aligned first (an order swap is no error)."""
+        return _compare(got, want, max(self.shape[2:]), self.rtol)
 
 
 def _verify(data: bytes, net: mx.gluon.HybridBlock, path: Path, batches: list[tuple[str, np.ndarray]],

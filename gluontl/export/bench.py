@@ -77,6 +77,12 @@ def find_models(target: Path, require_int8: bool) -> list[tuple[Path | None, Pat
     else:
         raise ExportError(f"'{target}' is not an .onnx or -symbol.json file, a folder of them or a run folder "
                           f"(runs/NAME, whose {RunFolder.EXPORT}/ is benched); pass one of those.")
+    if any(f.suffix == ".xml" for f in files):
+        from gluontl.export.openvino_ir import ir_xml
+
+        for f in files:
+            if f.suffix == ".xml":
+                ir_xml(f)  # its .bin is there (else one paragraph), before any model is timed
     pairs: dict[Path, list[Path | None]] = {}
     for f in files:
         is_int8 = _kind(f)[2]  # type: ignore[index]

@@ -4,7 +4,6 @@ from __future__ import annotations
 import bisect
 import contextlib
 import dataclasses
-import json
 import logging
 import os
 import shutil
@@ -21,12 +20,12 @@ from mxnet.onnx.mx2onnx._export_onnx import MXNetGraph
 from onnx import helper, shape_inference, version_converter
 
 from gluontl.adapters import merge_adapters
-from gluontl.atomic import atomic_write, write_text
+from gluontl.atomic import atomic_write
 from gluontl.errors import ExportError
 from gluontl.mxinternals import graph_of, symbol_from
 from gluontl.mxinternals.graphblock import common_expr_pass
 from gluontl.export import mx_ops  # noqa: F401  (registers converters mx.onnx lacks)
-from gluontl.export.artifacts import Artifact, Exported
+from gluontl.export.artifacts import Exported
 from gluontl.export.lean import make_lean
 from gluontl.export.patch import patch_model, source_info
 from gluontl.export.trace import TracedBlock, dummy_inputs, predict, sample_batches, trace_block
@@ -479,23 +478,51 @@ def export_symbol(
     return json_path, params_path
 
 
+class BlockGraph:
+    """A plain network's ONNX graph: ``export_onnx`` of the block (no task finisher), verified
+    against it on ``sample`` and random batches."""
+
+    note = ""
+    compare = None
+
+    def __init__(self, block, name: str, input_shapes: Mapping[str, tuple[int, ...]], *, opset: int | None = None,
+                 rtol: float | None = None, lean: bool = True, sample: Mapping[str, np.ndarray] | None = None,
+                 output_names: list[str] | None = None, card: Mapping[str, Any] | None = None) -> None:
+        self.block, self.name, self.shapes = block, name, dict(input_shapes)
+        self.opset, self.rtol, self.lean, self.output_names = opset, rtol, lean, output_names
+        self.sample = None if sample is None else dict(sample)
+        self.metadata = onnx_props(card) if card else None
+
+    def write_onnx(self, folder: Path, overwrite: bool) -> Path:
+        return export_onnx(self.block, Path(folder) / f"{self.name}.onnx", self.shapes, opset=self.opset,
+                           rtol=self.rtol, lean=self.lean, force=overwrite,
+                           sample=None if self.sample is None else dict(self.sample),
+                           output_names=self.output_names, metadata=self.metadata)
+
+    def batches(self) -> list[tuple[str, np.ndarray]]:
+        first = next(iter(self.sample.values())) if self.sample else None
+        return sample_batches(None if first is None else np.asarray(first, np.float32), next(iter(self.shapes.values())))
+
+
 def export_block(block, out_dir: str | Path, name: str, input_shapes: Mapping[str, tuple[int, ...]], *,
-                 formats: list[str], opset: int | None = None, rtol: float | None = None, lean: bool = True,
+                 formats: Sequence[str], opset: int | None = None, rtol: float | None = None, lean: bool = True,
                  force: bool = False, sample: Mapping[str, np.ndarray] | None = None,
                  output_names: list[str] | None = None, card: Mapping[str, Any] | None = None,
-                 judge: Any = None, int8: Any = None, echo: Any = log.info) -> Exported:
-    """Export to symbol/params and/or ONNX (verified against onnxruntime, on ``sample`` too).
+                 judge: Any = None, int8: Any = None, echo: Any = log.info, graph: Any = None) -> Exported:
+    """Export ``block`` in each of ``formats`` (names in ``export.registry``), each verified before
+    it is written.
 
     ``input_shapes`` maps each input name, in call order, to its batch-first shape. ``card``
     (a run's preprocessing and class names) goes into the ONNX metadata_props and beside the
-    symbol files as ``NAME-preprocess.json``; bare models have none. ``openvino`` in ``formats``
-    converts the verified ONNX file (made in a scratch folder if ``onnx`` is not asked for) to an IR
-    (``export.openvino_ir``); a ``judge`` (a run's validation split and metric) checks it by the
-    task's metric, and ``int8`` (a QuantizeSpec) adds its NNCF int8 partner.
+    symbol files as ``NAME-preprocess.json``; bare models have none. ``graph`` is the task's
+    ONNX graph (a ``registry.GraphFinisher``: a detector's NMS, a segmenter's arg-max; default the
+    block's own, verified on ``sample`` too); formats made from ONNX (OpenVINO) convert that
+    verified file. A ``judge`` (a run's validation split and metric) checks such formats by the
+    task's metric, and ``int8`` (a QuantizeSpec) adds the int8 partners made there.
     """
-    from gluontl.export.registry import check_formats
+    from gluontl.export import registry
 
-    check_formats(formats, "formats")
+    registry.check_formats(formats, "formats")
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ExportError(f"Output folder '{out}' is a file; pass a folder (new or existing) with --out.")
@@ -504,38 +531,9 @@ def export_block(block, out_dir: str | Path, name: str, input_shapes: Mapping[st
     except OSError as e:
         raise ExportError(f"Cannot create the output folder '{out}': {e.strerror}. Pick a writable place "
                           f"with --out.") from None
-    shapes = dict(input_shapes)
-    written = Exported()
-    if "symbol" in formats:
-        card_path = out / f"{name}-preprocess.json"
-        if card is not None and card_path.exists() and not force:
-            raise ExportError(f"{card_path} already exists; refusing to overwrite it. Pass --force to replace it.")
-        files = list(export_symbol(block, out / name, shapes, force=force))
-        if card is not None:
-            files.append(write_text(card_path, json.dumps(card, indent=1), ExportError))
-        written.add(Artifact("symbol", "float", tuple(files), SYMBOL_VERDICT))
-    if "onnx" in formats:
-        written.add(Artifact("onnx", "float", (export_onnx(
-            block, out / f"{name}.onnx", shapes, opset=opset, rtol=rtol, lean=lean, force=force,
-            sample=None if sample is None else dict(sample), output_names=output_names,
-            metadata=onnx_props(card) if card else None),), onnx_verdict(rtol)))
-    if "openvino" in formats:
-        from gluontl.export import openvino_ir
-
-        first = next(iter(sample.values())) if sample else None
-        openvino_ir.add_ir(written, out, name, lambda folder: export_onnx(
-            block, folder / f"{name}.onnx", shapes, opset=opset, rtol=rtol, lean=lean, force=True,
-            sample=None if sample is None else dict(sample), output_names=output_names,
-            metadata=onnx_props(card) if card else None),
-            sample_batches(None if first is None else np.asarray(first, np.float32), next(iter(shapes.values()))),
-            FIXED_RTOL if rtol is None else rtol, force, judge=judge, int8=int8, echo=echo)
-    return written
-
-
-SYMBOL_VERDICT = "reloaded in MXNet and compared with the block"
-
-
-def onnx_verdict(rtol: float | None) -> str:
-    if rtol is None:
-        return "verified: onnxruntime reproduces MXNet within the float32 bound of its graph"
-    return f"verified: onnxruntime reproduces MXNet within rtol {rtol:g}"
+    if graph is None:
+        graph = BlockGraph(block, name, input_shapes, opset=opset, rtol=rtol, lean=lean, sample=sample,
+                           output_names=output_names, card=card)
+    job = registry.ExportJob(block, out, name, dict(input_shapes), graph, rtol=rtol, force=force, card=card,
+                             judge=judge, int8=int8, echo=echo)
+    return registry.write(job, formats, Exported())

@@ -27,7 +27,8 @@ import onnx
 from gluontl.data.transforms import META_CLASSES, META_PREPROCESS, card_of, onnx_metadata, preprocess_of
 from gluontl.errors import ExportError, ModelSourceError, short_reason
 from gluontl.export.artifacts import Artifact, Exported, Refusal
-from gluontl.export.verify import output_error
+from gluontl.export.registry import ExportFormat, ExportJob, register
+from gluontl.export.verify import FIXED_RTOL, output_error
 from gluontl.runfolder import RunFolder
 
 INSTALL = ("OpenVINO is not installed in this Python; install gluontl's extra: pip install 'gluontl[openvino]' "
@@ -105,8 +106,10 @@ def save(model: Any, folder: Path, name: str) -> tuple[Path, Path]:
 
 
 def verify_float(model: Any, onnx_path: Path, batches: Sequence[tuple[str, np.ndarray]], rtol: float,
-                 where: Path) -> str:
-    """OpenVINO's outputs against onnxruntime's (float kernels) of the verified ONNX file."""
+                 where: Path, compare: Callable[[list, list], str | None] | None = None) -> str:
+    """OpenVINO's outputs against onnxruntime's (float kernels) of the verified ONNX file: by the
+    task's ``compare`` (its finisher's: (got, want) -> why they differ, or None) when it has one,
+    else each output within ``rtol`` of its range (integer ones: equal on 99.9 % of elements)."""
     from gluontl.export.verify import ort_session
 
     session = ort_session(onnx_path, str(onnx_path))
@@ -119,6 +122,12 @@ def verify_float(model: Any, onnx_path: Path, batches: Sequence[tuple[str, np.nd
         except Exception as err:
             raise ExportError(f"{where} was not written: OpenVINO cannot run it on a {label} "
                               f"({short_reason(err)}); ship the ONNX file.") from None
+        if compare is not None:
+            why = compare(got, want)
+            if why is not None:
+                raise ExportError(f"{where} was not written: OpenVINO disagrees with onnxruntime on the {label}: "
+                                  f"{why}; ship the ONNX file.")
+            continue
         for o, g, w in zip(session.get_outputs(), got, want):
             if np.issubdtype(np.asarray(w).dtype, np.integer):  # a mask or class ids: an arg-max flips at ties
                 agree = float(np.mean(np.asarray(g) == np.asarray(w))) if np.shape(g) == np.shape(w) else 0.0
@@ -132,18 +141,20 @@ def verify_float(model: Any, onnx_path: Path, batches: Sequence[tuple[str, np.nd
                 raise ExportError(f"{where} was not written: OpenVINO's output {o.name} differs from onnxruntime's "
                                   f"on a {label} by {rel:.2e} of its range (> rtol {rtol:g}); ship the ONNX file.")
             worst = max(worst, rel)
+    if compare is not None:
+        return f"verified: OpenVINO reproduces the verified ONNX by the task's check (rtol {rtol:g})"
     return f"verified: OpenVINO reproduces the verified ONNX within {worst:.1e} of the output range (rtol {rtol:g})"
 
 
 def write_float(onnx_path: Path, out_dir: Path, name: str, batches: Sequence[tuple[str, np.ndarray]], rtol: float,
-                force: bool) -> Artifact:
+                force: bool, compare: Callable[[list, list], str | None] | None = None) -> Artifact:
     """The float IR of ``onnx_path`` into ``out_dir/NAME-openvino/``, verified first."""
     folder = folder_of(out_dir, name)
     xml = folder / f"{name}.xml"
     if folder.exists() and not force:
         raise ExportError(f"{folder} already exists; refusing to overwrite it. Pass --force to replace it.")
     model = convert(onnx_path)
-    verdict = verify_float(model, onnx_path, batches, rtol, xml)
+    verdict = verify_float(model, onnx_path, batches, rtol, xml, compare)
     return Artifact("openvino", "float", _replace_folder(model, folder, name), verdict)
 
 
@@ -212,23 +223,24 @@ def _float_summary(verdict: dict[str, Any]) -> str:
             f"OpenVINO ({-verdict['drop']:+.3f} points) on {verdict['images']} validation images")
 
 
-def add_ir(written: Exported, out_dir: Path, name: str, make_onnx: Callable[[Path], Path],
-           batches: Sequence[tuple[str, np.ndarray]], rtol: float, force: bool, judge: "Judge | None" = None,
-           int8: Any = None, echo: Callable[[str], None] = print) -> Exported:
-    """A task exporter's IR step: its verified float ONNX (``written``'s, or ``make_onnx(folder)``'s
-    in a scratch folder) converted and checked by ``add_openvino``."""
+def write(job: ExportJob, result: Exported) -> None:
+    """The ``openvino`` format's step: the task's verified float ONNX (``result``'s, or one written
+    into a scratch folder) converted and checked by ``add_openvino``."""
     require()
-    with from_onnx(written, out_dir, name, make_onnx) as onnx_path:
-        return add_openvino(written, out_dir, name, onnx_path=onnx_path, batches=batches, rtol=rtol, force=force,
-                            judge=judge, int8_spec=int8, echo=echo)
+    with from_onnx(result, job.out, job.name, lambda folder: job.graph.write_onnx(folder, True)) as onnx_path:
+        add_openvino(result, job.out, job.name, onnx_path=onnx_path, batches=job.graph.batches(),
+                     rtol=FIXED_RTOL if job.rtol is None else job.rtol,
+                     force=job.force, judge=job.judge, int8_spec=job.int8, echo=job.echo, compare=job.graph.compare)
 
 
 def add_openvino(result: Exported, out_dir: Path, name: str, *, onnx_path: Path, batches, rtol: float,
                  force: bool, judge: "Judge | None" = None, int8_spec: Any = None,
-                 echo: Callable[[str], None] = print) -> Exported:
+                 echo: Callable[[str], None] = print, compare: Callable[[list, list], str | None] | None = None
+                 ) -> Exported:
     """The float IR (and with ``int8_spec`` its NNCF int8 partner) of the verified ONNX file, added
-    to ``result``; ``judge`` holds the run's validation split and task metric."""
-    artifact = write_float(onnx_path, out_dir, name, batches, rtol, force)
+    to ``result``; ``judge`` holds the run's validation split and task metric, ``compare`` the
+    task's check of the IR's outputs against the ONNX file's (see ``verify_float``)."""
+    artifact = write_float(onnx_path, out_dir, name, batches, rtol, force, compare)
     if judge is not None:
         verdict = judge.verdict(onnx_path, _onnxruntime(onnx_path), _openvino(artifact.path))
         if abs(verdict["drop"]) > 0.05:
@@ -282,6 +294,12 @@ class Judge:
         tensor = self.tensors(onnx_path, self.val)
         return self.metric(outputs_on(reference, tensor, len(self.val)), outputs_on(candidate, tensor, len(self.val)),
                            self.labels)
+
+
+FORMAT = register(ExportFormat(
+    "openvino", "NAME-openvino/NAME.xml + NAME.bin",
+    "OpenVINO reproduces the verified ONNX within export.rtol, and the run's metric on its validation split",
+    "NNCF post-training quantization", "onnx", write, extra="openvino", needs="openvino"))
 
 
 # ---------------------------------------------------------------- reading an IR (predict)

@@ -105,6 +105,16 @@ def test_an_ir_folder_without_its_bin_is_one_paragraph(exported, capsys, tmp_pat
     helpers.assert_one_paragraph(code, printed, err, ["t.bin", "copy the whole folder"])
 
 
+def test_bench_on_an_ir_folder_without_its_bin_is_one_paragraph(capsys, tmp_path):
+    """A folder of files (the .xml alone, as a partial copy leaves it): one paragraph naming the
+    missing weights before anything is timed (it was an internal error), OpenVINO or not."""
+    (tmp_path / "t-openvino").mkdir()
+    (tmp_path / "t-openvino" / "t.xml").write_text("<net/>")
+    for target in (tmp_path, tmp_path / "t-openvino"):
+        code, printed, err = helpers.run_cli(capsys, "bench", str(target))
+        helpers.assert_one_paragraph(code, printed, err, ["t.bin", "copy the whole folder"])
+
+
 @needs_openvino
 @pytest.mark.skipif(not HAVE_NNCF, reason="NNCF is not installed (the [openvino-int8] extra; CI has OpenVINO only)")
 def test_int8_ir_is_written_only_with_its_verdict(digits_run, capsys, tmp_path):
