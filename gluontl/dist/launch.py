@@ -13,9 +13,16 @@ MXNet's dmlc tracker this assumes the same paths (working folder, Python, data) 
 and key-based ssh; ``localhost`` and ``127.0.0.1`` run here without ssh. A remote command first
 prints its PID, which the launcher uses to stop it with ``ssh HOST kill``: closing an ssh
 connection does not stop the command it started.
+
+``--max-restarts N`` is torchrun's: after a failure (not a refused input, not a signal) every
+process is stopped, and the job starts again, up to N times, from the run's last checkpoint
+(``finetune --resume RUN``; the run folder is the one rank 0 reports) — exact, because a resume
+is. Each restart is a row of the run folder's restarts record.
 """
 from __future__ import annotations
 
+import datetime
+import json
 import os
 import queue
 import re
@@ -44,6 +51,7 @@ LOCAL_HOSTS = ("localhost", "127.0.0.1")  # hosts file entries run on this machi
 SSH = ("ssh", "-o", "BatchMode=yes")
 RANK_LINE = re.compile(r"gluontl worker: rank (\d+) of (\d+)")
 PID_LINE = re.compile(r"^gluontl launch: pid (\d+)$")
+RUN_LINE = re.compile(r"gluontl worker: run folder (.+)$")
 HOST_LINE = re.compile(r"(\S+)(?:\s+cpus=([1-9]\d{0,5}))?")  # up to 999,999 cores: a number Python can read
 
 
@@ -186,6 +194,7 @@ class _Child:
         self.spec, self.events = spec, events
         self.rank: int | None = None
         self.remote_pid: int | None = None
+        self.run_dir: Path | None = None
         try:
             self.popen = subprocess.Popen(spec.argv, env=spec.environ(os.environ),
                                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -215,6 +224,9 @@ class _Child:
             rank = RANK_LINE.search(line)
             if rank:
                 self.rank = int(rank.group(1))
+            run = RUN_LINE.search(line) if self.run_dir is None else None
+            if run:
+                self.run_dir = Path(run.group(1))
             with lock:
                 out.write(prefix + line + "\n")
                 out.flush()
@@ -264,20 +276,67 @@ class _Child:
 
 def launch(args: Sequence[str], workers: int, servers: int = 1, hosts_file: Optional[Path] = None,
            port: Optional[int] = None, root_uri: Optional[str] = None, ssh: Optional[str] = None, *,
-           commands: Mapping[str, "click.Command"]) -> int:
-    """Run the job; 0 when every worker exited 0. A failure or a stop raises ``LaunchError``.
+           commands: Mapping[str, "click.Command"], max_restarts: int = 0, restart_delay: float = 5.0) -> int:
+    """Run the job; 0 when every worker exited 0. A failure or a stop raises ``LaunchError``
+    (after ``max_restarts`` restarts from the last checkpoint, for a failure).
     ``commands`` are the CLI's (name -> click command), given by the CLI's ``launch`` so the
     engine reads the workers' command line without importing the front door."""
-    _check(args, workers, servers, commands)
+    _check(args, workers, servers, commands, max_restarts, restart_delay)
     hosts = read_hosts(hosts_file) if hosts_file is not None else []
     uri = root_uri or address_towards(hosts)
     make_weights(args, commands)
-    procs = plan(args, workers, servers, hosts, uri, port or free_port(uri), physical_cores(),
-                 cwd=os.getcwd(), ssh=shlex.split(ssh) if ssh else SSH, threads=user_threads())
-    return _Job(procs, sys.stdout).run()
+    current, run_dir = list(args), None
+    for attempt in range(max_restarts + 1):
+        procs = plan(current, workers, servers, hosts, uri, port or free_port(uri), physical_cores(),
+                     cwd=os.getcwd(), ssh=shlex.split(ssh) if ssh else SSH, threads=user_threads())
+        job = _Job(procs, sys.stdout)
+        try:
+            return job.run()
+        except LaunchError as e:
+            if e.exit_code != 1 or attempt == max_restarts:  # a refused input or a signal: again would not help
+                raise
+            run_dir = job.run_dir() or run_dir
+            current = restart(args, run_dir, commands, attempt + 1, max_restarts, job.failure, restart_delay)
+        time.sleep(restart_delay)
+    raise AssertionError("unreachable")  # the last attempt returns or raises
 
 
-def _check(args: Sequence[str], workers: int, servers: int, commands: Mapping[str, "click.Command"]) -> None:
+def restart(args: Sequence[str], run_dir: Path | None, commands: Mapping[str, "click.Command"], number: int,
+            limit: int, reason: str, delay: float) -> list[str]:
+    """The command of restart ``number``: ``finetune --resume RUN`` (with the first command's
+    --runs, -q and --stop-after-steps) when the run has a last checkpoint, else the first command
+    again (a new run). Says so on stderr and appends it to the run's restarts record."""
+    from ..atomic import write_text
+    from ..runfolder import read_checkpoint
+
+    rf = RunFolder(run_dir) if run_dir is not None else None
+    meta = read_checkpoint(rf.checkpoints_dir, "last") if rf is not None and rf.has_checkpoint("last") else None
+    again = list(args)
+    if meta is not None and args[0] == "finetune":
+        with commands["finetune"].make_context("finetune", list(args[1:]), resilient_parsing=True) as ctx:
+            opts = ctx.params
+        again = ["finetune", "--resume", str(run_dir), "--runs", str(opts["runs"]), *(["-q"] if opts["quiet"] else []),
+                 *(["--stop-after-steps", str(opts["stop_after_steps"])] if opts["stop_after_steps"] else [])]
+    where = (f"from step {meta['global_step']} (epoch {meta['epoch']}, batch {meta['batch_in_epoch']}) of {run_dir}"
+             if meta is not None and again[0] == "finetune" else "from the start (no checkpoint yet)")
+    print(f"gluontl launch: {reason}; stopped the job. Restart {number} of {limit} in {delay:g} s, {where}.",
+          file=sys.stderr, flush=True)
+    if rf is not None and rf.logs_dir.is_dir():
+        row = {"restart": number, "of": limit, "time": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+               "reason": reason, "from_step": meta["global_step"] if meta else None,
+               "from_epoch": meta["epoch"] if meta else None, "command": again}
+        old = rf.restarts_path.read_text(encoding="utf-8") if rf.restarts_path.is_file() else ""
+        write_text(rf.restarts_path, old + json.dumps(row) + "\n", LaunchError)
+    return again
+
+
+def _check(args: Sequence[str], workers: int, servers: int, commands: Mapping[str, "click.Command"],
+           max_restarts: int = 0, restart_delay: float = 0.0) -> None:
+    if max_restarts < 0 or not restart_delay >= 0:
+        raise LaunchError(f"--max-restarts {max_restarts} --restart-delay {restart_delay:g}: the restarts after a "
+                          f"failure must be 0 or more (0, the default, stops at the first failure) and the delay "
+                          f"before each a number of seconds, 0 or more. Example: gluontl launch --max-restarts 3 "
+                          f"-n 2 -- finetune --recipe R.")
     if workers < 1 or servers < 1:
         raise LaunchError(f"launch needs at least one worker and one server (got -n {workers}, --servers "
                           f"{servers}). Example: gluontl launch -n 2 -- finetune --recipe R.")
@@ -328,6 +387,11 @@ class _Job:
         self.children: list[_Child] = []
         self.lock = threading.Lock()
         self.stopped = False
+        self.failure = ""  # the failed process, described
+
+    def run_dir(self) -> Path | None:
+        """The run folder the workers reported (absolute), None before rank 0 made it."""
+        return next((c.run_dir for c in self.children if c.run_dir is not None), None)
 
     def run(self) -> int:
         """SimpleQueue.put is safe in a signal handler, so the handler only posts the signal."""
@@ -366,6 +430,7 @@ class _Job:
     def _fail(self, child: _Child) -> None:
         others = self._stop_all()
         code = child.popen.returncode
+        self.failure = child.describe()
         if code == 2:
             advice = "It refused its input (its message is above); fix that and launch again."
         else:

@@ -372,6 +372,8 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
 
         def logged(run_dir: Path) -> None:
             made.append(run_dir)
+            if dist.size > 1:  # what `gluontl launch --max-restarts` resumes
+                print(f"gluontl worker: run folder {Path(run_dir).resolve()}", file=sys.stderr, flush=True)
             if worker_log is not None:
                 worker_log.open(RunFolder(run_dir).worker_log(dist.rank))
 
