@@ -12,7 +12,11 @@ over the hosts through ``ssh -o BatchMode=yes HOST 'cd CWD && ... PYTHON -m gluo
 MXNet's dmlc tracker this assumes the same paths (working folder, Python, data) on every machine
 and key-based ssh; ``localhost`` and ``127.0.0.1`` run here without ssh. A remote command first
 prints its PID, which the launcher uses to stop it with ``ssh HOST kill``: closing an ssh
-connection does not stop the command it started.
+connection does not stop the command it started. So the remote command is also bound to its
+session: a watcher there reads the session's stdin, which the launcher holds open, and kills the
+command's process group at EOF (the local ssh was killed, or sshd dropped a dead client), so no
+remote process outlives its launcher. ssh's ServerAlive probes end a session whose host stopped
+answering within 15 s, and before the job starts every host must answer ``ssh HOST true``.
 
 ``--max-restarts N`` is torchrun's: after a failure (not a refused input, not a signal) every
 process is stopped, and the job starts again, up to N times, from the run's last checkpoint
@@ -48,7 +52,8 @@ STOP_GRACE = 5.0  # s between SIGTERM and SIGKILL when stopping after a failure
 FINISH_GRACE = 10.0  # s the scheduler and servers get to exit by themselves once every worker is done
 INTERRUPT_GRACE = 60.0  # s workers get to checkpoint after a forwarded SIGTERM (a step must end first)
 LOCAL_HOSTS = ("localhost", "127.0.0.1")  # hosts file entries run on this machine without ssh
-SSH = ("ssh", "-o", "BatchMode=yes")
+SSH = ("ssh", "-o", "BatchMode=yes", "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3")
+SSH_CHECK_TIMEOUT = 20.0  # s for `ssh HOST true` before the job starts
 RANK_LINE = re.compile(r"gluontl worker: rank (\d+) of (\d+)")
 PID_LINE = re.compile(r"^gluontl launch: pid (\d+)$")
 RUN_LINE = re.compile(r"gluontl worker: run folder (.+)$")
@@ -141,9 +146,12 @@ def plan(args: Sequence[str], workers: int, servers: int = 1, hosts: Sequence[Ho
                "OMP_NUM_THREADS": omp}
         if host is None:
             return Process(role, index, None, (python, *command), env)
-        remote = (f"cd {shlex.quote(cwd)} && echo \"gluontl launch: pid $$\" && exec env -u PORT "
+        # the watcher: EOF on the session's stdin (the launcher or its ssh died) kills the process group
+        # (on fd 3: a background list's stdin is /dev/null)
+        remote = (f"cd {shlex.quote(cwd)} && echo \"gluontl launch: pid $$\" && exec 3<&0 || exit 1; "
+                  f"{{ cat <&3 > /dev/null; kill -KILL -$$; }} > /dev/null 2>&1 & exec env -u PORT "
                   + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + " "
-                  + shlex.join([python, *command]))
+                  + shlex.join([python, *command]) + " < /dev/null 3<&-")
         return Process(role, index, host, (*ssh, host.name, remote), env)
 
     # with DMLC_ROLE set, importing mxnet runs that role until the job ends (numpy's aliases first)
@@ -196,8 +204,9 @@ class _Child:
         self.remote_pid: int | None = None
         self.run_dir: Path | None = None
         try:
-            self.popen = subprocess.Popen(spec.argv, env=spec.environ(os.environ),
-                                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            self.popen = subprocess.Popen(spec.argv, env=spec.environ(os.environ),  # a remote one's stdin: its session
+                                          stdin=subprocess.PIPE if spec.host else subprocess.DEVNULL,
+                                          stdout=subprocess.PIPE,
                                           stderr=subprocess.STDOUT, start_new_session=True, text=True,
                                           errors="replace", bufsize=1)
         except OSError as e:
@@ -247,7 +256,8 @@ class _Child:
             except (ProcessLookupError, PermissionError):  # gone, or its PID is now another user's
                 pass
             return
-        if self.running and self.remote_pid is not None:
+        lost = self.popen.returncode is not None and (self.popen.returncode < 0 or self.popen.returncode == 255)
+        if (self.running or lost) and self.remote_pid is not None:  # a lost session's command may still run
             target = f"-{self.remote_pid}" if group else str(self.remote_pid)
             try:  # POSIX sh's kill: dash has no `--`
                 subprocess.run([*self.spec.argv[:-1], f"kill -{sig.name[3:]} {target}"], stdin=subprocess.DEVNULL,
@@ -284,11 +294,13 @@ def launch(args: Sequence[str], workers: int, servers: int = 1, hosts_file: Opti
     _check(args, workers, servers, commands, max_restarts, restart_delay)
     hosts = read_hosts(hosts_file) if hosts_file is not None else []
     uri = root_uri or address_towards(hosts)
+    ssh_argv = tuple(shlex.split(ssh)) if ssh else SSH
+    check_hosts(hosts, hosts_file, ssh_argv)
     make_weights(args, commands)
     current, run_dir = list(args), None
     for attempt in range(max_restarts + 1):
         procs = plan(current, workers, servers, hosts, uri, port or free_port(uri), physical_cores(),
-                     cwd=os.getcwd(), ssh=shlex.split(ssh) if ssh else SSH, threads=user_threads())
+                     cwd=os.getcwd(), ssh=ssh_argv, threads=user_threads())
         job = _Job(procs, sys.stdout)
         try:
             return job.run()
@@ -299,6 +311,34 @@ def launch(args: Sequence[str], workers: int, servers: int = 1, hosts_file: Opti
             current = restart(args, run_dir, commands, attempt + 1, max_restarts, job.failure, restart_delay)
         time.sleep(restart_delay)
     raise AssertionError("unreachable")  # the last attempt returns or raises
+
+
+def check_hosts(hosts: Sequence[Host], hosts_file: Optional[Path], ssh: Sequence[str]) -> None:
+    """Every remote host answers ``ssh HOST true`` (in parallel) before any process starts: an
+    unreachable host or a refused key is bad input, said by name, not a job failing later."""
+    remote = sorted({h.name for h in hosts if not h.local})
+    probes = {name: subprocess.Popen([*ssh, "-o", "ConnectTimeout=10", name, "true"], stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, errors="replace")
+              for name in remote}
+    for name, probe in probes.items():
+        try:
+            _, err = probe.communicate(timeout=SSH_CHECK_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            probe.kill()
+            err = f"no answer within {SSH_CHECK_TIMEOUT:g} s"
+        if probe.returncode == 0:
+            continue
+        for other in probes.values():
+            other.kill()
+            other.wait()
+        reason = " ".join(err.split()) or f"ssh exited with code {probe.returncode}"
+        if "Permission denied" in reason or "Host key verification failed" in reason:
+            fix = (f"ssh needs key access without a prompt (it runs with BatchMode=yes): add this machine's public "
+                   f"key to {name}'s ~/.ssh/authorized_keys (ssh-copy-id {name}) and accept its host key once")
+        else:
+            fix = f"check that {name} is up and reachable from here, or remove it from the file"
+        raise LaunchError(f"--hosts {hosts_file}: host '{name}' does not answer `{shlex.join(ssh)} {name} true` "
+                          f"({reason}); {fix}. No process was started.")
 
 
 def restart(args: Sequence[str], run_dir: Path | None, commands: Mapping[str, "click.Command"], number: int,
@@ -472,6 +512,8 @@ class _Job:
         for c in self.children:
             c.signal(signal.SIGKILL)
             c.popen.wait()
+            if c.popen.stdin is not None:  # a remote command's session: its watcher ends what is left
+                c.popen.stdin.close()
         for c in self.children:
             c.drain(STOP_GRACE)  # their last lines come before the launcher's own message
         return len(running)

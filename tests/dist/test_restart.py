@@ -36,8 +36,9 @@ def _worker(job, index):
 
 def test_a_worker_killed_twice_restarts_and_ends_as_the_uninterrupted_job(tmp_path, launched):  # noqa: F811
     prefix = helpers.tiny_symbol(tmp_path)
-    r = helpers.tiny_recipe(prefix, name="r", export=[], epochs=5, lr=0.05, seed=3,
+    r = helpers.tiny_recipe(prefix, name="r", export=[], data={"classes": ["5", "6"]}, epochs=4, lr=0.05, seed=3,
                             log_every=1, guards="off", distributed={"backend": "kvstore"})
+    r["surgery"] = {"head": {"classes": 2}}  # 2 classes: 9 steps an epoch
     (tmp_path / "r.yaml").write_text(yaml.safe_dump(r))
     full = subprocess.run([sys.executable, "-m", "gluontl", "launch", "-n", "2", "--", "finetune", "-r", "r.yaml",
                            "--runs", "full", "-q"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
@@ -46,8 +47,8 @@ def test_a_worker_killed_twice_restarts_and_ends_as_the_uninterrupted_job(tmp_pa
     job = launched(tmp_path, "--max-restarts", "2", "--restart-delay", "0", "-n", "2", "--", "finetune",
                    "-r", "r.yaml", "--runs", "killed", "-q")
     killed = []
-    for epoch in (2, 4):  # rank 0's line: epoch 1 (then 3) is checkpointed, every worker trains on
-        job.wait_for(rf"^\[worker \d\] epoch {epoch}/5")
+    for epoch in (2, 3):  # rank 0's line: epoch 1 (then 2) is checkpointed, every worker trains on
+        job.wait_for(rf"^\[worker \d\] epoch {epoch}/4")
         job.started.update(descendants(job.popen.pid))
         killed.append(_worker(job, 1))
         os.kill(killed[-1], signal.SIGKILL)
@@ -59,8 +60,8 @@ def test_a_worker_killed_twice_restarts_and_ends_as_the_uninterrupted_job(tmp_pa
     rows = [json.loads(line) for line in RunFolder(b).restarts_path.read_text().splitlines()]
     assert [row["restart"] for row in rows] == [1, 2] and all(row["of"] == 2 for row in rows)
     assert all(f"pid {pid}" in row["reason"] and "SIGKILL" in row["reason"] for row, pid in zip(rows, killed))
-    # from the checkpoint of epoch 1 or 2, then 3 or 4 (the kill may come before rank 0 saved)
-    assert [row["from_epoch"] for row in rows] in ([1, 3], [1, 4], [2, 3], [2, 4]), rows
+    # from the checkpoint of epoch 1 or 2, then 2 or 3 (the kill may come before rank 0 saved)
+    assert [row["from_epoch"] for row in rows] in ([1, 2], [1, 3], [2, 2], [2, 3]), rows
     steps = json.loads(RunFolder(a).plan_json_path.read_text())["epoch_data"]["batches"]
     assert all(row["from_step"] == steps * row["from_epoch"] for row in rows)
     assert rows[0]["command"][:3] == ["finetune", "--resume", str(b.resolve())]
@@ -68,17 +69,7 @@ def test_a_worker_killed_twice_restarts_and_ends_as_the_uninterrupted_job(tmp_pa
         assert RunFolder(a).checkpoint_params(tag).read_bytes() == RunFolder(b).checkpoint_params(tag).read_bytes()
     want, got = (helpers.without_timings(json.loads(line) for line in RunFolder(x).metrics_path.read_text()
                                          .splitlines()) for x in (a, b))
-    assert got == want and len(want) == 5 * steps + 5
+    assert got == want and len(want) == 4 * steps + 4
     assert {RunFolder(b).worker_digest(k).read_text() for k in (0, 1)} == {RunFolder(a).worker_digest(0).read_text()}
     assert survivors(job.started) == []
 
-
-def test_a_refused_input_is_not_restarted(tmp_path, launched):  # noqa: F811
-    prefix = helpers.tiny_symbol(tmp_path)
-    r = helpers.tiny_recipe(prefix, export=[], epochs=0, distributed={"backend": "kvstore"})
-    (tmp_path / "r.yaml").write_text(yaml.safe_dump(r))
-    job = launched(tmp_path, "--max-restarts", "3", "--restart-delay", "0", "-n", "2", "--", "finetune", "-r",
-                   "r.yaml")
-    code, out, err = job.finish(timeout=60)
-    assert code == 2 and "Restart" not in err, err
-    assert out.count("gluontl worker: rank") <= 2  # one attempt: two workers
