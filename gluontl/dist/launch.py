@@ -292,13 +292,15 @@ def launch(args: Sequence[str], workers: int, servers: int = 1, hosts_file: Opti
     ``commands`` are the CLI's (name -> click command), given by the CLI's ``launch`` so the
     engine reads the workers' command line without importing the front door."""
     _check(args, workers, servers, commands, max_restarts, restart_delay)
-    hosts = read_hosts(hosts_file) if hosts_file is not None else []
-    uri = root_uri or address_towards(hosts)
     ssh_argv = tuple(shlex.split(ssh)) if ssh else SSH
-    check_hosts(hosts, hosts_file, ssh_argv)
-    make_weights(args, commands)
     current, run_dir = list(args), None
     for attempt in range(max_restarts + 1):
+        # read again at each restart: a host taken out of the file is left out, the same workers on the rest
+        hosts = read_hosts(hosts_file) if hosts_file is not None else []
+        uri = root_uri or address_towards(hosts)
+        check_hosts(hosts, hosts_file, ssh_argv)
+        if attempt == 0:
+            make_weights(args, commands)
         procs = plan(current, workers, servers, hosts, uri, port or free_port(uri), physical_cores(),
                      cwd=os.getcwd(), ssh=ssh_argv, threads=user_threads())
         job = _Job(procs, sys.stdout)
@@ -499,6 +501,15 @@ class _Job:
             if until_signal and isinstance(event, int):
                 return
 
+    def _signal_all(self, sig: signal.Signals) -> None:
+        """``sig`` to every child at once: a remote one's ``ssh HOST kill`` may wait its timeout
+        for a host that stopped answering."""
+        threads = [threading.Thread(target=c.signal, args=(sig,), daemon=True) for c in self.children]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
     def _stop_all(self) -> int:
         """SIGTERM to every process group, SIGKILL after the grace, all reaped and their output
         printed. Returns how many were still running."""
@@ -506,11 +517,10 @@ class _Job:
             return 0
         self.stopped = True
         running = [c for c in self.children if c.running]
-        for c in self.children:
-            c.signal(signal.SIGTERM)  # finished ones too: their subprocesses may be left
+        self._signal_all(signal.SIGTERM)  # finished ones too: their subprocesses may be left
         self._wait_for(running, STOP_GRACE, until_signal=False)
+        self._signal_all(signal.SIGKILL)
         for c in self.children:
-            c.signal(signal.SIGKILL)
             c.popen.wait()
             if c.popen.stdin is not None:  # a remote command's session: its watcher ends what is left
                 c.popen.stdin.close()

@@ -181,6 +181,27 @@ def test_a_worker_host_that_drops_off_ends_the_job_and_resume_continues_exactly(
     _same_run(ref, run)
 
 
+def test_the_scheduler_host_dropping_off_ends_every_process_everywhere(cluster, job):
+    """The launcher and the scheduler share the third host: its link down, ssh's ServerAlive ends
+    the launcher's sessions, each worker host's sshd drops the silent client and the session's
+    watcher ends what it ran."""
+    folder, _ = job
+    launch = _start(cluster, folder, "--set", "train.epochs=200", runs="schedulerdown")
+    try:
+        launch.wait_for(r"^\[worker \d\] epoch 1/", timeout=180)
+        cluster.link(cluster.hosts[2], up=False)
+        down = time.monotonic()
+        code, out, err = _finish(launch, STEP_TIMEOUT + 30)
+        while _job_processes(cluster) and time.monotonic() - down < STEP_TIMEOUT + 30:
+            time.sleep(0.5)
+        left = _job_processes(cluster)
+    finally:
+        cluster.link(cluster.hosts[2], up=True)
+        launch.cleanup()
+    assert code == 1 and left == [], (err, left)
+    assert re.search(r"host 10\.\d+\.\d+\.1[12], pid \d+\) exited with code 255", " ".join(err.split())), err
+
+
 def test_unreachable_or_keyless_hosts_are_refused_before_anything_starts(cluster, tmp_path, capsys):
     (tmp_path / "hosts").write_text(f"{cluster.address[cluster.hosts[0]]}\n{cluster.gateway[:-1]}99\n")
     code, out, err = helpers.run_cli(capsys, "launch", "-n", "2", "--hosts", str(tmp_path / "hosts"), "--ssh",
