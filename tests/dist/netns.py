@@ -78,7 +78,7 @@ class Cluster:
         config.write_text("\n".join([
             f"HostKey {self.folder / 'host_key'}", f"AuthorizedKeysFile {self.folder / 'authorized_keys'}",
             "PermitRootLogin prohibit-password", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
-            "UsePAM no", "StrictModes no", "PidFile none", "ClientAliveInterval 5", "ClientAliveCountMax 3",
+            "UsePAM no", "StrictModes no", "PidFile none", "ClientAliveInterval 2", "ClientAliveCountMax 3",
             *(f"SetEnv {k}={v}" for k, v in env.items()), ""]))
         for h in self.hosts:
             self.sshd.append(subprocess.Popen(["ip", "netns", "exec", h, SSHD, "-D", "-e", "-f", str(config),
@@ -96,9 +96,11 @@ class Cluster:
                     time.sleep(0.05)
 
     def ssh(self) -> str:
-        """The --ssh command that reaches the hosts with the throw-away key."""
+        """The --ssh command that reaches the hosts with the throw-away key. Its ServerAlive probes
+        (and sshd's ClientAlive ones) give up on a silent peer after 6 s rather than the default
+        ssh's 15 s: the tests that take a link down wait that long for the job to end."""
         return (f"ssh -i {self.key} -o BatchMode=yes -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null "
-                f"-o LogLevel=ERROR -o ServerAliveInterval=5 -o ServerAliveCountMax=3")
+                f"-o LogLevel=ERROR -o ServerAliveInterval=2 -o ServerAliveCountMax=3")
 
     def exec(self, host: str, *cmd: str, check: bool = True) -> subprocess.CompletedProcess:
         return sh("ip", "netns", "exec", host, *cmd, check=check)
