@@ -6,8 +6,6 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
@@ -15,14 +13,14 @@ import yaml
 
 from tests import helpers
 from tests.dist import netns
-from tests.dist.test_launch import Launch, environ
+from tests.dist.test_launch import Launch, descendants, environ
 from tests.helpers import assert_one_paragraph
 
 from gluontl.runfolder import RunFolder
 
 WHY_NOT = netns.unavailable()
 pytestmark = [pytest.mark.multihost, pytest.mark.skipif(WHY_NOT is not None, reason=str(WHY_NOT))]
-STEP_TIMEOUT = 20  # s: ssh's ServerAlive probes (15 s) name a silent host before a worker's watchdog fires
+STEP_TIMEOUT = 20  # s: ssh's ServerAlive probes (6 s, netns.Cluster.ssh) name a silent host before a worker's watchdog fires
 
 
 @pytest.fixture(scope="module")
@@ -50,10 +48,33 @@ def _processes():
     return out
 
 
+class _Reference:
+    """The job's run on loopback, started in the background: its processes are on this machine's
+    own stack, not on the test hosts, so it overlaps the first test's job instead of preceding it.
+    ``run()`` waits for it (once) and returns its run folder."""
+
+    def __init__(self, folder):
+        self.folder, self.folder_of = folder, None
+        self.launch = Launch(folder, "-n", "2", "--servers", "2", "--", "finetune", "-r", "r.yaml",
+                             "--runs", "loopback", "-q")
+
+    def run(self):
+        if self.folder_of is None:
+            code, out, err = self.launch.finish(180)
+            assert code == 0, out[-3000:] + err[-3000:]
+            (self.folder_of,) = (self.folder / "loopback").iterdir()
+        return self.folder_of
+
+    def close(self):
+        if self.launch.popen.poll() is None:  # a test failed before it waited: the job goes
+            self.launch.started.update(descendants(self.launch.popen.pid))
+            self.launch.cleanup()
+
+
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
     """A folder with r.yaml (the tiny net, 2 classes, 2 epochs of 9 steps of 2 workers × 16) and
-    the same job's run on loopback: the reference."""
+    the same job's run on loopback: the reference (a :class:`_Reference`)."""
     folder = tmp_path_factory.mktemp("mhjob")
     prefix = helpers.tiny_symbol(folder)
     r = helpers.tiny_recipe(prefix, name="r", export=[], data={"classes": ["5", "6"]}, epochs=2, lr=0.05, seed=3,
@@ -61,12 +82,11 @@ def job(tmp_path_factory):
                             distributed={"backend": "kvstore", "step_timeout": STEP_TIMEOUT})
     r["surgery"] = {"head": {"classes": 2}}
     (folder / "r.yaml").write_text(yaml.safe_dump(r))
-    ref = subprocess.run([sys.executable, "-m", "gluontl", "launch", "-n", "2", "--servers", "2", "--", "finetune",
-                          "-r", "r.yaml", "--runs", "loopback", "-q"], cwd=folder, capture_output=True, text=True,
-                         timeout=180, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert ref.returncode == 0, ref.stdout[-3000:] + ref.stderr[-3000:]
-    (run,) = (folder / "loopback").iterdir()
-    return folder, run
+    ref = _Reference(folder)
+    try:
+        yield folder, ref
+    finally:
+        ref.close()
 
 
 def _start(cluster, folder, *args, runs):
@@ -126,7 +146,7 @@ def test_loss_and_a_slow_link_leave_the_weights_bit_identical(cluster, job):
     starts = set(re.findall(r"^\[(?:worker|server) \d\] ", out, re.M))
     assert {"[worker 0] ", "[worker 1] "} <= starts
     (run,) = (folder / "lossy").iterdir()
-    _same_run(ref, run)
+    _same_run(ref.run(), run)
     assert _job_processes(cluster) == []
 
 
@@ -178,7 +198,7 @@ def test_a_worker_host_that_drops_off_ends_the_job_and_resume_continues_exactly(
                    "--resume", str(run), "-q", prefix=("ip", "netns", "exec", cluster.hosts[2]))
     code, out, err = _finish(again, 240)
     assert code == 0, out[-3000:] + err[-3000:]
-    _same_run(ref, run)
+    _same_run(ref.run(), run)
 
 
 def test_the_scheduler_host_dropping_off_ends_every_process_everywhere(cluster, job):

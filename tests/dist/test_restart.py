@@ -3,8 +3,6 @@ checkpoint each time and ends bit-identical to the same job never interrupted; b
 import json
 import os
 import signal
-import subprocess
-import sys
 
 import pytest
 import yaml
@@ -40,19 +38,23 @@ def test_a_worker_killed_twice_restarts_and_ends_as_the_uninterrupted_job(tmp_pa
                             log_every=1, guards="off", distributed={"backend": "kvstore"})
     r["surgery"] = {"head": {"classes": 2}}  # 2 classes: 9 steps an epoch
     (tmp_path / "r.yaml").write_text(yaml.safe_dump(r))
-    full = subprocess.run([sys.executable, "-m", "gluontl", "launch", "-n", "2", "--", "finetune", "-r", "r.yaml",
-                           "--runs", "full", "-q"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert full.returncode == 0, full.stdout[-3000:] + full.stderr[-3000:]
-    job = launched(tmp_path, "--max-restarts", "2", "--restart-delay", "0", "-n", "2", "--", "finetune",
-                   "-r", "r.yaml", "--runs", "killed", "-q")
-    killed = []
-    for epoch in (2, 3):  # rank 0's line: epoch 1 (then 2) is checkpointed, every worker trains on
-        job.wait_for(rf"^\[worker \d\] epoch {epoch}/4")
-        job.started.update(descendants(job.popen.pid))
-        killed.append(_worker(job, 1))
-        os.kill(killed[-1], signal.SIGKILL)
-    code, out, err = job.finish(timeout=120)
+    # the uninterrupted job runs alongside the killed one (its processes are not the killed job's descendants)
+    full = launched(tmp_path, "-n", "2", "--", "finetune", "-r", "r.yaml", "--runs", "full", "-q")
+    try:
+        job = launched(tmp_path, "--max-restarts", "2", "--restart-delay", "0", "-n", "2", "--", "finetune",
+                       "-r", "r.yaml", "--runs", "killed", "-q")
+        killed = []
+        for epoch in (2, 3):  # rank 0's line: epoch 1 (then 2) is checkpointed, every worker trains on
+            job.wait_for(rf"^\[worker \d\] epoch {epoch}/4", timeout=180)
+            job.started.update(descendants(job.popen.pid))
+            killed.append(_worker(job, 1))
+            os.kill(killed[-1], signal.SIGKILL)
+        code, out, err = job.finish(timeout=120)
+        full_code, full_out, full_err = full.finish(timeout=120)
+    finally:
+        if full.popen.poll() is None:  # a failure above: the fixture's cleanup ends these too
+            full.started.update(descendants(full.popen.pid))
+    assert full_code == 0, full_out[-3000:] + full_err[-3000:]
     assert code == 0, out[-3000:] + err[-3000:]
     assert err.count("gluontl launch: worker 1 (rank ") == 2, err
     assert "Restart 1 of 2 in 0 s, from step" in err and "Restart 2 of 2 in 0 s, from step" in err
