@@ -497,7 +497,10 @@ def launch(ctx: typer.Context,
                                                   "reach the scheduler at (default: the one on the route to "
                                                   "the first host)"),
            ssh: Optional[str] = typer.Option(None, "--ssh",
-                                             help="ssh command (default: ssh -o BatchMode=yes)")) -> None:
+                                             help="ssh command (default: ssh -o BatchMode=yes)"),
+           max_restarts: int = typer.Option(0, "--max-restarts", help="after a failure, stop everything and "
+                                            "restart from the last checkpoint, up to this many times"),
+           restart_delay: float = typer.Option(5.0, "--restart-delay", help="seconds to wait before a restart")) -> None:
     """Run a gluontl command on N workers with MXNet's parameter server: gluontl launch -n 2 -- finetune -r R.
 
     Starts the scheduler, servers and workers, prints their output prefixed, and on the first failure
@@ -505,7 +508,8 @@ def launch(ctx: typer.Context,
     from .dist.launch import launch as run
 
     commands = ctx.find_root().command.commands  # type: ignore[attr-defined]
-    raise typer.Exit(run(ctx.args, workers, servers, hosts, port, root_uri, ssh, commands=commands))
+    raise typer.Exit(run(ctx.args, workers, servers, hosts, port, root_uri, ssh, commands=commands,
+                         max_restarts=max_restarts, restart_delay=restart_delay))
 
 
 def main() -> None:

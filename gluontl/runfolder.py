@@ -40,6 +40,7 @@ class RunFolder:
     CHECKPOINT_RECORD = ".json"  # checkpoints/TAG.json: the commit record naming and hashing the files
     CHECKPOINT_KINDS = ("params", "states", "ema")  # TAG.<generation>.KIND, and TAG.KIND linked to it
     LOGS = "logs"  # logs/worker-RANK.log and .sha256 of a distributed run
+    RESTARTS = "restarts.jsonl"  # logs/restarts.jsonl: gluontl launch --max-restarts' record, a row per restart
     EXPORT = "export"  # gluontl export's default place
     PREDICTIONS = "predictions"  # predict's default place for drawn images
     FEATURE_CACHE = "feature_cache"  # frozen-prefix features (feature_cache-RANK per worker)
@@ -47,7 +48,7 @@ class RunFolder:
 
     # the names the owner alone spells (tests/test_runfolder_names.py, scripts/house_counts.py)
     FILE_NAMES = (RECIPE, PLAN_TEXT, PLAN_JSON, METRICS, CARD, SUMMARY, SPLIT, WARNINGS, ADAPTERS, CURVES,
-                  LR_FIND, BENCH)
+                  LR_FIND, BENCH, RESTARTS)
     DIR_NAMES = (CHECKPOINTS, LOGS, EXPORT, PREDICTIONS, FEATURE_CACHE, PR_CURVES)
 
     def __init__(self, path: str | os.PathLike) -> None:
@@ -141,6 +142,11 @@ class RunFolder:
 
     def worker_log(self, rank: int) -> Path:
         return self.logs_dir / f"worker-{rank}.log"
+
+    @property
+    def restarts_path(self) -> Path:
+        """Every automatic restart of the run's job: when, why, from which step."""
+        return self.logs_dir / self.RESTARTS
 
     def worker_digest(self, rank: int) -> Path:
         """The SHA-256 of a worker's final parameters (workers of one job must agree)."""

@@ -12,10 +12,21 @@ over the hosts through ``ssh -o BatchMode=yes HOST 'cd CWD && ... PYTHON -m gluo
 MXNet's dmlc tracker this assumes the same paths (working folder, Python, data) on every machine
 and key-based ssh; ``localhost`` and ``127.0.0.1`` run here without ssh. A remote command first
 prints its PID, which the launcher uses to stop it with ``ssh HOST kill``: closing an ssh
-connection does not stop the command it started.
+connection does not stop the command it started. So the remote command is also bound to its
+session: a watcher there reads the session's stdin, which the launcher holds open, and kills the
+command's process group at EOF (the local ssh was killed, or sshd dropped a dead client), so no
+remote process outlives its launcher. ssh's ServerAlive probes end a session whose host stopped
+answering within 15 s, and before the job starts every host must answer ``ssh HOST true``.
+
+``--max-restarts N`` is torchrun's: after a failure (not a refused input, not a signal) every
+process is stopped, and the job starts again, up to N times, from the run's last checkpoint
+(``finetune --resume RUN``; the run folder is the one rank 0 reports) — exact, because a resume
+is. Each restart is a row of the run folder's restarts record.
 """
 from __future__ import annotations
 
+import datetime
+import json
 import os
 import queue
 import re
@@ -41,9 +52,11 @@ STOP_GRACE = 5.0  # s between SIGTERM and SIGKILL when stopping after a failure
 FINISH_GRACE = 10.0  # s the scheduler and servers get to exit by themselves once every worker is done
 INTERRUPT_GRACE = 60.0  # s workers get to checkpoint after a forwarded SIGTERM (a step must end first)
 LOCAL_HOSTS = ("localhost", "127.0.0.1")  # hosts file entries run on this machine without ssh
-SSH = ("ssh", "-o", "BatchMode=yes")
+SSH = ("ssh", "-o", "BatchMode=yes", "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3")
+SSH_CHECK_TIMEOUT = 20.0  # s for `ssh HOST true` before the job starts
 RANK_LINE = re.compile(r"gluontl worker: rank (\d+) of (\d+)")
 PID_LINE = re.compile(r"^gluontl launch: pid (\d+)$")
+RUN_LINE = re.compile(r"gluontl worker: run folder (.+)$")
 HOST_LINE = re.compile(r"(\S+)(?:\s+cpus=([1-9]\d{0,5}))?")  # up to 999,999 cores: a number Python can read
 
 
@@ -133,9 +146,12 @@ def plan(args: Sequence[str], workers: int, servers: int = 1, hosts: Sequence[Ho
                "OMP_NUM_THREADS": omp}
         if host is None:
             return Process(role, index, None, (python, *command), env)
-        remote = (f"cd {shlex.quote(cwd)} && echo \"gluontl launch: pid $$\" && exec env -u PORT "
+        # the watcher: EOF on the session's stdin (the launcher or its ssh died) kills the process group
+        # (on fd 3: a background list's stdin is /dev/null)
+        remote = (f"cd {shlex.quote(cwd)} && echo \"gluontl launch: pid $$\" && exec 3<&0 || exit 1; "
+                  f"{{ cat <&3 > /dev/null; kill -KILL -$$; }} > /dev/null 2>&1 & exec env -u PORT "
                   + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + " "
-                  + shlex.join([python, *command]))
+                  + shlex.join([python, *command]) + " < /dev/null 3<&-")
         return Process(role, index, host, (*ssh, host.name, remote), env)
 
     # with DMLC_ROLE set, importing mxnet runs that role until the job ends (numpy's aliases first)
@@ -186,9 +202,11 @@ class _Child:
         self.spec, self.events = spec, events
         self.rank: int | None = None
         self.remote_pid: int | None = None
+        self.run_dir: Path | None = None
         try:
-            self.popen = subprocess.Popen(spec.argv, env=spec.environ(os.environ),
-                                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            self.popen = subprocess.Popen(spec.argv, env=spec.environ(os.environ),  # a remote one's stdin: its session
+                                          stdin=subprocess.PIPE if spec.host else subprocess.DEVNULL,
+                                          stdout=subprocess.PIPE,
                                           stderr=subprocess.STDOUT, start_new_session=True, text=True,
                                           errors="replace", bufsize=1)
         except OSError as e:
@@ -215,6 +233,9 @@ class _Child:
             rank = RANK_LINE.search(line)
             if rank:
                 self.rank = int(rank.group(1))
+            run = RUN_LINE.search(line) if self.run_dir is None else None
+            if run:
+                self.run_dir = Path(run.group(1))
             with lock:
                 out.write(prefix + line + "\n")
                 out.flush()
@@ -235,7 +256,8 @@ class _Child:
             except (ProcessLookupError, PermissionError):  # gone, or its PID is now another user's
                 pass
             return
-        if self.running and self.remote_pid is not None:
+        lost = self.popen.returncode is not None and (self.popen.returncode < 0 or self.popen.returncode == 255)
+        if (self.running or lost) and self.remote_pid is not None:  # a lost session's command may still run
             target = f"-{self.remote_pid}" if group else str(self.remote_pid)
             try:  # POSIX sh's kill: dash has no `--`
                 subprocess.run([*self.spec.argv[:-1], f"kill -{sig.name[3:]} {target}"], stdin=subprocess.DEVNULL,
@@ -264,20 +286,99 @@ class _Child:
 
 def launch(args: Sequence[str], workers: int, servers: int = 1, hosts_file: Optional[Path] = None,
            port: Optional[int] = None, root_uri: Optional[str] = None, ssh: Optional[str] = None, *,
-           commands: Mapping[str, "click.Command"]) -> int:
-    """Run the job; 0 when every worker exited 0. A failure or a stop raises ``LaunchError``.
+           commands: Mapping[str, "click.Command"], max_restarts: int = 0, restart_delay: float = 5.0) -> int:
+    """Run the job; 0 when every worker exited 0. A failure or a stop raises ``LaunchError``
+    (after ``max_restarts`` restarts from the last checkpoint, for a failure).
     ``commands`` are the CLI's (name -> click command), given by the CLI's ``launch`` so the
     engine reads the workers' command line without importing the front door."""
-    _check(args, workers, servers, commands)
-    hosts = read_hosts(hosts_file) if hosts_file is not None else []
-    uri = root_uri or address_towards(hosts)
-    make_weights(args, commands)
-    procs = plan(args, workers, servers, hosts, uri, port or free_port(uri), physical_cores(),
-                 cwd=os.getcwd(), ssh=shlex.split(ssh) if ssh else SSH, threads=user_threads())
-    return _Job(procs, sys.stdout).run()
+    _check(args, workers, servers, commands, max_restarts, restart_delay)
+    ssh_argv = tuple(shlex.split(ssh)) if ssh else SSH
+    current, run_dir = list(args), None
+    for attempt in range(max_restarts + 1):
+        # read again at each restart: a host taken out of the file is left out, the same workers on the rest
+        hosts = read_hosts(hosts_file) if hosts_file is not None else []
+        uri = root_uri or address_towards(hosts)
+        check_hosts(hosts, hosts_file, ssh_argv)
+        if attempt == 0:
+            make_weights(args, commands)
+        procs = plan(current, workers, servers, hosts, uri, port or free_port(uri), physical_cores(),
+                     cwd=os.getcwd(), ssh=ssh_argv, threads=user_threads())
+        job = _Job(procs, sys.stdout)
+        try:
+            return job.run()
+        except LaunchError as e:
+            if e.exit_code != 1 or attempt == max_restarts:  # a refused input or a signal: again would not help
+                raise
+            run_dir = job.run_dir() or run_dir
+            current = restart(args, run_dir, commands, attempt + 1, max_restarts, job.failure, restart_delay)
+        time.sleep(restart_delay)
+    raise AssertionError("unreachable")  # the last attempt returns or raises
 
 
-def _check(args: Sequence[str], workers: int, servers: int, commands: Mapping[str, "click.Command"]) -> None:
+def check_hosts(hosts: Sequence[Host], hosts_file: Optional[Path], ssh: Sequence[str]) -> None:
+    """Every remote host answers ``ssh HOST true`` (in parallel) before any process starts: an
+    unreachable host or a refused key is bad input, said by name, not a job failing later."""
+    remote = sorted({h.name for h in hosts if not h.local})
+    probes = {name: subprocess.Popen([*ssh, "-o", "ConnectTimeout=10", name, "true"], stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, errors="replace")
+              for name in remote}
+    for name, probe in probes.items():
+        try:
+            _, err = probe.communicate(timeout=SSH_CHECK_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            probe.kill()
+            err = f"no answer within {SSH_CHECK_TIMEOUT:g} s"
+        if probe.returncode == 0:
+            continue
+        for other in probes.values():
+            other.kill()
+            other.wait()
+        reason = " ".join(err.split()) or f"ssh exited with code {probe.returncode}"
+        if "Permission denied" in reason or "Host key verification failed" in reason:
+            fix = (f"ssh needs key access without a prompt (it runs with BatchMode=yes): add this machine's public "
+                   f"key to {name}'s ~/.ssh/authorized_keys (ssh-copy-id {name}) and accept its host key once")
+        else:
+            fix = f"check that {name} is up and reachable from here, or remove it from the file"
+        raise LaunchError(f"--hosts {hosts_file}: host '{name}' does not answer `{shlex.join(ssh)} {name} true` "
+                          f"({reason}); {fix}. No process was started.")
+
+
+def restart(args: Sequence[str], run_dir: Path | None, commands: Mapping[str, "click.Command"], number: int,
+            limit: int, reason: str, delay: float) -> list[str]:
+    """The command of restart ``number``: ``finetune --resume RUN`` (with the first command's
+    --runs, -q and --stop-after-steps) when the run has a last checkpoint, else the first command
+    again (a new run). Says so on stderr and appends it to the run's restarts record."""
+    from ..atomic import write_text
+    from ..runfolder import read_checkpoint
+
+    rf = RunFolder(run_dir) if run_dir is not None else None
+    meta = read_checkpoint(rf.checkpoints_dir, "last") if rf is not None and rf.has_checkpoint("last") else None
+    again = list(args)
+    if meta is not None and args[0] == "finetune":
+        with commands["finetune"].make_context("finetune", list(args[1:]), resilient_parsing=True) as ctx:
+            opts = ctx.params
+        again = ["finetune", "--resume", str(run_dir), "--runs", str(opts["runs"]), *(["-q"] if opts["quiet"] else []),
+                 *(["--stop-after-steps", str(opts["stop_after_steps"])] if opts["stop_after_steps"] else [])]
+    where = (f"from step {meta['global_step']} (epoch {meta['epoch']}, batch {meta['batch_in_epoch']}) of {run_dir}"
+             if meta is not None and again[0] == "finetune" else "from the start (no checkpoint yet)")
+    print(f"gluontl launch: {reason}; stopped the job. Restart {number} of {limit} in {delay:g} s, {where}.",
+          file=sys.stderr, flush=True)
+    if rf is not None and rf.logs_dir.is_dir():
+        row = {"restart": number, "of": limit, "time": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+               "reason": reason, "from_step": meta["global_step"] if meta else None,
+               "from_epoch": meta["epoch"] if meta else None, "command": again}
+        old = rf.restarts_path.read_text(encoding="utf-8") if rf.restarts_path.is_file() else ""
+        write_text(rf.restarts_path, old + json.dumps(row) + "\n", LaunchError)
+    return again
+
+
+def _check(args: Sequence[str], workers: int, servers: int, commands: Mapping[str, "click.Command"],
+           max_restarts: int = 0, restart_delay: float = 0.0) -> None:
+    if max_restarts < 0 or not restart_delay >= 0:
+        raise LaunchError(f"--max-restarts {max_restarts} --restart-delay {restart_delay:g}: the restarts after a "
+                          f"failure must be 0 or more (0, the default, stops at the first failure) and the delay "
+                          f"before each a number of seconds, 0 or more. Example: gluontl launch --max-restarts 3 "
+                          f"-n 2 -- finetune --recipe R.")
     if workers < 1 or servers < 1:
         raise LaunchError(f"launch needs at least one worker and one server (got -n {workers}, --servers "
                           f"{servers}). Example: gluontl launch -n 2 -- finetune --recipe R.")
@@ -328,6 +429,11 @@ class _Job:
         self.children: list[_Child] = []
         self.lock = threading.Lock()
         self.stopped = False
+        self.failure = ""  # the failed process, described
+
+    def run_dir(self) -> Path | None:
+        """The run folder the workers reported (absolute), None before rank 0 made it."""
+        return next((c.run_dir for c in self.children if c.run_dir is not None), None)
 
     def run(self) -> int:
         """SimpleQueue.put is safe in a signal handler, so the handler only posts the signal."""
@@ -366,6 +472,7 @@ class _Job:
     def _fail(self, child: _Child) -> None:
         others = self._stop_all()
         code = child.popen.returncode
+        self.failure = child.describe()
         if code == 2:
             advice = "It refused its input (its message is above); fix that and launch again."
         else:
@@ -394,6 +501,15 @@ class _Job:
             if until_signal and isinstance(event, int):
                 return
 
+    def _signal_all(self, sig: signal.Signals) -> None:
+        """``sig`` to every child at once: a remote one's ``ssh HOST kill`` may wait its timeout
+        for a host that stopped answering."""
+        threads = [threading.Thread(target=c.signal, args=(sig,), daemon=True) for c in self.children]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
     def _stop_all(self) -> int:
         """SIGTERM to every process group, SIGKILL after the grace, all reaped and their output
         printed. Returns how many were still running."""
@@ -401,12 +517,13 @@ class _Job:
             return 0
         self.stopped = True
         running = [c for c in self.children if c.running]
-        for c in self.children:
-            c.signal(signal.SIGTERM)  # finished ones too: their subprocesses may be left
+        self._signal_all(signal.SIGTERM)  # finished ones too: their subprocesses may be left
         self._wait_for(running, STOP_GRACE, until_signal=False)
+        self._signal_all(signal.SIGKILL)
         for c in self.children:
-            c.signal(signal.SIGKILL)
             c.popen.wait()
+            if c.popen.stdin is not None:  # a remote command's session: its watcher ends what is left
+                c.popen.stdin.close()
         for c in self.children:
             c.drain(STOP_GRACE)  # their last lines come before the launcher's own message
         return len(running)

@@ -44,6 +44,7 @@ from ..readers import read_json
 from ..recipe import selectable
 from .callbacks import Callback, Callbacks, RunInfo, Step, build as build_callbacks
 from .ema import Ema
+from .elastic import global_batch, rebatch
 from .engine import Average, Batch, EpochLines, FirstEpochGuards, Record
 from .gpu import check_gpus
 from ..data.guards import GuardLog
@@ -372,6 +373,8 @@ def finetune(recipe: Recipe, *, runs_root: str | Path = "runs", resume: str | Pa
 
         def logged(run_dir: Path) -> None:
             made.append(run_dir)
+            if dist.size > 1:  # what `gluontl launch --max-restarts` resumes
+                print(f"gluontl worker: run folder {Path(run_dir).resolve()}", file=sys.stderr, flush=True)
             if worker_log is not None:
                 worker_log.open(RunFolder(run_dir).worker_log(dist.rank))
 
@@ -424,13 +427,14 @@ def _finetune(recipe: Recipe, dist: Backend, ctxs: list[mx.Context], runs_root: 
         extending = _check_resume(run_dir, recipe, meta)
         if _finished(run_dir, recipe, meta) or meta.get("early_stopped"):
             return _nothing_to_do(run_dir, recipe, meta, dist, quiet)
-        if meta.get("workers", 1) != dist.size:
-            raise TrainError(f"Cannot resume {run_dir} on {dist.size} worker(s): it was trained on "
-                             f"{meta.get('workers', 1)}, and the worker count decides the batches (data.batch_size "
-                             f"is per worker). Resume it with `gluontl launch -n {meta.get('workers', 1)} -- finetune "
-                             f"--resume {run_dir}`{' (or without launch)' if meta.get('workers', 1) == 1 else ''}, "
-                             f"or start a new run from its weights with --init-from {run_dir}.")
+        written, total = recipe, global_batch(recipe, meta)
+        if total != dist.size * recipe.data.batch_size:  # another worker count: the global batch and order stay
+            recipe = rebatch(run_dir, recipe, meta, dist.size)
+            show(f"resuming on {dist.size} worker(s) a run trained on {meta.get('workers', 1)}: data.batch_size "
+                 f"{recipe.data.batch_size} per worker, {total} images a step as before", quiet)
     run = _Run(recipe, dist, ctxs, quiet, stop_after_steps)
+    if meta is not None and recipe is not written:  # its digest stays the run's recipe's
+        run.digest_of, run.global_batch = written, total
     run.open(runs_root, resume, meta, extending, logged, callbacks)
     completed = False  # every epoch trained: the feature cache goes; otherwise it stays for the resume
     with _Stop() as stop:
@@ -462,6 +466,8 @@ class _Run:
         self.steps_this_call = 0
         self.bad_steps = 0
         self.feed: Feed | None = None
+        self.digest_of: Recipe | None = None  # a resume on another worker count: the recipe before rebatch
+        self.global_batch = 0  # recorded once a run resumed: what a resume on other workers keeps
 
     # ------------------------------------------------------------------ open the run
 
@@ -486,7 +492,7 @@ class _Run:
         if extending:
             say(quiet, f"extending {run_dir}: {'; '.join(extending)}")
             if root:
-                _write_recipe(run_dir, recipe)
+                _write_recipe(run_dir, self.digest_of or recipe)
         if resume is None:
             with dist.guard("sharing the run folder's name"):
                 run_dir = Path(dist.broadcast_text(str(RunFolder.create(Path(runs_root), recipe.name)) if root else ""))
@@ -513,7 +519,9 @@ class _Run:
         self.epoch_data = _epoch_data(loaders.train_sampler)
         say(quiet, self.epoch_data["note"])
         self.steps_per_epoch = max(1, self.n_batches // t.accumulate)
-        self.frozen_bn = dist.size > 1 and t.distributed.batch_norm == "frozen"
+        was = meta or {}  # a distributed run resumed on one worker keeps what it trained with
+        self.frozen_bn = (dist.size > 1 or was.get("workers", 1) > 1 or bool(was.get("global_batch"))) and \
+            t.distributed.batch_norm == "frozen"
 
         plan = prep.plan
         self.start_epoch, self.skip, self.global_step = 0, 0, 0
@@ -542,7 +550,9 @@ class _Run:
         self.ema = None if t.ema is None else self._open_ema(run_dir, meta)
         picks = selectable(recipe.task)
         self.metrics = (*picks, *(f"ema_{m}" for m in picks if self.ema is not None))
-        self.state = {"recipe_digest": _resume_digest(recipe), **({"workers": dist.size} if dist.size > 1 else {})}
+        self.state = {"recipe_digest": _resume_digest(self.digest_of or recipe),
+                      **({"workers": dist.size} if dist.size > 1 else {}),
+                      **({"global_batch": self.global_batch} if self.global_batch else {})}
         self.info = RunInfo(recipe, run_dir, dist.rank, dist.size)
         self.info.epoch, self.info.global_step = self.start_epoch, self.global_step
         self.info.batches_per_epoch = self.n_batches

@@ -77,10 +77,10 @@ def test_plan_over_hosts_round_robin_with_ssh():
     assert w.argv[:4] == ("ssh", "-o", "BatchMode=yes", "me@a.example")
     words = shlex.split(w.argv[4])
     assert words[:3] == ["cd", "/data/my runs", "&&"]  # quoted: the path has a space
-    run = words[words.index("exec"):]
+    run = words[len(words) - words[::-1].index("exec") - 1:]
     assert run[:4] == ["exec", "env", "-u", "PORT"]
-    assert dict(a.split("=", 1) for a in run[4:-6]) == w.env
-    assert run[-6:] == ["/opt/py", "-m", "gluontl", *ARGS]
+    assert dict(a.split("=", 1) for a in run[4:-9]) == w.env
+    assert run[-9:] == ["/opt/py", "-m", "gluontl", *ARGS, "<", "/dev/null", "3<&-"]  # stdin: the watcher's
     assert procs["worker 2"].argv == ("/opt/py", "-m", "gluontl", *ARGS)  # localhost: no ssh
     twice = plan(ARGS, workers=2, hosts=[Host("a"), Host("a")], cpus=4)
     assert [p.env["OMP_NUM_THREADS"] for p in twice if p.role == "worker"] == ["2", "2"]  # one machine, 2 workers
@@ -174,8 +174,8 @@ class Launch:
     """``gluontl launch ARGS`` in a subprocess; its stdout lines come through a queue, so a test
     waits for a line with a timeout instead of sleeping."""
 
-    def __init__(self, cwd, *args, env=None):
-        self.popen = subprocess.Popen([sys.executable, "-m", "gluontl", "launch", *args], cwd=cwd,
+    def __init__(self, cwd, *args, env=None, prefix=()):
+        self.popen = subprocess.Popen([*prefix, sys.executable, "-m", "gluontl", "launch", *args], cwd=cwd,
                                       env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                       start_new_session=True)
