@@ -163,6 +163,9 @@ def load_split(spec: DataSpec, split: str, *, train: bool = False, seed: int = 0
     """
     transform = build(spec.train_transform, True) if train else build(spec.val_transform, False)
     scheme, _, rest = spec.source.partition(":")
+    from .multilabel import is_multilabel_source, load_multilabel
+    if is_multilabel_source(spec.source):
+        return load_multilabel(spec, split, transform, seed, check)
     if scheme == "demo":
         from .demo import demo_folder
         return _folder(demo_folder(rest, spec.val_fraction), split, spec, transform, seed, check)

@@ -18,7 +18,7 @@ from .presets import (PRESET_KEYS, PRESET_NAMES, PRESETS, AdapterSpec, AnyRule, 
 from .schema import Recipe
 from .sections import (CALLBACK_SPECS, TASK_METRICS, TASK_SCHEMAS, CsvSpec, DataSpec, DetectorSpec, DistributedSpec,
                        EarlyStoppingSpec, EmaSpec, ExportSpec, GuardLevel, GuardsSpec, HeadSpec, MlflowSpec,
-                       ModelSpec, QuantizeSpec, RestoreSpec, ScheduleSpec, SegmentationSpec, Side, Size,
+                       ModelSpec, MultiLabelSpec, QuantizeSpec, RestoreSpec, ScheduleSpec, SegmentationSpec, Side, Size,
                        SurgerySpec, TrainSpec, TransformSpec, selectable, size_hw)
 from .sources import SOURCE_FORMS, resolve_source
 
@@ -30,5 +30,5 @@ __all__ = [
     "Rule", "RuleItem", "StageRange", "Recipe", "CALLBACK_SPECS", "TASK_METRICS", "TASK_SCHEMAS", "CsvSpec",
     "DataSpec", "DetectorSpec", "DistributedSpec", "EarlyStoppingSpec", "EmaSpec", "ExportSpec", "GuardLevel",
     "GuardsSpec", "HeadSpec", "MlflowSpec", "ModelSpec", "QuantizeSpec", "RestoreSpec", "ScheduleSpec",
-    "SegmentationSpec", "Side", "Size", "SurgerySpec", "TrainSpec", "TransformSpec", "selectable", "size_hw",
+    "MultiLabelSpec", "SegmentationSpec", "Side", "Size", "SurgerySpec", "TrainSpec", "TransformSpec", "selectable", "size_hw",
     "SOURCE_FORMS", "resolve_source"]

@@ -15,7 +15,7 @@ from pydantic import Field, model_validator
 from . import compat, policy
 from .common import Strict
 from .presets import RuleItem
-from .sections import (TASK_SCHEMAS, DataSpec, ExportSpec, ModelSpec, SegmentationSpec, SurgerySpec, TrainSpec,
+from .sections import (TASK_SCHEMAS, DataSpec, ExportSpec, ModelSpec, MultiLabelSpec, SegmentationSpec, SurgerySpec, TrainSpec,
                        TransformSpec)
 
 
@@ -30,6 +30,8 @@ class Recipe(Strict):
     data: DataSpec | None = None
     train: TrainSpec = TrainSpec()
     export: ExportSpec = ExportSpec()
+    multilabel: MultiLabelSpec | None = Field(default=None, description="task: multilabel: its loss (defaults "
+                                              "when left out)")
     segmentation: SegmentationSpec | None = Field(default=None, description="task: segmentation: the "
                                                   "segmenter and its augmentation (defaults when left out)")
 

@@ -34,6 +34,7 @@ class PredictOptions:
     score: float = 0.25  # detection: the lowest score shown
     out: Path | None = None  # drawn images and their JSON; None: the task's default place
     tag: str = "best"  # the run checkpoint
+    tta: str | None = None  # classifiers: probabilities averaged over these views (gluontl.data.tta)
 
 
 @dataclasses.dataclass
