@@ -123,7 +123,7 @@ register_metric(
           ("val_map50", "max", {"title": "val mAP@0.5"}), ("val_map", "max", {"title": "val mAP@[.5:.95]"}),
           ("val_miou", "max", {"title": "val mIoU"}), ("val_pixel_acc", "max", {"title": "val pixel acc"}),
           ("val_macro_map", "max", {"title": "val macro mAP"}), ("val_micro_map", "max", {"title": "val micro mAP"}),
-          ("val_f1", "max", {"title": "val F1 (per-class thresholds)"}))),
+          ("val_macro_f1", "max", {"title": "val F1 (per-class thresholds)"}))),
     Metric("lr", None, fmt=".3g", selectable=False))
 
 __all__ = ["Metric", "register_metric", "unregister_metric", "find_metric", "task_metrics", "computed_metrics",

@@ -33,11 +33,11 @@ TASKS: dict[str, TaskEntry] = {t.name: t for t in (
               shown=("val_top5",),  # only with more than 5 classes
               curves=("val_top1", "val_top5", "train_acc"), tta=True),
     TaskEntry("multilabel", "gluontl.tasks.multilabel:MultiLabel",
-              metrics=("val_macro_map", "val_micro_map", "val_f1", "val_loss"),
+              metrics=("val_macro_map", "val_micro_map", "val_macro_f1", "val_loss"),
               sources=("demo:elpv_multilabel", "labels:"),
               source_help="demo:elpv_multilabel or labels:PATH (a CSV of image,labels with labels a;b, a JSON "
               "list of {image, labels}, or a folder of one folder per label)",
-              section="multilabel", curves=("val_macro_map", "val_micro_map", "val_f1"), tta=True),
+              section="multilabel", curves=("val_macro_map", "val_micro_map", "val_macro_f1"), tta=True),
     TaskEntry("detection", "gluontl.tasks.detection:Detection",
               metrics=("val_map50", "val_map"), sources=("voc:", "coco:", "yolo:", "demo:digits_det"),
               source_help="voc:PATH, coco:PATH, yolo:PATH or demo:digits_det",

@@ -28,7 +28,7 @@ import numpy as np
 from ..errors import DataError
 from ..readers import read_json
 from ..recipe import DataSpec
-from .datasets import BadImageReport, ImageDataset, screen_images
+from .datasets import SOURCES, BadImageReport, ImageDataset, _class_dirs, _files, screen_images
 from .demo import _cache_dir, elpv_labels, materialize
 from .splits import stratified_holdout
 from .transforms import Transform, image_problem, sample_rng
@@ -45,10 +45,6 @@ class MultiLabelDataset(ImageDataset):
         index, epoch = (key, 0) if isinstance(key, (int, np.integer)) else key
         rng = sample_rng(self.seed, epoch, index) if self.transform.random else None
         return self.transform(self.image(index), rng), self.labels[index].astype(np.float32)
-
-
-def is_multilabel_source(source: str) -> bool:
-    return source.startswith("labels:") or source in MULTILABEL_DEMOS
 
 
 def load_multilabel(spec: DataSpec, split: str, transform: Transform, seed: int, check: bool) -> MultiLabelDataset:
@@ -149,8 +145,6 @@ def _read_json(f: Path) -> tuple[list[Path], list[list[str]], list[str]]:
 
 
 def _read_folders(root: Path) -> tuple[list[Path], list[list[str]], list[str]]:
-    from .datasets import _class_dirs, _files
-
     found: dict[Path, list[str]] = {}
     first: dict[Path, Path] = {}
     for label in _class_dirs(root):
@@ -220,3 +214,6 @@ def elpv_multilabel_folder(val_fraction: float) -> Path:
                              if on])])
 
     return materialize(_cache_dir("elpv_multilabel", val_fraction, None), "elpv_multilabel", fill)
+
+
+SOURCES.update({"labels:": load_multilabel, **{name: load_multilabel for name in MULTILABEL_DEMOS}})

@@ -94,6 +94,10 @@ class Recipe(Strict):
             "guards": True, "val_every": True, "callbacks": True, "distributed": {"step_timeout": True}}})
         for key, spec in (self.data._given if self.data is not None and "data" in data else {}).items():
             data["data"][key] = (spec or TransformSpec()).model_dump(mode="json")
+        if data.get("multilabel", 0) is None:  # added in version 6 without a migration: hashed only when set
+            del data["multilabel"]
+        if data.get("export", {}).get("tta") == "none":
+            del data["export"]["tta"]
         compat.digest_form(data)  # keys added since version 1 count when set: runs from before them agree
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 

@@ -84,7 +84,9 @@ class Task(Protocol):
     def load(self, run: Path, recipe: Recipe, tag: str, ctx=None):
         """A finished run's model with checkpoint ``tag`` restored, hybridized for inference."""
 
-    def evaluate_run(self, run: Path, recipe: Recipe, net, split: str, tag: str) -> Report: ...
+    def evaluate_run(self, run: Path, recipe: Recipe, net, split: str, tag: str, tta: str | None = None) -> Report:
+        """``tta``: a classifier's probabilities averaged over views (``gluontl.data.tta``); the
+        run commands refuse it for a task whose registry entry has no ``tta``."""
 
     def predict_run(self, run: Path, recipe: Recipe, net, images: list[str], opts: PredictOptions) -> Report:
         """``values["rows"]``: one JSON-able record per image (what ``predict --json`` prints)."""

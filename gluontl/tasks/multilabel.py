@@ -6,7 +6,7 @@ A classifier in all but its output: the model, rules, feature cache, run card an
 scikit-learn's ``average_precision_score`` (the step sum ``Σ (R_k − R_{k−1}) P_k`` over distinct
 scores, no interpolation); a class without a positive in the split has no AP and is left out of
 the macro mean. Each class's threshold maximizes its F1 on the validation split (predicting
-``p >= t``; ``val_f1`` is the macro F1 at those thresholds, an optimistic number on the split
+``p >= t``; ``val_macro_f1`` is the macro F1 at those thresholds, an optimistic number on the split
 that chose them); predict and the ONNX metadata use them.
 """
 from __future__ import annotations
@@ -19,6 +19,7 @@ import mxnet as mx
 import numpy as np
 from mxnet import autograd
 
+from ..data import multilabel as sources  # noqa: F401 -- registers labels: and demo:elpv_multilabel with load_split
 from ..errors import ExportError, TrainError
 from ..recipe import QuantizeSpec, Recipe
 from ..runfolder import RunFolder
@@ -51,7 +52,7 @@ def ranking_metrics(probs: np.ndarray, labels: np.ndarray) -> dict[str, Any]:
     present = ~np.isnan(ap)
     return {"val_macro_map": float(ap[present].mean()) if present.any() else 0.0,
             "val_micro_map": float(np.nan_to_num(average_precision(probs.ravel(), labels.ravel()))),
-            "val_f1": float(np.mean(f1)), "ap": ap.tolist(), "thresholds": [float(t) for t in thresholds],
+            "val_macro_f1": float(np.mean(f1)), "ap": ap.tolist(), "thresholds": [float(t) for t in thresholds],
             "f1": [float(f) for f in f1], "support": labels.sum(axis=0).astype(int).tolist()}
 
 
@@ -197,7 +198,7 @@ class MultiLabel(Classification):
         width = max(9, *(len(n) for n in names))
         lines = [f"{run} [{tag}] on {split} ({len(labels)} images{', tta ' + tta if tta else ''}): loss "
                  f"{out['val_loss']:.4f} macro mAP {out['val_macro_map']:.4f} micro mAP {out['val_micro_map']:.4f} "
-                 f"F1 {out['val_f1']:.4f} (macro, at the per-class thresholds)",
+                 f"F1 {out['val_macro_f1']:.4f} (macro, at the per-class thresholds)",
                  f"{'class':<{width}} {'AP':>7} {'threshold':>9} {'F1':>7} {'support':>7}"]
         lines += [f"{n:<{width}} {'n/a' if np.isnan(a) else f'{a:.4f}':>7} {t:>9.4f} {f:>7.4f} {s:>7}"
                   for n, a, t, f, s in zip(names, out["ap"], out["thresholds"], out["f1"], out["support"])]

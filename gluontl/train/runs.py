@@ -72,10 +72,9 @@ def evaluate(run_dir: str | Path, split: str = "val", tag: str = "best", tta: st
 
 def evaluate_report(run_dir: str | Path, split: str = "val", tag: str = "best", tta: str | None = None) -> Report:
     recipe, net = load_run(run_dir, tag)
-    if tta is None:
-        return get_task(recipe).evaluate_run(Path(run_dir), recipe, net, split, tag)
-    _tta_task(recipe.task, tta)
-    return get_task(recipe).evaluate_run(Path(run_dir), recipe, net, split, tag, tta=tta)
+    if tta is not None:
+        _tta_task(recipe.task, tta)
+    return get_task(recipe).evaluate_run(Path(run_dir), recipe, net, split, tag, tta)
 
 
 def _tta_task(task: str, tta: str) -> None:
