@@ -75,7 +75,8 @@ def finish_onnx(path: Path, act: str, flip: bool, metadata: dict[str, str],
                 reference: Callable[[np.ndarray], np.ndarray], sample: np.ndarray, atol: float) -> float:
     """Rewrite the export at ``path`` finished (:func:`finish_graph`) with ``metadata`` added, only if
     onnxruntime reproduces ``reference(x)`` (MXNet: the block's averaged probabilities, or their log
-    for softmax, then compared as probabilities) within ``atol`` on ``sample``, one image and all of it; the largest error."""
+    for softmax, then compared as probabilities) within ``atol`` on ``sample``, one image and all of
+    it; the largest error."""
     model = finish_graph(onnx.load(str(path)), act, flip)
     for p in model.metadata_props:
         metadata.setdefault(p.key, p.value)

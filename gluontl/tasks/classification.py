@@ -119,7 +119,8 @@ class Classification:
         out["tta"] = tta
         support = out["confusion"].sum(axis=1)
         width = max(5, *(len(n) for n in names))
-        lines = [f"{run} [{tag}] on {split} ({out['images']} images{', tta ' + tta if tta else ''}): loss {out['val_loss']:.4f} top-1 "
+        lines = [f"{run} [{tag}] on {split} ({out['images']} images{', tta ' + tta if tta else ''}): "
+                 f"loss {out['val_loss']:.4f} top-1 "
                  f"{out['val_top1']:.4f}" + (f" top-5 {out['val_top5']:.4f}" if "val_top5" in out else ""),
                  f"balanced accuracy {out['val_balanced_acc']:.4f} (mean recall over classes); majority-class "
                  f"rate {support.max() / max(support.sum(), 1):.4f} (always answering "

@@ -125,7 +125,8 @@ def test_export_tta_flip_bakes_the_average_for_a_classifier_and_bad_values_exit_
         e = np.exp(z - z.max(1, keepdims=True))
         return e / e.sum(1, keepdims=True)
 
-    want = (soft(helpers.ort_run(plain, {name: x})[0]) + soft(helpers.ort_run(plain, {name: x[..., ::-1].copy()})[0])) / 2
+    mirror = x[..., ::-1].copy()
+    want = (soft(helpers.ort_run(plain, {name: x})[0]) + soft(helpers.ort_run(plain, {name: mirror})[0])) / 2
     got = np.exp(helpers.ort_run(flip.SerializeToString(), {name: x})[0])
     helpers.assert_f32_close(got, want, scale=1.0, terms=8)
     code, out, err = helpers.run_cli(capsys, "evaluate", str(run), "--tta", "mirror")
