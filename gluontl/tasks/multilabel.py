@@ -101,7 +101,8 @@ def pos_weights(spec, labels: np.ndarray) -> np.ndarray | None:
         return np.asarray(pw, np.float32)
     if pw == "balanced":
         pos = labels.sum(axis=0)
-        return ((len(labels) - pos) / np.maximum(pos, 1)).astype(np.float32)
+        neg = len(labels) - pos
+        return np.where((pos > 0) & (neg > 0), neg / np.maximum(pos, 1), 1.0).astype(np.float32)  # one-sided: 1
     return None
 
 

@@ -239,3 +239,16 @@ def test_export_tta_flip_bakes_the_mirror_average_into_the_graph(run, tmp_path):
     want = (helpers.ort_run(plain, {name: x})[0] + helpers.ort_run(plain, {name: x[..., ::-1].copy()})[0]) / 2
     helpers.assert_f32_close(helpers.ort_run(flip.SerializeToString(), {name: x})[0], want, scale=1.0, terms=4)
     assert {p.key: p.value for p in flip.metadata_props}["gluontl.tta"] == "flip"
+
+
+def test_pos_weight_balanced_is_negatives_over_positives_and_a_wrong_length_is_refused():
+    from gluontl.errors import TrainError
+    from gluontl.recipe import MultiLabelSpec
+    from gluontl.tasks.multilabel import pos_weights
+
+    labels = np.array([[1, 0, 1], [0, 0, 1], [0, 1, 1], [0, 0, 1]])
+    np.testing.assert_array_equal(pos_weights(MultiLabelSpec(pos_weight="balanced"), labels), [3.0, 3.0, 1.0])  # a class never negative keeps 1
+    assert pos_weights(None, labels) is None and pos_weights(MultiLabelSpec(), labels) is None
+    np.testing.assert_array_equal(pos_weights(MultiLabelSpec(pos_weight=[1, 2, 3]), labels), [1, 2, 3])
+    with pytest.raises(TrainError, match="multilabel.pos_weight lists 2 numbers"):
+        pos_weights(MultiLabelSpec(pos_weight=[1, 2]), labels)
