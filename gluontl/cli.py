@@ -412,16 +412,21 @@ def bench(model: Path = typer.Argument(..., help="an exported .onnx or -symbol.j
     typer.echo(f"report: {path}")
 
 
+TtaOpt = typer.Option(None, "--tta", help="classifiers: average probabilities over views: flip, five_crop, "
+                      "ten_crop or scales=S1,S2,...")
+
+
 @app.command()
 def evaluate(run: Path = typer.Argument(..., help="run folder, e.g. runs/resnet18_freeze"),
              split: str = typer.Option("val", help="data split folder/name"),
-             checkpoint: str = CheckpointOpt) -> None:
+             checkpoint: str = CheckpointOpt, tta: Optional[str] = TtaOpt) -> None:
     """The task's metrics of a run's checkpoint on a data split: loss, top-1 (top-5) and the confusion
-    matrix; a detector's per-class AP table and PR curves; a segmenter's per-class IoU table."""
+    matrix; a multi-label run's per-class AP table; a detector's per-class AP table and PR curves; a
+    segmenter's per-class IoU table."""
     from .train.runs import evaluate_report
 
     _choice(checkpoint, CHECKPOINTS, "--checkpoint")
-    for line in evaluate_report(run, split, checkpoint).lines:
+    for line in evaluate_report(run, split, checkpoint, tta).lines:
         typer.echo(line)
 
 
@@ -434,7 +439,8 @@ def predict(model: Path = typer.Argument(..., help="run folder (runs/NAME) or a 
             out: Optional[Path] = typer.Option(None, help="detectors, segmenters: folder for the drawn images "
                                                "and their JSON (default RUN/predictions, NAME-predictions "
                                                "beside NAME.onnx)"),
-            score: float = typer.Option(0.25, min=0.0, max=1.0, help="detectors: lowest score shown")) -> None:
+            score: float = typer.Option(0.25, min=0.0, max=1.0, help="detectors: lowest score shown"),
+            tta: Optional[str] = TtaOpt) -> None:
     """What the run's task answers for image files (top-k classes, a detector's boxes, a segmenter's
     masks): a run's checkpoint in MXNet, or an exported ONNX file in onnxruntime with the
     preprocessing and class names stored in the file."""
@@ -449,7 +455,7 @@ def predict(model: Path = typer.Argument(..., help="run folder (runs/NAME) or a 
         raise GluontlError(f"--checkpoint {checkpoint} picks a run folder's checkpoint, but '{model}' is an exported "
                            f"file holding one set of weights. Pass the run folder, or export that checkpoint: "
                            f"`gluontl export runs/NAME --checkpoint {checkpoint}`.")
-    report = predict_report(model, [str(i) for i in images], PredictOptions(topk, score, out, checkpoint))
+    report = predict_report(model, [str(i) for i in images], PredictOptions(topk, score, out, checkpoint, tta))
     if as_json:
         typer.echo(json.dumps(report.values["rows"], indent=1))
         return

@@ -121,7 +121,9 @@ register_metric(
           ("val_balanced_acc", "max", {}),
           ("val_top5", "max", {"title": "val top-5"}),  # only with more than 5 classes; picks no checkpoint
           ("val_map50", "max", {"title": "val mAP@0.5"}), ("val_map", "max", {"title": "val mAP@[.5:.95]"}),
-          ("val_miou", "max", {"title": "val mIoU"}), ("val_pixel_acc", "max", {"title": "val pixel acc"}))),
+          ("val_miou", "max", {"title": "val mIoU"}), ("val_pixel_acc", "max", {"title": "val pixel acc"}),
+          ("val_macro_map", "max", {"title": "val macro mAP"}), ("val_micro_map", "max", {"title": "val micro mAP"}),
+          ("val_macro_f1", "max", {"title": "val F1 (per-class thresholds)"}))),
     Metric("lr", None, fmt=".3g", selectable=False))
 
 __all__ = ["Metric", "register_metric", "unregister_metric", "find_metric", "task_metrics", "computed_metrics",

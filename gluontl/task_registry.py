@@ -22,6 +22,7 @@ class TaskEntry:
     section: str | None = None  # its own recipe section (a Recipe field of that name); None: no settings
     shown: tuple[str, ...] = ()  # more metrics its epoch rows may have that pick no checkpoint
     curves: tuple[str, ...] = ()  # metrics.jsonl keys plot draws beside loss and lr (labels: gluontl.metrics)
+    tta: bool = False  # evaluate/predict --tta average its probabilities over views (gluontl.data.tta)
 
 
 TASKS: dict[str, TaskEntry] = {t.name: t for t in (
@@ -30,7 +31,13 @@ TASKS: dict[str, TaskEntry] = {t.name: t for t in (
               sources=("demo:digits", "demo:elpv", "demo:elpv_graded", "folder:", "rec:", "list:"),
               source_help="demo:digits, demo:elpv, demo:elpv_graded, folder:PATH, rec:PATH or list:PATH",
               shown=("val_top5",),  # only with more than 5 classes
-              curves=("val_top1", "val_top5", "train_acc")),
+              curves=("val_top1", "val_top5", "train_acc"), tta=True),
+    TaskEntry("multilabel", "gluontl.tasks.multilabel:MultiLabel",
+              metrics=("val_macro_map", "val_micro_map", "val_macro_f1", "val_loss"),
+              sources=("demo:elpv_multilabel", "labels:"),
+              source_help="demo:elpv_multilabel or labels:PATH (a CSV of image,labels with labels a;b, a JSON "
+              "list of {image, labels}, or a folder of one folder per label)",
+              section="multilabel", curves=("val_macro_map", "val_micro_map", "val_macro_f1"), tta=True),
     TaskEntry("detection", "gluontl.tasks.detection:Detection",
               metrics=("val_map50", "val_map"), sources=("voc:", "coco:", "yolo:", "demo:digits_det"),
               source_help="voc:PATH, coco:PATH, yolo:PATH or demo:digits_det",

@@ -29,7 +29,7 @@ import functools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Literal
+from typing import Callable, Iterable, Literal
 
 import numpy as np
 from mxnet import gluon, nd, recordio
@@ -154,6 +154,9 @@ class Loaders:
         return self.train
 
 
+SOURCES: dict[str, Callable[..., ImageDataset]] = {}  # more sources (a scheme "x:" or a whole name), by their modules
+
+
 def load_split(spec: DataSpec, split: str, *, train: bool = False, seed: int = 0,
                check: bool = True) -> ImageDataset:
     """The dataset of split ``split``, checked for bad images (``check=False``: listed only).
@@ -163,6 +166,9 @@ def load_split(spec: DataSpec, split: str, *, train: bool = False, seed: int = 0
     """
     transform = build(spec.train_transform, True) if train else build(spec.val_transform, False)
     scheme, _, rest = spec.source.partition(":")
+    other = next((f for k, f in SOURCES.items() if spec.source == k or (k.endswith(":") and scheme + ":" == k)), None)
+    if other is not None:
+        return other(spec, split, transform, seed, check)
     if scheme == "demo":
         from .demo import demo_folder
         return _folder(demo_folder(rest, spec.val_fraction), split, spec, transform, seed, check)

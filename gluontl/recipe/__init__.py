@@ -18,8 +18,8 @@ from .presets import (PRESET_KEYS, PRESET_NAMES, PRESETS, AdapterSpec, AnyRule, 
 from .schema import Recipe
 from .sections import (CALLBACK_SPECS, TASK_METRICS, TASK_SCHEMAS, CsvSpec, DataSpec, DetectorSpec, DistributedSpec,
                        EarlyStoppingSpec, EmaSpec, ExportSpec, GuardLevel, GuardsSpec, HeadSpec, MlflowSpec,
-                       MixupSpec, ModelSpec, QuantizeSpec, RandAugmentSpec, RandomErasingSpec, RestoreSpec,
-                       ScheduleSpec, SegmentationSpec, Side, Size,
+                       MixupSpec, ModelSpec, MultiLabelSpec, QuantizeSpec, RandAugmentSpec, RandomErasingSpec,
+                       RestoreSpec, ScheduleSpec, SegmentationSpec, Side, Size,
                        SurgerySpec, TrainSpec, TransformSpec, selectable, size_hw)
 from .sources import SOURCE_FORMS, resolve_source
 
@@ -30,6 +30,7 @@ __all__ = [
     "FineTune", "FreezeAllButHead", "FreezeBn", "FreezeUntilStage", "LayerDecay", "NoWeightDecay1d", "Preset",
     "Rule", "RuleItem", "StageRange", "Recipe", "CALLBACK_SPECS", "TASK_METRICS", "TASK_SCHEMAS", "CsvSpec",
     "DataSpec", "DetectorSpec", "DistributedSpec", "EarlyStoppingSpec", "EmaSpec", "ExportSpec", "GuardLevel",
-    "GuardsSpec", "HeadSpec", "MixupSpec", "MlflowSpec", "ModelSpec", "RandAugmentSpec", "RandomErasingSpec", "QuantizeSpec", "RestoreSpec", "ScheduleSpec",
-    "SegmentationSpec", "Side", "Size", "SurgerySpec", "TrainSpec", "TransformSpec", "selectable", "size_hw",
+    "GuardsSpec", "HeadSpec", "MixupSpec", "MlflowSpec", "ModelSpec", "MultiLabelSpec", "RandAugmentSpec",
+    "RandomErasingSpec", "QuantizeSpec", "RestoreSpec", "ScheduleSpec", "SegmentationSpec", "Side", "Size",
+    "SurgerySpec", "TrainSpec", "TransformSpec", "selectable", "size_hw",
     "SOURCE_FORMS", "resolve_source"]

@@ -15,7 +15,7 @@ from pydantic import Field, model_validator
 from . import compat, policy
 from .common import Strict
 from .presets import RuleItem
-from .sections import (TASK_SCHEMAS, DataSpec, ExportSpec, ModelSpec, SegmentationSpec, SurgerySpec, TrainSpec,
+from .sections import (TASK_SCHEMAS, DataSpec, ExportSpec, ModelSpec, MultiLabelSpec, SegmentationSpec, SurgerySpec, TrainSpec,
                        TransformSpec)
 
 
@@ -30,6 +30,8 @@ class Recipe(Strict):
     data: DataSpec | None = None
     train: TrainSpec = TrainSpec()
     export: ExportSpec = ExportSpec()
+    multilabel: MultiLabelSpec | None = Field(default=None, description="task: multilabel: its loss (defaults "
+                                              "when left out)")
     segmentation: SegmentationSpec | None = Field(default=None, description="task: segmentation: the "
                                                   "segmenter and its augmentation (defaults when left out)")
 
@@ -92,6 +94,10 @@ class Recipe(Strict):
             "guards": True, "val_every": True, "callbacks": True, "distributed": {"step_timeout": True}}})
         for key, spec in (self.data._given if self.data is not None and "data" in data else {}).items():
             data["data"][key] = (spec or TransformSpec()).model_dump(mode="json")
+        if data.get("multilabel", 0) is None:  # added in version 6 without a migration: hashed only when set
+            del data["multilabel"]
+        if data.get("export", {}).get("tta") == "none":
+            del data["export"]["tta"]
         compat.digest_form(data)  # keys added since version 1 count when set: runs from before them agree
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 

@@ -539,6 +539,14 @@ class QuantizeSpec(Strict):
     max_drop: float = Field(default=1.0, ge=0.0, le=100.0, description="allowed top-1 (or mAP) drop, in points")
 
 
+class MultiLabelSpec(Strict):
+    """task: multilabel: one sigmoid per class, binary cross-entropy (gluontl/tasks/multilabel.py)."""
+
+    pos_weight: Literal["none", "balanced"] | list[float] = Field(
+        default="none", description="weight of each class's positive term in BCE: none (1), balanced "
+        "(negatives/positives of the train split, per class) or one number per class")
+
+
 class SegmentationSpec(Strict):
     """The segmenter (task: segmentation) and its joint image + mask augmentation. ``arch`` fcn,
     psp and deeplab on a GluonCV ResNet zoo source are GluonCV's own networks; on any other source
@@ -612,5 +620,7 @@ class ExportSpec(Strict):
         "exported graph (docs/onnx-import.md, 'How close is close enough')"))
     lean: bool = True
     quantize: QuantizeSpec | None = None
+    tta: Literal["none", "flip"] = Field(default="none", description="flip: the ONNX graph averages the "
+                                         "probabilities of the image and its mirror image (test-time augmentation)")
 
 

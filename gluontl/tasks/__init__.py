@@ -34,6 +34,7 @@ class PredictOptions:
     score: float = 0.25  # detection: the lowest score shown
     out: Path | None = None  # drawn images and their JSON; None: the task's default place
     tag: str = "best"  # the run checkpoint
+    tta: str | None = None  # classifiers: probabilities averaged over these views (gluontl.data.tta)
 
 
 @dataclasses.dataclass
@@ -83,7 +84,9 @@ class Task(Protocol):
     def load(self, run: Path, recipe: Recipe, tag: str, ctx=None):
         """A finished run's model with checkpoint ``tag`` restored, hybridized for inference."""
 
-    def evaluate_run(self, run: Path, recipe: Recipe, net, split: str, tag: str) -> Report: ...
+    def evaluate_run(self, run: Path, recipe: Recipe, net, split: str, tag: str, tta: str | None = None) -> Report:
+        """``tta``: a classifier's probabilities averaged over views (``gluontl.data.tta``); the
+        run commands refuse it for a task whose registry entry has no ``tta``."""
 
     def predict_run(self, run: Path, recipe: Recipe, net, images: list[str], opts: PredictOptions) -> Report:
         """``values["rows"]``: one JSON-able record per image (what ``predict --json`` prints)."""

@@ -102,7 +102,7 @@ class Classification:
         block.hybridize(static_alloc=True, static_shape=True)  # the same numbers, ~1.2x less CPU (EfficientNet-Lite0)
         return block
 
-    def evaluate_run(self, run: Path, recipe: Recipe, net, split: str, tag: str) -> Report:
+    def evaluate_run(self, run: Path, recipe: Recipe, net, split: str, tag: str, tta: str | None = None) -> Report:
         from ..data.cache import feature_batches, stored_val
         from ..data.card import recipe_data
         from ..data.datasets import load_split
@@ -111,11 +111,14 @@ class Classification:
         data = recipe_data(recipe, run)
         ds = load_split(data, split)
         cached = None
-        if split == data.val:  # the features of the run's last cut (its last epoch's plan)
+        if split == data.val and tta is None:  # the features of the run's last cut (its last epoch's plan)
             plan = make_plan(net, recipe.rules, epoch=recipe.train.epochs - 1, input_shape=recipe.model.input_shape)
             cached = stored_val(run, recipe, net, plan, ds, mx.cpu())
         if cached is None:
-            net_, batches = net, mx.gluon.data.DataLoader(ds, batch_size=data.batch_size, shuffle=False)
+            from ..data.tta import TTANet
+
+            net_ = TTANet(net, tta, "softmax") if tta else net  # log of the view-averaged probabilities
+            batches = mx.gluon.data.DataLoader(ds, batch_size=data.batch_size, shuffle=False)
         else:
             net_, batches = cached[0], feature_batches(cached[1], ds.labels, data.batch_size)
         with mx.autograd.predict_mode():
@@ -123,9 +126,11 @@ class Classification:
                                   gluon.loss.SoftmaxCrossEntropyLoss())
         out["class_names"] = names = ds.class_names
         out["images"] = len(ds)
+        out["tta"] = tta
         support = out["confusion"].sum(axis=1)
         width = max(5, *(len(n) for n in names))
-        lines = [f"{run} [{tag}] on {split} ({out['images']} images): loss {out['val_loss']:.4f} top-1 "
+        lines = [f"{run} [{tag}] on {split} ({out['images']} images{', tta ' + tta if tta else ''}): "
+                 f"loss {out['val_loss']:.4f} top-1 "
                  f"{out['val_top1']:.4f}" + (f" top-5 {out['val_top5']:.4f}" if "val_top5" in out else ""),
                  f"balanced accuracy {out['val_balanced_acc']:.4f} (mean recall over classes); majority-class "
                  f"rate {support.max() / max(support.sum(), 1):.4f} (always answering "
@@ -143,18 +148,20 @@ class Classification:
     def predict_run(self, run: Path, recipe: Recipe, net, images: list[str], opts: PredictOptions) -> Report:
         from ..data.card import stored_card
         from ..data.transforms import load_images, load_preprocess
+        from ..data.tta import average
 
         prep, names = load_preprocess(stored_card(run, recipe))
         rows = []
         for path, image in zip(images, load_images(images)):
             with mx.autograd.predict_mode():
-                prob = mx.nd.softmax(net(mx.nd.array(prep(image)[None]))).asnumpy()[0]
+                prob = average(lambda v: mx.nd.softmax(net(mx.nd.array(v))).asnumpy(), prep(image)[None], opts.tta)[0]
             rows.append(_ranked(path, prob, names, opts.topk))
         return _report(rows)
 
     def predict_onnx(self, path: Path, images: list[str], opts: PredictOptions) -> Report:
         from ..export.openvino_ir import deployed_preprocess, deployed_session
         from ..data.transforms import load_images
+        from ..data.tta import average
 
         prep, names = deployed_preprocess(path)  # no metadata: refused before any work
         decoded = load_images(images)
@@ -171,8 +178,11 @@ class Classification:
                 raise ExportError(f"'{path}' takes {inputs[0].name} of shape {inputs[0].shape} but its recorded "
                                   f"preprocessing makes {list(x.shape)} from '{name}'; the metadata does not belong "
                                   f"to this graph. Export the run again.")
-            try:
-                logits = np.asarray(session.run([outputs[0].name], {inputs[0].name: x})[0], np.float64)
+            def run(v: np.ndarray) -> np.ndarray:
+                return np.asarray(session.run([outputs[0].name], {inputs[0].name: v})[0], np.float64)
+
+            try:  # with --tta: the log of the view-averaged probabilities, whose softmax is that average
+                logits = run(x) if opts.tta is None else np.log(average(lambda v: _softmax(run(v)), x, opts.tta))
             except Exception as err:  # onnxruntime's errors share no base class
                 raise ExportError(f"onnxruntime cannot run '{path}' on '{name}' ({short_reason(err)}); predict feeds "
                                   f"one float32 image at a time. Predict with the run folder, or export the run "
@@ -217,7 +227,13 @@ class Classification:
                                 output_names=spec.output_names, card=card, judge=judge, int8=quantize, echo=echo)
 
         if quantize is None:
-            return write(out_dir)
+            written = write(out_dir)
+            if spec.tta == "flip" and "onnx" in formats:
+                _bake_flip(net, Path(out_dir) / f"{recipe.name}.onnx", sample, spec.rtol, echo)
+            return written
+        if spec.tta != "none":
+            raise ExportError("export.tta bakes a flip into the float ONNX file; with export.quantize the int8 file "
+                              "would not have it. Export without quantize for the flip, or set export.tta: none.")
         from ..export.quantize import classification_metric, export_with_int8
 
         data = recipe_data(recipe, run)
@@ -225,6 +241,30 @@ class Classification:
         train = load_split(data, data.train, check=False) if quantize.calibration != "val" else val
         return export_with_int8(write, out_dir, recipe.name, quantize, train, val, val.labels, classification_metric,
                                 force=force, report_dir=run, echo=echo)
+
+
+def _bake_flip(net, path: Path, sample: dict[str, np.ndarray] | None, rtol: float, echo: Callable[[str], None]) -> None:
+    """export.tta: flip — the verified file rewritten to answer the log of its probabilities averaged
+    with the mirror image's (``gluontl.export.finish``), checked against MXNet's average."""
+    from ..data.tta import average
+    from ..export.finish import finish_onnx
+
+    if sample is None:
+        raise ExportError("export.tta: flip is verified on the run's validation images; the recipe has no data: "
+                          "section. Add it, or set export.tta: none.")
+
+    def reference(x: np.ndarray) -> np.ndarray:
+        with mx.autograd.predict_mode():
+            return np.log(average(lambda v: mx.nd.softmax(net(mx.nd.array(v))).asnumpy(), x, "flip"))
+
+    err = finish_onnx(path, "softmax", True, {"gluontl.tta": "flip"}, reference, next(iter(sample.values())), rtol)
+    echo(f"{path}: answers the log of its softmax averaged with the mirror image's (export.tta: flip); "
+         f"onnxruntime vs MXNet max probability error {err:.2e} (<= {rtol:g})")
+
+
+def _softmax(z: np.ndarray) -> np.ndarray:
+    e = np.exp(z - z.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
 
 
 def _ranked(image: str, prob: np.ndarray, names: list[str], topk: int) -> dict[str, Any]:

@@ -39,7 +39,7 @@ class Detection(EndToEnd):
 
         return load_detector(run, recipe, tag, ctx)
 
-    def evaluate_run(self, run: Path, recipe: Recipe, net, split: str, tag: str) -> Report:
+    def evaluate_run(self, run: Path, recipe: Recipe, net, split: str, tag: str, tta: str | None = None) -> Report:
         from ..detect.runs import evaluate
 
         out = evaluate(run, recipe, net, split)

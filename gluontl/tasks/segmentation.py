@@ -120,7 +120,7 @@ class Segmentation(EndToEnd):
         net.hybridize(static_alloc=True, static_shape=True)
         return net
 
-    def evaluate_run(self, run: Path, recipe: Recipe, net, split: str, tag: str) -> Report:
+    def evaluate_run(self, run: Path, recipe: Recipe, net, split: str, tag: str, tta: str | None = None) -> Report:
         from ..segment.data import load_segmentation_split
         from ..data.card import recipe_data, stored_card
 

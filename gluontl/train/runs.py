@@ -65,22 +65,35 @@ def init_from(recipe: Recipe, run: str | Path) -> Recipe:
     return parse_recipe(data, origin=f"--init-from {run}")
 
 
-def evaluate(run_dir: str | Path, split: str = "val", tag: str = "best") -> dict[str, Any]:
-    """The run's task metrics of checkpoint ``tag`` on ``split``."""
-    return evaluate_report(run_dir, split, tag).values
+def evaluate(run_dir: str | Path, split: str = "val", tag: str = "best", tta: str | None = None) -> dict[str, Any]:
+    """The run's task metrics of checkpoint ``tag`` on ``split`` (``tta``: over views, gluontl.data.tta)."""
+    return evaluate_report(run_dir, split, tag, tta).values
 
 
-def evaluate_report(run_dir: str | Path, split: str = "val", tag: str = "best") -> Report:
+def evaluate_report(run_dir: str | Path, split: str = "val", tag: str = "best", tta: str | None = None) -> Report:
     recipe, net = load_run(run_dir, tag)
-    return get_task(recipe).evaluate_run(Path(run_dir), recipe, net, split, tag)
+    if tta is not None:
+        _tta_task(recipe.task, tta)
+    return get_task(recipe).evaluate_run(Path(run_dir), recipe, net, split, tag, tta)
+
+
+def _tta_task(task: str, tta: str) -> None:
+    from ..data.tta import views
+    from ..errors import DataError
+    from ..task_registry import TASKS
+
+    if not TASKS[task].tta:
+        raise DataError(f"--tta {tta}: test-time augmentation averages a classifier's probabilities; this is a "
+                        f"{task} run. Leave --tta out.")
+    views(tta)  # a bad value fails before any work
 
 
 def predict(source: str | Path, images: list[str], topk: int = 5, tag: str = "best", *,
-            out: str | Path | None = None, score: float = 0.25) -> list[dict[str, Any]]:
+            out: str | Path | None = None, score: float = 0.25, tta: str | None = None) -> list[dict[str, Any]]:
     """One record per image, as the task of ``source`` answers: a run folder's ``tag`` checkpoint
     in MXNet, or an exported ONNX file in onnxruntime with the preprocessing and class names
     its metadata records (what a deployment has). Tasks that draw write into ``out``."""
-    opts = PredictOptions(topk=topk, score=score, out=Path(out) if out is not None else None, tag=tag)
+    opts = PredictOptions(topk=topk, score=score, out=Path(out) if out is not None else None, tag=tag, tta=tta)
     return predict_report(Path(source), [str(i) for i in images], opts).values["rows"]
 
 
@@ -90,9 +103,14 @@ def predict_report(source: Path, images: list[str], opts: PredictOptions) -> Rep
     from ..export.openvino_ir import is_ir
 
     if not source.is_dir() or is_ir(source):  # an ONNX file, or an OpenVINO IR (its folder or its .xml)
-        return onnx_task(source).predict_onnx(source, images, opts)
+        task = onnx_task(source)
+        if opts.tta is not None:
+            _tta_task(task.name, opts.tta)
+        return task.predict_onnx(source, images, opts)
     load_images(images)  # a bad image fails before the model loads
     recipe, net = load_run(source, opts.tag)
+    if opts.tta is not None:
+        _tta_task(recipe.task, opts.tta)
     return get_task(recipe).predict_run(source, recipe, net, images, opts)
 
 
