@@ -20,7 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 from ..atomic import atomic_write
 from ..errors import ExportError
 from .exporters import set_metadata
-from .verify import ort_session
+from .verify import FIXED_RTOL, ort_session
 
 
 def finish_graph(model: onnx.ModelProto, act: str, flip: bool) -> onnx.ModelProto:
@@ -72,11 +72,12 @@ def finish_graph(model: onnx.ModelProto, act: str, flip: bool) -> onnx.ModelProt
 
 
 def finish_onnx(path: Path, act: str, flip: bool, metadata: dict[str, str],
-                reference: Callable[[np.ndarray], np.ndarray], sample: np.ndarray, atol: float) -> float:
+                reference: Callable[[np.ndarray], np.ndarray], sample: np.ndarray, atol: float | None) -> float:
     """Rewrite the export at ``path`` finished (:func:`finish_graph`) with ``metadata`` added, only if
     onnxruntime reproduces ``reference(x)`` (MXNet: the block's averaged probabilities, or their log
     for softmax, then compared as probabilities) within ``atol`` on ``sample``, one image and all of
-    it; the largest error."""
+    it (``atol`` None, export.rtol unset: 1e-4, as probabilities in [0, 1]); the largest error."""
+    atol = FIXED_RTOL if atol is None else atol
     model = finish_graph(onnx.load(str(path)), act, flip)
     for p in model.metadata_props:
         metadata.setdefault(p.key, p.value)

@@ -243,11 +243,13 @@ class Classification:
                                 force=force, report_dir=run, echo=echo)
 
 
-def _bake_flip(net, path: Path, sample: dict[str, np.ndarray] | None, rtol: float, echo: Callable[[str], None]) -> None:
+def _bake_flip(net, path: Path, sample: dict[str, np.ndarray] | None, rtol: float | None,
+               echo: Callable[[str], None]) -> None:
     """export.tta: flip — the verified file rewritten to answer the log of its probabilities averaged
     with the mirror image's (``gluontl.export.finish``), checked against MXNet's average."""
     from ..data.tta import average
     from ..export.finish import finish_onnx
+    from ..export.verify import FIXED_RTOL
 
     if sample is None:
         raise ExportError("export.tta: flip is verified on the run's validation images; the recipe has no data: "
@@ -259,7 +261,7 @@ def _bake_flip(net, path: Path, sample: dict[str, np.ndarray] | None, rtol: floa
 
     err = finish_onnx(path, "softmax", True, {"gluontl.tta": "flip"}, reference, next(iter(sample.values())), rtol)
     echo(f"{path}: answers the log of its softmax averaged with the mirror image's (export.tta: flip); "
-         f"onnxruntime vs MXNet max probability error {err:.2e} (<= {rtol:g})")
+         f"onnxruntime vs MXNet max probability error {err:.2e} (<= {FIXED_RTOL if rtol is None else rtol:g})")
 
 
 def _softmax(z: np.ndarray) -> np.ndarray:

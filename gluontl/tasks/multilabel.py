@@ -256,6 +256,7 @@ class MultiLabel(Classification):
         from ..export.exporters import export_block
         from ..data.tta import average
         from ..export.finish import finish_onnx
+        from ..export.verify import FIXED_RTOL
 
         if quantize is not None or "openvino" in formats:
             raise ExportError("a multilabel run exports symbol and onnx (float); export.quantize and the openvino "
@@ -283,8 +284,8 @@ class MultiLabel(Classification):
                                                       "gluontl.output": "probabilities",
                                                       "gluontl.tta": spec.tta}, reference, x, spec.rtol)
             echo(f"{path}: outputs per-class probabilities{' averaged with the mirror image' if flip else ''}; "
-                 f"onnxruntime vs MXNet max error {err:.2e} (<= {spec.rtol:g}); thresholds "
-                 f"{', '.join(f'{n} {t:.4f}' for n, t in zip(card['classes'], thresholds))} in its metadata")
+                 f"onnxruntime vs MXNet max error {err:.2e} (<= {FIXED_RTOL if spec.rtol is None else spec.rtol:g}); "
+                 f"thresholds {', '.join(f'{n} {t:.4f}' for n, t in zip(card['classes'], thresholds))} in its metadata")
         return written
 
 
