@@ -78,6 +78,15 @@ def test_an_old_run_resumes_from_its_stored_weights_and_momentum(old):
 
     after = json.loads((ckpts / "last.json").read_text())
     assert (after["epoch"], after["global_step"], after["optimizer"]["num_update"]) == (2, 2 * steps, 2 * steps)
+    # the engine's callbacks (best checkpoint, average) write the record as the old code did, in its key
+    # order, and continue the stored average and best: one more epoch's updates, best over both epochs
+    assert list(after) == list(meta)
+    assert (meta["ema"]["updates"], after["ema"]["updates"]) == (steps, 2 * steps)
+    row2 = [json.loads(line) for line in (old / "metrics.jsonl").read_text().splitlines()][-1]
+    assert row2["epoch"] == 2
+    beat = row2["val_top1"] > meta["best"]["val_top1"]  # the recipe selects val_top1; ties keep the earlier
+    assert after["best"]["epoch"] == 2 if beat else after["best"] == meta["best"]
+    assert after["callbacks"]["csv"]["rows"][0] == meta["callbacks"]["csv"]["rows"][0]
     assert (old / "metrics.jsonl").read_text().startswith(rows_before)  # epoch 1's rows kept as written
     w1 = _arrays(ckpts / "last.params")
     decay = sum(0.9 ** k for k in range(1, steps + 1))

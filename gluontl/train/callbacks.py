@@ -19,10 +19,11 @@ Built-in callbacks are named in the recipe (``train.callbacks: [{early_stopping:
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Iterator
 
 from ..atomic import write_text
 from ..errors import TrainError
@@ -74,9 +75,31 @@ class Callbacks:
             getattr(cb, hook)(self.info, *args)
 
     def call_engine(self, hook: str, *args: Any) -> None:
-        """One of the engine's own hooks (``on_batch``, ``on_row``, ``on_saved``)."""
+        """One of the engine's own hooks (``on_batch``, ``on_replan``, ``on_measured``, ``on_row``, ``on_saved``)."""
         for cb in self.engine:
             getattr(cb, hook)(self.info, *args)
+
+    def batches(self, items: Iterable, epoch: int, skip: int, total: int) -> Iterable:
+        for cb in self.engine:
+            items = cb.batches(self.info, items, epoch, skip, total)
+        return items
+
+    @contextlib.contextmanager
+    def evaluating(self, epoch: int, val: dict[str, Any], evaluate: Callable[[], dict[str, Any]]) -> Iterator[bool]:
+        """Every engine callback's ``evaluating`` block; whether one swapped other weights in."""
+        with contextlib.ExitStack() as stack:
+            yield any([stack.enter_context(cb.evaluating(self.info, epoch, val, evaluate)) for cb in self.engine])
+
+    def engine_state(self, part: str) -> dict[str, Any]:
+        """The engine callbacks' ``checkpoint_record``, ``plan_notes`` or ``summary``, merged."""
+        return {k: v for cb in self.engine for k, v in getattr(cb, part)().items()}
+
+    def checkpoint_arrays(self) -> Any:
+        return next((a for a in (cb.checkpoint_arrays() for cb in self.engine) if a is not None), None)
+
+    def engine_of(self, kind: type) -> Any:
+        """The engine callback of class ``kind`` (or None)."""
+        return next((cb for cb in self.engine if isinstance(cb, kind)), None)
 
     def state(self) -> dict[str, Any]:
         return {key_of(cb): cb.state_dict() for cb in self.list}

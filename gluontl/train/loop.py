@@ -19,7 +19,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import mxnet as mx
 import numpy as np
@@ -27,7 +27,7 @@ import yaml
 from mxnet import autograd, gluon
 
 from ..atomic import write_text
-from ..console import WorkerLog, alert, bars_on, progress, say, show
+from ..console import WorkerLog, alert, bars_on, say, show
 from ..runfolder import RunFolder, discard_unstarted
 from ..dist.backend import Backend, connect
 from ..errors import Interrupted, TrainError, resume_command
@@ -39,13 +39,11 @@ from ..rules import Plan, apply_plan, format_plan, freeze_bn_stats, make_plan, t
 from ..tasks import get_task, split, transform_lines
 from ..data import checkpoint
 from ..data.cache import Feed
-from ..metrics import better, computed_metrics, find_metric
+from ..metrics import computed_metrics, find_metric
 from ..readers import read_json
-from ..recipe import selectable
 from .callbacks import Callback, Callbacks, RunInfo, Step, build as build_callbacks
-from .ema import Ema
 from .elastic import global_batch, rebatch
-from .engine import Average, Batch, EpochLines, FirstEpochGuards, Record
+from .engine import Average, Batch, Console, Guards, KeepBest, Record
 from .gpu import check_gpus
 from ..data.guards import GuardLog
 from .schedule import lr_at
@@ -482,9 +480,9 @@ class _Run:
         self.task = task = get_task(recipe)
         self.prep, self.loaders = prep, loaders = task.setup(recipe, ctxs[0], seed=t.seed)
         self.net = net = prep.block
-        self.guards = guards = GuardLog(t.guards)
+        guards = Guards(GuardLog(t.guards), task, loaders, resumed=resume is not None)
         if resume is None:  # a resumed run was checked when it started
-            task.check(recipe, prep, loaders, ctxs[0], guards)
+            task.check(recipe, prep, loaders, ctxs[0], guards.log)
         if len(ctxs) > 1:
             net.collect_params().reset_ctx(ctxs)
         if resume is not None:
@@ -504,7 +502,7 @@ class _Run:
         self.run_dir = run_dir
         logged(run_dir)
         if root:
-            guards.attach(run_dir)
+            guards.log.attach(run_dir)
             # preprocessing + class names: what predict and exports read
             write_text(RunFolder(run_dir).card_path, json.dumps(task.card(recipe, loaders), indent=1), TrainError)
         if dist.size > 1:
@@ -525,10 +523,9 @@ class _Run:
 
         plan = prep.plan
         self.start_epoch, self.skip, self.global_step = 0, 0, 0
-        self.best, self.partial = None, (0.0, 0, 0)
+        self.partial = (0.0, 0, 0)
         if meta is not None:
             self.start_epoch, self.skip, self.global_step = meta["epoch"], meta["batch_in_epoch"], meta["global_step"]
-            self.best = meta.get("best")
             self.partial = (*meta.get("epoch_loss", (0.0, 0)), meta.get("epoch_correct", 0))
             plan = self.plan_for(self.start_epoch)
             apply_plan(net, plan)
@@ -547,45 +544,45 @@ class _Run:
                                     None if fresh else self.trainer, ctxs[0])
         if t.hybridize:
             net.hybridize(static_alloc=True, static_shape=True)
-        self.ema = None if t.ema is None else self._open_ema(run_dir, meta)
-        picks = selectable(recipe.task)
-        self.metrics = (*picks, *(f"ema_{m}" for m in picks if self.ema is not None))
         self.state = {"recipe_digest": _resume_digest(self.digest_of or recipe),
                       **({"workers": dist.size} if dist.size > 1 else {}),
                       **({"global_batch": self.global_batch} if self.global_batch else {})}
-        self.info = RunInfo(recipe, run_dir, dist.rank, dist.size)
-        self.info.epoch, self.info.global_step = self.start_epoch, self.global_step
-        self.info.batches_per_epoch = self.n_batches
-        self.record = Record(run_dir, None if meta is None else self.global_step, root, t.log_every)
-        engine = [self.record, EpochLines(quiet), *([Average(self.ema, net)] if self.ema is not None else []),
-                  FirstEpochGuards(guards, task, loaders, resumed=meta is not None)]
-        self.callbacks = Callbacks(build_callbacks(recipe, callbacks), self.info, engine)
+        self.info = info = RunInfo(recipe, run_dir, dist.rank, dist.size)
+        info.epoch, info.global_step = self.start_epoch, self.global_step
+        info.batches_per_epoch = self.n_batches
+        average = None if t.ema is None else Average.open(info, net, meta is not None, self._bn_names,
+                                                           self._recompute_args)
+        engine = [Record(run_dir, None if meta is None else self.global_step, root, t.log_every), Console(quiet),
+                  *([average] if average else []),
+                  KeepBest(info, None if meta is None else meta.get("best"), average is not None, self._save_best),
+                  guards]
+        self.callbacks = Callbacks(build_callbacks(recipe, callbacks), info, engine)
         self.callbacks.load(None if meta is None else meta.get("callbacks"))
 
-    def _open_ema(self, run_dir: Path, meta: dict[str, Any] | None) -> Ema:
-        """train.ema's average: a resume's from its checkpoint, then every parameter that trains now."""
-        ema = Ema(self.t.ema)
-        if meta is not None:
-            loaded = checkpoint.load_ema(RunFolder(run_dir).checkpoints_dir, "last")
-            if loaded is None:
-                raise TrainError(f"Cannot resume {run_dir} with train.ema: its checkpoint holds no average (the run "
-                                 f"was started without train.ema). Start a new run from its weights with "
-                                 f"--init-from {run_dir}.")
-            ema.load(*loaded, self.net, f"'{RunFolder(run_dir).checkpoint('last')}'")
-        ema.track(self.net)
-        return ema
+    def _bn_names(self) -> list[str]:
+        """The BatchNorm statistics the plan has (what an average's recompute moves)."""
+        return [r.name for r in self.plan.rows if r.aux]
+
+    def _recompute_args(self, epoch: int) -> tuple:
+        """``Ema.recompute_bn``'s arguments for ``epoch``: the run's feed, forward and contexts."""
+        return (self.feed.net, trainable_params(self.net).values(), self.task.forward,
+                self.feed.train_batches(epoch, 0), self.ctxs, split, step_seed(self.t.seed, epoch, 7_919_000))
+
+    def _save_best(self, epoch: int) -> None:
+        self.save("best", epoch=epoch, batch_in_epoch=0)
 
     def plan_for(self, epoch: int) -> Plan:
         p = make_plan(self.net, self.recipe.rules, epoch=epoch, input_shape=self.recipe.model.input_shape)
         return freeze_bn_stats(p, "train.distributed.batch_norm") if self.frozen_bn else p
 
-    def save(self, tag: str, **counters: Any) -> None:
+    def save(self, tag: str, epoch: int, batch_in_epoch: int, **counters: Any) -> None:
         _check_finite(self.net, self.global_step, self.run_dir, self.plan)  # before writing: the last good checkpoint stays
         if self.root:  # a distributed run's BatchNorm statistics were made rank 0's everywhere before
             extra = {"callbacks": self.callbacks.state()} if self.callbacks.list else {}
-            checkpoint.save(RunFolder(self.run_dir).checkpoints_dir, tag, self.net, self.trainer,
-                            dict(self.state, **counters, **extra),
-                            None if self.ema is None else (self.ema.arrays(), self.ema.record()))
+            record = dict(self.state, epoch=epoch, batch_in_epoch=batch_in_epoch, global_step=self.global_step,
+                          **self.callbacks.engine_state("checkpoint_record"), **counters, **extra)
+            checkpoint.save(RunFolder(self.run_dir).checkpoints_dir, tag, self.net, self.trainer, record,
+                            self.callbacks.checkpoint_arrays())
             if tag == "best" and adapters_of(self.net):  # the adapters alone, for load_adapters onto the base
                 save_adapters(self.net, RunFolder(self.run_dir).adapters_path)
 
@@ -603,8 +600,7 @@ class _Run:
             self.plan = new_plan
             apply_plan(self.net, self.plan)
             self.trainer = make_trainer(self.net, self.recipe, self.dist)
-            if self.ema is not None:
-                self.ema.track(self.net)
+            self.callbacks.call_engine("on_replan", self.net)
         if replan or self.feed is None:
             dist = self.dist
             cache_dir = RunFolder(self.run_dir).feature_cache_dir(dist.rank, dist.size)
@@ -617,12 +613,12 @@ class _Run:
             self.feed = new_feed
             if self.root:
                 _write_plan(self.run_dir, self.plan, self.feed, self.task.transforms(self.recipe), self.epoch_data,
-                            self.ema)
+                            self.callbacks.engine_state("plan_notes"))
 
     def train_epoch(self, epoch: int, stop: _Stop) -> tuple[float, int, int | None, float]:
         """Train ``epoch`` from batch ``self.skip``: (summed loss, images, hits or None, start time).
         A stop request or ``stop_after_steps`` checkpoints at a step boundary and sets ``stopped``."""
-        t, dist, quiet = self.t, self.dist, self.quiet
+        t, dist = self.t, self.dist
         t0 = time.perf_counter()
         self._replan(epoch)
         feed, trainer, n_batches, skip = self.feed, self.trainer, self.n_batches, self.skip
@@ -631,10 +627,10 @@ class _Run:
         self.info.epoch = epoch
         if not skip:  # a resume inside an epoch: the uninterrupted run started this epoch before the checkpoint
             self.callbacks.call("on_epoch_start", epoch)
-        bar = _bar(feed.train_batches(epoch, skip), epoch, t.epochs, quiet, skip, n_batches)
+        batches = self.callbacks.batches(feed.train_batches(epoch, skip), epoch, skip, n_batches)
         (run_loss, run_n, run_correct), self.partial = self.partial, (0.0, 0, 0)
         tick = time.perf_counter()  # img_per_s: since the last step, so data and prefix count too
-        for i, (x, y) in enumerate(bar, start=skip):
+        for i, (x, y) in enumerate(batches, start=skip):
             mx.random.seed(step_seed(t.seed, epoch, i))
             lr = lr_at(t.schedule, t.lr, self.global_step, self.steps_per_epoch, t.epochs)
             trainer.set_learning_rate(lr)
@@ -654,9 +650,8 @@ class _Run:
             run_n += stepper.images
             run_correct = None if stepper.correct is None else run_correct + stepper.correct
             ips, tick = stepper.images / max(time.perf_counter() - tick, 1e-9), time.perf_counter()
-            if hasattr(bar, "set_postfix"):
-                bar.set_postfix(loss=f"{run_loss / run_n:.4f}", lr=f"{lr:.3g}", img_s=f"{ips:.0f}")
-            self.callbacks.call_engine("on_batch", Batch(epoch, i, batch_loss / stepper.images, stepper.images))
+            self.callbacks.call_engine("on_batch", Batch(epoch, i, batch_loss / stepper.images, stepper.images,
+                                                         run_loss / run_n, lr, ips))
             if stepper.updated:
                 self.global_step += 1
                 self.steps_this_call += 1
@@ -667,8 +662,8 @@ class _Run:
             if halt or (self.stop_after_steps is not None and self.steps_this_call >= self.stop_after_steps):
                 if stepper.pending == 0:
                     _share_bn_stats(self.net, self.plan, dist, t.distributed.batch_norm)
-                    self.save("last", epoch=epoch, batch_in_epoch=i + 1, global_step=self.global_step,
-                              best=self.best, epoch_loss=(run_loss, run_n), epoch_correct=run_correct)
+                    self.save("last", epoch=epoch, batch_in_epoch=i + 1, epoch_loss=(run_loss, run_n),
+                              epoch_correct=run_correct)
                     self.stopped = True
                     break
         self.skip = 0
@@ -687,22 +682,19 @@ class _Run:
         gs = self.global_step
         validating = (epoch + 1) % t.val_every == 0 or epoch + 1 == t.epochs
         val = self._evaluate() if validating else {}
-        ema_best = validating and t.select.startswith("ema_")
-        averaged = self.ema is not None and validating
-        with self._ema_applied(epoch) if averaged else contextlib.nullcontext():
-            if averaged:  # the average's metrics and, when selected, its best checkpoint
-                val.update({f"ema_{k}": v for k, v in self._evaluate().items()})
+        # other weights (the average) validated too: their metrics and, when selected, their best checkpoint
+        with self.callbacks.evaluating(epoch, val, self._evaluate) if validating else \
+                contextlib.nullcontext(False) as averaged:
             row = {"step": gs, "epoch": epoch + 1, "train_loss": run_loss / max(run_n, 1),
                    **({} if run_correct is None else {"train_acc": run_correct / max(run_n, 1)}), **val,
                    "lr": lr_at(t.schedule, t.lr, max(gs - 1, 0), self.steps_per_epoch, t.epochs),
                    "seconds": time.perf_counter() - t0}
-            if ema_best:
-                self._keep_best(row, epoch)
+            if averaged:
+                self.callbacks.call_engine("on_measured", row, True)
         self.callbacks.call_engine("on_row", row)
         if validating:
             self.callbacks.call("on_validation", row)
-        if validating and not ema_best:
-            self._keep_best(row, epoch)
+            self.callbacks.call_engine("on_measured", row, False)
         self.callbacks.call("on_epoch_end", row)
         asked = self.info.stop_reason
         with dist.guard("agreeing to stop"):  # a signal or a callback's request; every worker must agree
@@ -711,7 +703,7 @@ class _Run:
         if stop_asked and epoch + 1 < t.epochs:  # a callback ends the run here: a complete run
             self.stop_reason = asked or "a callback on another worker"
             last = {"early_stopped": {"epoch": epoch + 1, "step": gs, "reason": self.stop_reason}}
-        self.save("last", epoch=epoch + 1, batch_in_epoch=0, global_step=gs, best=self.best, **last)
+        self.save("last", epoch=epoch + 1, batch_in_epoch=0, **last)
         self.callbacks.call_engine("on_saved", row)
         if halt and epoch + 1 < t.epochs and not self.stop_reason:
             self.stopped = True
@@ -727,23 +719,6 @@ class _Run:
                 val.update({m.key: float(m.fn(outputs, labels)) for m in custom})
         return {k: v for k, v in val.items() if isinstance(v, (int, float))}
 
-    @contextlib.contextmanager
-    def _ema_applied(self, epoch: int) -> Iterator[None]:
-        """The average in the model (BatchNorm statistics recomputed for it if the recipe says so)."""
-        ema, t = self.ema, self.t
-        recompute = ema.spec.batch_norm == "recompute"
-        with ema.applied(self.net, [r.name for r in self.plan.rows if r.aux] if recompute else ()):
-            ema.recompute_bn(self.feed.net, trainable_params(self.net).values(), self.task.forward,
-                             self.feed.train_batches(epoch, 0), self.ctxs, split,
-                             step_seed(t.seed, epoch, 7_919_000))
-            yield
-
-    def _keep_best(self, row: dict[str, Any], epoch: int) -> None:
-        """A checkpoint of the weights in the model now, as ``best`` if the row beats the best so far."""
-        if _better(row, self.best, self.t.select):
-            self.best = {"epoch": epoch + 1, "select": self.t.select, **{k: row[k] for k in self.metrics}}
-            self.save("best", epoch=epoch + 1, batch_in_epoch=0, global_step=self.global_step, best=self.best)
-
     # ------------------------------------------------------------------ the summary
 
     def close(self, completed: bool) -> None:
@@ -756,19 +731,21 @@ class _Run:
     def summary(self, stop: _Stop) -> RunResult:
         """The result, and (a run that trained to its end) summary.json."""
         t, dist, run_dir, quiet = self.t, self.dist, self.run_dir, self.quiet
-        result = RunResult(run_dir, self.record.log.rows, self.best, stopped_early=self.stopped, rank=dist.rank,
+        best = self.callbacks.engine_of(KeepBest).best
+        result = RunResult(run_dir, self.callbacks.engine_of(Record).log.rows, best, stopped_early=self.stopped,
+                           rank=dist.rank,
                            workers=dist.size, stop_reason=self.stop_reason, callbacks=self.callbacks)
         if dist.size > 1:
             _write_checksum(run_dir, self.net, dist.rank)
         if not self.stopped and self.root:
             feed, loaders = self.feed, self.loaders
-            summary = {"run_dir": str(run_dir), "best": self.best, "last": result.last_epoch,
+            summary = {"run_dir": str(run_dir), "best": best, "last": result.last_epoch,
                        "restore": self.prep.restore.summary() if self.prep.restore else None,
                        "bad_images": loaders.bad.summary(), "bad_steps": self.bad_steps,
                        "trainable": self.plan.totals()["trainable"],
                        "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "mxnet default"),
                        "hybridized": t.hybridize, "feature_cache": feed.summary() if feed else None,
-                       "warnings": self.guards.warnings}
+                       **self.callbacks.engine_state("summary")}
             if self.stop_reason:
                 last = result.last_epoch or {}
                 summary["stopped"] = {"epoch": last.get("epoch"), "step": last.get("step"), "reason": self.stop_reason}
@@ -776,7 +753,7 @@ class _Run:
                 show(f"stopped after epoch {last.get('epoch')} of {t.epochs} (step {last.get('step')}): "
                      f"{self.stop_reason}", quiet)
             write_text(RunFolder(run_dir).summary_path, json.dumps(summary, indent=1), TrainError)
-            show(f"done: {_best_text(self.best, t.select)}; run folder {run_dir}", quiet)
+            show(f"done: {_best_text(best, t.select)}; run folder {run_dir}", quiet)
             if len(loaders.bad):
                 say(quiet, loaders.bad.summary())
         elif not self.stopped:
@@ -787,12 +764,6 @@ class _Run:
             raise error
         self.callbacks.call("on_run_end")
         return result
-
-
-def _better(row: dict[str, Any], best: dict[str, Any] | None, metric: str) -> bool:
-    """Whether this epoch's validation beats the best so far on ``train.select``, in the metric's
-    registered direction (ties keep the earlier)."""
-    return better(row, best, metric)
 
 
 def _val_outputs(net, batches, ctxs: list[mx.Context]) -> tuple[np.ndarray, np.ndarray]:
@@ -834,12 +805,13 @@ def _write_checksum(run_dir: Path, net, rank: int) -> None:
 
 
 def _write_plan(run_dir: Path, plan: Plan, feed: Feed, transforms: dict[str, Any], epoch_data: dict[str, Any],
-                ema: Ema | None = None) -> None:
-    lines = "\n".join([*transform_lines(transforms), epoch_data["note"], feed.log, *([ema.line()] if ema else [])])
+                notes: dict[str, str]) -> None:
+    """``notes``: what the engine's callbacks add (``ema``: the average's line)."""
+    lines = "\n".join([*transform_lines(transforms), epoch_data["note"], feed.log, *notes.values()])
     write_text(RunFolder(run_dir).plan_text_path, format_plan(plan) + f"\n{lines}\n", TrainError)
     write_text(RunFolder(run_dir).plan_json_path, json.dumps({**plan.to_json(), "feature_cache": feed.summary(),
                                                                "transforms": transforms, "epoch_data": epoch_data,
-                                                               **({"ema": ema.line()} if ema else {})}, indent=1),
+                                                               **notes}, indent=1),
                TrainError)
 
 
@@ -861,10 +833,6 @@ def _epoch_data(sampler) -> dict[str, Any]:
                  f"{workers} workers, and a last step needs an image on every worker")
     return {"train_images": sampler.n, "batches": sampler.batches_per_epoch(), "batch_size": sampler.batch_size,
             "workers": workers, "last_batch": sampler.last_batch, "left_out": left, "note": note}
-
-
-def _bar(loader, epoch: int, epochs: int, quiet: bool, initial: int, total: int):
-    return progress(loader, quiet, total=total, initial=initial, desc=f"epoch {epoch + 1}/{epochs}")
 
 
 __all__ = ["finetune", "RunResult", "Stepper", "parse_ctx", "make_trainer", "step_seed"]

@@ -249,7 +249,7 @@ def test_val_every_changes_no_resume_digest(tiny_symbol, tmp_path):
 
 
 def test_better_ranks_by_the_selected_metric_alone():
-    from gluontl.train.loop import _better
+    from gluontl.metrics import better as _better  # what the best checkpoint (train/engine.py KeepBest) asks
 
     best = {"val_top1": 0.80, "val_balanced_acc": 0.60, "val_loss": 0.50}
     row = {"val_top1": 0.78, "val_balanced_acc": 0.70, "val_loss": 0.55}  # worse top-1 and loss, better balance
