@@ -79,7 +79,7 @@ not_kernels=(tests/dist tests/train/test_interrupt.py tests/test_cli_hostile.py 
              tests/segment/test_seg_recipe.py tests/segment/test_seg_data.py tests/segment/test_seg_draw.py
              tests/segment/test_seg_int8.py tests/sweep tests/train/test_mlflow.py tests/train/test_callbacks.py
              tests/train/test_early_stopping.py tests/train/test_run_records.py tests/test_runfolder.py
-             tests/test_runfolder_names.py tests/recipe)
+             tests/test_runfolder_names.py tests/recipe tests/train/test_imbalance_loop.py tests/data/test_demo_graded.py)
 numbers_only=("${not_kernels[@]/#/--ignore=}")
 # the numpy 2 pass also runs the data readers and transforms, whose bytes numpy's promotion could change
 numpy2_keeps=(tests/data/test_data.py tests/detect/test_detect_data.py tests/detect/test_detect_transforms.py
