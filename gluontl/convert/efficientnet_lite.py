@@ -196,6 +196,13 @@ def convert(path: str | Path | None = None) -> onnx.ModelProto:
     return build_model(read_weights(path or pth_path()), imagenet_classes(), preprocess_record())
 
 
+def made_on_first_use(path: str) -> bool:
+    """Whether ``path`` is the file ``ensure_onnx_file`` would make now: reading a recipe asks what it
+    declares (``IMAGE_SIZE``, ``preprocess_record()``) without writing it, which training does."""
+    p = Path(path)
+    return p.name == ONNX_NAME and not p.exists() and p.resolve() == (gluontl_home() / "models" / ONNX_NAME).resolve()
+
+
 def ensure_onnx_file(path: str) -> str:
     """``path``, made first when it is the ImageNet EfficientNet-Lite0 recipes name under
     ``$GLUONTL_HOME/models`` (made on first use, as ``weights_from`` makes pretrains)."""

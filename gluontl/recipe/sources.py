@@ -101,11 +101,14 @@ def declared_input_shape(data: Any) -> Any:
             if source.startswith("zoo:"):
                 return {**data, "input_shape": zoo_input_shape(source)}
             if source.startswith("onnx:"):
-                from ..convert.efficientnet_lite import ensure_onnx_file
+                from ..convert.efficientnet_lite import IMAGE_SIZE, ensure_onnx_file, made_on_first_use
                 from ..onnx import inspect_onnx
 
                 # resolved again, as sources.model_inputs resolves what it is given
-                inputs = inspect_onnx(ensure_onnx_file(resolve_source(source)[5:]), check=False).inputs
+                path = resolve_source(source)[5:]
+                if made_on_first_use(path):
+                    return {**data, "input_shape": (3, IMAGE_SIZE, IMAGE_SIZE)}
+                inputs = inspect_onnx(ensure_onnx_file(path), check=False).inputs
                 declared = inputs[0][1] if inputs else None
                 if declared and len(declared) == 4 and all(isinstance(d, int) and d > 0 for d in declared[1:]):
                     return {**data, "input_shape": tuple(declared[1:])}
@@ -123,8 +126,10 @@ def file_normalize(source: str) -> tuple[Any, str] | Literal[False] | None:
         source = resolve_source(source)
         if not source.startswith("onnx:"):
             return None
-        from ..convert.efficientnet_lite import ensure_onnx_file
+        from ..convert.efficientnet_lite import ensure_onnx_file, made_on_first_use, preprocess_record
 
+        if made_on_first_use(source[5:]):
+            return _normalize_of(preprocess_record())
         path = Path(ensure_onnx_file(source[5:]))
         stat = path.stat()
     except (GluontlError, OSError):
@@ -142,10 +147,18 @@ def _declared_normalize(path: str, mtime: int, size: int) -> tuple[Any, str] | L
         return None
     try:
         record = json.loads(props["gluontl.preprocess"])
-        mean, std = (tuple(float(v) for v in record[k]) for k in ("mean", "std"))
     except (KeyError, TypeError, ValueError):
         return False
-    if record.get("scale") != 255.0 or len(mean) != 3 or len(std) != 3 or min(std) <= 0:
+    return _normalize_of(record)
+
+
+def _normalize_of(record: Any) -> tuple[Any, str] | Literal[False]:
+    """The (mean, std) of a ``gluontl.preprocess`` record; False when it declares none usable."""
+    try:
+        mean, std = (tuple(float(v) for v in record[k]) for k in ("mean", "std"))
+        if record.get("scale") != 255.0 or len(mean) != 3 or len(std) != 3 or min(std) <= 0:
+            return False
+    except (AttributeError, KeyError, TypeError, ValueError):
         return False
     return (mean, std), "model file metadata gluontl.preprocess"
 

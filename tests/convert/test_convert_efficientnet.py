@@ -290,3 +290,21 @@ def test_the_file_named_elsewhere_is_not_made_but_the_script_is_named(tmp_path, 
         model_inputs(f"onnx:{elsewhere}")
     assert f"`python scripts/make_imagenet_onnx.py --out {elsewhere}`" in str(e.value)
     assert not elsewhere.parent.exists() and not (tmp_path / "home").exists()
+
+
+@pytest.mark.parametrize("recipe", ["elpv_efficientnet_lite0.yaml", "elpv_multilabel.yaml", "elpv_graded.yaml"])
+def test_reading_a_recipe_makes_nothing_and_reads_what_the_made_file_declares(recipe, onnx_path, tmp_path,
+                                                                                 monkeypatch):
+    """Reading a recipe is not its first use: it writes nothing under $GLUONTL_HOME (a recipe from
+    someone else is data), and the input size and normalization it takes from the file-to-be are the
+    ones the made file's own metadata declares."""
+    from gluontl.recipe import load_recipe
+
+    monkeypatch.setenv("GLUONTL_HOME", str(tmp_path / "home"))
+    before = load_recipe(os.path.join(RECIPES, recipe))
+    assert not (tmp_path / "home").exists()
+    monkeypatch.setenv("GLUONTL_HOME", str(onnx_path.parent.parent))  # now the file exists there
+    after = load_recipe(os.path.join(RECIPES, recipe))
+    assert before.model.input_shape == after.model.input_shape == (3, E.IMAGE_SIZE, E.IMAGE_SIZE)
+    assert before.data.train_transform == after.data.train_transform
+    assert before.data.val_transform == after.data.val_transform
