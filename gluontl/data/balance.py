@@ -81,7 +81,7 @@ class ClassSampler(EpochSampler):
 
     def describe(self, class_names: Sequence[str]) -> str:
         """The per-class sampling weights, as the plan shows them."""
-        per = ", ".join(f"{name} {share:.3f} ({int(n)} image{'s' * (n != 1)}, {q} draws)"
+        per = ", ".join(f"{name} {share:.3f} ({int(n)} image{'s' * (int(n) != 1)}, {q} draws)"
                         for name, share, n, q in zip(class_names, self.shares, self.counts, self.quota))
         return f"data.sampler {self.mode}: per-class sampling weights (share of each epoch's draws): {per}"
 

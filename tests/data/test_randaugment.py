@@ -176,7 +176,7 @@ def test_random_erasing_is_timms_box():
     x = np.ones((3, 20, 30), np.float32)
     out = ra.random_erasing(x, 1.0, "const", 1, 0.1, 0.1, 1.0, np.random.default_rng(0))
     zero = np.argwhere(out[0] == 0)
-    h, w = zero[:, 0].ptp() + 1, zero[:, 1].ptp() + 1
+    h, w = np.ptp(zero[:, 0]) + 1, np.ptp(zero[:, 1]) + 1
     assert (h, w) == (8, 8) and len(zero) == 64  # aspect 1, area 0.1 x 600 = 60: round(sqrt 60) = 8
     assert (out[:, zero[:, 0], zero[:, 1]] == 0).all() and out.sum() == 3 * (600 - 64)
     np.testing.assert_array_equal(ra.random_erasing(x, 0.0, "pixel", 1, 0.02, 0.3, 0.3, np.random.default_rng(0)), x)
