@@ -21,12 +21,13 @@ labels of the train split. Labels come out as float32 multi-hot vectors, so the 
 from __future__ import annotations
 
 import csv
+import io
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import DataError
-from ..readers import read_json
+from ..readers import read_json, read_text
 from ..recipe import DataSpec
 from .datasets import SOURCES, BadImageReport, ImageDataset, _class_dirs, _files, screen_images
 from .demo import _cache_dir, elpv_labels, materialize
@@ -102,8 +103,12 @@ def _read(where: Path) -> tuple[list[Path], list[list[str]], list[str]]:
 
 
 def _read_csv(f: Path) -> tuple[list[Path], list[list[str]], list[str]]:
-    with open(f, newline="", encoding="utf-8") as fh:
-        rows = [r for r in csv.reader(fh)]
+    text = read_text(f, DataError, "the label file")  # bounded, UTF-8 or one paragraph
+    try:
+        rows = list(csv.reader(io.StringIO(text, newline="")))
+    except csv.Error as e:
+        raise DataError(f"{f}: not a CSV this reader can read ({e}). Write one image per line as "
+                        f"image,labels with the labels separated by '{SEPARATOR}'.") from None
     header = [c.strip().lower() for c in rows[0]] if rows else []
     image_col = next((header.index(k) for k in IMAGE_KEYS if k in header), None)
     label_col = next((header.index(k) for k in LABEL_KEYS if k in header), None)

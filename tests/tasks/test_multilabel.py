@@ -252,3 +252,15 @@ def test_pos_weight_balanced_is_negatives_over_positives_and_a_wrong_length_is_r
     np.testing.assert_array_equal(pos_weights(MultiLabelSpec(pos_weight=[1, 2, 3]), labels), [1, 2, 3])
     with pytest.raises(TrainError, match="multilabel.pos_weight lists 2 numbers"):
         pos_weights(MultiLabelSpec(pos_weight=[1, 2]), labels)
+
+
+@pytest.mark.parametrize("body, needle", [(b"image,labels\n\xff\xfe.png,red\n", "not UTF-8"),
+                                          (b"image,labels\nx.png," + b"r" * 200_000 + b"\n", "field larger")])
+def test_a_label_csv_that_is_not_text_or_has_a_giant_field_is_one_data_error(tmp_path, body, needle):
+    from gluontl.data.datasets import load_split
+    from gluontl.errors import DataError
+
+    (tmp_path / "labels.csv").write_bytes(body)
+    with pytest.raises(DataError, match=needle) as e:
+        load_split(_spec(f"labels:{tmp_path / 'labels.csv'}"), "train")
+    assert "labels.csv" in str(e.value)
