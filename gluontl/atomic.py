@@ -11,6 +11,7 @@ from typing import Callable
 
 from .errors import GluontlError
 
+_FULL_BELOW = 1 << 20  # bytes free under which a failed write is a full disk
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 
@@ -37,8 +38,13 @@ def atomic_write(path: str | Path, write: Callable[[Path], None],
             os.fsync(dfd)
         finally:
             os.close(dfd)
-    except OSError as e:
-        raise error(f"Cannot write '{path}': {e.strerror}. Check free space and permissions of "
+    except Exception as e:
+        # a library writing through its own C stream (MXNet's nd.save) reports a full disk as its
+        # own error ("FileStream.Write incomplete"): name it as what it is, but only then
+        if not isinstance(e, OSError) and shutil.disk_usage(path.parent).free >= _FULL_BELOW:
+            raise
+        reason = e.strerror if isinstance(e, OSError) else "the file system is full"
+        raise error(f"Cannot write '{path}': {reason}. Check free space and permissions of "
                     f"{path.parent}; the previous file (if any) is untouched.") from None
     finally:
         with contextlib.suppress(FileNotFoundError):
