@@ -630,13 +630,19 @@ def test_free_sequence_axis_of_integer_inputs_stays_free():
         mx_run(pinned, _token_feeds(2, 4))
 
 
-def test_range_not_along_one_free_axis_is_refused_by_name():
-    """arange(2·S) has no shape-free form here: the refusal names the node and asks for the length."""
-    extra = [helper.make_node("Mul", ["s", "two"], ["s2"]),
-             helper.make_node("Range", ["zero", "s2", "one"], ["twice"], name="double_range"),
-             helper.make_node("Cast", ["twice"], ["twice_f"], to=F)]
-    model = _token_model(extra, ("twice_f",))
-    with pytest.raises(OnnxImportError, match=r"double_range.*free.*input_shapes"):
+@pytest.mark.parametrize("last", ["Range", "ConstantOfShape"])
+def test_value_of_twice_the_free_length_is_refused_by_name(last):
+    """arange(2·S) and a fill of shape [2·S] have no shape-free form: the refusal names the
+    node and asks for the length; with the length given they import."""
+    extra = [helper.make_node("Mul", ["s", "two"], ["s2"])]
+    if last == "Range":
+        extra += [helper.make_node("Range", ["zero", "s2", "one"], ["twice"], name="double_range"),
+                  helper.make_node("Cast", ["twice"], ["out"], to=F)]
+    else:
+        extra += [helper.make_node("Unsqueeze", ["s2", "axis0"], ["s2v"]),
+                  helper.make_node("ConstantOfShape", ["s2v"], ["out"], name="double_fill")]
+    model = _token_model(extra, ("out",))
+    with pytest.raises(OnnxImportError, match=r"double_.*free.*input_shapes"):
         import_model(model)
     block = import_model(model, input_shapes={"ids": [None, 6], "mask": [None, 6]})
     assert_matches_ort(model, block, _token_feeds(2, 6))

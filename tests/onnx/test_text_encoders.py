@@ -63,6 +63,18 @@ def _run(block, ids, mask) -> np.ndarray:
     return block(mx.nd.array(ids, dtype="int64"), mx.nd.array(mask, dtype="int64")).asnumpy()
 
 
+def _sgd_step(block, ids, mask):
+    """One SGD step on the squared output: the trainable parameters, and their values before."""
+    params = {n: p for n, p in block.collect_params().items() if p.grad_req == "write"}
+    before = {n: p.data().asnumpy().copy() for n, p in params.items()}
+    trainer = mx.gluon.Trainer(list(params.values()), "sgd", {"learning_rate": 0.1})
+    with mx.autograd.record():
+        loss = (block(mx.nd.array(ids, dtype="int64"), mx.nd.array(mask, dtype="int64")) ** 2).sum()
+    loss.backward()
+    trainer.step(1)
+    return params, before
+
+
 def _depth(path: Path) -> int:
     """Contractions and normalisations along the graph (helpers.f32_tol's ``depth``)."""
     return sum(n.op_type in LAYERS for n in onnx.load(str(path)).graph.node)
@@ -160,21 +172,15 @@ def test_free_length_import_runs_at_every_batch_and_length(entry):
                              err_msg=f"{entry['file']} {batch}x{seq} hybridized={hybrid}")
 
 
-@pytest.mark.parametrize("entry", [ENTRIES[0], ENTRIES[-1]])
+@pytest.mark.parametrize("entry", ENTRIES)
 def test_free_length_sgd_step_and_reexport(entry, tmp_path):
     """A free-length import trains at one length (the position rows of that length move, and
     every other weight) and re-exports with both axes free, verified on its sample."""
     path = FIXTURES / entry["file"]
     block = import_model(str(path))
-    params = {n: p for n, p in block.collect_params().items() if p.grad_req == "write"}
-    assert len(params) == 36
-    before = {n: p.data().asnumpy().copy() for n, p in params.items()}
     ids, mask = _tokens(3, 11, seed=6)
-    trainer = mx.gluon.Trainer(list(params.values()), "sgd", {"learning_rate": 0.1})
-    with mx.autograd.record():
-        loss = (block(mx.nd.array(ids, dtype="int64"), mx.nd.array(mask, dtype="int64")) ** 2).sum()
-    loss.backward()
-    trainer.step(1)
+    params, before = _sgd_step(block, ids, mask)
+    assert len(params) == 36
     for n, p in params.items():
         moved = np.any(p.data().asnumpy() != before[n], axis=tuple(range(1, before[n].ndim)))
         if n == "position_embeddings.weight":
@@ -216,15 +222,8 @@ def test_tables_train_under_their_torch_names(entry):
 
 @pytest.mark.parametrize("entry", ENTRIES)
 def test_sgd_step_moves_every_weight_and_only_the_rows_of_kept_tokens(entry):
-    block = _import.__wrapped__(entry["file"], 7)
-    params = {n: p for n, p in block.collect_params().items() if p.grad_req == "write"}
-    before = {n: p.data().asnumpy().copy() for n, p in params.items()}
     ids, mask = _tokens(2, 7, seed=5)
-    trainer = mx.gluon.Trainer(list(params.values()), "sgd", {"learning_rate": 0.1})
-    with mx.autograd.record():
-        loss = (block(mx.nd.array(ids, dtype="int64"), mx.nd.array(mask, dtype="int64")) ** 2).sum()
-    loss.backward()
-    trainer.step(1)
+    params, before = _sgd_step(_import.__wrapped__(entry["file"], 7), ids, mask)
     for n, p in params.items():
         after = p.data().asnumpy()
         assert np.isfinite(after).all(), n
