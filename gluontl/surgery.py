@@ -217,9 +217,15 @@ class _Graph:
                batch: int = 1) -> list[Shape | None]:
         known = {self.inputs[0].name: (batch, *input_shape)}
         if self.info is not None:
+            free = self.info.free_axes
+            lengths = {s: known[self.inputs[0].name][k] for k, (s, _) in free.get(self.inputs[0].name, {}).items()
+                       if k < len(known[self.inputs[0].name])}
             for name, shape in self.info.input_shapes.items():
                 if name not in known and shape is not None and shape and name in self.info.batch_free:
                     shape = (batch, *shape[1:])  # a second batched input (a text model's mask)
+                if name not in known and shape is not None:  # a free length shared with the first input
+                    shape = tuple(lengths.get(free.get(name, {}).get(k, ("",))[0], d) if d is None else d
+                                  for k, d in enumerate(shape))
                 if name not in known and shape is not None and None not in shape:
                     known[name] = tuple(shape)
         try:

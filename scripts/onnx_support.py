@@ -87,14 +87,19 @@ def table(passed: dict[str, bool], typed: dict[str, bool], stored: dict[str, boo
         "",
         "- **Batch.** Dimension 0 of an input stays free where the file leaves it symbolic "
         "(give `None` there in `input_shapes` to free a batch the exporter pinned); "
-        "`input_shapes` fills the other unknown dims. `fixed_batch=True` pins the batch.",
+        "`input_shapes` fills the other unknown dims, except that a symbolic non-batch axis of an "
+        "integer input (a text encoder's sequence) stays free too unless `input_shapes` gives it. "
+        "`fixed_batch=True` pins the batch.",
         "- **Folding.** Nodes whose inputs are known at import (initializers, Constant nodes, "
         "Shape of statically shaped values) are evaluated with onnxruntime, at two batch sizes. "
         "Batch-dependent shape vectors become batch-free: Reshape `0`/`-1`, Expand `1` and Tile "
         "repeats of length-1 axes plus a run-time broadcast to the batch, Resize sizes `0`, "
         "Slice ends open-ended; a Range over the batch (`arange(B) * C + ...`, dynamo's "
         "`as_strided` and advanced-indexing decompositions) runs as `arange_like` of the batch "
-        "axis, its start and length taken as affine in the batch; other batch-dependent values "
+        "axis, its start and length taken as affine in the batch. A free sequence axis is "
+        "tracked the same way (both sizes change between the two evaluations): Reshape codes, "
+        "Expand/ConstantOfShape entries broadcast along the input axis of that length, "
+        "`Range(0, S)` as `arange_like` of it; other batch-dependent values "
         "are computed at run time or refused with a clear error. "
         "An If whose condition folds becomes the branch it takes; model-local functions "
         "are inlined. An If/Loop/Scan whose body reads a run-time value from the enclosing "

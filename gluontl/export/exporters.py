@@ -251,10 +251,11 @@ def _verification_batches(input_shapes: dict[str, tuple[int, ...]], dtypes: dict
 
 
 def _from_source(block: mx.gluon.HybridBlock, info, input_shapes: dict[str, tuple[int, ...]] | None,
-                 output_names: list[str] | None, opset: int | None
+                 output_names: list[str] | None, opset: int | None, sample: Mapping[str, np.ndarray] | None = None
                  ) -> tuple[onnx.ModelProto, dict[str, tuple[int, ...]], dict[str, np.dtype], list[int]]:
     """The imported graph patched (see ``patch``), the batch-1 shapes and dtypes to verify it
-    with, and the batch sizes it accepts (1 and 2 when its batch dimension is free)."""
+    with (free lengths, e.g. a text encoder's, as ``sample`` has them), and the batch sizes it
+    accepts (1 and 2 when its batch dimension is free)."""
     names = list(input_shapes) if input_shapes else None
     patched = patch_model(block, info, names if names != list(info.inputs) else None, output_names)
     model = patched.model
@@ -264,6 +265,10 @@ def _from_source(block: mx.gluon.HybridBlock, info, input_shapes: dict[str, tupl
             want = tuple(int(d) for d in input_shapes[name])
         else:
             imported = info.input_shapes.get(info.inputs[k]) or declared
+            free = info.free_axes.get(info.inputs[k], {})  # a free length: the sample's, else an example
+            given = np.shape(sample[name]) if sample is not None and name in sample else ()
+            imported = tuple((given[i] if i < len(given) else free[i][1]) if d is None and i in free else d
+                             for i, d in enumerate(imported))
             want = tuple(1 if d is None and i == 0 else d for i, d in enumerate(imported))
         if None in want or len(want) != len(declared) or any(
                 d is not None and w != d for i, (w, d) in enumerate(zip(want, declared)) if i > 0):
@@ -388,7 +393,7 @@ def export_onnx(
     plain = merge_adapters(block)  # adapters folded into the weights; verified against ``block`` itself
     info = source_info(plain)
     if info is not None:
-        model, shapes, dtypes, sizes = _from_source(plain, info, input_shapes, output_names, opset)
+        model, shapes, dtypes, sizes = _from_source(plain, info, input_shapes, output_names, opset, sample)
     else:
         if not input_shapes:
             raise ExportError("input_shapes is empty: pass one batch-1 shape per block input, e.g. "

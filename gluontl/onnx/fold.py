@@ -107,6 +107,7 @@ def _reshape_free(v1: np.ndarray, v2: np.ndarray, diff: np.ndarray, dims1: tuple
     resolving an existing -1 to its value when that value does not depend on the batch
     (Swin's window_reverse: ``[B, h, w, ws, ws, -1]`` over data of ``B·n`` windows)."""
     out = v1.copy()
+    allowzero = allowzero and (0 in v1 or 0 in v2)  # without a literal 0 it changes nothing
     copies = [i for i in diff if not allowzero and dims1 is not None and i < len(dims1)
               and (dims1[i], dims2[i]) == (v1[i], v2[i])]
     rest = [i for i in diff if i not in copies]
@@ -138,23 +139,24 @@ def _minus_one(v: np.ndarray, dims: tuple[int, ...], k: int, allowzero: bool) ->
     return total // others if others > 0 and total % others == 0 else None
 
 
-def batch_sized(v1: np.ndarray, v2: np.ndarray, b1: int, b2: int,
+def batch_sized(v1: np.ndarray, v2: np.ndarray, sizes: set[tuple[int, int]],
                 dims1: tuple[int, ...] | None = None, dims2: tuple[int, ...] | None = None
-                ) -> tuple[np.ndarray, tuple[int, ...]] | None:
-    """A shape vector whose differing entries are exactly the batch size, with those
-    entries set to 1, and the positions to broadcast to the batch at run time (those
+                ) -> tuple[np.ndarray, tuple[tuple[int, tuple[int, int]], ...]] | None:
+    """A shape vector whose differing entries are each exactly a free size (the batch, a
+    sequence length: ``sizes`` holds each as its pair of import sizes), with those entries
+    set to 1, and the positions to broadcast at run time with the size each takes (those
     where the data input, aligned right with shape ``dims1``/``dims2``, lacks it)."""
     if v1.shape != v2.shape or v1.ndim != 1:
         return None
     diff = np.flatnonzero(v1 != v2)
-    if not all((v1[i], v2[i]) == (b1, b2) for i in diff):
+    if not all((int(v1[i]), int(v2[i])) in sizes for i in diff):
         return None
     out = v1.copy()
     out[diff] = 1
     shift = len(v1) - len(dims1) if dims1 is not None else 0
     carried = {i for i in diff if dims1 is not None and 0 <= i - shift < len(dims1)
-               and (dims1[i - shift], dims2[i - shift]) == (b1, b2)}
-    return out, tuple(int(i) for i in diff if i not in carried)
+               and (dims1[i - shift], dims2[i - shift]) == (v1[i], v2[i])}
+    return out, tuple((int(i), (int(v1[i]), int(v2[i]))) for i in diff if i not in carried)
 
 
 def tile_free(v1: np.ndarray, v2: np.ndarray, b1: int, b2: int, dims1: tuple[int, ...] | None,

@@ -32,7 +32,7 @@ from .control import outer_refs as _outer_refs
 from ..mxinternals import onnx_info, set_onnx_info
 from ..mxinternals.plain_grad import plain_conv_gradients
 from .ops.quantize import integer_as_float
-from .ops.shape import range_over_batch
+from .ops.shape import range_along, range_over_batch
 from .registry import Node, Tensor, canonical, carrier_dtype, get, get_evaluator, node_from_proto
 
 Shape = tuple[int | None, ...]
@@ -69,6 +69,9 @@ class ImportInfo:
     head: Any = None  # surgery's Head block, appended after ``outputs``
     param_names: dict[str, str] = dataclasses.field(default_factory=dict)  # graph name -> module path
     # the file records (naming.module_names): the name users see; the graph name stays an alias
+    free_axes: dict[str, dict[int, tuple[str, int]]] = dataclasses.field(default_factory=dict)
+    # input -> {axis: (dim_param, an example size)}: other axes than the batch that stay free
+    # (a text encoder's sequence); input_shapes holds None there
 
 
 class OnnxBlock(GraphBlock):
@@ -509,6 +512,10 @@ def _dims(type_proto: onnx.TypeProto) -> Shape | None:
                  for d in type_proto.tensor_type.shape.dim)
 
 
+# The two sizes a free non-batch axis takes during import (one pair per dim_param): values
+# that differ between them are computed at run time. Distinct from the batch's (b, b + 1).
+_FREE_SIZES = ((5, 9), (13, 17), (19, 29), (31, 37))
+
 _TENSOR_DATA = frozenset({"raw_data", "float_data", "double_data", "int32_data", "int64_data"})
 
 
@@ -555,10 +562,13 @@ class _Importer:
         self.inputs = graph_inputs(self.graph, source)
         self.input_shapes, free = self._merge_shapes(input_shapes)
         self.batched = set() if fixed_batch else free
+        self.free_axes = self._free_axes()
         first = [self.input_shapes[i.name][0] for i in self.inputs
                  if i.name in self.batched and self.input_shapes[i.name][0]]
         self.b1 = first[0] if first else 1
-        self.b2 = self.b1 + 1 if self.batched else self.b1
+        self.b2 = self.b1 + 1 if self.batched or self.free_axes else self.b1  # b1/b2 name the two worlds
+        symbols = sorted({s for axes in self.free_axes.values() for s in axes.values()})
+        self.sizes = {s: _FREE_SIZES[k % len(_FREE_SIZES)] for k, s in enumerate(symbols)}
         self.consts: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # value at b1, b2
         self.weights: set[str] = set()
         self.shaped: set[str] = set()  # folded values computed from a run-time tensor's shape
@@ -641,12 +651,45 @@ class _Importer:
             out[i.name] = tuple(int(w) if w is not None else d for w, d in zip(want, declared))
         return out, free
 
+    def _free_axes(self) -> dict[str, dict[int, str]]:
+        """Non-batch axes of integer inputs (token ids, masks) the file leaves symbolic and
+        ``input_shapes`` does not fix: they stay free, tracked like the batch at two sizes.
+        Inputs sharing a dim_param share the size. Float inputs' H/W keep today's rule
+        (``input_shapes`` fills them): image models compute Resize sizes and anchors from them."""
+        out: dict[str, dict[int, str]] = {}
+        for i in self.inputs:
+            shape = self.input_shapes[i.name]
+            dtype = _np_dtype(i.type.tensor_type.elem_type) if i.type.HasField("tensor_type") else None
+            if shape is None or dtype is None or dtype.kind not in "iu":
+                continue
+            dims = i.type.tensor_type.shape.dim
+            axes = {k: dims[k].dim_param or f"{i.name}:{k}" for k, d in enumerate(shape) if k > 0 and d is None}
+            if axes:
+                out[i.name] = axes
+        return out
+
+    def _free_pairs(self) -> list[tuple[tuple[int, int], str, int]]:
+        """((size in world 1, in world 2), input, axis) for every free axis, the batch first."""
+        pairs = [((self.b1, self.b2), n, 0) for n in sorted(self.batched)]
+        pairs += [(self.sizes[s], n, k) for n, axes in sorted(self.free_axes.items()) for k, s in axes.items()]
+        return pairs
+
+    def _ref_axis(self, pair: tuple[int, int]):
+        """(input symbol, axis) whose run-time size is the free size ``pair``, or None."""
+        for p, n, k in self._free_pairs():
+            if p == pair:
+                return self.runtime[n].sym, k
+        return None
+
     def _at(self, name: str, b: int) -> tuple[int, ...] | None:
-        """The concrete shape of input ``name`` at batch size ``b`` (None if a dim is unknown)."""
+        """The concrete shape of input ``name`` in world ``b`` (b1 or b2; None if a dim is unknown)."""
         shape = self.input_shapes[name]
         if shape is None:
             return None
-        dims = tuple((b if k == 0 and name in self.batched else d) for k, d in enumerate(shape))
+        free = self.free_axes.get(name, {})
+        world = 0 if b == self.b1 else 1
+        dims = tuple((b if k == 0 and name in self.batched else self.sizes[free[k]][world] if k in free else d)
+                     for k, d in enumerate(shape))
         return None if any(d is None for d in dims) else dims
 
     # ----- shape inference
@@ -659,7 +702,8 @@ class _Importer:
         for i in self.inputs:
             shape = self.input_shapes[i.name]
             dims = None if shape is None else [
-                ("batch" if k == 0 and i.name in self.batched else d) for k, d in enumerate(shape)]
+                ("batch" if k == 0 and i.name in self.batched else self.free_axes.get(i.name, {}).get(k, d))
+                for k, d in enumerate(shape)]
             g.input.append(helper.make_tensor_value_info(i.name, i.type.tensor_type.elem_type, dims)
                            if i.type.HasField("tensor_type") else i)
         for t in self.graph.initializer:
@@ -702,11 +746,18 @@ class _Importer:
         else:
             t = Tensor(name, const=None, shape=self.info.get(name, (None, None))[0], dtype=v1.dtype,
                        make_sym=lambda: self._runtime_sym(name),
-                       why_unknown=("its value changes with the batch size. Pass "
-                                    "fixed_batch=True (with input_shapes) to import at one "
-                                    "fixed batch size"))
+                       why_unknown=self._why_dependent())
         self.materialized[name] = t
         return t
+
+    def _why_dependent(self) -> str:
+        if not self.free_axes:
+            return ("its value changes with the batch size. Pass fixed_batch=True (with input_shapes) "
+                    "to import at one fixed batch size")
+        axes = ", ".join(f"'{n}' axis {k} ({s})" for n, a in sorted(self.free_axes.items()) for k, s in a.items())
+        return (f"its value changes with the batch size or the free length of {axes}. Pass input_shapes "
+                f"with those lengths (e.g. {{'{min(self.free_axes)}': [None, 128]}}) to import at one "
+                f"fixed length, or fixed_batch=True to fix the batch too")
 
     def _param(self, name: str, value: np.ndarray):
         """A graph variable holding a known value; weights trainable, the rest constants."""
@@ -846,11 +897,12 @@ class _Importer:
         self.shaped.add(node.outputs[0])
         return True
 
-    def _inputs_for(self, node: Node) -> tuple[list[Tensor | None], tuple[int, ...]]:
-        """Input tensors with batch-dependent shape vectors rewritten into batch-free
-        forms, and the output axes to broadcast to the batch size afterwards."""
+    def _inputs_for(self, node: Node) -> tuple[list[Tensor | None], list[tuple[int, tuple[int, int]]]]:
+        """Input tensors with shape vectors that depend on a free axis (the batch, a sequence)
+        rewritten into shape-free forms, and the output axes to broadcast afterwards, each with
+        the free size (as its pair of import sizes) it takes at run time."""
         tensors = [self.tensor(x) if x else None for x in node.inputs]
-        to_batch: tuple[int, ...] = ()
+        to_batch: list[tuple[int, tuple[int, int]]] = []
         for k, x in enumerate(node.inputs):
             x = self.alias.get(x, x)
             if not x or x not in self.consts or not self._is_dependent(x):
@@ -868,14 +920,16 @@ class _Importer:
                 fixed = fold.batch_free(node.op_type, k, v1, v2, *dims,
                                         allowzero=bool(node.attr("allowzero", 0)))
             if (node.op_type, k) == ("Tile", 1) and dims[1] is not None:  # x[:1].repeat(B, 1)
-                fixed, to_batch = fold.tile_free(v1, v2, self.b1, self.b2, *dims) or (None, ())
+                fixed, axes = fold.tile_free(v1, v2, self.b1, self.b2, *dims) or (None, ())
+                to_batch = [(a, (self.b1, self.b2)) for a in axes]
             if fixed is None and (node.op_type, k) in (("Expand", 1), ("ConstantOfShape", 0)):
                 data_dims = dims if node.op_type == "Expand" and dims[1] is not None else (None, None)
-                sized = fold.batch_sized(v1, v2, self.b1, self.b2, *data_dims)  # e.g. cls tokens
+                pairs = {p for p, _, _ in self._free_pairs()}
+                sized = fold.batch_sized(v1, v2, pairs, *data_dims)  # cls tokens, attention masks
                 if sized is not None:
                     fixed, axes = sized
                     rank = len(data_dims[0]) if data_dims[0] is not None else 0
-                    to_batch = tuple(a + max(0, rank - len(fixed)) for a in axes)
+                    to_batch = [(a + max(0, rank - len(fixed)), p) for a, p in axes]
             if fixed is not None:
                 tensors[k] = Tensor(x, const=fixed, shape=fixed.shape, dtype=fixed.dtype,
                                     make_sym=lambda x=x, f=fixed: self._param(f"{x}/batch_free", f))
@@ -892,10 +946,11 @@ class _Importer:
         inputs, to_batch = self._inputs_for(node)
         if not getattr(fn, "empty_inputs", False):
             self._refuse_empty_inputs(node)
-        if node.op_type == "Range" and node.outputs[0] in self.consts:  # folded, batch-dependent
-            ref = next(self.runtime[i.name].sym for i in self.inputs if i.name in self.batched)
+        if node.op_type == "Reshape" and node.attr("allowzero", 0) and self._literal_zero_free(node.inputs[1]):
+            node = dataclasses.replace(node, attrs={**node.attrs, "allowzero": 0})  # no 0 to keep literal
+        if node.op_type == "Range" and node.outputs[0] in self.consts:  # folded, free-size-dependent
             values = [self.consts[self.alias.get(x, x)] for x in node.inputs]
-            fn = functools.partial(range_over_batch, values=values, batches=(self.b1, self.b2), ref=ref)
+            fn = self._range_along(node, values)
         try:
             out = fn(node, inputs)
         except OnnxImportError:
@@ -907,11 +962,35 @@ class _Importer:
                 f"to convert: {type(e).__name__}: {detail}. This is a gluontl converter "
                 f"limitation; please report it with the model.") from e
         out = list(out) if isinstance(out, (list, tuple)) else [out]
-        if to_batch:
-            ref = next(self.runtime[i.name].sym for i in self.inputs if i.name in self.batched)
-            out[0] = mx.sym.broadcast_like(out[0], ref, lhs_axes=to_batch,
-                                           rhs_axes=(0,) * len(to_batch), name=node.sub("batch"))
+        for k, (axis, pair) in enumerate(to_batch):
+            ref, ref_axis = self._ref_axis(pair)
+            out[0] = mx.sym.broadcast_like(out[0], ref, lhs_axes=(axis,), rhs_axes=(ref_axis,),
+                                           name=node.sub("batch" if k == 0 else f"batch{k}"))
         return out
+
+    def _literal_zero_free(self, name: str) -> bool:
+        """A folded Reshape target with no 0 at either import size: ``allowzero`` changes
+        nothing, so the 0 (copy) codes of its shape-free form are safe."""
+        name = self.alias.get(name, name)
+        return name in self.consts and all(0 not in v for v in self.consts[name])
+
+    def _range_along(self, node: Node, values: list):
+        """The converter for a folded Range whose length follows a free axis: ``arange(S)``
+        (BERT's position ids) as ``arange_like`` along that axis of the input that carries it;
+        bounds affine in the batch (dynamo's indexing) as ``range_over_batch``."""
+        (s1, s2), (l1, l2), (d1, d2) = ([np.asarray(v).reshape(()).item() for v in pair] for pair in values)
+        if s1 == s2 and d1 == d2 and d1 != 0:
+            n = tuple(max(int(np.ceil((lim - s1) / d1)), 0) for lim in (l1, l2))
+            found = self._ref_axis(n) if n[0] != n[1] else None
+            if found is not None:
+                return functools.partial(range_along, start=s1, step=d1, ref=found[0], axis=found[1],
+                                         dtype=np.asarray(values[0][0]).dtype)
+        if self.free_axes:
+            raise node.unsupported(
+                "its bounds depend on the free sizes of the inputs in a way that is not the length of "
+                "one free axis; import with input_shapes fixing the free axes (e.g. the sequence length)")
+        ref = next(self.runtime[i.name].sym for i in self.inputs if i.name in self.batched)
+        return functools.partial(range_over_batch, values=values, batches=(self.b1, self.b2), ref=ref)
 
     def _refuse_empty_inputs(self, node: Node) -> None:
         """MXNet reads a 0 in a shape as unknown, so an op on an empty run-time tensor fails
@@ -1165,6 +1244,7 @@ class _Importer:
         set_onnx_info(block, ImportInfo(
             source=self.source, opset=self.opset, inputs=tuple(i.name for i in self.inputs),
             input_shapes=dict(self.input_shapes), batch_free=frozenset(self.batched),
+            free_axes={n: {k: (s, self.sizes[s][0]) for k, s in axes.items()} for n, axes in self.free_axes.items()},
             outputs=tuple(o.name for o in self.graph.output),
             constants=frozenset(n for n in params if self._is_constant(n)),
             node_outputs=self._node_outputs(nodes, group), tensor_outputs=self._tensor_outputs(group),

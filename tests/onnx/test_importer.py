@@ -575,3 +575,74 @@ def test_if_on_a_static_shape_condition_inlines_the_taken_branch():
     assert "negative" not in graph_ops(block)
     for b in (1, 2):
         assert_matches_ort(model, block, {"x": np.random.randn(b, 2, 4).astype("f")})
+
+
+# ----------------------------------------------------------------- free sequence axes (issue 39)
+
+def _token_model(extra_nodes=(), extra_outputs=()):
+    """int64 ``ids``/``mask`` [N, S]: rows of a table at the ids plus the rows at arange(S)
+    (position ids), and the mask broadcast to [N, S, S] by Expand to a shape built from Shape."""
+    I64 = onnx.TensorProto.INT64
+    c = lambda name, v: numpy_helper.from_array(np.asarray(v, np.int64), name)  # noqa: E731
+    nodes = [helper.make_node("Shape", ["ids"], ["shape"]),
+             helper.make_node("Gather", ["shape", "zero"], ["n"], axis=0),
+             helper.make_node("Gather", ["shape", "one"], ["s"], axis=0),
+             helper.make_node("Range", ["zero", "s", "one"], ["pos"]),
+             helper.make_node("Unsqueeze", ["pos", "axis0"], ["pos2"]),
+             helper.make_node("Gather", ["table", "ids"], ["tok"]),
+             helper.make_node("Gather", ["table", "pos2"], ["at"]),
+             helper.make_node("Add", ["tok", "at"], ["emb"]),
+             helper.make_node("Unsqueeze", ["n", "axis0"], ["n1"]),
+             helper.make_node("Unsqueeze", ["s", "axis0"], ["s1"]),
+             helper.make_node("Concat", ["n1", "s1", "s1"], ["nss"], axis=0),
+             helper.make_node("Unsqueeze", ["mask", "axis1"], ["m3"]),
+             helper.make_node("Expand", ["m3", "nss"], ["mm"]),
+             helper.make_node("Cast", ["mm"], ["square"], to=F), *extra_nodes]
+    graph = helper.make_graph(
+        nodes, "tokens", [helper.make_tensor_value_info(n, I64, ["N", "S"]) for n in ("ids", "mask")],
+        [helper.make_tensor_value_info(n, F, None) for n in ("emb", "square", *extra_outputs)],
+        [numpy_helper.from_array(np.random.RandomState(0).randn(40, 3).astype(np.float32), "table"),
+         c("zero", 0), c("one", 1), c("axis0", [0]), c("axis1", [1]), c("two", 2)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def _token_feeds(batch, seq):
+    rs = np.random.RandomState(batch * 100 + seq)
+    return {"ids": rs.randint(0, 40, (batch, seq)).astype(np.int64),
+            "mask": (rs.rand(batch, seq) > 0.3).astype(np.int64)}
+
+
+def test_free_sequence_axis_of_integer_inputs_stays_free():
+    """A symbolic length of int64 inputs is tracked like the batch: position ids become
+    arange_like, the mask's Expand target a broadcast along the length, so one import runs
+    at every (batch, length); a length given in input_shapes is fixed (and refused by name)."""
+    model = _token_model()
+    block = import_model(model)
+    assert onnx_info(block).free_axes == {"ids": {1: ("S", 5)}, "mask": {1: ("S", 5)}}
+    for batch, seq in ((1, 4), (2, 6), (3, 11)):
+        assert_matches_ort(model, block, _token_feeds(batch, seq))
+    pinned = import_model(model, input_shapes={"ids": [None, 6], "mask": [None, 6]})
+    assert onnx_info(pinned).free_axes == {}
+    assert_matches_ort(model, pinned, _token_feeds(2, 6))
+    with pytest.raises(OnnxImportError, match=r"'ids' has shape \(2, 4\).*imported for \['N', 6\]"):
+        mx_run(pinned, _token_feeds(2, 4))
+
+
+@pytest.mark.parametrize("last", ["Range", "ConstantOfShape"])
+def test_value_of_twice_the_free_length_is_refused_by_name(last):
+    """arange(2·S) and a fill of shape [2·S] have no shape-free form: the refusal names the
+    node and asks for the length; with the length given they import."""
+    extra = [helper.make_node("Mul", ["s", "two"], ["s2"])]
+    if last == "Range":
+        extra += [helper.make_node("Range", ["zero", "s2", "one"], ["twice"], name="double_range"),
+                  helper.make_node("Cast", ["twice"], ["out"], to=F)]
+    else:
+        extra += [helper.make_node("Unsqueeze", ["s2", "axis0"], ["s2v"]),
+                  helper.make_node("ConstantOfShape", ["s2v"], ["out"], name="double_fill")]
+    model = _token_model(extra, ("out",))
+    with pytest.raises(OnnxImportError, match=r"double_.*free.*input_shapes"):
+        import_model(model)
+    block = import_model(model, input_shapes={"ids": [None, 6], "mask": [None, 6]})
+    assert_matches_ort(model, block, _token_feeds(2, 6))

@@ -6,8 +6,10 @@ ReduceMean/Sub/Pow/Sqrt/Div) and 17 (LayerNormalization) and by dynamo at 17 and
 ``input_ids``/``attention_mask`` with free batch and sequence axes, a 30,522-row embedding
 Gather, position ids from ``Range(Shape)``, the mask through Unsqueeze/Expand into a Where on
 4-D attention scores, Softmax, erf GELU, masked mean pooling. MXNet fixes shapes when the graph
-is built, so the sequence length is given at import (``input_shapes``); the batch stays free and
-the re-exported file keeps both axes free. References: onnxruntime's float kernels for forward
+is built; without ``input_shapes`` the sequence axis stays free inside the block as the batch does
+(shape arithmetic computed at run time: ``arange_like`` position ids, mask broadcasts by
+``broadcast_like``, reshape codes), and ``input_shapes`` fixes it (padding with the mask is exact).
+The re-exported file keeps both axes free. References: onnxruntime's float kernels for forward
 values, and onnx's reference evaluator in float64 for gradients.
 """
 from __future__ import annotations
@@ -25,6 +27,7 @@ from onnx.reference import ReferenceEvaluator
 
 from gluontl.errors import OnnxImportError, SurgeryError
 from gluontl.export import export_onnx
+from gluontl.mxinternals import onnx_info
 from gluontl.onnx import import_model
 from gluontl.recipe import HeadSpec, SurgerySpec
 from gluontl.surgery import apply_surgery
@@ -35,6 +38,7 @@ FIXTURES = Path(__file__).parent / "fixtures" / "text"
 MANIFEST = json.loads((FIXTURES / "MANIFEST.json").read_text())["fixtures"]
 ENTRIES = [pytest.param(e, id=e["file"][:-len(".onnx")]) for e in MANIFEST]
 SEQS = (7, 12)  # the export's example length and another one
+FREE = ((1, 7), (2, 12), (3, 30))  # (batch, length) pairs one free-length import runs at
 VOCAB = MANIFEST[0]["vocab"]
 
 
@@ -57,6 +61,18 @@ def _tokens(batch: int, seq: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray
 
 def _run(block, ids, mask) -> np.ndarray:
     return block(mx.nd.array(ids, dtype="int64"), mx.nd.array(mask, dtype="int64")).asnumpy()
+
+
+def _sgd_step(block, ids, mask):
+    """One SGD step on the squared output: the trainable parameters, and their values before."""
+    params = {n: p for n, p in block.collect_params().items() if p.grad_req == "write"}
+    before = {n: p.data().asnumpy().copy() for n, p in params.items()}
+    trainer = mx.gluon.Trainer(list(params.values()), "sgd", {"learning_rate": 0.1})
+    with mx.autograd.record():
+        loss = (block(mx.nd.array(ids, dtype="int64"), mx.nd.array(mask, dtype="int64")) ** 2).sum()
+    loss.backward()
+    trainer.step(1)
+    return params, before
 
 
 def _depth(path: Path) -> int:
@@ -135,11 +151,60 @@ def test_hybridized_equals_imperative(entry):
 
 
 @pytest.mark.parametrize("entry", ENTRIES)
-def test_sequence_length_must_be_given(entry):
-    """Position ids are ``Range(Shape(input_ids)[1])``: without the length they cannot fold,
-    and the error says what to pass."""
-    with pytest.raises(OnnxImportError, match="Range.*input_shapes"):
-        import_model(str(FIXTURES / entry["file"]))
+def test_free_length_import_runs_at_every_batch_and_length(entry):
+    """Without input_shapes both axes stay free inside the block: one import runs at three
+    (batch, length) pairs, imperative and hybridized, as onnxruntime does."""
+    path = FIXTURES / entry["file"]
+    block = import_model(str(path))
+    info = onnx_info(block)
+    assert info.input_shapes == {"input_ids": (None, None), "attention_mask": (None, None)}
+    assert {n: {k: s for k, (s, _) in a.items()} for n, a in info.free_axes.items()} == {
+        "input_ids": {1: "sequence"}, "attention_mask": {1: "sequence"}}
+    for hybrid in (False, True):
+        if hybrid:
+            block.hybridize()
+        for batch, seq in FREE:
+            ids, mask = _tokens(batch, seq)
+            (ref,) = ort_run(str(path), {"input_ids": ids, "attention_mask": mask})
+            got = _run(block, ids, mask)
+            assert got.shape == ref.shape == (batch, entry["hidden"])
+            assert_f32_close(got, ref, terms=16, depth=_depth(path),
+                             err_msg=f"{entry['file']} {batch}x{seq} hybridized={hybrid}")
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_free_length_sgd_step_and_reexport(entry, tmp_path):
+    """A free-length import trains at one length (the position rows of that length move, and
+    every other weight) and re-exports with both axes free, verified on its sample."""
+    path = FIXTURES / entry["file"]
+    block = import_model(str(path))
+    ids, mask = _tokens(3, 11, seed=6)
+    params, before = _sgd_step(block, ids, mask)
+    assert len(params) == 36
+    for n, p in params.items():
+        moved = np.any(p.data().asnumpy() != before[n], axis=tuple(range(1, before[n].ndim)))
+        if n == "position_embeddings.weight":
+            np.testing.assert_array_equal(np.flatnonzero(moved), np.arange(11))
+        elif n == "word_embeddings.weight":
+            np.testing.assert_array_equal(np.flatnonzero(moved), np.unique(ids[mask == 1]))
+        elif not n.endswith(".key.bias"):  # softmax drops q·b_k (see the SGD test above)
+            assert moved.any(), f"{n} did not move"
+    out = export_onnx(block, tmp_path / "free.onnx", sample={"input_ids": ids, "attention_mask": mask})
+    dims = [[d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in onnx.load(str(out)).graph.input]
+    assert all(isinstance(d, str) for dd in dims for d in dd), dims
+    for batch, seq in FREE:
+        ids, mask = _tokens(batch, seq, seed=2)
+        (got,) = ort_run(str(out), {"input_ids": ids, "attention_mask": mask})
+        assert_f32_close(got, _run(block, ids, mask), terms=16, depth=_depth(path))
+
+
+def test_free_length_surgery_head_on_the_pooled_output():
+    """Surgery on a free-length import sizes the mask from the first input's length."""
+    block = import_model(str(FIXTURES / MANIFEST[0]["file"]))
+    net = apply_surgery(block, SurgerySpec(head=HeadSpec(classes=2, inputs=["pooled"])), (9,))
+    for batch, seq in FREE:
+        ids, mask = _tokens(batch, seq)
+        assert _run(net, ids, mask).shape == (batch, 2)
 
 
 @pytest.mark.parametrize("entry", ENTRIES)
@@ -157,15 +222,8 @@ def test_tables_train_under_their_torch_names(entry):
 
 @pytest.mark.parametrize("entry", ENTRIES)
 def test_sgd_step_moves_every_weight_and_only_the_rows_of_kept_tokens(entry):
-    block = _import.__wrapped__(entry["file"], 7)
-    params = {n: p for n, p in block.collect_params().items() if p.grad_req == "write"}
-    before = {n: p.data().asnumpy().copy() for n, p in params.items()}
     ids, mask = _tokens(2, 7, seed=5)
-    trainer = mx.gluon.Trainer(list(params.values()), "sgd", {"learning_rate": 0.1})
-    with mx.autograd.record():
-        loss = (block(mx.nd.array(ids, dtype="int64"), mx.nd.array(mask, dtype="int64")) ** 2).sum()
-    loss.backward()
-    trainer.step(1)
+    params, before = _sgd_step(_import.__wrapped__(entry["file"], 7), ids, mask)
     for n, p in params.items():
         after = p.data().asnumpy()
         assert np.isfinite(after).all(), n

@@ -212,6 +212,16 @@ def range_(node, inputs):
     return mx.sym.arange(start=start, stop=limit, step=delta, dtype=dtype.name, name=node.name)
 
 
+def range_along(node, inputs, *, start, step, ref, axis: int, dtype):
+    """A Range of the length of a free axis of ``ref``, a graph input (BERT's position ids
+    ``arange(S)`` with ``S = Shape(input_ids)[1]``): computed at run time by ``arange_like``,
+    so the length stays free. The importer calls it in place of the converter. Start and step
+    apply in the output's dtype (exact for int64, as ``range_over_batch``)."""
+    idx = mx.sym.contrib.arange_like(ref, axis=axis, name=node.sub("idx"))
+    out = mx.sym.cast(idx, dtype=mx_dtype(np.dtype(dtype)).name, name=node.sub("cast")) * step
+    return mx.sym.identity(out + start, name=node.name)
+
+
 def range_over_batch(node, inputs, *, values, batches, ref):
     """A Range whose bounds change with the batch size (dynamo's ``as_strided`` and
     advanced-indexing decompositions: ``arange(B) * C + ...``, ``arange(B - 1, -1, -1)``),
