@@ -251,7 +251,8 @@ def split_sampler(spec: DataSpec, which: Literal["train", "val"], n: int, *, see
 def _split_record(spec: DataSpec, sets: dict[str, ImageDataset]) -> SplitRecord | None:
     if "val" not in sets or not sets["val"].held_out:
         return None
-    counts = {w: {c: int(np.sum(ds.labels == i)) for i, c in enumerate(ds.class_names)} for w, ds in sets.items()}
+    counts = {w: {c: int(np.sum(ds.labels[:, i]) if ds.labels.ndim == 2 else np.sum(ds.labels == i))  # multi-hot rows
+                  for i, c in enumerate(ds.class_names)} for w, ds in sets.items()}
     val = sets["val"]
     return SplitRecord(spec.source, spec.val_fraction, counts, [val.name(i) for i in range(len(val))])
 

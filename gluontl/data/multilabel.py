@@ -13,7 +13,8 @@ Sources:
   polycrystalline}, on demo:elpv's own train/val split.
 
 A path with ``{split}`` (or a folder holding ``train.csv``/``val.csv``) gives one file per split; a
-single file or label folder is split by ``stratified_holdout`` on each image's label set. Class names
+single file or label folder is split by ``stratified_holdout`` on each image's label set (held out:
+the run folder's ``split.json`` records it, counting images per label). Class names
 are ``data.classes`` (a label outside them is an error naming the file and line), else the sorted
 labels of the train split. Labels come out as float32 multi-hot vectors, so the feature cache and
 ``feature_batches`` carry them like class indices.
@@ -73,7 +74,7 @@ def load_multilabel(spec: DataSpec, split: str, transform: Transform, seed: int,
         raise DataError(f"Split '{split}' of '{where}' has no usable images. Check data.source and the split "
                         f"names data.train / data.val.")
     items = [str(p) for p, k in zip(chosen, keep) if k]
-    return MultiLabelDataset(items, labels[rows][keep], names, transform, seed, bad)
+    return MultiLabelDataset(items, labels[rows][keep], names, transform, seed, bad, held_out=whole)
 
 
 def _split_path(rest: str, split: str, spec: DataSpec) -> tuple[Path, bool]:

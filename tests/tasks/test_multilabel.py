@@ -185,6 +185,33 @@ def test_a_tiny_run_trains_from_cached_features_and_evaluates_its_table(run):
     assert [line.split()[0] for line in report.lines[2:5]] == sorted(COLOURS)
 
 
+def test_one_label_file_records_its_split_and_evaluate_uses_exactly_that_split(run):
+    """split.json lists the held-out images of a single labels.csv (counts: images per label, from the
+    CSV by hand), and evaluate (like predict's thresholds, export and resume, through load_split) sees
+    exactly those images, in that order, with their CSV labels."""
+    from gluontl.data.datasets import load_split
+    from gluontl.recipe import load_recipe
+    from gluontl.train.runs import evaluate
+
+    result, root = run
+    record = json.loads((result.run_dir / "split.json").read_text())
+    assert (record["source"], record["method"], record["val_fraction"]) == (f"labels:{root / 'labels.csv'}",
+                                                                           "stratified_holdout", 0.25)
+    with open(root / "labels.csv", newline="") as fh:
+        listed = {str(root / r["image"]): [float(c in r["labels"].split(";")) for c in sorted(COLOURS)]
+                  for r in csv.DictReader(fh)}
+    val = record["val"]
+    assert 0 < len(val) < len(listed) and len(set(val)) == len(val) and set(val) <= set(listed)
+    parts = {"train": [p for p in listed if p not in val], "val": val}
+    assert record["counts"] == {w: {c: int(sum(listed[p][k] for p in ps)) for k, c in enumerate(sorted(COLOURS))}
+                                for w, ps in parts.items()}
+    ds = load_split(load_recipe(result.run_dir / "recipe.yaml").data, "val")
+    assert [ds.name(i) for i in range(len(ds))] == val
+    got = evaluate(result.run_dir)
+    assert got["images"] == len(val)
+    np.testing.assert_array_equal(got["labels"], [listed[p] for p in val])
+
+
 def test_evaluate_tta_flip_is_the_mean_of_the_two_single_views(run):
     from gluontl.train.runs import evaluate
 
