@@ -268,6 +268,93 @@ def test_export_tta_flip_bakes_the_mirror_average_into_the_graph(run, tmp_path):
     assert {p.key: p.value for p in flip.metadata_props}["gluontl.tta"] == "flip"
 
 
+def _images(root):
+    return [str(root / "img" / f"{i:02d}.png") for i in range(4)]
+
+
+def _sklearn_macro_map(probs, labels) -> float:
+    return float(pytest.importorskip("sklearn.metrics").average_precision_score(labels, probs, average="macro"))
+
+
+def test_the_openvino_ir_answers_mxnets_probabilities_with_the_thresholds_in_its_runtime_info(run, tmp_path):
+    pytest.importorskip("openvino", reason="OpenVINO is not installed (pip install 'gluontl[openvino]')")
+    from openvino import Core
+
+    from gluontl.train.runs import evaluate, export_run, predict
+
+    result, root = run
+    out = tmp_path / "ir"
+    written = export_run(result.run_dir, out, formats=["onnx", "openvino"], echo=lambda _: None)
+    model = Core().read_model(str(out / "ml-openvino" / "ml.xml"))
+    info = model.get_rt_info()
+    meta = {str(k): info[k].astype(str) for k in info.keys() if str(k).startswith("gluontl.")}
+    onnx_meta = {p.key: p.value for p in onnx.load(str(out / "ml.onnx")).metadata_props}
+    assert {k: meta.get(k) for k in onnx_meta} == onnx_meta  # the ONNX keys, thresholds and classes among them
+    assert json.loads(meta[META_THRESHOLDS]) == pytest.approx(evaluate(result.run_dir)["thresholds"], abs=1e-6)
+    probs, x, _ = _val_probs(result.run_dir)
+    net = Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    got = np.asarray(net(x.astype(np.float32))[net.outputs[0]], np.float64)
+    assert np.max(np.abs(got - probs)) <= 1e-4  # probabilities (MXNet's sigmoid), not logits
+    verdict = next(a.verdict for a in written.artifacts if a.format == "openvino")
+    assert "macro mAP" in verdict and "+0.000 points" in verdict  # judged on the val split like top-1 for one label
+    from_run, from_ir = predict(result.run_dir, _images(root)), predict(out / "ml-openvino", _images(root))
+    for a, b in zip(from_run, from_ir):
+        assert a["labels"] == b["labels"] and a["probs"] == pytest.approx(b["probs"], abs=1e-4)
+
+
+def test_int8_onnx_and_symbol_are_judged_by_macro_map_as_sklearn_computes_it(run, tmp_path):
+    from gluontl.train.runs import evaluate, export_run, predict
+
+    result, root = run
+    out = tmp_path / "int8"
+    quantize = {"calibration": "val", "max_drop": 100}
+    written = export_run(result.run_dir, out, export={"formats": ["onnx", "symbol"], "quantize": quantize},
+                         echo=lambda _: None)
+    assert not written.refused
+    probs, x, _ = _val_probs(result.run_dir)
+    labels = evaluate(result.run_dir)["labels"]
+    float_model, int8_model = (onnx.load(str(out / f)) for f in ("ml.onnx", "ml.int8.onnx"))
+    name = float_model.graph.input[0].name
+    p_float, p_int8 = (np.asarray(helpers.ort_run(m.SerializeToString(), {name: x})[0], np.float64)
+                       for m in (float_model, int8_model))
+    meta = {p.key: p.value for p in int8_model.metadata_props}
+    thresholds = np.asarray(json.loads(meta[META_THRESHOLDS]))
+    report = json.loads((result.run_dir / "ml.int8.json").read_text())["verification"]
+    assert report["metric"] == "macro mAP" and report["images"] == len(labels)
+    assert report["float"] == pytest.approx(_sklearn_macro_map(p_float, labels), abs=1e-6)
+    assert report["int8"] == pytest.approx(_sklearn_macro_map(p_int8, labels), abs=1e-6)
+    assert report["drop"] == pytest.approx(100 * (report["float"] - report["int8"]), abs=1e-9)
+    assert report["agreement"] == pytest.approx(np.mean((p_float >= thresholds) == (p_int8 >= thresholds)), abs=1e-9)
+    symbol = json.loads((result.run_dir / "ml-int8-symbol.report.json").read_text())["verification"]
+    assert symbol["metric"] == "macro mAP"  # of the symbol's logits through a sigmoid: MXNet's probabilities
+    assert symbol["float"] == pytest.approx(_sklearn_macro_map(probs, labels), abs=1e-6)
+    rows = predict(out / "ml.int8.onnx", _images(root))
+    assert [r["thresholds"] for r in rows] == [dict(zip(sorted(COLOURS), thresholds))] * 4
+
+
+def test_int8_past_max_drop_is_refused_with_its_macro_map_numbers(run, tmp_path):
+    """max_drop 0 and one calibration image: the verdict decides by the macro mAP drop either way
+    (int8 kernels differ between CPUs), and a refusal says the numbers and writes no int8 file."""
+    from gluontl.train.runs import evaluate, export_run
+
+    result, _ = run
+    out = tmp_path / "refused"
+    written = export_run(result.run_dir, out, export={"formats": ["onnx"], "quantize": {"calibration": 1,
+                                                                                         "max_drop": 0}},
+                         echo=lambda _: None)
+    probs, _, _ = _val_probs(result.run_dir)
+    float_map = _sklearn_macro_map(probs, evaluate(result.run_dir)["labels"])
+    assert (out / "ml.onnx").is_file()
+    if written.refused:
+        (refusal,) = written.refused
+        assert (refusal.format, refusal.precision) == ("onnx", "int8") and not (out / "ml.int8.onnx").exists()
+        assert f"macro mAP {100 * float_map:.2f} % float" in refusal.reason
+        assert "exceeds export.quantize.max_drop 0 points" in refusal.reason
+    else:
+        report = json.loads((result.run_dir / "ml.int8.json").read_text())["verification"]
+        assert report["drop"] <= 0 and report["float"] == pytest.approx(float_map, abs=1e-6)
+
+
 def test_pos_weight_balanced_is_negatives_over_positives_and_a_wrong_length_is_refused():
     from gluontl.errors import TrainError
     from gluontl.recipe import MultiLabelSpec
