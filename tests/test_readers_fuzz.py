@@ -1,4 +1,4 @@
-"""Fuzzing the readers of recipes, images, class folders and export metadata (tests/fuzzing.py):
+"""Fuzzing the readers of recipes, images, class folders, label lists and export metadata (tests/fuzzing.py):
 each from real files (the repo's recipes, images and cards gluontl writes), mutated; a reader may
 only return or raise gluontl's input error, within the worker's memory and time bounds, writing
 nothing outside its scratch folder. Detection formats: tests/detect/test_fuzz_formats.py; masks:
