@@ -135,8 +135,9 @@ def _probs(out) -> np.ndarray:
 class MultiLabel(Classification):
     def plan_notes(self, recipe: Recipe, prep) -> tuple[str, list[str], dict[str, Any]]:
         from ..data.cache import preview
+        from .classification import split_notes
 
-        return preview(recipe, prep.block, prep.plan), [], {}
+        return preview(recipe, prep.block, prep.plan), *split_notes(recipe)
 
     def setup(self, recipe: Recipe, ctx: mx.Context, *, seed: int):
         from ..data.datasets import make_loaders

@@ -212,6 +212,15 @@ def test_one_label_file_records_its_split_and_evaluate_uses_exactly_that_split(r
     np.testing.assert_array_equal(got["labels"], [listed[p] for p in val])
 
 
+def test_plan_prints_the_automatic_split_of_one_label_file(run, capsys):
+    result, _ = run
+    code, out, _ = helpers.run_cli(capsys, "plan", "-r", str(result.run_dir / "recipe.yaml"))
+    record = json.loads((result.run_dir / "split.json").read_text())
+    pairs = ", ".join(f"{c} {n}/{record['counts']['val'][c]}" for c, n in record["counts"]["train"].items())
+    assert code == 0 and f"train {40 - len(record['val'])} images, val {len(record['val'])}" in out
+    assert f"images per class (train/val): {pairs}" in out
+
+
 def test_evaluate_tta_flip_is_the_mean_of_the_two_single_views(run):
     from gluontl.train.runs import evaluate
 
