@@ -304,6 +304,7 @@ def import_all() -> None:
     import gluontl.data.cache  # noqa: F401
     import gluontl.data.card  # noqa: F401
     import gluontl.data.checkpoint  # noqa: F401
+    import gluontl.data.multilabel  # noqa: F401
     import gluontl.detect.formats  # noqa: F401
     import gluontl.dist.launch  # noqa: F401
     import gluontl.onnx  # noqa: F401
@@ -358,6 +359,30 @@ def _class_folder(root: Path) -> None:
     name_bytes("\n".join(ds.name(i) for i in range(len(ds))))  # what the feature cache's key hashes
     for i in range(len(ds)):
         ds[i]
+
+
+def _label_file(root: Path, name: str) -> dict[str, list[int]]:
+    """Both splits of a label list (``labels:`` multi-label CSV/JSON, ``list:`` single-label CSV) in
+    ``root``, every listed image loaded: ``{split: [images, classes]}``."""
+    import numpy as np
+
+    from gluontl.data.datasets import load_split
+    from gluontl.recipe import DataSpec
+
+    scheme = "list" if name.startswith("list") else "labels"
+    spec = DataSpec(source=f"{scheme}:{root / name}", batch_size=2, val_fraction=0.25, on_bad_image="skip",
+                    train_transform={"resize": 8}, val_transform={"resize": 8})
+    out = {}
+    for split in ("train", "val"):
+        ds = load_split(spec, split)
+        values = {0, 1} if scheme == "labels" else set(range(len(ds.class_names)))  # multi-hot, or class indices
+        assert len(ds.labels) == len(ds) and set(np.unique(ds.labels).tolist()) <= values
+        if scheme == "labels":
+            assert ds.labels.shape == (len(ds), len(ds.class_names))
+        for i in range(len(ds)):
+            ds[i]
+        out[split] = [len(ds), len(ds.class_names)]
+    return out
 
 
 def _mask(root: Path) -> None:
@@ -446,4 +471,5 @@ def _onnx(root: Path) -> dict[str, str]:
 TARGETS = {"recipe": _recipe, "yolo_card": _yolo_card, "yolo_labels": _yolo_labels, "voc_xml": _voc_xml,
            "coco": _coco, "class_folder": _class_folder, "mask": _mask, "image": _image, "metrics": _metrics,
            "checkpoint": _checkpoint, "card": _card, "cache_record": _cache_record, "hosts": _hosts,
-           "export_meta": _export_meta, "onnx": _onnx}
+           "export_meta": _export_meta, "onnx": _onnx,
+           "label_file": _label_file}

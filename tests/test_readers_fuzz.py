@@ -1,4 +1,4 @@
-"""Fuzzing the readers of recipes, images, class folders and export metadata (tests/fuzzing.py):
+"""Fuzzing the readers of recipes, images, class folders, label lists and export metadata (tests/fuzzing.py):
 each from real files (the repo's recipes, images and cards gluontl writes), mutated; a reader may
 only return or raise gluontl's input error, within the worker's memory and time bounds, writing
 nothing outside its scratch folder. Detection formats: tests/detect/test_fuzz_formats.py; masks:
@@ -93,3 +93,33 @@ def test_fuzz_export_metadata(tmp_path_factory, data):
     side = data.draw(mutated(json.dumps(CARD).encode(), extra))
     fuzz("export_meta", tmp_path_factory.getbasetemp(), {"model.onnx": model.SerializeToString(),
                                                          "model-preprocess.json": side})
+
+
+IMAGES = {f"img/{i:02d}.png": PNG for i in range(6)}
+LABEL_FILES = {
+    "labels.csv": b"image,labels\nimg/00.png,red;green\nimg/01.png,green\nimg/02.png,\nimg/03.png,blue;red\n"
+                  b"# a comment\nimg/04.png,red\n\"img/05.png\",\"green;blue\"\n",
+    "labels.json": json.dumps([{"image": "img/00.png", "labels": ["red", "green"]},
+                               {"image": "img/01.png", "labels": []},
+                               {"image": "img/02.png", "labels": ["blue"]}, {"image": "img/03.png", "labels": ["red"]},
+                               {"image": "img/04.png", "labels": ["green", "blue"]}]).encode(),
+    "labels-map.json": json.dumps({"img/00.png": ["red"], "img/01.png": ["green", "red"], "img/02.png": [],
+                                   "img/03.png": ["blue"]}).encode(),
+    "list.csv": b"path,label\nimg/00.png,0\nimg/01.png,1\nimg/02.png,0\n# a comment\nimg/03.png,1\nimg/04.png,2\n"
+                b"img/05.png,2\n",
+}
+
+
+@fuzz_settings(40)
+@given(data=st.data())
+def test_fuzz_label_files(tmp_path_factory, data):
+    """Multi-label CSV and JSON label lists (``labels:``) and single-label lists (``list:``), with their
+    images beside them: parsed, or one DataError naming the file."""
+    name = data.draw(st.sampled_from(sorted(LABEL_FILES)))
+    text = data.draw(mutated(LABEL_FILES[name], (b"~nosuchuser/x.png", b";" * 40, b"," * 40, b'"', b"img/00.png",
+                                                 b"\xc2\xb2", b"\xd9\xa3", b"99999999999", b"-0", b'{"image": 1}',
+                                                 b'"labels": "red"', b'"labels": [1, null]')))
+    file = name.replace("-map", "")
+    result = fuzz("label_file", tmp_path_factory.getbasetemp(), {**IMAGES, file: text}, file)
+    if result["outcome"] == "input_error":
+        assert file in result["message"], result["message"]

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import csv
 import functools
+import io
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,12 +38,14 @@ from mxnet.gluon.data.dataloader import default_batchify_fn, default_mp_batchify
 
 from ..console import progress
 from ..errors import DataError
+from ..readers import read_text
 from ..recipe import DataSpec
 from .sampler import EpochSampler
 from .splits import SPLIT_SEED, stratified_holdout
 from .transforms import Transform, build, decode_image, image_problem, sample_rng
 
 _PROGRESS_MIN = 1000  # show a progress bar for the bad-image pass above this many items (on a terminal)
+MAX_LIST_LABEL = 99_999  # a list: label makes labels 0..label classes: a bound, or one mistyped line asks for 10^11
 
 
 @dataclass
@@ -248,7 +251,8 @@ def split_sampler(spec: DataSpec, which: Literal["train", "val"], n: int, *, see
 def _split_record(spec: DataSpec, sets: dict[str, ImageDataset]) -> SplitRecord | None:
     if "val" not in sets or not sets["val"].held_out:
         return None
-    counts = {w: {c: int(np.sum(ds.labels == i)) for i, c in enumerate(ds.class_names)} for w, ds in sets.items()}
+    counts = {w: {c: int(np.sum(ds.labels[:, i]) if ds.labels.ndim == 2 else np.sum(ds.labels == i))  # multi-hot rows
+                  for i, c in enumerate(ds.class_names)} for w, ds in sets.items()}
     val = sets["val"]
     return SplitRecord(spec.source, spec.val_fraction, counts, [val.name(i) for i in range(len(val))])
 
@@ -324,7 +328,8 @@ def _finish(items: list, labels: np.ndarray, names: list[str], problem, class_na
 
 
 def _file_problem(path: Path) -> str | None:
-    return image_problem(path) if path.is_file() else "file does not exist"
+    # os.path.isfile, not Path.is_file: a listed name too long for the file system is "does not exist", not OSError
+    return image_problem(path) if os.path.isfile(path) else "file does not exist"
 
 
 # ---------------------------------------------------------------- folder:
@@ -485,31 +490,49 @@ def _listfile(path: str, split: str, spec: DataSpec, transform: Transform, seed:
                         f"(paths relative to the list's folder); put {{split}} in the path for one file "
                         f"per split.")
     paths, raw = [], []
-    with open(f, newline="", encoding="utf-8") as fh:
-        for line_no, row in enumerate(csv.reader(fh), 1):
-            if not row or not "".join(row).strip() or row[0].lstrip().startswith("#"):
-                continue
-            if line_no == 1 and [c.strip().lower() for c in row] == ["path", "label"]:
-                continue
-            if len(row) != 2:
-                raise DataError(f"{f}, line {line_no}: expected 'path,label', got {len(row)} field(s). "
-                                f"Quote paths that contain commas.")
-            label = row[1].strip()
-            if not label.lstrip("-").isdigit():
-                raise DataError(f"{f}, line {line_no}: label '{label}' is not an integer. Labels are "
-                                f"class indices 0, 1, 2, ...")
-            if int(label) < 0:
-                raise DataError(f"{f}, line {line_no}: label {label} is out of range; labels are class "
-                                f"indices >= 0.")
-            p = Path(row[0].strip()).expanduser()
-            paths.append(p if p.is_absolute() else f.parent / p)
-            raw.append(int(label))
+    for line_no, row in enumerate(csv_rows(f, "path,label lines"), 1):
+        if not row or not "".join(row).strip() or row[0].lstrip().startswith("#"):
+            continue
+        if line_no == 1 and [c.strip().lower() for c in row] == ["path", "label"]:
+            continue
+        if len(row) != 2:
+            raise DataError(f"{f}, line {line_no}: expected 'path,label', got {len(row)} field(s). "
+                            f"Quote paths that contain commas.")
+        label = row[1].strip()
+        if not (label.isascii() and label.lstrip("-").isdigit()):  # '²' is a digit to str.isdigit, not to int()
+            raise DataError(f"{f}, line {line_no}: label '{label[:40]}' is not an integer. Labels are "
+                            f"class indices 0, 1, 2, ...")
+        if label.startswith("-") or len(label) > len(str(MAX_LIST_LABEL)) or int(label) > MAX_LIST_LABEL:
+            raise DataError(f"{f}, line {line_no}: label {label[:40]} is out of range; labels are class "
+                            f"indices 0 to {MAX_LIST_LABEL}.")
+        paths.append(listed_path(row[0].strip(), f, f"{f}, line {line_no}"))
+        raw.append(int(label))
     rows, mapping, names = _select(np.array(raw, np.int64), whole, split, spec)
     chosen = [paths[r] for r in rows]
     return _finish([str(p) for p in chosen], np.array([mapping[raw[r]] for r in rows], np.int64),
                    [str(p) for p in chosen], lambda i: _file_problem(chosen[i]), names,
                    _declared(spec, names, f), spec, f"split '{split}' of list '{f}'",
                    transform, seed, held_out=whole, check=check)
+
+
+def csv_rows(f: Path, layout: str) -> list[list[str]]:
+    """The rows of a CSV label file, read size-bounded as UTF-8 text; a file that is not text or a
+    CSV csv can read (a field over its size limit) is one DataError naming the file."""
+    text = read_text(f, DataError, "the label file")
+    try:
+        return list(csv.reader(io.StringIO(text, newline="")))
+    except csv.Error as e:
+        raise DataError(f"{f}: not a CSV this reader can read ({e}). Write one image per line as {layout}.") from None
+
+
+def listed_path(cell: str, f: Path, where: str) -> Path:
+    """An image path as a label file lists it: ``~`` expanded, relative to the file's folder."""
+    try:
+        p = Path(cell).expanduser()
+    except RuntimeError:  # ~user of a user this machine does not have
+        raise DataError(f"{where}: image path '{cell[:80]}' starts with ~ but names no home folder on "
+                        f"this machine. Write the path relative to the label file's folder, or in full.") from None
+    return p if p.is_absolute() else f.parent / p
 
 
 def _open_rec(rec: str) -> recordio.MXIndexedRecordIO:

@@ -13,7 +13,8 @@ Sources:
   polycrystalline}, on demo:elpv's own train/val split.
 
 A path with ``{split}`` (or a folder holding ``train.csv``/``val.csv``) gives one file per split; a
-single file or label folder is split by ``stratified_holdout`` on each image's label set. Class names
+single file or label folder is split by ``stratified_holdout`` on each image's label set (held out:
+the run folder's ``split.json`` records it, counting images per label). Class names
 are ``data.classes`` (a label outside them is an error naming the file and line), else the sorted
 labels of the train split. Labels come out as float32 multi-hot vectors, so the feature cache and
 ``feature_batches`` carry them like class indices.
@@ -21,22 +22,24 @@ labels of the train split. Labels come out as float32 multi-hot vectors, so the 
 from __future__ import annotations
 
 import csv
-import io
+import os
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import DataError
-from ..readers import read_json, read_text
+from ..readers import read_json
 from ..recipe import DataSpec
-from .datasets import SOURCES, BadImageReport, ImageDataset, _class_dirs, _files, screen_images
+from .datasets import (SOURCES, BadImageReport, ImageDataset, _class_dirs, _file_problem, _files, csv_rows, listed_path,
+                       screen_images)
 from .demo import _cache_dir, elpv_labels, materialize
 from .splits import stratified_holdout
-from .transforms import Transform, image_problem, sample_rng
+from .transforms import Transform, sample_rng
 
 MULTILABEL_DEMOS = {"demo:elpv_multilabel": ("defective", "polycrystalline")}
 IMAGE_KEYS, LABEL_KEYS = ("image", "path"), ("labels", "label")
 SEPARATOR = ";"
+MAX_LABEL_CELLS = 1 << 26  # images x labels of the multi-hot matrix (512 MB as int64); beyond it a file is refused
 
 
 class MultiLabelDataset(ImageDataset):
@@ -64,18 +67,14 @@ def load_multilabel(spec: DataSpec, split: str, transform: Transform, seed: int,
         is_val = stratified_holdout(combo, spec.val_fraction)
         rows = rows[is_val == (split == spec.val)]
     chosen = [paths[r] for r in rows]
-    keep, bad = screen_images([str(p) for p in chosen], lambda i: _problem(chosen[i]), spec,
+    keep, bad = screen_images([str(p) for p in chosen], lambda i: _file_problem(chosen[i]), spec,
                               f"split '{split}' of '{where}'") if check else (np.ones(len(chosen), bool),
                                                                               BadImageReport())
     if not keep.any():
         raise DataError(f"Split '{split}' of '{where}' has no usable images. Check data.source and the split "
                         f"names data.train / data.val.")
     items = [str(p) for p, k in zip(chosen, keep) if k]
-    return MultiLabelDataset(items, labels[rows][keep], names, transform, seed, bad)
-
-
-def _problem(path: Path) -> str | None:
-    return image_problem(path) if path.is_file() else "file does not exist"
+    return MultiLabelDataset(items, labels[rows][keep], names, transform, seed, bad, held_out=whole)
 
 
 def _split_path(rest: str, split: str, spec: DataSpec) -> tuple[Path, bool]:
@@ -103,12 +102,7 @@ def _read(where: Path) -> tuple[list[Path], list[list[str]], list[str]]:
 
 
 def _read_csv(f: Path) -> tuple[list[Path], list[list[str]], list[str]]:
-    text = read_text(f, DataError, "the label file")  # bounded, UTF-8 or one paragraph
-    try:
-        rows = list(csv.reader(io.StringIO(text, newline="")))
-    except csv.Error as e:
-        raise DataError(f"{f}: not a CSV this reader can read ({e}). Write one image per line as "
-                        f"image,labels with the labels separated by '{SEPARATOR}'.") from None
+    rows = csv_rows(f, f"image,labels with the labels separated by '{SEPARATOR}'")
     header = [c.strip().lower() for c in rows[0]] if rows else []
     image_col = next((header.index(k) for k in IMAGE_KEYS if k in header), None)
     label_col = next((header.index(k) for k in LABEL_KEYS if k in header), None)
@@ -124,8 +118,7 @@ def _read_csv(f: Path) -> tuple[list[Path], list[list[str]], list[str]]:
         if len(row) <= max(image_col, label_col):
             raise DataError(f"{f}, line {line_no}: expected {len(header)} fields ({','.join(header)}), got "
                             f"{len(row)}. Quote paths that contain commas.")
-        p = Path(row[image_col].strip()).expanduser()
-        paths.append(p if p.is_absolute() else f.parent / p)
+        paths.append(listed_path(row[image_col].strip(), f, f"{f}, line {line_no}"))
         sets.append([s.strip() for s in row[label_col].split(SEPARATOR) if s.strip()])
         lines.append(f"{f}, line {line_no}")
     return paths, sets, lines
@@ -142,8 +135,7 @@ def _read_json(f: Path) -> tuple[list[Path], list[list[str]], list[str]]:
                 or not all(isinstance(x, str) for x in labels):
             raise DataError(f"{f}, item {i}: expected {{\"image\": PATH, \"labels\": [names]}} (a list of them, or a "
                             f"mapping of image paths to label lists), got {str(item)[:80]}. Fix the file.")
-        p = Path(item["image"]).expanduser()
-        paths.append(p if p.is_absolute() else f.parent / p)
+        paths.append(listed_path(item["image"], f, f"{f}, item {i}"))
         sets.append(labels)
         lines.append(f"{f}, item {i}")
     return paths, sets, lines
@@ -168,7 +160,7 @@ def _first_seen(paths: list[Path], lines: list[str], where: Path) -> None:
     """An image listed twice is refused: its two label sets would disagree or double its weight."""
     seen: dict[str, int] = {}
     for i, p in enumerate(paths):
-        key = str(p.resolve()) if p.exists() else str(p)
+        key = str(p.resolve()) if os.path.exists(p) else str(p)  # a name too long to stat does not exist
         if key in seen:
             raise DataError(f"{lines[i]}: image '{p}' is listed twice in '{where}' (first at "
                             f"{lines[seen[key]].rpartition(', ')[2]}). List each image once, with all its "
@@ -187,12 +179,19 @@ def _names(spec: DataSpec, split: str, where: Path, whole: bool, sets: list[list
 
 def _multi_hot(sets: list[list[str]], names: list[str], lines: list[str], where: Path, spec: DataSpec) -> np.ndarray:
     index = {n: i for i, n in enumerate(names)}
+    if len(sets) * len(names) > MAX_LABEL_CELLS:  # e.g. another separator than ';' makes every label set one label
+        raise DataError(f"'{where}' lists {len(sets):,} images with {len(names):,} different labels "
+                        f"({', '.join(n[:40] for n in names[:3])}, ...): a multi-hot table of "
+                        f"{len(sets) * len(names):,} cells, over gluontl's "
+                        f"{MAX_LABEL_CELLS:,}. Check that labels are separated by '{SEPARATOR}', or list fewer labels "
+                        f"in data.classes.")
     out = np.zeros((len(sets), len(names)), np.int64)
     for row, (labels, line) in enumerate(zip(sets, lines)):
         for name in labels:
             if name not in index:
                 said = "data.classes" if spec.classes is not None else "the train split's labels"
-                raise DataError(f"{line}: unknown label '{name}' (the labels are {said}: {', '.join(names)}). "
+                shown = ", ".join(names[:20]) + (f", ... ({len(names)} in all)" if len(names) > 20 else "")
+                raise DataError(f"{line}: unknown label '{name[:80]}' (the labels are {said}: {shown}). "
                                 f"Fix the label, or add it to data.classes.")
             out[row, index[name]] = 1
     if len(names) < 1:

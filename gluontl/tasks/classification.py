@@ -21,7 +21,7 @@ class Classification:
 
     def plan_notes(self, recipe: Recipe, prep: Prepared) -> tuple[str, list[str], dict[str, Any]]:
         from ..data.cache import preview
-        from ..data.datasets import require_two_classes, split_preview
+        from ..data.datasets import require_two_classes
 
         if recipe.data is not None:
             require_two_classes(recipe.data)
@@ -29,12 +29,8 @@ class Classification:
         from ..data.datasets import load_split
 
         weights = plan_notes(recipe, lambda: load_split(recipe.data, recipe.data.train, check=False))
-        split = split_preview(recipe.data) if recipe.data is not None else None
-        if not split:
-            return preview(recipe, prep.block, prep.plan), weights, {}
-        return (preview(recipe, prep.block, prep.plan),
-                [split[0].summary(*split[1:]) + " (as listed: finetune leaves out bad images)", *weights],
-                {"split": {k: v for k, v in split[0].to_json().items() if k != "val"}})
+        notes, record = split_notes(recipe)
+        return preview(recipe, prep.block, prep.plan), [*notes, *weights], record
 
     def setup(self, recipe: Recipe, ctx: mx.Context, *, seed: int):
         from ..data.datasets import make_loaders, require_two_classes
@@ -241,6 +237,17 @@ class Classification:
         train = load_split(data, data.train, check=False) if quantize.calibration != "val" else val
         return export_with_int8(write, out_dir, recipe.name, quantize, train, val, val.labels, classification_metric,
                                 force=force, report_dir=run, echo=echo)
+
+
+def split_notes(recipe: Recipe) -> tuple[list[str], dict[str, Any]]:
+    """``plan``'s line and plan.json record of an automatic split, as listed (none: ``([], {})``)."""
+    from ..data.datasets import split_preview
+
+    split = split_preview(recipe.data) if recipe.data is not None else None
+    if not split:
+        return [], {}
+    return ([split[0].summary(*split[1:]) + " (as listed: finetune leaves out bad images)"],
+            {"split": {k: v for k, v in split[0].to_json().items() if k != "val"}})
 
 
 def _bake_flip(net, path: Path, sample: dict[str, np.ndarray] | None, rtol: float | None,

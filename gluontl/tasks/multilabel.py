@@ -135,8 +135,9 @@ def _probs(out) -> np.ndarray:
 class MultiLabel(Classification):
     def plan_notes(self, recipe: Recipe, prep) -> tuple[str, list[str], dict[str, Any]]:
         from ..data.cache import preview
+        from .classification import split_notes
 
-        return preview(recipe, prep.block, prep.plan), [], {}
+        return preview(recipe, prep.block, prep.plan), *split_notes(recipe)
 
     def setup(self, recipe: Recipe, ctx: mx.Context, *, seed: int):
         from ..data.datasets import make_loaders
@@ -250,43 +251,119 @@ class MultiLabel(Classification):
         return _report(rows)
 
     def export_run(self, run: Path, recipe: Recipe, net, out_dir: Path, formats: list[str], force: bool,
-                   quantize: QuantizeSpec | None, echo: Callable[[str], None]) -> list[Path]:
-        from ..data.card import export_input_name, stored_card
+                   quantize: QuantizeSpec | None, echo: Callable[[str], None]):
+        from ..data.card import export_input_name, recipe_data, stored_card
         from ..data.datasets import load_split
-        from ..export.exporters import export_block
         from ..data.tta import average
-        from ..export.finish import finish_onnx
+        from ..export.exporters import BlockGraph, export_block
         from ..export.verify import FIXED_RTOL
 
-        if quantize is not None or "openvino" in formats:
-            raise ExportError("a multilabel run exports symbol and onnx (float); export.quantize and the openvino "
-                              "format are judged by single-label top-1 and are not available for it yet.")
         spec = recipe.export
+        if quantize is not None and spec.tta != "none":
+            raise ExportError("export.tta bakes a flip into the float ONNX file; with export.quantize the int8 symbol "
+                              "files would not have it. Export without quantize for the flip, or set export.tta: none.")
         name = export_input_name(recipe)
         card = stored_card(run, recipe)
         card = {**card, "preprocess": {**card["preprocess"], "input": {**card["preprocess"]["input"], "name": name}}}
         thresholds = self.thresholds(run, recipe, net)
         card["thresholds"] = thresholds
-        ds = load_split(recipe.data, recipe.data.val)
-        x = np.stack([ds[i][0] for i in range(min(8, len(ds)))]).astype(np.float32)
-        written = export_block(net, out_dir, recipe.name, {name: (1, *recipe.model.input_shape)}, formats=formats,
-                               opset=spec.opset, rtol=spec.rtol, lean=spec.lean, force=force, sample={name: x},
-                               output_names=spec.output_names, card=card, echo=echo)
-        if "onnx" in formats:
-            flip = spec.tta == "flip"
-            path = Path(out_dir) / f"{recipe.name}.onnx"
+        data = recipe_data(recipe, run)
+        val = load_split(data, data.val)
+        x = np.stack([val[i][0] for i in range(min(8, len(val)))]).astype(np.float32)
+        flip = spec.tta == "flip"
 
-            def reference(batch: np.ndarray) -> np.ndarray:
-                with autograd.predict_mode():
-                    return average(lambda v: _sigmoid(net(mx.nd.array(v))), batch, "flip" if flip else None)
+        def reference(batch: np.ndarray) -> np.ndarray:
+            with autograd.predict_mode():
+                return average(lambda v: _sigmoid(net(mx.nd.array(v))), batch, "flip" if flip else None)
 
-            err = finish_onnx(path, "sigmoid", flip, {META_THRESHOLDS: json.dumps(thresholds),
-                                                      "gluontl.output": "probabilities",
-                                                      "gluontl.tta": spec.tta}, reference, x, spec.rtol)
-            echo(f"{path}: outputs per-class probabilities{' averaged with the mirror image' if flip else ''}; "
-                 f"onnxruntime vs MXNet max error {err:.2e} (<= {FIXED_RTOL if spec.rtol is None else spec.rtol:g}); "
-                 f"thresholds {', '.join(f'{n} {t:.4f}' for n, t in zip(card['classes'], thresholds))} in its metadata")
+        shapes = {name: (1, *recipe.model.input_shape)}
+        logits = BlockGraph(net, recipe.name, shapes, opset=spec.opset, rtol=spec.rtol, lean=spec.lean,
+                            sample={name: x}, output_names=spec.output_names, card=card)
+        graph = ProbabilityGraph(logits, reference, flip, {META_THRESHOLDS: json.dumps(thresholds),
+                                                           "gluontl.output": "probabilities", "gluontl.tta": spec.tta})
+        metric = int8_metric(thresholds)
+        judge = None
+        if "openvino" in formats:  # the IR is judged by macro mAP on the validation split, like top-1 for one label
+            from ..export.openvino_ir import Judge
+            from ..export.quantize import calibration_indices, file_tensors
+
+            calib = val if quantize is None or quantize.calibration == "val" else load_split(data, data.train,
+                                                                                              check=False)
+            judge = Judge(val, val.labels, metric, file_tensors,
+                          lambda q: calibration_indices(q.calibration, calib, val))
+
+        def write(folder: Path):
+            return export_block(net, folder, recipe.name, shapes, formats=formats, opset=spec.opset, rtol=spec.rtol,
+                                lean=spec.lean, force=force, sample={name: x}, output_names=spec.output_names,
+                                card=card, judge=judge, int8=quantize, echo=echo, graph=graph)
+
+        if quantize is None:
+            written = write(out_dir)
+        else:
+            from ..export.quantize import export_with_int8
+
+            train = load_split(data, data.train, check=False) if quantize.calibration != "val" else val
+            written = export_with_int8(write, out_dir, recipe.name, quantize, train, val, val.labels, metric,
+                                       force=force, report_dir=run, echo=echo,
+                                       symbol_outputs=lambda outs: [_logistic(o) for o in outs])
+        if graph.error is not None:
+            mirror = " averaged with the mirror image" if flip else ""
+            echo(f"{recipe.name}: the ONNX graph outputs per-class probabilities{mirror}; onnxruntime vs MXNet max "
+                 f"error {graph.error:.2e} (<= {FIXED_RTOL if spec.rtol is None else spec.rtol:g}); thresholds {', '.join(f'{n} {t:.4f}' for n, t in zip(card['classes'], thresholds))} in its metadata")
         return written
+
+
+class ProbabilityGraph:
+    """A ``registry.GraphFinisher``: the block's verified logits graph (``logits``, a ``BlockGraph``)
+    with a ``Sigmoid`` appended (and with export.tta: flip the mirror average), verified again
+    against MXNet's probabilities (``reference``), the thresholds in its metadata. It is the ONNX
+    file, and the one OpenVINO converts, so the IR answers probabilities and carries the same keys
+    in its runtime info."""
+
+    compare = None  # OpenVINO's outputs against this file's: within rtol of their range
+
+    def __init__(self, logits: Any, reference: Callable[[np.ndarray], np.ndarray], flip: bool,
+                 metadata: dict[str, str]) -> None:
+        self.logits, self.reference, self.flip, self.metadata = logits, reference, flip, metadata
+        self.note, self.error = "", None
+
+    def write_onnx(self, folder: Path, overwrite: bool) -> Path:
+        from ..export.finish import finish_onnx
+
+        path = self.logits.write_onnx(folder, overwrite)
+        self.error = finish_onnx(path, "sigmoid", self.flip, dict(self.metadata), self.reference,
+                                 next(iter(self.logits.sample.values())), self.logits.rtol)
+        self.note = f"; per-class probabilities within {self.error:.1e} of MXNet's sigmoid"
+        return path
+
+    def batches(self) -> list[tuple[str, Any]]:
+        return self.logits.batches()
+
+
+def _logistic(z: np.ndarray) -> np.ndarray:
+    """The sigmoid of logits without overflow (a symbol export's outputs are logits)."""
+    return 0.5 * (1 + np.tanh(0.5 * np.asarray(z, np.float64)))
+
+
+def int8_metric(thresholds) -> Callable[[list, list, Any], dict[str, Any]]:
+    """quantize's ``Metric`` for a multi-label export: macro mAP of the reference's and the
+    candidate's probabilities on the validation labels, the drop in points (what
+    ``export.quantize.max_drop`` bounds), and how often the two decide a label alike at the run's
+    thresholds."""
+    t = np.asarray(thresholds, np.float64)[None]
+
+    def metric(float_out: list, int8_out: list, labels: Any) -> dict[str, Any]:
+        labels = np.asarray(labels)
+        f, q = (np.asarray(o[0], np.float64) for o in (float_out, int8_out))
+        map_f, map_q = (ranking_metrics(p, labels)["val_macro_map"] for p in (f, q))
+        agree = float(np.mean((f >= t) == (q >= t)))
+        change = 100 * (map_q - map_f)
+        return {"metric": "macro mAP", "images": int(len(labels)), "float": map_f, "int8": map_q, "drop": -change,
+                "agreement": agree,
+                "summary": f"macro mAP {100 * map_f:.2f} % float, {100 * map_q:.2f} % int8 ({change:+.2f} points), "
+                           f"label agreement {100 * agree:.2f} % at the run's thresholds on {len(labels)} validation "
+                           f"images"}
+    return metric
 
 
 def recipe_val(recipe: Recipe, run: Path) -> str:

@@ -185,6 +185,42 @@ def test_a_tiny_run_trains_from_cached_features_and_evaluates_its_table(run):
     assert [line.split()[0] for line in report.lines[2:5]] == sorted(COLOURS)
 
 
+def test_one_label_file_records_its_split_and_evaluate_uses_exactly_that_split(run):
+    """split.json lists the held-out images of a single labels.csv (counts: images per label, from the
+    CSV by hand), and evaluate (like predict's thresholds, export and resume, through load_split) sees
+    exactly those images, in that order, with their CSV labels."""
+    from gluontl.data.datasets import load_split
+    from gluontl.recipe import load_recipe
+    from gluontl.train.runs import evaluate
+
+    result, root = run
+    record = json.loads((result.run_dir / "split.json").read_text())
+    assert (record["source"], record["method"], record["val_fraction"]) == (f"labels:{root / 'labels.csv'}",
+                                                                           "stratified_holdout", 0.25)
+    with open(root / "labels.csv", newline="") as fh:
+        listed = {str(root / r["image"]): [float(c in r["labels"].split(";")) for c in sorted(COLOURS)]
+                  for r in csv.DictReader(fh)}
+    val = record["val"]
+    assert 0 < len(val) < len(listed) and len(set(val)) == len(val) and set(val) <= set(listed)
+    parts = {"train": [p for p in listed if p not in val], "val": val}
+    assert record["counts"] == {w: {c: int(sum(listed[p][k] for p in ps)) for k, c in enumerate(sorted(COLOURS))}
+                                for w, ps in parts.items()}
+    ds = load_split(load_recipe(result.run_dir / "recipe.yaml").data, "val")
+    assert [ds.name(i) for i in range(len(ds))] == val
+    got = evaluate(result.run_dir)
+    assert got["images"] == len(val)
+    np.testing.assert_array_equal(got["labels"], [listed[p] for p in val])
+
+
+def test_plan_prints_the_automatic_split_of_one_label_file(run, capsys):
+    result, _ = run
+    code, out, _ = helpers.run_cli(capsys, "plan", "-r", str(result.run_dir / "recipe.yaml"))
+    record = json.loads((result.run_dir / "split.json").read_text())
+    pairs = ", ".join(f"{c} {n}/{record['counts']['val'][c]}" for c, n in record["counts"]["train"].items())
+    assert code == 0 and f"train {40 - len(record['val'])} images, val {len(record['val'])}" in out
+    assert f"images per class (train/val): {pairs}" in out
+
+
 def test_evaluate_tta_flip_is_the_mean_of_the_two_single_views(run):
     from gluontl.train.runs import evaluate
 
@@ -239,6 +275,93 @@ def test_export_tta_flip_bakes_the_mirror_average_into_the_graph(run, tmp_path):
     want = (helpers.ort_run(plain, {name: x})[0] + helpers.ort_run(plain, {name: x[..., ::-1].copy()})[0]) / 2
     helpers.assert_f32_close(helpers.ort_run(flip.SerializeToString(), {name: x})[0], want, scale=1.0, terms=4)
     assert {p.key: p.value for p in flip.metadata_props}["gluontl.tta"] == "flip"
+
+
+def _images(root):
+    return [str(root / "img" / f"{i:02d}.png") for i in range(4)]
+
+
+def _sklearn_macro_map(probs, labels) -> float:
+    return float(pytest.importorskip("sklearn.metrics").average_precision_score(labels, probs, average="macro"))
+
+
+def test_the_openvino_ir_answers_mxnets_probabilities_with_the_thresholds_in_its_runtime_info(run, tmp_path):
+    pytest.importorskip("openvino", reason="OpenVINO is not installed (pip install 'gluontl[openvino]')")
+    from openvino import Core
+
+    from gluontl.train.runs import evaluate, export_run, predict
+
+    result, root = run
+    out = tmp_path / "ir"
+    written = export_run(result.run_dir, out, formats=["onnx", "openvino"], echo=lambda _: None)
+    model = Core().read_model(str(out / "ml-openvino" / "ml.xml"))
+    info = model.get_rt_info()
+    meta = {str(k): info[k].astype(str) for k in info.keys() if str(k).startswith("gluontl.")}
+    onnx_meta = {p.key: p.value for p in onnx.load(str(out / "ml.onnx")).metadata_props}
+    assert {k: meta.get(k) for k in onnx_meta} == onnx_meta  # the ONNX keys, thresholds and classes among them
+    assert json.loads(meta[META_THRESHOLDS]) == pytest.approx(evaluate(result.run_dir)["thresholds"], abs=1e-6)
+    probs, x, _ = _val_probs(result.run_dir)
+    net = Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    got = np.asarray(net(x.astype(np.float32))[net.outputs[0]], np.float64)
+    assert np.max(np.abs(got - probs)) <= 1e-4  # probabilities (MXNet's sigmoid), not logits
+    verdict = next(a.verdict for a in written.artifacts if a.format == "openvino")
+    assert "macro mAP" in verdict and "+0.000 points" in verdict  # judged on the val split like top-1 for one label
+    from_run, from_ir = predict(result.run_dir, _images(root)), predict(out / "ml-openvino", _images(root))
+    for a, b in zip(from_run, from_ir):
+        assert a["labels"] == b["labels"] and a["probs"] == pytest.approx(b["probs"], abs=1e-4)
+
+
+def test_int8_onnx_and_symbol_are_judged_by_macro_map_as_sklearn_computes_it(run, tmp_path):
+    from gluontl.train.runs import evaluate, export_run, predict
+
+    result, root = run
+    out = tmp_path / "int8"
+    quantize = {"calibration": "val", "max_drop": 100}
+    written = export_run(result.run_dir, out, export={"formats": ["onnx", "symbol"], "quantize": quantize},
+                         echo=lambda _: None)
+    assert not written.refused
+    probs, x, _ = _val_probs(result.run_dir)
+    labels = evaluate(result.run_dir)["labels"]
+    float_model, int8_model = (onnx.load(str(out / f)) for f in ("ml.onnx", "ml.int8.onnx"))
+    name = float_model.graph.input[0].name
+    p_float, p_int8 = (np.asarray(helpers.ort_run(m.SerializeToString(), {name: x})[0], np.float64)
+                       for m in (float_model, int8_model))
+    meta = {p.key: p.value for p in int8_model.metadata_props}
+    thresholds = np.asarray(json.loads(meta[META_THRESHOLDS]))
+    report = json.loads((result.run_dir / "ml.int8.json").read_text())["verification"]
+    assert report["metric"] == "macro mAP" and report["images"] == len(labels)
+    assert report["float"] == pytest.approx(_sklearn_macro_map(p_float, labels), abs=1e-6)
+    assert report["int8"] == pytest.approx(_sklearn_macro_map(p_int8, labels), abs=1e-6)
+    assert report["drop"] == pytest.approx(100 * (report["float"] - report["int8"]), abs=1e-9)
+    assert report["agreement"] == pytest.approx(np.mean((p_float >= thresholds) == (p_int8 >= thresholds)), abs=1e-9)
+    symbol = json.loads((result.run_dir / "ml-int8-symbol.report.json").read_text())["verification"]
+    assert symbol["metric"] == "macro mAP"  # of the symbol's logits through a sigmoid: MXNet's probabilities
+    assert symbol["float"] == pytest.approx(_sklearn_macro_map(probs, labels), abs=1e-6)
+    rows = predict(out / "ml.int8.onnx", _images(root))
+    assert [r["thresholds"] for r in rows] == [dict(zip(sorted(COLOURS), thresholds))] * 4
+
+
+def test_int8_past_max_drop_is_refused_with_its_macro_map_numbers(run, tmp_path):
+    """max_drop 0 and one calibration image: the verdict decides by the macro mAP drop either way
+    (int8 kernels differ between CPUs), and a refusal says the numbers and writes no int8 file."""
+    from gluontl.train.runs import evaluate, export_run
+
+    result, _ = run
+    out = tmp_path / "refused"
+    written = export_run(result.run_dir, out, export={"formats": ["onnx"], "quantize": {"calibration": 1,
+                                                                                         "max_drop": 0}},
+                         echo=lambda _: None)
+    probs, _, _ = _val_probs(result.run_dir)
+    float_map = _sklearn_macro_map(probs, evaluate(result.run_dir)["labels"])
+    assert (out / "ml.onnx").is_file()
+    if written.refused:
+        (refusal,) = written.refused
+        assert (refusal.format, refusal.precision) == ("onnx", "int8") and not (out / "ml.int8.onnx").exists()
+        assert f"macro mAP {100 * float_map:.2f} % float" in refusal.reason
+        assert "exceeds export.quantize.max_drop 0 points" in refusal.reason
+    else:
+        report = json.loads((result.run_dir / "ml.int8.json").read_text())["verification"]
+        assert report["drop"] <= 0 and report["float"] == pytest.approx(float_map, abs=1e-6)
 
 
 def test_pos_weight_balanced_is_negatives_over_positives_and_a_wrong_length_is_refused():
