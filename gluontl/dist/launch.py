@@ -21,7 +21,10 @@ answering within 15 s, and before the job starts every host must answer ``ssh HO
 ``--max-restarts N`` is torchrun's: after a failure (not a refused input, not a signal) every
 process is stopped, and the job starts again, up to N times, from the run's last checkpoint
 (``finetune --resume RUN``; the run folder is the one rank 0 reports) — exact, because a resume
-is. Each restart is a row of the run folder's restarts record.
+is. Each restart is a row of the run folder's restarts record. The hosts file is read again before
+each restart, so a dead host taken out of it is left out with its workers: elastic, as torchrun's
+``--nnodes MIN:MAX``, no host gets more workers than the busiest host of the first start, and the
+global batch stays (the resume rebatches; a count that does not divide it is refused).
 """
 from __future__ import annotations
 

@@ -5,6 +5,7 @@ values exit 2."""
 import json
 import os
 import signal
+import threading
 
 import numpy as np
 import pytest
@@ -57,9 +58,10 @@ def test_a_new_run_restarted_on_fewer_workers_keeps_the_global_batch_or_is_refus
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
-    """A folder with r.yaml (the tiny net, 2 classes: 4 epochs of 9 steps of 2 workers × 16) and
-    the job's uninterrupted run on 2 workers, started in the background (it runs beside the first
-    test's job: its processes are not that job's descendants); ``wait()`` returns its run folder."""
+    """A folder with r.yaml (the tiny net, 2 classes: 4 epochs of 9 steps of 2 workers × 16), the
+    job's uninterrupted run on 2 workers and the elastic job (:func:`_elastic`), both started in the
+    background: they run beside the first test's job (their processes are not that job's
+    descendants). ``wait()`` returns the uninterrupted run folder."""
     folder = tmp_path_factory.mktemp("restart")
     prefix = helpers.tiny_symbol(folder)
     r = helpers.tiny_recipe(prefix, name="r", export=[], data={"classes": ["5", "6"]}, epochs=4, lr=0.05, seed=3,
@@ -67,6 +69,7 @@ def uninterrupted(tmp_path_factory):
     r["surgery"] = {"head": {"classes": 2}}  # 2 classes: 9 steps an epoch
     (folder / "r.yaml").write_text(yaml.safe_dump(r))
     full = Launch(folder, "-n", "2", "--", "finetune", "-r", "r.yaml", "--runs", "full", "-q")
+    elastic = _elastic(folder)
     done = []
 
     def wait():
@@ -76,15 +79,39 @@ def uninterrupted(tmp_path_factory):
             done.extend((folder / "full").iterdir())
         return done[0]
     try:
-        yield folder, wait
+        yield folder, wait, elastic
     finally:
-        if full.popen.poll() is None:  # a test failed before it waited: the job goes
-            full.started.update(descendants(full.popen.pid))
-            full.cleanup()
+        for job in (full, elastic[0]):
+            if job.popen.poll() is None:  # a test failed before it waited: the job goes
+                job.started.update(descendants(job.popen.pid))
+                job.cleanup()
+
+
+def _elastic(folder):
+    """``--max-restarts 1 -n 2`` over a hosts file of ``localhost`` and ``127.0.0.1`` (two hosts
+    that run here, without ssh: the ssh path is test_multihost's); after rank 0's epoch-2 line a
+    thread takes ``127.0.0.1`` out of the file and kills worker 1. Returns the Launch, the thread
+    and a list that gets the thread's error, if any."""
+    (folder / "hosts").write_text("localhost\n127.0.0.1\n")
+    job = Launch(folder, "--max-restarts", "1", "--restart-delay", "0", "-n", "2", "--hosts", "hosts", "--",
+                 "finetune", "-r", "r.yaml", "--runs", "elastic", "-q")
+    errors = []
+
+    def kill():
+        try:
+            job.wait_for(r"^\[worker \d\] epoch 2/4", timeout=240)
+            (folder / "hosts").write_text("localhost  # 127.0.0.1 is gone\n")  # read again at the restart
+            job.started.update(descendants(job.popen.pid))
+            os.kill(_worker(job, 1), signal.SIGKILL)
+        except BaseException as e:  # the test reports it
+            errors.append(e)
+    thread = threading.Thread(target=kill, daemon=True)
+    thread.start()
+    return job, thread, errors
 
 
 def test_a_worker_killed_twice_restarts_and_ends_as_the_uninterrupted_job(uninterrupted, launched):  # noqa: F811
-    folder, full = uninterrupted
+    folder, full, _ = uninterrupted
     job = launched(folder, "--max-restarts", "2", "--restart-delay", "0", "-n", "2", "--", "finetune",
                    "-r", "r.yaml", "--runs", "killed", "-q")
     killed = []
@@ -116,21 +143,14 @@ def test_a_worker_killed_twice_restarts_and_ends_as_the_uninterrupted_job(uninte
 
 
 
-def test_a_host_taken_out_of_the_file_before_a_restart_leaves_the_job_on_fewer_workers(uninterrupted,
-                                                                                       launched):  # noqa: F811
-    """``localhost`` and ``127.0.0.1`` are two hosts of the file that run here: the ssh path is
-    test_multihost's; what is tested is the file read again at the restart and the elastic resume.
+def test_a_host_taken_out_of_the_file_before_a_restart_leaves_the_job_on_fewer_workers(uninterrupted):
+    """The elastic job of the fixture: the file read again at the restart, and the elastic resume.
     The result agrees with the uninterrupted run within float32 summation error (docs/distributed.md:
     only the order in which a step's 32 per-image gradients are added changes)."""
-    folder, full = uninterrupted
-    (folder / "hosts").write_text("localhost\n127.0.0.1\n")
-    job = launched(folder, "--max-restarts", "1", "--restart-delay", "0", "-n", "2", "--hosts", "hosts", "--",
-                   "finetune", "-r", "r.yaml", "--runs", "elastic", "-q")
-    job.wait_for(r"^\[worker \d\] epoch 2/4", timeout=180)
-    (folder / "hosts").write_text("localhost  # 127.0.0.1 is gone\n")  # read again at the restart
-    job.started.update(descendants(job.popen.pid))
-    os.kill(_worker(job, 1), signal.SIGKILL)
-    code, out, err = job.finish(timeout=120)
+    folder, full, (job, thread, errors) = uninterrupted
+    thread.join(240)
+    assert not thread.is_alive() and errors == [], errors
+    code, out, err = job.finish(timeout=180)
     assert code == 0, out[-3000:] + err[-3000:]
     assert "lists 1 host(s) now: restart 1 runs 1 worker(s) instead of 2" in " ".join(err.split()), err
     assert "resuming on 1 worker(s) a run trained on 2: data.batch_size 32 per worker, 32 images a step" in out
