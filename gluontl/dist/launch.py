@@ -21,7 +21,10 @@ answering within 15 s, and before the job starts every host must answer ``ssh HO
 ``--max-restarts N`` is torchrun's: after a failure (not a refused input, not a signal) every
 process is stopped, and the job starts again, up to N times, from the run's last checkpoint
 (``finetune --resume RUN``; the run folder is the one rank 0 reports) — exact, because a resume
-is. Each restart is a row of the run folder's restarts record.
+is. Each restart is a row of the run folder's restarts record. The hosts file is read again before
+each restart, so a dead host taken out of it is left out with its workers: elastic, as torchrun's
+``--nnodes MIN:MAX``, no host gets more workers than the busiest host of the first start, and the
+global batch stays (the resume rebatches; a count that does not divide it is refused).
 """
 from __future__ import annotations
 
@@ -203,6 +206,7 @@ class _Child:
         self.rank: int | None = None
         self.remote_pid: int | None = None
         self.run_dir: Path | None = None
+        self.answered: bool | None = None  # did its host answer the last ``ssh HOST kill`` (remote only)
         try:
             self.popen = subprocess.Popen(spec.argv, env=spec.environ(os.environ),  # a remote one's stdin: its session
                                           stdin=subprocess.PIPE if spec.host else subprocess.DEVNULL,
@@ -260,10 +264,12 @@ class _Child:
         if (self.running or lost) and self.remote_pid is not None:  # a lost session's command may still run
             target = f"-{self.remote_pid}" if group else str(self.remote_pid)
             try:  # POSIX sh's kill: dash has no `--`
-                subprocess.run([*self.spec.argv[:-1], f"kill -{sig.name[3:]} {target}"], stdin=subprocess.DEVNULL,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=STOP_GRACE)
+                done = subprocess.run([*self.spec.argv[:-1], f"kill -{sig.name[3:]} {target}"],
+                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                      timeout=STOP_GRACE)
+                self.answered = done.returncode != 255  # ssh's own failure, not kill's
             except subprocess.TimeoutExpired:
-                pass  # the host does not answer: its processes are beyond reach from here
+                self.answered = False  # the host does not answer: its processes are beyond reach from here
         if sig == signal.SIGKILL or (group and self.remote_pid is None):  # the local ssh itself
             try:
                 os.killpg(self.popen.pid, sig)
@@ -293,15 +299,22 @@ def launch(args: Sequence[str], workers: int, servers: int = 1, hosts_file: Opti
     engine reads the workers' command line without importing the front door."""
     _check(args, workers, servers, commands, max_restarts, restart_delay)
     ssh_argv = tuple(shlex.split(ssh)) if ssh else SSH
-    current, run_dir = list(args), None
+    current, run_dir, failure, count, per_host = list(args), None, "", workers, workers
     for attempt in range(max_restarts + 1):
-        # read again at each restart: a host taken out of the file is left out, the same workers on the rest
+        # read again at each restart: a host taken out of the file is left out with its workers
         hosts = read_hosts(hosts_file) if hosts_file is not None else []
+        if hosts and attempt == 0:
+            per_host = -(-workers // len(hosts))  # the busiest host's share of the first start
+        elif hosts:
+            count = min(workers, len(hosts) * per_host)
         uri = root_uri or address_towards(hosts)
         check_hosts(hosts, hosts_file, ssh_argv)
         if attempt == 0:
             make_weights(args, commands)
-        procs = plan(current, workers, servers, hosts, uri, port or free_port(uri), physical_cores(),
+        else:
+            current = restart(args, run_dir, commands, attempt, max_restarts, failure,
+                              Elastic(workers, count, hosts_file, [h.name for h in hosts] if hosts else None))
+        procs = plan(current, count, servers, hosts, uri, port or free_port(uri), physical_cores(),
                      cwd=os.getcwd(), ssh=ssh_argv, threads=user_threads())
         job = _Job(procs, sys.stdout)
         try:
@@ -309,8 +322,8 @@ def launch(args: Sequence[str], workers: int, servers: int = 1, hosts_file: Opti
         except LaunchError as e:
             if e.exit_code != 1 or attempt == max_restarts:  # a refused input or a signal: again would not help
                 raise
-            run_dir = job.run_dir() or run_dir
-            current = restart(args, run_dir, commands, attempt + 1, max_restarts, job.failure, restart_delay)
+            run_dir, failure = job.run_dir() or run_dir, job.failure
+            announce(run_dir, attempt + 1, max_restarts, failure, restart_delay)
         time.sleep(restart_delay)
     raise AssertionError("unreachable")  # the last attempt returns or raises
 
@@ -343,33 +356,90 @@ def check_hosts(hosts: Sequence[Host], hosts_file: Optional[Path], ssh: Sequence
                           f"({reason}); {fix}. No process was started.")
 
 
-def restart(args: Sequence[str], run_dir: Path | None, commands: Mapping[str, "click.Command"], number: int,
-            limit: int, reason: str, delay: float) -> list[str]:
-    """The command of restart ``number``: ``finetune --resume RUN`` (with the first command's
-    --runs, -q and --stop-after-steps) when the run has a last checkpoint, else the first command
-    again (a new run). Says so on stderr and appends it to the run's restarts record."""
-    from ..atomic import write_text
+@dataclass(frozen=True)
+class Elastic:
+    """The worker count of a restart: ``first`` at the first start, ``now`` over the hosts the
+    file lists at the restart (``hosts``, None without a file)."""
+
+    first: int
+    now: int
+    hosts_file: Optional[Path]
+    hosts: Optional[list[str]]
+
+
+def _last(run_dir: Path | None) -> tuple[RunFolder | None, dict | None]:
+    """The run folder and its last checkpoint's record (None when there is none yet)."""
     from ..runfolder import read_checkpoint
 
     rf = RunFolder(run_dir) if run_dir is not None else None
-    meta = read_checkpoint(rf.checkpoints_dir, "last") if rf is not None and rf.has_checkpoint("last") else None
-    again = list(args)
-    if meta is not None and args[0] == "finetune":
-        with commands["finetune"].make_context("finetune", list(args[1:]), resilient_parsing=True) as ctx:
-            opts = ctx.params
-        again = ["finetune", "--resume", str(run_dir), "--runs", str(opts["runs"]), *(["-q"] if opts["quiet"] else []),
-                 *(["--stop-after-steps", str(opts["stop_after_steps"])] if opts["stop_after_steps"] else [])]
+    return rf, read_checkpoint(rf.checkpoints_dir, "last") if rf is not None and rf.has_checkpoint("last") else None
+
+
+def announce(run_dir: Path | None, number: int, limit: int, reason: str, delay: float) -> None:
+    """The failure and the restart to come, on stderr, before the delay."""
+    _, meta = _last(run_dir)
     where = (f"from step {meta['global_step']} (epoch {meta['epoch']}, batch {meta['batch_in_epoch']}) of {run_dir}"
-             if meta is not None and again[0] == "finetune" else "from the start (no checkpoint yet)")
+             if meta is not None else "from the start (no checkpoint yet)")
     print(f"gluontl launch: {reason}; stopped the job. Restart {number} of {limit} in {delay:g} s, {where}.",
           file=sys.stderr, flush=True)
+
+
+def restart(args: Sequence[str], run_dir: Path | None, commands: Mapping[str, "click.Command"], number: int,
+            limit: int, reason: str, workers: Elastic) -> list[str]:
+    """The command of restart ``number``: ``finetune --resume RUN`` (with the first command's
+    --runs, -q and --stop-after-steps) when the run has a last checkpoint, else the first command
+    again (a new run). On another worker count the global batch stays (a resume keeps it; a new run
+    gets its per-worker batch with --set), refused here when the count does not divide it. Appends
+    the restart to the run's restarts record."""
+    from ..atomic import write_text
+
+    rf, meta = _last(run_dir)
+    again = list(args)
+    if args[0] == "finetune":
+        with commands["finetune"].make_context("finetune", list(args[1:]), resilient_parsing=True) as ctx:
+            opts = ctx.params
+        if meta is not None:
+            again = ["finetune", "--resume", str(run_dir), "--runs", str(opts["runs"]),
+                     *(["-q"] if opts["quiet"] else []),
+                     *(["--stop-after-steps", str(opts["stop_after_steps"])] if opts["stop_after_steps"] else [])]
+        if workers.now != workers.first:
+            again += _rebatched(opts, run_dir if meta is not None else None, meta, workers)
+    if workers.now != workers.first:
+        print(f"gluontl launch: --hosts {workers.hosts_file} lists {len(workers.hosts or [])} host(s) now: restart "
+              f"{number} runs {workers.now} worker(s) instead of {workers.first}.", file=sys.stderr, flush=True)
     if rf is not None and rf.logs_dir.is_dir():
         row = {"restart": number, "of": limit, "time": datetime.datetime.now(datetime.timezone.utc).isoformat(),
                "reason": reason, "from_step": meta["global_step"] if meta else None,
-               "from_epoch": meta["epoch"] if meta else None, "command": again}
+               "from_epoch": meta["epoch"] if meta else None, "workers": workers.now,
+               **({"hosts": workers.hosts} if workers.hosts is not None else {}), "command": again}
         old = rf.restarts_path.read_text(encoding="utf-8") if rf.restarts_path.is_file() else ""
         write_text(rf.restarts_path, old + json.dumps(row) + "\n", LaunchError)
     return again
+
+
+def _rebatched(opts: dict, run_dir: Path | None, meta: dict | None, workers: Elastic) -> list[str]:
+    """What keeps the global batch on ``workers.now``: nothing for a resume (the workers rebatch
+    it), ``--set data.batch_size=…`` for a new run. Refused (exit 2) when the count does not divide it."""
+    from ..errors import GluontlError
+    from ..train.elastic import global_batch, rebatch
+    from ..train.runs import finetune_recipe
+
+    why = (f"--hosts {workers.hosts_file} lists {len(workers.hosts or [])} host(s) at the restart, so the job would "
+           f"continue on {workers.now} worker(s) instead of {workers.first}")
+    try:
+        if run_dir is not None and meta is not None:
+            rebatch(run_dir, finetune_recipe(None, None, run_dir, None), meta, workers.now)
+            return []
+        recipe = finetune_recipe(opts["recipe"], opts["set_"], None, opts["init_from"])
+        total = global_batch(recipe, {"workers": workers.first})
+        if total % workers.now:
+            raise GluontlError(f"its global batch of {total} images ({workers.first} × data.batch_size "
+                               f"{recipe.data.batch_size}) cannot be shared equally by {workers.now}.")
+        return ["--set", f"data.batch_size={total // workers.now}"]
+    except GluontlError as e:
+        raise LaunchError(f"{why}: {e} Put hosts back in the file for a worker count that divides the global "
+                          f"batch, or continue by hand with gluontl launch -n M ... -- finetune --resume "
+                          f"RUN.") from None
 
 
 def _check(args: Sequence[str], workers: int, servers: int, commands: Mapping[str, "click.Command"],
@@ -430,6 +500,7 @@ class _Job:
         self.lock = threading.Lock()
         self.stopped = False
         self.failure = ""  # the failed process, described
+        self.scheduler_host = next((p.env["DMLC_NODE_HOST"] for p in procs if p.role == "scheduler"), "")
 
     def run_dir(self) -> Path | None:
         """The run folder the workers reported (absolute), None before rank 0 made it."""
@@ -472,15 +543,31 @@ class _Job:
     def _fail(self, child: _Child) -> None:
         others = self._stop_all()
         code = child.popen.returncode
-        self.failure = child.describe()
-        if code == 2:
+        cut_off = self._cut_off(child)
+        self.failure = cut_off or child.describe()
+        if cut_off:
+            advice = ("Check this machine's network, then launch again (-- finetune --resume runs/NAME continues "
+                      "from the last checkpoint).")
+        elif code == 2:
             advice = "It refused its input (its message is above); fix that and launch again."
         else:
             log = f" and in {RunFolder('.').worker_log(child.rank)} of the run folder" if child.rank is not None else ""
             advice = (f"Its output is above (lines starting [{child.spec.name}]){log}; fix the cause and launch "
                       f"again (-- finetune --resume runs/NAME continues from the last checkpoint).")
-        raise LaunchError(f"{child.describe()}; stopped the {others} other process{'es' if others != 1 else ''} "
+        raise LaunchError(f"{self.failure}; stopped the {others} other process{'es' if others != 1 else ''} "
                           f"of the job. {advice}", exit_code=2 if code == 2 else 1)
+
+    def _cut_off(self, child: _Child) -> str | None:
+        """When a lost ssh session's host is not to blame: no remote host (two or more) answered
+        the stop's ``ssh HOST kill``, so the machine cut off is this one, the scheduler's host."""
+        if child.spec.host is None or child.popen.returncode != 255:
+            return None
+        asked = [c for c in self.children if c.spec.host is not None and c.answered is not None]
+        silent = sorted({c.spec.host.name for c in asked})
+        if len(silent) < 2 or any(c.answered for c in asked):
+            return None
+        return (f"the scheduler's host {self.scheduler_host} (scheduler, and this launcher) lost the network: none "
+                f"of the hosts {', '.join(silent)} answered, and its sessions to them ended ({child.describe()})")
 
     def _interrupted(self, signum: int, workers: set[_Child]) -> None:
         for c in workers:

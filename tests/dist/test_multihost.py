@@ -192,7 +192,7 @@ def test_a_worker_host_that_drops_off_ends_the_job_and_resume_continues_exactly(
         launch.cleanup()
     assert time.monotonic() - down < STEP_TIMEOUT + 30 and left == [], left
     assert code == 1, err
-    assert cluster.address[host] in " ".join(err.split()), err
+    assert cluster.address[host] in " ".join(err.split()) and "scheduler's host" not in err, err
     (run,) = (folder / "drop").iterdir()
     again = Launch(folder, "-n", "2", "--servers", "2", "--hosts", "hosts", "--ssh", cluster.ssh(), "--", "finetune",
                    "--resume", str(run), "-q", prefix=("ip", "netns", "exec", cluster.hosts[2]))
@@ -219,7 +219,10 @@ def test_the_scheduler_host_dropping_off_ends_every_process_everywhere(cluster, 
         cluster.link(cluster.hosts[2], up=True)
         launch.cleanup()
     assert code == 1 and left == [], (err, left)
-    assert re.search(r"host 10\.\d+\.\d+\.1[12], pid \d+\) exited with code 255", " ".join(err.split())), err
+    msg, where = " ".join(err.split()), re.escape(cluster.address[cluster.hosts[2]])
+    assert re.match(rf"error: the scheduler's host {where} \(scheduler, and this launcher\) lost the network: none "
+                    r"of the hosts 10\.\d+\.\d+\.11, 10\.\d+\.\d+\.12 answered", msg), msg
+    assert re.search(r"\(\w+ \d \((?:rank \d, )?host 10\.\d+\.\d+\.1[12], pid \d+\) exited with code 255", msg), msg
 
 
 def test_unreachable_or_keyless_hosts_are_refused_before_anything_starts(cluster, tmp_path, capsys):
