@@ -5,10 +5,11 @@ optimiser pushes the per-Conv Transpose pairs through the graph and cancels them
 explicit pads when the input size is fixed and ``auto_pad`` SAME_UPPER when H/W are free,
 DepthwiseConv2D as a grouped Conv, BatchNormalization, Keras PReLU as
 ``Relu(x) + Mul(Relu(Neg(x)), -alpha)`` (tf2onnx has no PReLU rewriter: the ONNX ``PRelu`` op
-comes only from its TFLite front end, used here too), Dense as MatMul + Add; a Keras LSTM
-becomes the ONNX ``LSTM`` op (its LSTM rewriter), and an LSTM written with ``tf.while_loop``
-becomes a ``Loop`` with no trip count, a condition the body recomputes, the weights as
-loop-carried values and the TensorArray as a scan output.
+comes only from its TFLite front end, used here too), Dense as MatMul + Add; Keras LSTM, GRU
+and Bidirectional(LSTM) become the ONNX ``LSTM``/``GRU`` ops (its RNN rewriters), while a Keras
+SimpleRNN and an LSTM written with ``tf.while_loop`` become a ``Loop`` with no trip count, a
+condition the body recomputes, the weights as loop-carried values and the TensorArray as a
+scan output.
 
 Weights are drawn from a seeded numpy RandomState (biases, BatchNorm statistics and PReLU
 slopes away from Keras's zeros and ones, which tf2onnx would fold away or deduplicate).
@@ -77,6 +78,21 @@ def keras_lstm() -> tf.keras.Model:
     return tf.keras.Model(x, L.Dense(3, name="dense")(y), name="keras_lstm")
 
 
+def keras_simplernn() -> tf.keras.Model:
+    """tf2onnx has no SimpleRNN rewriter: the Keras layer's while loop stays a Loop."""
+    x = L.Input((T, FEATURES), name="seq")
+    y = L.SimpleRNN(HIDDEN, name="simple_rnn")(x)
+    return tf.keras.Model(x, L.Dense(3, name="dense")(y), name="keras_simplernn")
+
+
+def keras_gru_bilstm() -> tf.keras.Model:
+    """GRU (reset_after, Keras's default) returning sequences into a bidirectional LSTM."""
+    x = L.Input((T, FEATURES), name="seq")
+    y = L.GRU(HIDDEN, return_sequences=True, name="gru")(x)
+    y = L.Bidirectional(L.LSTM(4, name="lstm"), name="bilstm")(y)
+    return tf.keras.Model(x, L.Dense(3, name="dense")(y), name="keras_gru_bilstm")
+
+
 class WhileLSTM(L.Layer):
     """An LSTM written out with tf.while_loop and a TensorArray (the form of hand-written and
     TF1-style RNNs that tf2onnx's LSTM rewriters do not match): tf2onnx writes a Loop."""
@@ -133,6 +149,8 @@ JOBS = [
     ("keras_cnn_freehw_op17.onnx", cnn, {"size": None}, 0, 17, "keras", (SIZE, SIZE, 3)),
     ("tflite_cnn_op13.onnx", cnn, {"size": SIZE}, 0, 13, "tflite", (SIZE, SIZE, 3)),
     ("keras_lstm_op13.onnx", keras_lstm, {}, 1, 13, "keras", (T, FEATURES)),
+    ("keras_simplernn_op13.onnx", keras_simplernn, {}, 3, 13, "keras", (T, FEATURES)),
+    ("keras_gru_bilstm_op15.onnx", keras_gru_bilstm, {}, 4, 15, "keras", (T, FEATURES)),
     ("while_lstm_op13.onnx", while_lstm, {}, 2, 13, "keras", (T, FEATURES)),
     ("while_lstm_op17.onnx", while_lstm, {}, 2, 17, "keras", (T, FEATURES)),
 ]

@@ -5,8 +5,9 @@ is not needed here) are a Keras CNN (NHWC input, Conv2D same/stride 2 and valid,
 BatchNormalization, PReLU per channel and on the 2-D logits, Dense) exported from Keras at
 opset 13 (explicit pads), with free H/W at opset 17 (``auto_pad`` SAME_UPPER) and through
 TFLite at 13 (the ONNX ``PRelu`` op, BatchNorm folded into the depthwise Conv); a Keras LSTM
-(tf2onnx writes the ONNX ``LSTM`` op) and an LSTM written with ``tf.while_loop`` (a ``Loop``
-with no trip count, the weights carried through it, a scan output) at opsets 13 and 17.
+and a GRU into a bidirectional LSTM (tf2onnx writes the ONNX ``LSTM``/``GRU`` ops); a Keras
+SimpleRNN and an LSTM written with ``tf.while_loop`` (each a ``Loop`` with no trip count, the
+weights carried through it, a scan output) at opsets 13 and 17.
 Each imports, matches onnxruntime at batch 1 and 2, hybridizes, takes an SGD step that moves
 every weight, and re-exports verified (the re-exported file computes what the block does).
 """
@@ -35,7 +36,9 @@ LOOPS = [f for f in FILES if MANIFEST[f]["loop"]]
 T = 6  # the LSTMs' sequence length (the script's T)
 # (terms, depth) of helpers.f32_tol: the widest dot product and the contractions in sequence;
 # an LSTM step sums FEATURES + HIDDEN = 12 products and feeds the next one
-BUDGET = {"cnn": (72, 5), "keras_lstm": (12, T + 1), "while_lstm": (12, T + 1)}
+BUDGET = {"cnn": (72, 5), "keras_lstm": (12, T + 1), "keras_simplernn": (12, T + 1),
+          "keras_gru_bilstm": (12, 2 * T + 1), "while_lstm": (12, T + 1)}
+WHILE = "while_lstm_op13.onnx"  # mutated below into loops that must be refused
 
 
 def _budget(file: str) -> tuple[int, int]:
@@ -83,7 +86,9 @@ def test_the_fixtures_are_what_the_manifest_says():
     assert convs["keras_cnn_op13.onnx"] == [[1, 1, 1, 1], [0, 0, 1, 1]]  # 15 -> 8; 6 -> 3 (asymmetric)
     assert "PRelu" in MANIFEST["tflite_cnn_op13.onnx"]["op_types"]
     assert "PRelu" not in MANIFEST["keras_cnn_op13.onnx"]["op_types"]  # Relu/Neg/Mul/Add instead
-    assert "LSTM" in MANIFEST["keras_lstm_op13.onnx"]["op_types"] and len(LOOPS) == 2
+    assert "LSTM" in MANIFEST["keras_lstm_op13.onnx"]["op_types"]
+    assert {"GRU", "LSTM"} <= set(MANIFEST["keras_gru_bilstm_op15.onnx"]["op_types"])
+    assert LOOPS == ["keras_simplernn_op13.onnx", "while_lstm_op13.onnx", "while_lstm_op17.onnx"]
 
 
 @pytest.mark.parametrize("file", FILES)
@@ -105,18 +110,20 @@ def test_matches_onnxruntime_at_batch_1_and_2_and_hybridized(file):
 
 @pytest.mark.parametrize("file", LOOPS)
 def test_tf_while_loop_has_no_trip_count_and_unrolls(file):
-    """tf2onnx writes ``tf.while_loop`` as Loop(M='', cond=Less(0, T)) whose body recomputes
-    ``t + 1 < T`` and carries the weights along with h, c and the counter; the folded
+    """tf2onnx writes a while loop as Loop(M='', cond=Less(0, T)) whose body recomputes
+    ``t + 1 < T`` and carries the weights along with the state and the counter; the folded
     conditions fix T iterations (before this, a Loop without M was refused as 'trip count
-    not known'). One copy of the body per step: its Split (SliceChannel) appears T times."""
+    not known'). One copy of the body per step: T times its Tanh/Sigmoid nodes (MXNet
+    Activation)."""
     loop = next(n for n in onnx.load(str(FIXTURES / file)).graph.node if n.op_type == "Loop")
     assert loop.input[0] == "" and loop.input[1]
     carried = set(loop.input[2:])
-    assert _weights(file) - carried == {x for x in _weights(file) if "dense" in x}  # LSTM weights carried
+    assert _weights(file) - carried == {x for x in _weights(file) if "dense" in x}  # RNN weights carried
+    acts = sum(n.op_type in ("Tanh", "Sigmoid") for n in loop.attribute[0].g.node)
     block = _import(file)
     block(mx.nd.array(_x(file, 1)))
     ops = _graph_ops(block)
-    assert ops.count("SliceChannel") == T and "_foreach" not in ops and "_while_loop" not in ops
+    assert acts and ops.count("Activation") == T * acts and "_foreach" not in ops and "_while_loop" not in ops
 
 
 def _mutated_loop(file: str, edit) -> onnx.ModelProto:
@@ -133,7 +140,7 @@ def test_loop_with_a_trip_count_known_only_at_run_time_is_refused_by_name():
                                               name="batch_trips", axis=0))
         graph.initializer.append(onnx.numpy_helper.from_array(np.array(0, np.int64), "zero_i64"))
         loop.input[0] = "batch_trips"
-    file = LOOPS[0]
+    file = WHILE
     with pytest.raises(OnnxImportError) as e:
         import_model(_mutated_loop(file, edit))
     msg = str(e.value)
@@ -144,7 +151,7 @@ def test_loop_with_a_trip_count_known_only_at_run_time_is_refused_by_name():
 def test_loop_without_trip_count_whose_condition_outlasts_the_unroll_limit_is_refused(monkeypatch):
     monkeypatch.setattr(control, "MAX_UNROLL", T - 1)  # the real loop runs T: one too many
     with pytest.raises(OnnxImportError) as e:
-        import_model(str(FIXTURES / LOOPS[0]))
+        import_model(str(FIXTURES / WHILE))
     msg = str(e.value)
     assert "Loop node 'while_lstm/while_lstm/while_loop'" in msg and f"after {T - 1} iterations" in msg, msg
 
@@ -153,7 +160,7 @@ def test_loop_with_neither_trip_count_nor_condition_is_refused():
     def edit(graph, loop):
         loop.input[1] = ""
     with pytest.raises(OnnxImportError) as e:
-        import_model(_mutated_loop(LOOPS[0], edit))
+        import_model(_mutated_loop(WHILE, edit))
     assert "neither a trip count nor a condition" in str(e.value), str(e.value)
 
 
