@@ -27,7 +27,7 @@ from gluontl.errors import OnnxImportError
 from gluontl.export import export_onnx
 from gluontl.onnx import control, import_model
 from gluontl.rules import trainable_params
-from tests.helpers import assert_f32_close, ort_run
+from tests.helpers import assert_f32_close, ort_run, sgd_step
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tf2onnx"
 MANIFEST = {e["file"]: e for e in json.loads((FIXTURES / "MANIFEST.json").read_text())["fixtures"]}
@@ -170,12 +170,7 @@ def test_an_sgd_step_moves_every_weight(file):
     params = trainable_params(block)
     assert {p.name for p in params.values()} == _weights(file), sorted(p.name for p in params.values())
     before = {k: p.data().asnumpy().copy() for k, p in params.items()}
-    trainer = mx.gluon.Trainer(params, "sgd", {"learning_rate": 0.1})
-    x, y = mx.nd.array(_x(file, 2, seed=3)), mx.nd.array([1, 2])
-    with mx.autograd.record():
-        loss = mx.gluon.loss.SoftmaxCrossEntropyLoss()(block(x), y)
-    loss.backward()
-    trainer.step(2)
+    sgd_step(block, mx.nd.array(_x(file, 2, seed=3)), mx.nd.array([1, 2]))
     unchanged = [k for k, p in params.items() if np.array_equal(p.data().asnumpy(), before[k])]
     assert not unchanged, unchanged
     for k, p in params.items():  # shared cache: put the weights back for the other tests
@@ -189,12 +184,7 @@ def test_re_exports_verified_and_carries_trained_weights(file, tmp_path):
     x = _x(file, 2, seed=9)
     out = export_onnx(block, tmp_path / "same.onnx")  # verified at batch 1 and 2
     assert_f32_close(ort_run(str(out), x)[0], ort_run(str(FIXTURES / file), x)[0], terms=terms, depth=depth)
-    params = trainable_params(block)
-    trainer = mx.gluon.Trainer(params, "sgd", {"learning_rate": 0.5})
-    with mx.autograd.record():
-        loss = mx.gluon.loss.SoftmaxCrossEntropyLoss()(block(mx.nd.array(x)), mx.nd.array([0, 2]))
-    loss.backward()
-    trainer.step(2)
+    sgd_step(block, mx.nd.array(x), mx.nd.array([0, 2]), lr=0.5)
     trained = export_onnx(block, tmp_path / "trained.onnx")
     with mx.autograd.predict_mode():
         want = block(mx.nd.array(x)).asnumpy()
