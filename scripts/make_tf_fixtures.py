@@ -9,7 +9,7 @@ comes only from its TFLite front end, used here too), Dense as MatMul + Add; Ker
 and Bidirectional(LSTM) become the ONNX ``LSTM``/``GRU`` ops (its RNN rewriters), while a Keras
 SimpleRNN and an LSTM written with ``tf.while_loop`` become a ``Loop`` with no trip count, a
 condition the body recomputes, the weights as loop-carried values and the TensorArray as a
-scan output.
+scan output (with ``maximum_iterations`` the trip count is that constant).
 
 Weights are drawn from a seeded numpy RandomState (biases, BatchNorm statistics and PReLU
 slopes away from Keras's zeros and ones, which tf2onnx would fold away or deduplicate).
@@ -97,6 +97,10 @@ class WhileLSTM(L.Layer):
     """An LSTM written out with tf.while_loop and a TensorArray (the form of hand-written and
     TF1-style RNNs that tf2onnx's LSTM rewriters do not match): tf2onnx writes a Loop."""
 
+    def __init__(self, maximum_iterations=None, **kwargs):
+        super().__init__(**kwargs)
+        self.maximum_iterations = maximum_iterations  # tf2onnx writes it as the Loop's trip count
+
     def build(self, shape):
         self.kernel = self.add_weight(name="kernel", shape=(shape[-1], 4 * HIDDEN))
         self.recurrent_kernel = self.add_weight(name="recurrent_kernel", shape=(HIDDEN, 4 * HIDDEN))
@@ -114,13 +118,14 @@ class WhileLSTM(L.Layer):
             h = tf.sigmoid(o) * tf.tanh(c)
             return t + 1, h, c, ta.write(t, h)
 
-        _, _, _, ta = tf.while_loop(lambda t, h, c, ta: t < T, body, [0, h0, h0, ta])
+        _, _, _, ta = tf.while_loop(lambda t, h, c, ta: t < T, body, [0, h0, h0, ta],
+                                    maximum_iterations=self.maximum_iterations)
         return tf.transpose(ta.stack(), [1, 0, 2])  # [batch, T, HIDDEN]
 
 
-def while_lstm() -> tf.keras.Model:
+def while_lstm(maximum_iterations=None) -> tf.keras.Model:
     x = L.Input((T, FEATURES), name="seq")
-    y = WhileLSTM(name="while_lstm")(x)
+    y = WhileLSTM(maximum_iterations, name="while_lstm")(x)
     return tf.keras.Model(x, L.Dense(3, name="dense")(y[:, -1]), name="while_lstm")
 
 
@@ -153,6 +158,7 @@ JOBS = [
     ("keras_gru_bilstm_op15.onnx", keras_gru_bilstm, {}, 4, 15, "keras", (T, FEATURES)),
     ("while_lstm_op13.onnx", while_lstm, {}, 2, 13, "keras", (T, FEATURES)),
     ("while_lstm_op17.onnx", while_lstm, {}, 2, 17, "keras", (T, FEATURES)),
+    ("while_lstm_maxiter_op13.onnx", while_lstm, {"maximum_iterations": T}, 2, 13, "keras", (T, FEATURES)),
 ]
 
 
@@ -174,7 +180,8 @@ def check(model: tf.keras.Model, path: Path, shape) -> float:
     errs = []
     for batch in (1, 2):
         x = data((batch,) + shape, 100 + batch)
-        ref = model(x, training=False).numpy()
+        ref = model.predict(x, verbose=0)  # graph mode, as exported (eager while_loop with
+        # maximum_iterations raises a TypeError in TF 2.15)
         got = sess.run(None, {sess.get_inputs()[0].name: x})[0]
         if got.shape != ref.shape:
             raise RuntimeError(f"{path.name}: onnxruntime gives {got.shape}, tensorflow {ref.shape}")

@@ -7,7 +7,8 @@ opset 13 (explicit pads), with free H/W at opset 17 (``auto_pad`` SAME_UPPER) an
 TFLite at 13 (the ONNX ``PRelu`` op, BatchNorm folded into the depthwise Conv); a Keras LSTM
 and a GRU into a bidirectional LSTM (tf2onnx writes the ONNX ``LSTM``/``GRU`` ops); a Keras
 SimpleRNN and an LSTM written with ``tf.while_loop`` (each a ``Loop`` with no trip count, the
-weights carried through it, a scan output) at opsets 13 and 17.
+weights carried through it, a scan output) at opsets 13 and 17, and that LSTM with
+``maximum_iterations`` (the Loop's trip count a constant).
 Each imports, matches onnxruntime at batch 1 and 2, hybridizes, takes an SGD step that moves
 every weight, and re-exports verified (the re-exported file computes what the block does).
 """
@@ -88,7 +89,8 @@ def test_the_fixtures_are_what_the_manifest_says():
     assert "PRelu" not in MANIFEST["keras_cnn_op13.onnx"]["op_types"]  # Relu/Neg/Mul/Add instead
     assert "LSTM" in MANIFEST["keras_lstm_op13.onnx"]["op_types"]
     assert {"GRU", "LSTM"} <= set(MANIFEST["keras_gru_bilstm_op15.onnx"]["op_types"])
-    assert LOOPS == ["keras_simplernn_op13.onnx", "while_lstm_op13.onnx", "while_lstm_op17.onnx"]
+    assert LOOPS == ["keras_simplernn_op13.onnx", "while_lstm_maxiter_op13.onnx", "while_lstm_op13.onnx",
+                     "while_lstm_op17.onnx"]
 
 
 @pytest.mark.parametrize("file", FILES)
@@ -109,14 +111,17 @@ def test_matches_onnxruntime_at_batch_1_and_2_and_hybridized(file):
 
 
 @pytest.mark.parametrize("file", LOOPS)
-def test_tf_while_loop_has_no_trip_count_and_unrolls(file):
+def test_tf_while_loop_unrolls_with_or_without_trip_count(file):
     """tf2onnx writes a while loop as Loop(M='', cond=Less(0, T)) whose body recomputes
     ``t + 1 < T`` and carries the weights along with the state and the counter; the folded
     conditions fix T iterations (before this, a Loop without M was refused as 'trip count
-    not known'). One copy of the body per step: T times its Tanh/Sigmoid nodes (MXNet
+    not known'). With ``maximum_iterations=T`` M is that constant (the path onnx.helper
+    replicas take). One copy of the body per step: T times its Tanh/Sigmoid nodes (MXNet
     Activation)."""
-    loop = next(n for n in onnx.load(str(FIXTURES / file)).graph.node if n.op_type == "Loop")
-    assert loop.input[0] == "" and loop.input[1]
+    proto = onnx.load(str(FIXTURES / file))
+    loop = next(n for n in proto.graph.node if n.op_type == "Loop")
+    trips = {t.name: int(onnx.numpy_helper.to_array(t)) for t in proto.graph.initializer if t.name == loop.input[0]}
+    assert trips == ({loop.input[0]: T} if "maxiter" in file else {}) and loop.input[1]
     carried = set(loop.input[2:])
     assert _weights(file) - carried == {x for x in _weights(file) if "dense" in x}  # RNN weights carried
     acts = sum(n.op_type in ("Tanh", "Sigmoid") for n in loop.attribute[0].g.node)
