@@ -13,6 +13,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper, shape_inference
 
+from gluontl.onnx.control import outer_refs
+
 
 def weights_to_initializers(graph: onnx.GraphProto) -> None:
     """Remove initializers from ``graph.input`` so they are constants, not overridable inputs."""
@@ -168,12 +170,21 @@ def fold_batchnorm(graph: onnx.GraphProto) -> int:
     return folded
 
 
+def _read(graph: onnx.GraphProto) -> set[str]:
+    """Tensors the graph's nodes or outputs read, including what a Loop/If/Scan body reads
+    from this graph by name (tf2onnx's Keras SimpleRNN body Gathers the outer sequence)."""
+    used = {i for node in graph.node for i in node.input} | {o.name for o in graph.output}
+    for node in graph.node:
+        used |= outer_refs(node)
+    return used
+
+
 def drop_dead_nodes(graph: onnx.GraphProto) -> int:
     """Remove nodes none of whose outputs is read (e.g. the Shape arithmetic that fed a
     Reshape found to be a no-op); returns how many."""
     removed = 0
     while True:
-        used = {i for node in graph.node for i in node.input} | {o.name for o in graph.output}
+        used = _read(graph)
         dead = [node for node in graph.node if not any(o in used for o in node.output)]
         if not dead:
             return removed
@@ -184,7 +195,7 @@ def drop_dead_nodes(graph: onnx.GraphProto) -> int:
 
 def prune_initializers(graph: onnx.GraphProto) -> None:
     """Drop initializers no node reads (BN statistics and pre-fold weights)."""
-    used = {i for node in graph.node for i in node.input} | {o.name for o in graph.output}
+    used = _read(graph)
     keep = [t for t in graph.initializer if t.name in used]
     del graph.initializer[:]
     graph.initializer.extend(keep)

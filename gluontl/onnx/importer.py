@@ -1118,24 +1118,32 @@ class _Importer:
 
     def _unroll_loop(self, node: Node, proto: onnx.NodeProto, reads: list[str]) -> None:
         """A Loop that is not constant, as one copy of its body per iteration: its trip
-        count must fold, and so must the condition each iteration computes."""
+        count must fold, and so must the condition each iteration computes. Without a trip
+        count (tf2onnx's ``tf.while_loop``: ``M`` empty, ``t < T`` recomputed by the body) the
+        folded conditions alone fix the number of iterations, at most MAX_UNROLL."""
         def refuse(why: str) -> OnnxImportError:
             return OnnxImportError(control.refusal("Loop", node.name, self.source, reads, why))
 
         trip, cond = [self.alias.get(x, x) for x in (list(node.inputs) + ["", ""])[:2]]
-        if not trip or trip not in self.consts or self._is_dependent(trip):
+        if not trip and not cond:
+            raise refuse("it has neither a trip count nor a condition, so it never ends")
+        if trip and (trip not in self.consts or self._is_dependent(trip)):
             raise refuse(f"its trip count ('{trip}') is not known at import, and only loops "
                          f"with a known trip count are unrolled")
-        steps = int(self.consts[trip][0].reshape(-1)[0])
+        steps = int(self.consts[trip][0].reshape(-1)[0]) if trip else None
         if cond and (cond not in self.consts or self._is_dependent(cond)):
             raise refuse(f"its initial condition ('{cond}') is known only at run time")
         if cond and not bool(self.consts[cond][0].reshape(-1)[0]):
             steps = 0
-        if not 0 < steps <= control.MAX_UNROLL:
+        if steps is not None and not 0 < steps <= control.MAX_UNROLL:
             raise refuse(f"it runs {steps} iterations; unrolling takes 1 to {control.MAX_UNROLL}")
         state = [self.alias.get(x, x) for x in node.inputs[2:]]
         scans: list[list[str]] = []
-        for k in range(steps):
+        for k in range(steps if steps is not None else control.MAX_UNROLL + 1):
+            if k == control.MAX_UNROLL:
+                raise refuse(f"it has no trip count and its condition still holds after "
+                             f"{control.MAX_UNROLL} iterations; unrolling takes at most "
+                             f"{control.MAX_UNROLL}")
             protos, consts, cond_out, state, scan = control.loop_iteration(proto, node.name, k, state)
             self._inline_nodes(protos, consts)
             scans.append(scan)

@@ -1,5 +1,6 @@
 """Keras-family ONNX graphs (issue 39 item 5), built with onnx.helper after two exporters' patterns
-(tensorflow/tf2onnx are not installed here and are not added to CI):
+(files from the real tf2onnx are tests/onnx/test_tf2onnx_fixtures.py's; these replicas keep the
+unoptimised per-Conv Transpose pairs and the PRelu node the real Keras path does not write):
 
 - ``tf2onnx``: what tf2onnx / keras2onnx write for a Keras model (NHWC input ``input_1``):
   a Transpose to NCHW before each Conv and back after it, with unoptimised back-to-back pairs
