@@ -123,9 +123,13 @@ class Worker:
         # the checkout holding these tests comes first (the worker reads with the gluontl under
         # test); tests/ itself is not on the path, or tests/onnx would shadow the onnx package.
         # TMPDIR is the test's own temp folder ``tmp``: what the worker's libraries put in the temp
-        # folder (tempfile's first call probes it with a file: portalocker's does at import) stays there
+        # folder (tempfile's first call probes it with a file: portalocker's does at import) stays there.
+        # GLUONTL_HOME is an empty folder of its own: what a reader finds there must not depend on which
+        # tests ran before (a recipe naming the EfficientNet-Lite0 file under it reads that file once
+        # training has made it)
         path = (str(TESTS.parent), os.environ.get("PYTHONPATH"))
         env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp),
+               "GLUONTL_HOME": str(tmp / "gluontl_home"),
                "PYTHONPATH": os.pathsep.join(p for p in path if p)}
         self.proc = subprocess.Popen([sys.executable, "-c", "from tests import fuzzing; fuzzing.serve()"], env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
