@@ -24,6 +24,7 @@ PLACES = {  # dotted prefix → layer; the longest matching prefix wins
     "gluontl.zoo": 0,  # the zoo's names and input sizes: a catalogue the recipe schema reads
     "gluontl.task_registry": 0,  # each task declared once: code path, section, metrics, sources, curves
     "gluontl.metrics": 0,  # the metric registry: key, label, direction, format, task
+    "gluontl.export_formats": 0,  # the export formats' names and modules: a catalogue the recipe schema reads
     "gluontl.console": 0,  # what a process shows: lines, bars, worker logs (data loading shows progress too)
     "gluontl.onnx": 1, "gluontl.sources": 1, "gluontl.convert": 1,
     "gluontl.recipe": 1,  # the schema of what a user asks for (a package: sections, presets, policy, compat,

@@ -27,7 +27,7 @@ import onnx
 from gluontl.data.transforms import META_CLASSES, META_PREPROCESS, card_of, onnx_metadata, preprocess_of
 from gluontl.errors import ExportError, ModelSourceError, short_reason
 from gluontl.export.artifacts import Artifact, Exported, Refusal
-from gluontl.export.registry import ExportFormat, ExportJob, register
+from gluontl.export.registry import ExportFormat, ExportJob, Int8Step, register
 from gluontl.export.verify import FIXED_RTOL, output_error
 from gluontl.runfolder import RunFolder
 
@@ -296,10 +296,16 @@ class Judge:
                            self.labels)
 
 
+# made by ``write`` (it needs the verified ONNX file the float IR is converted from, and the judge)
+INT8 = Int8Step("NNCF post-training quantization", lambda name: (), None,
+                unjudged="The int8 OpenVINO IR was not made: it is judged by the task's metric on the run's validation "
+                         "split, and this task's exporter gives OpenVINO none yet (classification and detection do). "
+                         "Use --format onnx --int8, or ship the float IR.")
+
 FORMAT = register(ExportFormat(
     "openvino", "NAME-openvino/NAME.xml + NAME.bin",
     "OpenVINO reproduces the verified ONNX within export.rtol, and the run's metric on its validation split",
-    "NNCF post-training quantization", "onnx", write, extra="openvino", needs="openvino"))
+    INT8, "onnx", write, extra="openvino", needs="openvino"))
 
 
 # ---------------------------------------------------------------- reading an IR (predict)

@@ -279,16 +279,18 @@ def export_with_int8(write_float: Callable[[Path], Exported], out_dir: Path, nam
                      op_types: Sequence[str] | None = None, outputs: Sequence[str] | None = None,
                      symbol_outputs: quantize_mx.Outputs | None = None) -> Exported:
     """The float export (``write_float(folder)`` writes it, verified, and returns its artifacts) and
-    its int8 partners beside it: ``NAME.int8.onnx`` for an ONNX file (onnxruntime),
-    ``NAME-int8-symbol.json`` / ``NAME-int8-0000.params`` for symbol files (MXNet oneDNN). Each
-    is made in a scratch folder and moved into ``out_dir`` if its own verdict holds: a refused
-    int8 model is listed in ``refused`` (with its numbers and what to try) and takes neither the
-    float files nor another int8 model down with it. The reports of the written ones also go to
-    ``report_dir`` (a run folder) as ``NAME.int8.json`` and ``NAME-int8-symbol.report.json``.
-    ``tensors(float_file, images)``: a task's model inputs (default: the preprocessing each file
-    records); ``op_types`` limits quantization to those ONNX op types (MXNet: the operators
-    computing them); ``outputs``: the ONNX outputs the metric reads, ``symbol_outputs`` the same
-    of the symbol's outputs of one batch (a segmenter's arg-max)."""
+    the int8 partner of each float artifact whose format has an int8 step (``registry.Int8Step``:
+    ``NAME.int8.onnx`` by onnxruntime, ``NAME-int8-symbol.json`` / ``NAME-int8-0000.params`` by
+    MXNet oneDNN, an IR's made by its own write step). Each is made in a scratch folder and moved
+    into ``out_dir`` if its own verdict holds: a refused int8 model is listed in ``refused`` (with
+    its numbers and what to try) and takes neither the float files nor another int8 model down
+    with it. The reports of the written ones also go to ``report_dir`` (a run folder), under the
+    names their steps give. ``tensors(float_file, images)``: a task's model inputs (default: the
+    preprocessing each file records); ``op_types`` limits quantization to those ONNX op types
+    (MXNet: the operators computing them); ``outputs``: the ONNX outputs the metric reads,
+    ``symbol_outputs`` the same of the symbol's outputs of one batch (a segmenter's arg-max)."""
+    from gluontl.export import registry
+
     created = not out_dir.exists()
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -298,7 +300,7 @@ def export_with_int8(write_float: Callable[[Path], Exported], out_dir: Path, nam
     scratch = None
     result = Exported()
     made: list[Artifact] = []  # in scratch: the float artifacts, then the int8 ones that passed
-    reports: list[tuple[str, Path, Path, dict[str, Any]]] = []  # (report name, float file, int8 file, report)
+    reports: list[registry.Int8Made] = []
 
     def name_out(text: str) -> str:  # messages name where the file would have gone, not the scratch folder
         return text.replace(str(scratch), str(out_dir))
@@ -308,48 +310,35 @@ def export_with_int8(write_float: Callable[[Path], Exported], out_dir: Path, nam
         floats = write_float(scratch)
         made += floats.artifacts
         result.refused += [Refusal(r.format, r.precision, name_out(r.reason)) for r in floats.refused]  # OpenVINO's
-        if any(a.format == "openvino" for a in made) and not any(
-                a.format == "openvino" and a.precision == "int8" for a in made) and not any(
-                r.format == "openvino" for r in result.refused):
-            result.refused.append(Refusal("openvino", "int8", "The int8 OpenVINO IR was not made: it is judged by "
-                                          "the task's metric on the run's validation split, and this task's exporter "
-                                          "gives OpenVINO none yet (classification and detection do). Use --format "
-                                          "onnx --int8, or ship the float IR."))
-        float_onnx = next((a.path for a in made if a.format == "onnx"), None)
-        float_json = next((a.path for a in made if a.format == "symbol"), None)
-        if float_onnx is None and float_json is None and not any(a.format == "openvino" for a in made):
-            raise ExportError("int8 quantizes the ONNX or the symbol export; add onnx or symbol to export.formats "
-                              "(or --format onnx/symbol/both).")
-        if float_json is not None:
-            quantize_mx.check_method(spec)
-        targets = [f"{name}.int8.onnx"] * (float_onnx is not None)
-        targets += list(quantize_mx.int8_names(name)) * (float_json is not None)
-        for f in [*(f for a in made for f in a.files), *(scratch / t for t in targets)]:
+        known = registry.formats()
+        steps = {a.format: (a, known[a.format].int8) for a in made if a.precision == "float" and known[a.format].int8}
+        for fmt, (_, step) in steps.items():  # a step inside the format's write that had no judge
+            if step.make is None and step.unjudged and not any(
+                    a.format == fmt and a.precision == "int8" for a in made) and not any(
+                    r.format == fmt for r in result.refused):
+                result.refused.append(Refusal(fmt, "int8", step.unjudged))
+        if not steps:
+            raise ExportError(f"int8 quantizes a float export whose format has an int8 step; add one of "
+                              f"{', '.join(registry.with_int8())} to export.formats (or --format).")
+        steps = {fmt: pair for fmt, pair in steps.items() if pair[1].make is not None}
+        for _, step in steps.values():
+            if step.check is not None:
+                step.check(spec)
+        targets = [scratch / t for _, step in steps.values() for t in step.targets(name)]
+        for f in [*(f for a in made for f in a.files), *targets]:
             if (out_dir / f.relative_to(scratch)).parent.is_dir():  # (an IR folder not there yet: nothing to lose)
                 check_target(out_dir / f.relative_to(scratch), force)
-        calib = calibration_indices(spec.calibration, train, val)
-        if float_onnx is not None:
+        job = registry.Int8Job(spec, train, val, labels, metric, scratch, name, tuple(made),
+                               calibration_indices(spec.calibration, train, val), echo=echo, tensors=tensors,
+                               op_types=op_types, outputs=outputs, symbol_outputs=symbol_outputs)
+        for fmt, (float_artifact, step) in sorted(steps.items(), key=lambda kv: kv[1][1].order):  # stable
             try:
-                onnx_result = quantize_verified(float_onnx, spec, train, val, labels, metric, echo=echo,
-                                                op_types=op_types, outputs=outputs,
-                                                **({"tensors": tensors} if tensors else {}))
-                (scratch / targets[0]).write_bytes(onnx_result.model.SerializeToString())
-                made.append(Artifact("onnx", "int8", (scratch / targets[0],),
-                                     f"int8 (onnxruntime): {onnx_result.report['verification']['summary']}"))
-                reports.append((f"{name}.int8.json", float_onnx, scratch / targets[0], onnx_result.report))
+                int8 = step.make(job, float_artifact)
             except ExportError as err:
-                result.refused.append(Refusal("onnx", "int8", name_out(str(err))))
-        if float_json is not None:
-            try:
-                mx_result = quantize_mx.quantize_symbol_verified(
-                    float_json, spec, *calib, val, labels, metric, tensors or symbol_tensors, out_dir=scratch,
-                    op_types=op_types, outputs=symbol_outputs or (lambda outs: outs),
-                    strict_exclude=float_onnx is None, echo=echo)
-                made.append(Artifact("symbol", "int8", tuple(mx_result.files),
-                                     f"int8 (MXNet oneDNN): {mx_result.report['verification']['summary']}"))
-                reports.append((f"{name}-int8-symbol.report.json", float_json, mx_result.files[0], mx_result.report))
-            except ExportError as err:
-                result.refused.append(Refusal("symbol", "int8", name_out(str(err))))
+                result.refused.append(Refusal(fmt, "int8", name_out(str(err))))
+                continue
+            made.append(int8.artifact)
+            reports.append(int8)
         for artifact in made:
             for f in artifact.files:
                 (out_dir / f.relative_to(scratch)).parent.mkdir(exist_ok=True)
@@ -365,9 +354,11 @@ def export_with_int8(write_float: Callable[[Path], Exported], out_dir: Path, nam
         raise
     shutil.rmtree(scratch, ignore_errors=True)
     if report_dir is not None:
-        for report_name, float_file, int8_file, report in reports:
-            sizes = {"float_bytes": quantize_mx.model_bytes(out_dir / float_file.name),
-                     "int8_bytes": quantize_mx.model_bytes(out_dir / int8_file.name)}
-            result.append(write_text(report_dir / report_name, json.dumps(
-                {"file": str(out_dir / int8_file.name), **sizes, **report}, indent=1), ExportError))
+        for int8 in reports:
+            if int8.report_name is None:
+                continue
+            sizes = {"float_bytes": quantize_mx.model_bytes(out_dir / int8.source.name),
+                     "int8_bytes": quantize_mx.model_bytes(out_dir / int8.artifact.path.name)}
+            result.append(write_text(report_dir / int8.report_name, json.dumps(
+                {"file": str(out_dir / int8.artifact.path.name), **sizes, **int8.report}, indent=1), ExportError))
     return result

@@ -1,6 +1,7 @@
 """The export formats. Each format is one module that registers an ``ExportFormat`` (its name,
-what it writes, how it is verified, its int8 engine, and the step that writes it); ``BUILTIN``
-lists the modules of gluontl's own, so adding a format is its module and one line there. The
+what it writes, how it is verified, its int8 step, and the step that writes it); ``BUILTIN``
+lists the modules of gluontl's own (from ``gluontl.export_formats``, which the recipe schema
+reads), so adding a format, with or without int8, is its module and one line there. The
 CLI's choices, ``export_block`` and the task exporters (which only add a graph finisher, see
 ``GraphFinisher``) read this and never name a format."""
 from __future__ import annotations
@@ -11,14 +12,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Protocol, Sequence
 
+from gluontl import export_formats
 from gluontl.errors import ExportError
 
 if TYPE_CHECKING:
     from gluontl.export.artifacts import Artifact, Exported
 
 # the modules whose import registers gluontl's formats, in the order an export writes them (an
-# IR is converted from the ONNX file when that is written too)
-BUILTIN = ("gluontl.export.symbol_files", "gluontl.export.onnx_file", "gluontl.export.openvino_ir")
+# IR is converted from the ONNX file when that is written too): gluontl.export_formats lists them
+BUILTIN = tuple(export_formats.BUILTIN.values())
 # --format's shorthand for the two formats gluontl exported before it had a third
 BOTH = ("symbol", "onnx")
 
@@ -58,12 +60,62 @@ class ExportJob:
     echo: Callable[[str], None] = print
 
 
+@dataclass
+class Int8Job:
+    """What a format's int8 step gets (``quantize.export_with_int8`` makes it): the QuantizeSpec,
+    the run's images and the task's judge (``metric``: (float outputs, int8 outputs, labels) ->
+    report with ``drop`` and ``summary``), the ``scratch`` folder the float artifacts ``made`` are
+    in and its int8 files go to, and the task's overrides (None: the format's defaults)."""
+
+    spec: Any
+    train: Any
+    val: Any
+    labels: Any
+    metric: Callable
+    scratch: Path
+    name: str
+    made: Sequence["Artifact"]  # the float artifacts of this export, in scratch
+    calibration: tuple[Any, list[int], str]  # quantize.calibration_indices(spec.calibration, train, val)
+    echo: Callable[[str], None] = print
+    tensors: Callable | None = None  # (float file, images) -> (index -> model input); None: the file's record
+    op_types: Sequence[str] | None = None  # the ONNX op types quantized (None: all the engine can)
+    outputs: Sequence[str] | None = None  # the ONNX outputs the metric reads (None: all)
+    symbol_outputs: Callable | None = None  # the same of MXNet's outputs of one batch
+
+
+@dataclass(frozen=True)
+class Int8Made:
+    """An int8 step's artifact (in scratch) and, if it writes one, the report a run keeps as
+    ``report_name`` (with both files' sizes) about the float file ``source``."""
+
+    artifact: "Artifact"
+    source: Path
+    report_name: str | None = None
+    report: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Int8Step:
+    """A format's int8 partner (``--int8``, ``export.quantize``). ``make(job, float_artifact)``
+    returns it, or raises ExportError to refuse it (its numbers and what to try: the float files
+    and other int8 models are still written). ``make`` None: the format's own write step makes it
+    from ``ExportJob.int8`` (OpenVINO's, from the ONNX file it converts), and ``unjudged`` is the
+    refusal when a task's exporter gives that step no judge."""
+
+    engine: str  # what --int8 runs, e.g. "onnxruntime static QDQ"
+    targets: Callable[[str], Sequence[str]] = lambda name: ()  # its file names for NAME (the overwrite check)
+    make: Callable[[Int8Job, "Artifact"], Int8Made] | None = None
+    check: Callable[[Any], None] | None = None  # a QuantizeSpec it cannot take: ExportError before any work
+    unjudged: str | None = None
+    order: int = 0  # int8 steps run by this, then in registration order (onnxruntime's before MXNet's)
+
+
 @dataclass(frozen=True)
 class ExportFormat:
     name: str        # what --format and export.formats say
     writes: str      # the files, NAME standing for the run's name
     verified: str    # the check a written file passed
-    int8: str | None  # the engine of its int8 partner (--int8), None if it has none
+    int8: Int8Step | None  # how its int8 partner (--int8) is made, None if it has none
     source: Literal["block", "onnx"]  # traced from the MXNet block, or made from the task's verified ONNX graph
     write: Callable[[ExportJob, "Exported"], None]  # adds its artifacts (and refusals) to the result
     extra: str | None = None  # the setup.cfg extra it needs, None if gluontl's own dependencies suffice
@@ -82,6 +134,7 @@ def register(fmt: ExportFormat) -> ExportFormat:
         raise ExportError(f"export format {fmt.name!r} is registered twice ({known.write.__module__} and "
                           f"{fmt.write.__module__}); give the new one another name.")
     _FORMATS[fmt.name] = fmt
+    export_formats.add(fmt.name)  # so a recipe's export.formats may name it
     return fmt
 
 
@@ -120,12 +173,17 @@ def _importable(module: str) -> bool:
         return False
 
 
+def with_int8() -> list[str]:
+    """The registered formats that have an int8 step."""
+    return [name for name, fmt in formats().items() if fmt.int8 is not None]
+
+
 def check_int8(names: Sequence[str], where: str = "--int8") -> None:
-    """``--int8`` on formats none of which has an int8 engine is bad input."""
+    """``--int8`` on formats none of which has an int8 step is bad input."""
     known = formats()
-    if names and not any(known[f].int8 for f in names):
+    if names and not any(known[f].int8 for f in names if f in known):
         raise ExportError(f"{where} asks for int8, but {', '.join(names)} has no int8 export; use "
-                          f"{', '.join(f for f in known if known[f].int8)}.")
+                          f"{', '.join(with_int8())}.")
 
 
 def from_onnx(names: Sequence[str]) -> bool:

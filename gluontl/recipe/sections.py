@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal, Mapping, get_args
 from pydantic import BaseModel, Field, PrivateAttr, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from .. import export_formats
 from ..errors import ModelSourceError
 from ..metrics import task_metrics
 from ..task_registry import TASKS
@@ -611,7 +612,8 @@ class ExportSpec(Strict):
     exported as that graph, patched); zoo and symbol models get ``data``, ``output``, opset 13.
     ``quantize`` set: the export also writes ``NAME.int8.onnx`` (see QuantizeSpec)."""
 
-    formats: list[Literal["symbol", "onnx", "openvino"]] = Field(default_factory=lambda: ["onnx"])
+    formats: list[str] = Field(default_factory=lambda: ["onnx"], description="registered export formats "
+                               "(gluontl.export_formats: symbol, onnx, openvino and any registered since)")
     opset: int | None = Field(default=None, ge=7, le=21)
     input_names: list[str] | None = Field(default=None, min_length=1)
     output_names: list[str] | None = Field(default=None, min_length=1)
@@ -622,5 +624,10 @@ class ExportSpec(Strict):
     quantize: QuantizeSpec | None = None
     tta: Literal["none", "flip"] = Field(default="none", description="flip: the ONNX graph averages the "
                                          "probabilities of the image and its mirror image (test-time augmentation)")
+
+    @field_validator("formats")
+    @classmethod
+    def _registered(cls, v: list[str]) -> list[str]:
+        return export_formats.check(v)
 
 
