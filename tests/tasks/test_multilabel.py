@@ -341,6 +341,36 @@ def test_int8_onnx_and_symbol_are_judged_by_macro_map_as_sklearn_computes_it(run
     assert [r["thresholds"] for r in rows] == [dict(zip(sorted(COLOURS), thresholds))] * 4
 
 
+def test_the_nncf_int8_ir_is_judged_by_macro_map_as_sklearn_computes_it(run, tmp_path):
+    """OpenVINO's int8 IR (NNCF) of a multi-label run: its report's macro mAP is scikit-learn's on
+    the IR's own probabilities over the val split, and its runtime info keeps the thresholds."""
+    pytest.importorskip("openvino", reason="OpenVINO is not installed (pip install 'gluontl[openvino]')")
+    pytest.importorskip("nncf", reason="NNCF is not installed (gluontl[openvino-int8])")
+    from openvino import Core
+
+    from gluontl.train.runs import evaluate, export_run
+
+    result, _ = run
+    out = tmp_path / "ov8"
+    written = export_run(result.run_dir, out, export={"formats": ["onnx", "openvino"],
+                                                      "quantize": {"calibration": "val", "max_drop": 100}},
+                         echo=lambda _: None)
+    assert not written.refused
+    model = Core().read_model(str(out / "ml.int8-openvino" / "ml.int8.xml"))
+    assert "FakeQuantize" in {op.get_type_name() for op in model.get_ops()}
+    info = model.get_rt_info()
+    report = json.loads(info["gluontl.int8"].astype(str))["verification"]
+    probs, x, _ = _val_probs(result.run_dir)
+    labels = evaluate(result.run_dir)["labels"]
+    net = Core().compile_model(model, "CPU")
+    p_int8 = np.asarray(net(x.astype(np.float32))[net.outputs[0]], np.float64)
+    assert report["metric"] == "macro mAP" and report["images"] == len(labels)
+    assert report["int8"] == pytest.approx(_sklearn_macro_map(p_int8, labels), abs=1e-6)
+    assert report["float"] == pytest.approx(_sklearn_macro_map(probs, labels), abs=1e-6)
+    assert json.loads(info[META_THRESHOLDS].astype(str)) == pytest.approx(evaluate(result.run_dir)["thresholds"],
+                                                                         abs=1e-6)
+
+
 def test_int8_past_max_drop_is_refused_with_its_macro_map_numbers(run, tmp_path):
     """max_drop 0 and one calibration image: the verdict decides by the macro mAP drop either way
     (int8 kernels differ between CPUs), and a refusal says the numbers and writes no int8 file."""
