@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from gluontl.recipe import parse_recipe
+from gluontl.recipe.overrides import RecipeLoader
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -31,7 +32,8 @@ def yaml_blocks(text: str) -> list[tuple[int, str]]:
 
 
 def as_recipe_data(body: str) -> dict:
-    data = yaml.safe_load(body)
+    # a recipe file's YAML (1.2 booleans: `cache_features: off` is the string a recipe means)
+    data = yaml.load(body, Loader=RecipeLoader)
     assert isinstance(data, dict), "a recipe block must be a YAML mapping (or be marked not-a-recipe)"
     if "name" in data and "model" in data:
         return data
@@ -131,3 +133,9 @@ def test_the_callbacks_page_python_runs(tmp_path, monkeypatch) -> None:
     rows = [r for r in metric["result"].metrics if "epoch" in r]
     assert metric["result"].best["select"] == "val_f1"
     assert metric["result"].best["epoch"] == max(rows, key=lambda r: (r["val_f1"], -r["epoch"]))["epoch"]
+
+
+def test_a_docs_block_is_read_as_a_recipe_file_is() -> None:
+    """`cache_features: off` in a docs block is the string a recipe file means (YAML 1.2), not
+    YAML 1.1's False, which the schema refuses."""
+    parse_recipe(as_recipe_data("train:\n  cache_features: off\n"))
