@@ -116,7 +116,7 @@ def test_bench_on_an_ir_folder_without_its_bin_is_one_paragraph(capsys, tmp_path
 
 
 @needs_openvino
-@pytest.mark.skipif(not HAVE_NNCF, reason="NNCF is not installed (the [openvino-int8] extra; CI has OpenVINO only)")
+@pytest.mark.skipif(not HAVE_NNCF, reason="NNCF is not installed (the [openvino-int8] extra; CI runs it in the numpy 2 pass)")
 def test_int8_ir_is_written_only_with_its_verdict(digits_run, capsys, tmp_path):
     """NNCF's int8 IR, calibrated on the run's images: written with its numbers within max_drop
     (the run's 5 points), and refused, float IR kept and exit 2, with max_drop below what it loses."""
